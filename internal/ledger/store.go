@@ -1,0 +1,183 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DBTX is what every statement of the ledger runs on. Both *pgxpool.Pool and
+// pgx.Tx satisfy it, so a helper works inside or outside a transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+var (
+	_ DBTX = (*pgxpool.Pool)(nil)
+	_ DBTX = pgx.Tx(nil)
+)
+
+// Key is the composite business key of one logical occurrence.
+type Key struct {
+	Entity     string `json:"entity"`
+	Occurrence string `json:"occurrence"`
+}
+
+func (k Key) String() string { return k.Entity + "/" + k.Occurrence }
+
+// Item is one unit of work: its key and an optional JSON payload, which the
+// ledger stores and the effect reads.
+type Item struct {
+	Key
+	Payload json.RawMessage `json:"payload,omitempty"`
+}
+
+// Run identifies the writer of a row: the ProcessingRun (namespace, name, UID)
+// and the shard and attempt that committed it. UID decides "same run".
+type Run struct {
+	Namespace string
+	Name      string
+	UID       string
+	Shard     int
+	Attempt   int
+}
+
+// OnExisting says what to do with a key that another run already committed.
+type OnExisting int
+
+const (
+	// Skip leaves the existing row alone: the item is AlreadyHandled.
+	Skip OnExisting = iota
+	// Supersede retires the existing row (state superseded) and commits the
+	// new one in the same transaction: deliberate reprocessing.
+	Supersede
+)
+
+// Outcome is what happened to one item.
+type Outcome int
+
+const (
+	// Completed: this run holds the committed row, claimed by this call or,
+	// see HolderSameRun, by an earlier attempt of this same run.
+	Completed Outcome = iota + 1
+	// AlreadyHandled: another committed row held the key; nothing was written.
+	AlreadyHandled
+	// Failed: the item was not committed; Err says why.
+	Failed
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Completed:
+		return "Completed"
+	case AlreadyHandled:
+		return "AlreadyHandled"
+	case Failed:
+		return "Failed"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Holder says who holds the committed row of a key that this call did not
+// claim.
+type Holder int
+
+const (
+	// HolderNone: this call claimed the key (or it failed).
+	HolderNone Holder = iota
+	// HolderSameRun: a row committed by this same run (same UID), e.g. by an
+	// earlier attempt of its shard that died after COMMIT. Callers counting a
+	// run's work count such an item as completed, not already handled.
+	HolderSameRun
+	// HolderOtherRun: another run committed the key.
+	HolderOtherRun
+	// HolderSameChunk: the key was repeated within this chunk; its first copy
+	// carries the real outcome.
+	HolderSameChunk
+)
+
+// Result is one item's outcome, in the order of the items given.
+type Result struct {
+	Key     Key
+	Outcome Outcome
+	Holder  Holder
+	// Superseded: claiming this item retired another run's committed row.
+	Superseded bool
+	// Err is set when Outcome is Failed.
+	Err error
+}
+
+// ChunkOptions tunes one CommitChunk call.
+type ChunkOptions struct {
+	// Effect is an optional SQL statement run in the chunk's transaction over
+	// exactly the items newly claimed by it, which it reads from the temporary
+	// table "claimed" (entity text, occurrence text, payload jsonb). If it
+	// fails, nothing of the chunk commits; the failing items are isolated and
+	// the others committed again, each with its own outcome.
+	Effect string
+	// OnExisting: Skip (default) or Supersede.
+	OnExisting OnExisting
+}
+
+// Store is the ledger on one PostgreSQL database.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// NewStore returns a Store over pool. The schema must be migrated (Migrate).
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Pool returns the store's connection pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Preload returns, for the given keys, those already committed and by whom
+// (HolderSameRun or HolderOtherRun relative to runUID), in one set-based round
+// trip. It is an optimisation only: the answer may be stale by the time the
+// caller acts on it, and CommitChunk stays correct whatever it said.
+func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key]Holder, error) {
+	return holders(ctx, s.pool, runUID, keys)
+}
+
+// CountCommitted returns how many rows runUID holds in committed state.
+func (s *Store) CountCommitted(ctx context.Context, runUID string) (int64, error) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, sqlCountCommitted, runUID).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting committed rows of run %s: %w", runUID, err)
+	}
+	return n, nil
+}
+
+func holders(ctx context.Context, db DBTX, runUID string, keys []Key) (map[Key]Holder, error) {
+	out := make(map[Key]Holder)
+	if len(keys) == 0 {
+		return out, nil
+	}
+	entities, occurrences := make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		entities[i], occurrences[i] = k.Entity, k.Occurrence
+	}
+	rows, err := db.Query(ctx, sqlHolders, entities, occurrences)
+	if err != nil {
+		return nil, fmt.Errorf("looking up committed keys: %w", err)
+	}
+	var k Key
+	var uid string
+	_, err = pgx.ForEachRow(rows, []any{&k.Entity, &k.Occurrence, &uid}, func() error {
+		if uid == runUID {
+			out[k] = HolderSameRun
+		} else {
+			out[k] = HolderOtherRun
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading committed keys: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,189 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+// EnvURL names the variable that points the tests at an existing server.
+const EnvURL = "TEST_DATABASE_URL"
+
+var (
+	mainOpts Options
+	once     sync.Once
+	server   *Cluster // nil with TEST_DATABASE_URL
+	adminDSN string   // maintenance database of the server in use
+	template string   // migrated template database
+	setupErr error
+	prefix   = fmt.Sprintf("rltest_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	counter  atomic.Int64
+)
+
+// Main runs the test binary's tests and stops the cluster afterwards (the
+// cluster starts lazily, at the first database a test asks for). Call it from
+// TestMain: func TestMain(m *testing.M) { pgtest.Main(m) }.
+func Main(m *testing.M, opts ...func(*Options)) {
+	for _, o := range opts {
+		o(&mainOpts)
+	}
+	code := m.Run()
+	if server != nil {
+		if err := server.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: stopping cluster: %v\n", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	} else if template != "" {
+		dropDatabase(template)
+	}
+	os.Exit(code)
+}
+
+// Durable starts the cluster with PostgreSQL's default durability. For
+// benchmarks: numbers measured with fsync off mean nothing.
+func Durable(o *Options) { o.Durable = true }
+
+func setup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if u := os.Getenv(EnvURL); u != "" {
+		adminDSN = u
+	} else {
+		if server, setupErr = StartCluster(ctx, mainOpts); setupErr != nil {
+			return
+		}
+		adminDSN = server.DSN("postgres")
+	}
+	template = prefix + "_template"
+	if setupErr = execSQL(ctx, adminDSN, "CREATE DATABASE "+template); setupErr != nil {
+		return
+	}
+	pool, err := pgxpool.New(ctx, withDB(adminDSN, template))
+	if err != nil {
+		setupErr = err
+		return
+	}
+	defer pool.Close()
+	if _, err := ledger.Migrate(ctx, pool); err != nil {
+		setupErr = fmt.Errorf("migrating template database: %w", err)
+	}
+}
+
+// Server returns this binary's own cluster (starting it if needed), or skips
+// the test when TEST_DATABASE_URL points at a server it cannot restart.
+func Server(t testing.TB) *Cluster {
+	t.Helper()
+	ensure(t)
+	if server == nil {
+		t.Skipf("this test controls the server process; %s points at a server it does not own", EnvURL)
+	}
+	return server
+}
+
+func ensure(t testing.TB) {
+	t.Helper()
+	once.Do(setup)
+	if setupErr != nil {
+		t.Fatalf("pgtest: no database server: %v", setupErr)
+	}
+}
+
+// NewDatabase creates a fresh, migrated database for this test and returns its
+// DSN. With TEST_DATABASE_URL it is dropped when the test ends.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	ensure(t)
+	return create(t, "TEMPLATE "+template)
+}
+
+// NewEmptyDatabase creates a fresh database with no runledger schema.
+func NewEmptyDatabase(t testing.TB) string {
+	t.Helper()
+	ensure(t)
+	return create(t, "TEMPLATE template0")
+}
+
+// NewPool is NewDatabase plus a pool on it, closed when the test ends.
+func NewPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	return Pool(t, NewDatabase(t))
+}
+
+// Pool opens a pool on dsn, closed when the test ends.
+func Pool(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatalf("parsing test DSN: %v", err)
+	}
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("opening pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func create(t testing.TB, tmpl string) string {
+	t.Helper()
+	name := fmt.Sprintf("%s_%d", prefix, counter.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := execSQL(ctx, adminDSN, "CREATE DATABASE "+name+" "+tmpl); err != nil {
+		t.Fatalf("creating test database: %v", err)
+	}
+	if server == nil {
+		t.Cleanup(func() { dropDatabase(name) })
+	}
+	return withDB(adminDSN, name)
+}
+
+func dropDatabase(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := execSQL(ctx, adminDSN, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: dropping %s: %v\n", name, err)
+	}
+}
+
+func execSQL(ctx context.Context, dsn, sql string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("connecting to the test server: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("%s: %w", strings.SplitN(sql, " ", 3)[:2], err)
+	}
+	return nil
+}
+
+// withDB returns dsn (URL or keyword/value form) pointing at database name.
+func withDB(dsn, name string) string {
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Path = "/" + name
+		return u.String()
+	}
+	fields := strings.Fields(dsn)
+	out := fields[:0]
+	for _, f := range fields {
+		if !strings.HasPrefix(f, "dbname=") {
+			out = append(out, f)
+		}
+	}
+	return strings.Join(append(out, "dbname="+name), " ")
+}
