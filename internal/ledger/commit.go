@@ -1,9 +1,12 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -40,7 +43,7 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 	if len(items) == 0 {
 		return nil, nil
 	}
-	unique, firstOf := dedupe(items)
+	unique, indexOf := dedupe(items)
 
 	res, err := s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
 		return claim(ctx, tx, run, unique, opts)
@@ -57,7 +60,7 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 			return nil, fmt.Errorf("committing chunk of %d items item by item: %w", len(items), err)
 		}
 	}
-	return spread(items, firstOf, res), nil
+	return spread(items, indexOf, res), nil
 }
 
 // inTx runs fn in a transaction prepared for opts and commits it.
@@ -243,42 +246,41 @@ func collectKeys(rows pgx.Rows) (map[Key]bool, error) {
 	return out, err
 }
 
-// dedupe returns the items with each key once (first copy wins) and, for every
-// input position, the index of its key's first copy in the deduplicated list.
-// Without repeats, unique is items itself.
-func dedupe(items []Item) (unique []Item, firstOf []int) {
-	firstOf = make([]int, len(items))
+// dedupe returns the distinct items sorted by key (first copy wins) and, for
+// every input position, the index of its key in that list.
+//
+// The order matters: every transaction claims keys in the same (ascending)
+// order, so two writers whose chunks overlap wait on each other in one
+// direction only and do not deadlock on the unique index.
+func dedupe(items []Item) (unique []Item, indexOf []int) {
 	seen := make(map[Key]int, len(items))
-	for i, it := range items {
-		j, ok := seen[it.Key]
-		if !ok {
-			j = len(seen)
-			seen[it.Key] = j
-		}
-		firstOf[i] = j
-	}
-	if len(seen) == len(items) {
-		return items, firstOf
-	}
-	unique = make([]Item, 0, len(seen))
-	for i, it := range items {
-		if firstOf[i] == len(unique) {
+	unique = make([]Item, 0, len(items))
+	for _, it := range items {
+		if _, ok := seen[it.Key]; !ok {
+			seen[it.Key] = len(unique)
 			unique = append(unique, it)
 		}
 	}
-	return unique, firstOf
+	slices.SortFunc(unique, func(a, b Item) int {
+		return cmp.Or(strings.Compare(a.Entity, b.Entity), strings.Compare(a.Occurrence, b.Occurrence))
+	})
+	for i, it := range unique {
+		seen[it.Key] = i
+	}
+	indexOf = make([]int, len(items))
+	for i, it := range items {
+		indexOf[i] = seen[it.Key]
+	}
+	return unique, indexOf
 }
 
-// spread maps the results of the deduplicated items back onto every input
-// position; repeats of a key become AlreadyHandled (HolderSameChunk), or
-// Failed like their first copy.
-func spread(items []Item, firstOf []int, res []Result) []Result {
-	if len(res) == len(items) {
-		return res
-	}
+// spread maps the results of the distinct items back onto every input
+// position. The first copy of a key carries its outcome; its repeats become
+// AlreadyHandled (HolderSameChunk), or Failed like their first copy.
+func spread(items []Item, indexOf []int, res []Result) []Result {
 	out := make([]Result, len(items))
 	done := make([]bool, len(res))
-	for i, j := range firstOf {
+	for i, j := range indexOf {
 		switch {
 		case !done[j]:
 			out[i], done[j] = res[j], true

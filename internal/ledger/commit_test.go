@@ -1,0 +1,244 @@
+package ledger_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+func TestCommitChunk_RerunIsAlreadyHandled(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	chunk := items("acct", 0, 500)
+
+	first := count(commit(t, s, runNamed("run-a"), chunk, ledger.ChunkOptions{}))
+	require.Equal(t, tally{completed: 500}, first)
+
+	// The same chunk by another run: everything is already handled.
+	second := count(commit(t, s, runNamed("run-b"), chunk, ledger.ChunkOptions{}))
+	require.Equal(t, tally{already: 500}, second)
+
+	// The same chunk by the same run (a retried attempt): its own rows count as
+	// completed, marked as held by the same run, and nothing new is written.
+	again := count(commit(t, s, runNamed("run-a"), chunk, ledger.ChunkOptions{}))
+	require.Equal(t, tally{completed: 500, sameRun: 500}, again)
+	requireOneCommittedPerKey(t, pool, 500)
+	require.EqualValues(t, 500, scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger`), "no row was added by the reruns")
+}
+
+func TestCommitChunk_DuplicatesWithinChunk(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	chunk := append(items("acct", 0, 3), items("acct", 1, 3)...) // occ 1 and 2 twice
+	res := commit(t, s, runNamed("run-a"), chunk, ledger.ChunkOptions{})
+	require.Equal(t, tally{completed: 3, already: 2}, count(res))
+	require.Equal(t, ledger.HolderSameChunk, res[3].Holder, "a repeat is attributed to its own chunk")
+	require.Equal(t, ledger.Completed, res[1].Outcome, "the first copy carries the outcome")
+	for i, r := range res {
+		require.Equal(t, chunk[i].Key, r.Key, "results are in input order")
+	}
+	requireOneCommittedPerKey(t, pool, 3)
+}
+
+// TestCommitChunk_Race: 8 writers on 8 connections commit overlapping key sets
+// at once. The unique index alone arbitrates.
+func TestCommitChunk_Race(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	const writers, perWriter, shared, chunkSize = 8, 5000, 2500, 1000
+	results := make([]tally, writers)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			// Half of every writer's items are shared by all writers, half are
+			// its own; shared keys come in a different order per writer.
+			its := items("shared", 0, shared)
+			if w%2 == 1 {
+				for i, j := 0, len(its)-1; i < j; i, j = i+1, j-1 {
+					its[i], its[j] = its[j], its[i]
+				}
+			}
+			its = append(its, items(fmt.Sprintf("own-%d", w), 0, perWriter-shared)...)
+			run := runNamed(fmt.Sprintf("writer-%d", w))
+			for from := 0; from < len(its); from += chunkSize {
+				c := count(commit(t, s, run, its[from:min(from+chunkSize, len(its))], ledger.ChunkOptions{}))
+				results[w].completed += c.completed
+				results[w].already += c.already
+				results[w].failed += c.failed
+			}
+		})
+	}
+	wg.Wait()
+
+	distinct := shared + writers*(perWriter-shared)
+	var sum tally
+	for _, r := range results {
+		sum.completed += r.completed
+		sum.already += r.already
+		sum.failed += r.failed
+	}
+	require.Zero(t, sum.failed, "no item may fail")
+	require.Equal(t, distinct, sum.completed, "Σcompleted == distinct keys")
+	require.Equal(t, writers*perWriter, sum.completed+sum.already, "Σcompleted + ΣalreadyHandled == attempts")
+	requireOneCommittedPerKey(t, pool, distinct)
+}
+
+// TestCommitChunk_StalePreload: a preload taken before another writer commits
+// says "not handled"; acting on it still yields one row per key.
+func TestCommitChunk_StalePreload(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	chunk := items("acct", 0, 100)
+	keys := make([]ledger.Key, len(chunk))
+	for i, it := range chunk {
+		keys[i] = it.Key
+	}
+	pre, err := s.Preload(context.Background(), "run-b", keys)
+	require.NoError(t, err)
+	require.Empty(t, pre, "nothing is handled yet")
+
+	commit(t, s, runNamed("run-a"), chunk[:60], ledger.ChunkOptions{}) // the world moves on
+
+	// run-b acts on its stale preload and tries everything.
+	require.Equal(t, tally{completed: 40, already: 60}, count(commit(t, s, runNamed("run-b"), chunk, ledger.ChunkOptions{})))
+	requireOneCommittedPerKey(t, pool, 100)
+
+	fresh, err := s.Preload(context.Background(), "run-a", keys)
+	require.NoError(t, err)
+	require.Len(t, fresh, 100)
+	require.Equal(t, ledger.HolderSameRun, fresh[chunk[0].Key])
+	require.Equal(t, ledger.HolderOtherRun, fresh[chunk[99].Key])
+}
+
+const effectSchema = `
+CREATE TABLE accounts (account text PRIMARY KEY);
+CREATE TABLE invoices (
+    account text NOT NULL REFERENCES accounts,
+    period  text NOT NULL,
+    amount  numeric NOT NULL,
+    PRIMARY KEY (account, period)
+);`
+
+const invoiceEffect = `INSERT INTO invoices (account, period, amount)
+SELECT entity, occurrence, (payload->>'amount')::numeric FROM claimed`
+
+// TestCommitChunk_Effect: the effect runs once per newly claimed item, in the
+// same transaction; a foreign-key failure for some items leaves exactly those
+// Failed with their own error and commits the others with their effect.
+func TestCommitChunk_Effect(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	mustExec(t, pool, effectSchema)
+	var chunk []ledger.Item
+	for i := range 10 {
+		mustExec(t, pool, `INSERT INTO accounts VALUES ($1) ON CONFLICT DO NOTHING`, fmt.Sprintf("acct-%d", i%7)) // acct-7..9 missing
+		chunk = append(chunk, ledger.Item{
+			Key:     ledger.Key{Entity: fmt.Sprintf("acct-%d", i), Occurrence: "2026-11"},
+			Payload: json.RawMessage(fmt.Sprintf(`{"amount": %d}`, 10*(i+1))),
+		})
+	}
+	opts := ledger.ChunkOptions{Effect: invoiceEffect}
+
+	res := commit(t, s, runNamed("run-a"), chunk, opts)
+	require.Equal(t, tally{completed: 7, failed: 3}, count(res))
+	for i, r := range res {
+		if i < 7 {
+			require.Equal(t, ledger.Completed, r.Outcome, "item %d", i)
+			continue
+		}
+		require.Equal(t, ledger.Failed, r.Outcome, "item %d has no account", i)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, r.Err, &pgErr, "item %d keeps PostgreSQL's error", i)
+		require.Equal(t, "23503", pgErr.Code, "item %d fails with the foreign-key violation", i)
+		require.Contains(t, r.Err.Error(), chunk[i].Key.String(), "the error names the item")
+		require.False(t, ledger.IsExpectedBusinessKeyConflict(r.Err))
+	}
+	require.EqualValues(t, 7, scalar[int64](t, pool, `SELECT count(*) FROM invoices`), "one invoice per completed item")
+	require.EqualValues(t, 7, scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger`), "failed items left no ledger row")
+	require.EqualValues(t, 280, scalar[int64](t, pool, `SELECT sum(amount)::bigint FROM invoices`))
+
+	// Again, by another run, after the missing accounts appear: the 7 are
+	// already handled and their effect does not run twice (it would violate
+	// invoices' primary key); the 3 now complete.
+	mustExec(t, pool, `INSERT INTO accounts VALUES ('acct-7'), ('acct-8'), ('acct-9')`)
+	require.Equal(t, tally{completed: 3, already: 7}, count(commit(t, s, runNamed("run-b"), chunk, opts)))
+	require.EqualValues(t, 10, scalar[int64](t, pool, `SELECT count(*) FROM invoices`))
+	require.EqualValues(t, 550, scalar[int64](t, pool, `SELECT sum(amount)::bigint FROM invoices`))
+	requireOneCommittedPerKey(t, pool, 10)
+}
+
+// TestCommitChunk_EffectStatementError: an effect that cannot run at all fails
+// every item with its error and commits nothing.
+func TestCommitChunk_EffectStatementError(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	res := commit(t, s, runNamed("run-a"), items("acct", 0, 50), ledger.ChunkOptions{Effect: `INSERT INTO no_such_table SELECT * FROM claimed`})
+	require.Equal(t, tally{failed: 50}, count(res))
+	require.ErrorContains(t, res[0].Err, `relation "no_such_table" does not exist`)
+	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger`), "nothing of the chunk committed")
+}
+
+// TestCommitChunk_BadItemsAreIsolated: a malformed payload and an empty key
+// part fail alone; the rest of the chunk commits.
+func TestCommitChunk_BadItemsAreIsolated(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	chunk := items("acct", 0, 100)
+	chunk[17].Payload = json.RawMessage(`{"amount": `) // not JSON
+	chunk[63].Entity = ""                               // violates the check constraint
+	res := commit(t, s, runNamed("run-a"), chunk, ledger.ChunkOptions{})
+	require.Equal(t, tally{completed: 98, failed: 2}, count(res))
+	require.ErrorContains(t, res[17].Err, "invalid input syntax for type json")
+	require.ErrorContains(t, res[63].Err, "ledger_entity_check")
+	requireOneCommittedPerKey(t, pool, 98)
+}
+
+// TestSupersede: deliberate reprocessing retires the old row and commits the
+// new one atomically; superseded rows never block; two committed rows for one
+// key are impossible even by direct SQL.
+func TestSupersede(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	chunk := items("acct", 0, 20)
+	commit(t, s, runNamed("run-a"), chunk, ledger.ChunkOptions{})
+
+	sup := ledger.ChunkOptions{OnExisting: ledger.Supersede}
+	require.Equal(t, tally{completed: 20, superseded: 20}, count(commit(t, s, runNamed("run-b"), chunk, sup)))
+	require.Equal(t, 1, countRows(t, pool, "acct", "occ-000000", "committed"))
+	require.Equal(t, 1, countRows(t, pool, "acct", "occ-000000", "superseded"))
+	require.Equal(t, "run-b", scalar[string](t, pool,
+		`SELECT run_uid FROM runledger.ledger WHERE entity = 'acct' AND occurrence = 'occ-000000' AND state = 'committed'`))
+
+	// A retry of run-b's supersede does not supersede its own rows again.
+	require.Equal(t, tally{completed: 20, sameRun: 20}, count(commit(t, s, runNamed("run-b"), chunk, sup)))
+	require.EqualValues(t, 40, scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger`))
+
+	// Direct SQL cannot add a second committed row...
+	err := engineError(t, pool, directInsert, "acct", "occ-000000", "committed")
+	require.True(t, ledger.IsExpectedBusinessKeyConflict(err), "the rule refused it: %v", err)
+	// ...but superseded history never blocks.
+	mustExec(t, pool, directInsert, "acct", "occ-000000", "superseded")
+	require.Equal(t, 2, countRows(t, pool, "acct", "occ-000000", "superseded"))
+}
+
+func TestCommitChunk_RejectsEmptyRunUID(t *testing.T) {
+	t.Parallel()
+	s := ledger.NewStore(newPool(t))
+	_, err := s.CommitChunk(context.Background(), ledger.Run{Name: "x"}, items("a", 0, 1), ledger.ChunkOptions{})
+	require.ErrorContains(t, err, "run UID is empty")
+}

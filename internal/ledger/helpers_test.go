@@ -1,0 +1,95 @@
+package ledger_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+)
+
+func newPool(t *testing.T) *pgxpool.Pool { return pgtest.NewPool(t) }
+
+func runNamed(uid string) ledger.Run {
+	return ledger.Run{Namespace: "default", Name: "run-" + uid, UID: uid, Shard: 0, Attempt: 0}
+}
+
+func items(entity string, from, to int) []ledger.Item {
+	out := make([]ledger.Item, 0, to-from)
+	for i := from; i < to; i++ {
+		out = append(out, ledger.Item{
+			Key:     ledger.Key{Entity: entity, Occurrence: fmt.Sprintf("occ-%06d", i)},
+			Payload: json.RawMessage(fmt.Sprintf(`{"amount": %d}`, i)),
+		})
+	}
+	return out
+}
+
+// commit retries retryable errors as every caller of CommitChunk must.
+func commit(t *testing.T, s *ledger.Store, run ledger.Run, its []ledger.Item, opts ledger.ChunkOptions) []ledger.Result {
+	t.Helper()
+	for attempt := 0; ; attempt++ {
+		res, err := s.CommitChunk(context.Background(), run, its, opts)
+		if err == nil {
+			require.Len(t, res, len(its), "one result per item")
+			return res
+		}
+		require.True(t, ledger.IsRetryable(err) && attempt < 20, "CommitChunk: %v", err)
+		time.Sleep(time.Duration(attempt+1) * 10 * time.Millisecond)
+	}
+}
+
+type tally struct{ completed, already, failed, sameRun, superseded int }
+
+func count(res []ledger.Result) tally {
+	var c tally
+	for _, r := range res {
+		switch r.Outcome {
+		case ledger.Completed:
+			c.completed++
+			if r.Holder == ledger.HolderSameRun {
+				c.sameRun++
+			}
+			if r.Superseded {
+				c.superseded++
+			}
+		case ledger.AlreadyHandled:
+			c.already++
+		case ledger.Failed:
+			c.failed++
+		}
+	}
+	return c
+}
+
+func countRows(t *testing.T, pool *pgxpool.Pool, entity, occurrence, state string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM runledger.ledger WHERE entity = $1 AND occurrence = $2 AND state = $3`,
+		entity, occurrence, state).Scan(&n))
+	return n
+}
+
+func scalar[T any](t *testing.T, pool *pgxpool.Pool, sql string, args ...any) T {
+	t.Helper()
+	var v T
+	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&v), "query: %s", sql)
+	return v
+}
+
+// requireOneCommittedPerKey asserts the invariant over the whole table.
+func requireOneCommittedPerKey(t *testing.T, pool *pgxpool.Pool, wantKeys int) {
+	t.Helper()
+	dups := scalar[int64](t, pool, `SELECT count(*) FROM (SELECT 1 FROM runledger.ledger WHERE state = 'committed'
+		GROUP BY entity, occurrence HAVING count(*) > 1) d`)
+	require.Zero(t, dups, "no key may have two committed rows")
+	require.EqualValues(t, wantKeys, scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed'`),
+		"committed rows == distinct keys")
+}
