@@ -199,7 +199,7 @@ func TestCommitChunk_BadItemsAreIsolated(t *testing.T) {
 	s := ledger.NewStore(pool)
 	chunk := items("acct", 0, 100)
 	chunk[17].Payload = json.RawMessage(`{"amount": `) // not JSON
-	chunk[63].Entity = ""                               // violates the check constraint
+	chunk[63].Entity = ""                              // violates the check constraint
 	res := commit(t, s, runNamed("run-a"), chunk, ledger.ChunkOptions{})
 	require.Equal(t, tally{completed: 98, failed: 2}, count(res))
 	require.ErrorContains(t, res[17].Err, "invalid input syntax for type json")

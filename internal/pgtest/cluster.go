@@ -175,7 +175,6 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	return c.start(ctx)
 }
 
-
 func serverCredential() (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, nil
