@@ -46,7 +46,7 @@ const (
 // layers above wrapped it.
 func IsExpectedBusinessKeyConflict(err error) bool {
 	return anyInChain(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError)
+		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
 		return ok && pgErr.Code == sqlstateUniqueViolation &&
 			pgErr.ConstraintName == BusinessKeyIndex &&
 			// PostgreSQL reports the schema of the violated table; an index of
@@ -71,7 +71,7 @@ func IsRetryable(err error) bool {
 		return false
 	}
 	return anyInChain(err, func(e error) bool {
-		switch e := e.(type) {
+		switch e := e.(type) { //nolint:errorlint // anyInChain visits every node of the chain itself
 		case *pgconn.PgError:
 			switch e.Code {
 			case sqlstateSerializationFailure, sqlstateDeadlockDetected,
@@ -99,7 +99,7 @@ func IsRetryable(err error) bool {
 // privilege): isolating items one by one cannot help, every item fails alike.
 func isStatementLevel(err error) bool {
 	return anyInChain(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError)
+		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
 		if !ok || len(pgErr.Code) != 5 {
 			return false
 		}
@@ -123,7 +123,7 @@ func anyInChain(err error, match func(error) bool) bool {
 	if match(err) {
 		return true
 	}
-	switch u := err.(type) {
+	switch u := err.(type) { //nolint:errorlint // this is the chain walk: it unwraps by hand
 	case interface{ Unwrap() error }:
 		return anyInChain(u.Unwrap(), match)
 	case interface{ Unwrap() []error }:

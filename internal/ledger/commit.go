@@ -111,7 +111,7 @@ func isolate(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOp
 				return nil
 			}
 			if rbErr := sp.Rollback(ctx); rbErr != nil {
-				return fmt.Errorf("rolling back to savepoint after %v: %w", err, rbErr)
+				return fmt.Errorf("rolling back to savepoint: %w", errors.Join(rbErr, err))
 			}
 			if IsRetryable(err) || ctx.Err() != nil {
 				return err

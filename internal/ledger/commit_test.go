@@ -162,7 +162,7 @@ func TestCommitChunk_Effect(t *testing.T) {
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, r.Err, &pgErr, "item %d keeps PostgreSQL's error", i)
 		require.Equal(t, "23503", pgErr.Code, "item %d fails with the foreign-key violation", i)
-		require.Contains(t, r.Err.Error(), chunk[i].Key.String(), "the error names the item")
+		require.Contains(t, r.Err.Error(), chunk[i].String(), "the error names the item")
 		require.False(t, ledger.IsExpectedBusinessKeyConflict(r.Err))
 	}
 	require.EqualValues(t, 7, scalar[int64](t, pool, `SELECT count(*) FROM invoices`), "one invoice per completed item")
