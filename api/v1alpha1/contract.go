@@ -1,0 +1,185 @@
+package v1alpha1
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// The contract between the controller and the worker pods it creates.
+//
+// Pods. The controller creates one pod per shard and attempt, named
+// PodName(run, shard, attempt) = "<run>-<shard>-<attempt>", with
+// restartPolicy Never, the labels below, a controller owner reference to the
+// run, and the container args [WorkerSubcommand] (the image's entrypoint is
+// the runledger binary). The worker learns everything else from the
+// environment variables below and reads the run itself through the API
+// (it must check that the run's UID is EnvRunUID: a run deleted and created
+// again under the same name is another run).
+//
+// Reports. A worker reports its shard through the status subresource by
+// server-side apply, with force and the field manager WorkerFieldManager(shard),
+// at most every ReportInterval and once at the end. Its applied configuration
+// holds exactly one status.shards[] entry with index, attempt, total,
+// completed, alreadyHandled, failed, message and lastReportTime, and nothing
+// else (pod and phase belong to the controller). The numbers are cumulative
+// and exact for the whole shard: items an earlier attempt of the same run
+// committed count as completed, so a later attempt's final report is the
+// truth for the shard.
+//
+// Termination. At exit the worker writes the JSON of its final ShardReport to
+// TerminationMessagePath (see ShardReport.TerminationMessage) and exits with
+// one of the Exit* codes. The controller reads that message when the last
+// status write was lost, and never lets a shard's counts go down while a new
+// attempt catches up: during an attempt it shows, per field, the maximum of
+// what earlier attempts last reported and what the current one reports; once
+// the shard is finished it shows the final report's exact numbers.
+const (
+	// EnvRunNamespace is the namespace of the run.
+	EnvRunNamespace = "RUNLEDGER_RUN_NAMESPACE"
+	// EnvRunName is the name of the run.
+	EnvRunName = "RUNLEDGER_RUN_NAME"
+	// EnvRunUID is the UID of the run.
+	EnvRunUID = "RUNLEDGER_RUN_UID"
+	// EnvShard is the shard index, 0 <= shard < shards.
+	EnvShard = "RUNLEDGER_SHARD"
+	// EnvShards is the number of shards (spec.workers).
+	EnvShards = "RUNLEDGER_SHARDS"
+	// EnvAttempt is the attempt number of this pod, 0 for the first one.
+	EnvAttempt = "RUNLEDGER_ATTEMPT"
+	// EnvDatabaseURL holds the DSN, from the Secret spec.database.secretRef
+	// through a secretKeyRef (never an argument, never logged).
+	EnvDatabaseURL = "RUNLEDGER_DATABASE_URL"
+	// EnvPodName is the pod's own name (downward API).
+	EnvPodName = "POD_NAME"
+
+	// WorkerSubcommand is the argument the worker container runs with.
+	WorkerSubcommand = "worker"
+	// WorkerContainerName is the name of the worker container.
+	WorkerContainerName = "worker"
+
+	// ControllerFieldManager is the controller's server-side apply field
+	// manager on the status subresource.
+	ControllerFieldManager = "runledger-controller"
+	// WorkerFieldManagerPrefix prefixes the workers' field managers.
+	WorkerFieldManagerPrefix = "runledger-worker-"
+
+	// TerminationMessagePath is where the worker writes its final
+	// ShardReport (the pod's terminationMessagePath).
+	TerminationMessagePath = "/dev/termination-log"
+	// MaxTerminationMessageBytes is the most the kubelet keeps of a
+	// termination message.
+	MaxTerminationMessageBytes = 4096
+
+	// ReportIntervalSeconds is the least time between two status reports of
+	// one worker.
+	ReportIntervalSeconds = 2
+)
+
+// Worker exit codes. Any other exit (a crash, OOM kill, eviction) is a failed
+// attempt too and is retried like ExitFailed.
+const (
+	// ExitSucceeded: the shard is done (failed items within maxFailedItems).
+	ExitSucceeded = 0
+	// ExitFailed: the shard failed (more failed items than maxFailedItems, or
+	// an error that outlived the retries). The controller retries the shard
+	// up to spec.backoffLimit times.
+	ExitFailed = 1
+	// ExitBadInput: bad input or configuration (malformed items, a missing
+	// column, an unusable DSN). Retrying cannot help: the controller fails the
+	// run at once with the report's message.
+	ExitBadInput = 2
+)
+
+// Labels on worker pods.
+const (
+	// LabelRun is the name of the pod's run.
+	LabelRun = Group + "/run"
+	// LabelRunUID is the UID of the pod's run.
+	LabelRunUID = Group + "/run-uid"
+	// LabelShard is the pod's shard index.
+	LabelShard = Group + "/shard"
+	// LabelAttempt is the pod's attempt number.
+	LabelAttempt = Group + "/attempt"
+)
+
+// WorkerFieldManager is the server-side apply field manager of the worker of
+// the given shard, e.g. "runledger-worker-3".
+func WorkerFieldManager(shard int32) string {
+	return WorkerFieldManagerPrefix + strconv.Itoa(int(shard))
+}
+
+// PodName is the deterministic name of a shard's pod for an attempt:
+// "<run>-<shard>-<attempt>".
+func PodName(run string, shard, attempt int32) string {
+	return fmt.Sprintf("%s-%d-%d", run, shard, attempt)
+}
+
+// +kubebuilder:object:generate=false
+
+// ShardReport is a worker's final report, the JSON of its termination
+// message. Its counts are cumulative and exact for the whole shard.
+type ShardReport struct {
+	Shard          int32  `json:"shard"`
+	Attempt        int32  `json:"attempt"`
+	Total          int64  `json:"total"`
+	Completed      int64  `json:"completed"`
+	AlreadyHandled int64  `json:"alreadyHandled"`
+	Failed         int64  `json:"failed"`
+	Message        string `json:"message,omitempty"`
+}
+
+// TerminationMessage encodes the report for TerminationMessagePath, cutting
+// the message so that the whole fits in MaxTerminationMessageBytes.
+func (r ShardReport) TerminationMessage() ([]byte, error) {
+	for {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return nil, fmt.Errorf("encode shard report: %w", err)
+		}
+		if len(b) <= MaxTerminationMessageBytes {
+			return b, nil
+		}
+		if r.Message == "" {
+			return nil, errors.New("encode shard report: too long without a message")
+		}
+		r.Message = truncateUTF8(r.Message, len(r.Message)-(len(b)-MaxTerminationMessageBytes)-len("…"))
+	}
+}
+
+// ParseShardReport decodes a termination message written by
+// ShardReport.TerminationMessage. It fails on anything else (with
+// terminationMessagePolicy FallbackToLogsOnError, a worker that crashed
+// before writing its report leaves the tail of its log there instead).
+func ParseShardReport(msg string) (ShardReport, error) {
+	var r ShardReport
+	dec := json.NewDecoder(strings.NewReader(msg))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return ShardReport{}, fmt.Errorf("decode shard report: %w", err)
+	}
+	if dec.More() {
+		return ShardReport{}, errors.New("decode shard report: trailing data")
+	}
+	if r.Shard < 0 || r.Attempt < 0 || r.Total < 0 || r.Completed < 0 || r.AlreadyHandled < 0 || r.Failed < 0 {
+		return ShardReport{}, errors.New("decode shard report: negative field")
+	}
+	return r, nil
+}
+
+// truncateUTF8 cuts s to at most n bytes on a rune boundary and marks the cut.
+func truncateUTF8(s string, n int) string {
+	if n <= 0 {
+		return "…"
+	}
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}

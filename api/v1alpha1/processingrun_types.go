@@ -1,0 +1,435 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ProcessingRun declares one batch of business items whose effects must
+// happen exactly once. The controller splits it into `workers` shards and
+// runs one worker pod per shard; every item is committed through the ledger,
+// whose unique rule (not any check) decides what was already handled.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=prun,categories=runledger
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Completed",type=integer,JSONPath=`.status.completed`
+// +kubebuilder:printcolumn:name="Already-Handled",type=integer,JSONPath=`.status.alreadyHandled`
+// +kubebuilder:printcolumn:name="Failed",type=integer,JSONPath=`.status.failed`
+// +kubebuilder:printcolumn:name="Total",type=integer,JSONPath=`.status.total`
+// +kubebuilder:printcolumn:name="Workers",type=integer,JSONPath=`.spec.workers`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is used as a label value on the worker pods"
+type ProcessingRun struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec declares the batch, where its ledger lives and how to run it.
+	// +required
+	Spec ProcessingRunSpec `json:"spec"`
+
+	// status is written by the controller (totals, phase, conditions) and by
+	// each worker (its own entry of shards[]).
+	// +optional
+	Status ProcessingRunStatus `json:"status,omitempty"`
+}
+
+// ProcessingRunList is a list of ProcessingRuns.
+//
+// +kubebuilder:object:root=true
+type ProcessingRunList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ProcessingRun `json:"items"`
+}
+
+// ProcessingRunSpec is the desired state of a ProcessingRun. Everything that
+// defines the batch and its effect (database, batch, effect, onExisting,
+// workers) is immutable: to process something else, create another run.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.effect) == has(oldSelf.effect)",message="effect cannot be added or removed after creation: create a new ProcessingRun instead"
+type ProcessingRunSpec struct {
+	// database says where the ledger is: a Secret key holding the PostgreSQL
+	// connection string. The DSN is never part of the spec.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="database is immutable: a run's ledger cannot change, create a new ProcessingRun instead"
+	Database DatabaseSpec `json:"database"`
+
+	// batch is the set of items to process: exactly one of items, configMapRef
+	// or query.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="batch is immutable: create a new ProcessingRun to process a different batch"
+	Batch BatchSpec `json:"batch"`
+
+	// effect is what processing an item does, in the same transaction that
+	// claims it in the ledger. Without an effect the run only records items.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="effect is immutable: create a new ProcessingRun to apply a different effect"
+	Effect *EffectSpec `json:"effect,omitempty"`
+
+	// onExisting says what to do with an item whose business key is already
+	// committed in the ledger: Skip it (count it as already handled), or
+	// Supersede the committed row (deliberate reprocessing).
+	// +optional
+	// +kubebuilder:default=Skip
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="onExisting is immutable: create a new ProcessingRun to change it"
+	OnExisting OnExistingPolicy `json:"onExisting,omitempty"`
+
+	// workers is the number of shards, one worker pod each. Every item
+	// belongs to exactly one shard (a stable hash of its business key).
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=256
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="workers is immutable: the number of shards decides which shard owns each item, create a new ProcessingRun to change it"
+	Workers int32 `json:"workers,omitempty"`
+
+	// chunkSize is the number of items a worker commits per transaction.
+	// +optional
+	// +kubebuilder:default=1000
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=50000
+	ChunkSize int32 `json:"chunkSize,omitempty"`
+
+	// backoffLimit is the number of retries per shard: a failed shard pod is
+	// replaced (attempt+1) after an exponential back-off until a shard has
+	// failed backoffLimit+1 times; then the run is Failed.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	BackoffLimit *int32 `json:"backoffLimit,omitempty"`
+
+	// maxFailedItems is the number of items allowed to fail (e.g. the effect
+	// violates a foreign key) before the run is Failed. Each worker stops its
+	// shard when the shard alone exceeds it; the controller fails the run
+	// when all shards together exceed it.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	MaxFailedItems int64 `json:"maxFailedItems,omitempty"`
+
+	// suspend stops the run's pods (they finish their current chunk and
+	// report) and keeps its counts; setting it back to false resumes it.
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+
+	// ttlSecondsAfterFinished deletes the run (and its pods, never its ledger
+	// rows) this many seconds after it Succeeded or Failed.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
+
+	// workerTemplate customises the worker pods. Changes apply to pods created
+	// afterwards.
+	// +optional
+	WorkerTemplate *WorkerTemplate `json:"workerTemplate,omitempty"`
+}
+
+// DatabaseSpec locates the ledger's database.
+type DatabaseSpec struct {
+	// secretRef is the key of a Secret, in the run's namespace, whose value is
+	// the PostgreSQL connection string (a URL or key=value DSN). Worker pods
+	// get it as the environment variable RUNLEDGER_DATABASE_URL.
+	// +required
+	SecretRef SecretKeyRef `json:"secretRef"`
+}
+
+// SecretKeyRef selects a key of a Secret in the run's namespace.
+type SecretKeyRef struct {
+	// name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// key in the Secret's data.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key"`
+}
+
+// ConfigMapKeyRef selects a key of a ConfigMap in the run's namespace.
+type ConfigMapKeyRef struct {
+	// name of the ConfigMap.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// key in the ConfigMap's data.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key"`
+}
+
+// BatchSpec is the source of a run's items: exactly one of items,
+// configMapRef or query.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.items) || has(self.configMapRef) || has(self.query)",message="batch has no source: set exactly one of batch.items, batch.configMapRef or batch.query"
+// +kubebuilder:validation:XValidation:rule="(has(self.items) ? 1 : 0) + (has(self.configMapRef) ? 1 : 0) + (has(self.query) ? 1 : 0) <= 1",message="batch has more than one source: keep exactly one of batch.items, batch.configMapRef or batch.query"
+type BatchSpec struct {
+	// items is the batch inline, for small batches.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=10000
+	Items []Item `json:"items,omitempty"`
+
+	// configMapRef is a ConfigMap key holding the batch as JSON Lines: one
+	// object {"entity": ..., "occurrence": ..., "payload": ...} per line.
+	// +optional
+	ConfigMapRef *ConfigMapKeyRef `json:"configMapRef,omitempty"`
+
+	// query is an SQL SELECT, run against the run's database in a read-only
+	// transaction, returning the text columns entity and occurrence and
+	// optionally a jsonb column payload.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=65536
+	Query string `json:"query,omitempty"`
+}
+
+// Item is one business occurrence. (entity, occurrence) is its business key:
+// the ledger commits at most one row per key.
+type Item struct {
+	// entity is the first part of the business key (e.g. an account id).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	Entity string `json:"entity"`
+	// occurrence is the second part of the business key (e.g. a billing
+	// period).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	Occurrence string `json:"occurrence"`
+	// payload is any JSON value, stored with the ledger row and visible to
+	// the effect as claimed.payload.
+	// +optional
+	Payload *apiextensionsv1.JSON `json:"payload,omitempty"`
+}
+
+// EffectSpec is the effect of processing items.
+type EffectSpec struct {
+	// sql is one statement run in the ledger transaction over exactly the
+	// items newly claimed in a chunk, which it reads from the temporary table
+	// claimed(entity, occurrence, payload). A duplicate item's effect never
+	// runs twice; if the statement fails, nothing of that chunk is committed.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=65536
+	SQL string `json:"sql"`
+}
+
+// OnExistingPolicy says what happens to an item already committed in the
+// ledger.
+// +kubebuilder:validation:Enum=Skip;Supersede
+type OnExistingPolicy string
+
+const (
+	// OnExistingSkip counts an already committed item as already handled.
+	OnExistingSkip OnExistingPolicy = "Skip"
+	// OnExistingSupersede marks the committed row superseded and commits the
+	// item again (its effect runs again).
+	OnExistingSupersede OnExistingPolicy = "Supersede"
+)
+
+// WorkerTemplate customises the worker pods of a run.
+type WorkerTemplate struct {
+	// image overrides the manager's --worker-image for this run.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Image string `json:"image,omitempty"`
+	// resources of the worker container. Defaults: requests cpu 100m and
+	// memory 128Mi, limit memory 256Mi.
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+	// nodeSelector of the worker pods.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// tolerations of the worker pods.
+	// +optional
+	// +listType=atomic
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// serviceAccountName of the worker pods; defaults to the manager's
+	// --worker-service-account (runledger-worker). It needs the
+	// runledger-worker ClusterRole bound in the run's namespace.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+}
+
+// RunPhase is a simple, high-level summary of where a run is. Conditions
+// carry the details.
+// +kubebuilder:validation:Enum=Pending;Running;Succeeded;Failed;Suspended
+type RunPhase string
+
+const (
+	// RunPending: no worker pod has been created yet (e.g. waiting for the
+	// Secret or ConfigMap).
+	RunPending RunPhase = "Pending"
+	// RunRunning: worker pods have been created and not every shard is done.
+	RunRunning RunPhase = "Running"
+	// RunSucceeded: every shard succeeded and failed <= maxFailedItems.
+	RunSucceeded RunPhase = "Succeeded"
+	// RunFailed: a shard failed for good (bad input, or backoffLimit
+	// exceeded), or too many items failed.
+	RunFailed RunPhase = "Failed"
+	// RunSuspended: spec.suspend is true; no worker pod runs.
+	RunSuspended RunPhase = "Suspended"
+)
+
+// ShardPhase is the state of one shard, as the controller sees its pods.
+// +kubebuilder:validation:Enum=Pending;Running;Retrying;Succeeded;Failed
+type ShardPhase string
+
+const (
+	// ShardPending: the shard's pod is not created or not yet running.
+	ShardPending ShardPhase = "Pending"
+	// ShardRunning: the shard's pod is running.
+	ShardRunning ShardPhase = "Running"
+	// ShardRetrying: the last attempt failed; the next one starts after a
+	// back-off.
+	ShardRetrying ShardPhase = "Retrying"
+	// ShardSucceeded: the shard's pod exited 0.
+	ShardSucceeded ShardPhase = "Succeeded"
+	// ShardFailed: the shard failed for good.
+	ShardFailed ShardPhase = "Failed"
+)
+
+// ProcessingRunStatus is the observed state of a ProcessingRun.
+//
+// Ownership (server-side apply field managers): the controller
+// ("runledger-controller") owns every field except the per-shard report
+// fields of shards[], which the worker of that shard
+// (WorkerFieldManager(index)) owns: attempt, total, completed,
+// alreadyHandled, failed, message and lastReportTime. The controller owns
+// shards[].pod and shards[].phase.
+type ProcessingRunStatus struct {
+	// observedGeneration is the metadata.generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// phase is a one-word summary: Pending, Running, Succeeded, Failed or
+	// Suspended.
+	// +optional
+	Phase RunPhase `json:"phase,omitempty"`
+
+	// total is the number of items declared in the batch (known up front for
+	// inline items, otherwise the sum of what the shards have reported).
+	// +optional
+	Total int64 `json:"total"`
+	// completed is the number of items this run committed (its effect ran).
+	// +optional
+	Completed int64 `json:"completed"`
+	// alreadyHandled is the number of items found already committed, by
+	// another run or as a repeat inside this batch.
+	// +optional
+	AlreadyHandled int64 `json:"alreadyHandled"`
+	// failed is the number of items that failed (each shard's message says
+	// why).
+	// +optional
+	Failed int64 `json:"failed"`
+
+	// startTime is when the controller created the run's first pod.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// completionTime is when the run Succeeded or Failed.
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+
+	// shards has one entry per shard.
+	// +optional
+	// +listType=map
+	// +listMapKey=index
+	// +kubebuilder:validation:MaxItems=256
+	Shards []ShardStatus `json:"shards,omitempty"`
+
+	// conditions: Complete, Failed and Suspended (as batch/v1 Job), Ready,
+	// Reconciling and Stalled (as kstatus reads them).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// ShardStatus is the state of one shard. pod and phase are written by the
+// controller; the other fields are the report of the shard's worker.
+type ShardStatus struct {
+	// index of the shard, 0 <= index < spec.workers.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=255
+	Index int32 `json:"index"`
+
+	// pod is the name of the shard's current pod, <run>-<index>-<attempt>
+	// (written by the controller).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Pod string `json:"pod,omitempty"`
+	// phase of the shard (written by the controller).
+	// +optional
+	Phase ShardPhase `json:"phase,omitempty"`
+
+	// attempt that wrote the counts below, 0 for the first pod (written by
+	// the worker).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Attempt int32 `json:"attempt,omitempty"`
+	// total is the number of items of this shard.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Total int64 `json:"total,omitempty"`
+	// completed is the number of this shard's items committed by this run,
+	// by any of its attempts.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Completed int64 `json:"completed,omitempty"`
+	// alreadyHandled is the number of this shard's items already committed
+	// by another run, or repeated inside the batch.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	AlreadyHandled int64 `json:"alreadyHandled,omitempty"`
+	// failed is the number of this shard's items that failed.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Failed int64 `json:"failed,omitempty"`
+	// message is the worker's last word, e.g. its first item error.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Message string `json:"message,omitempty"`
+	// lastReportTime is when the worker wrote this entry.
+	// +optional
+	LastReportTime *metav1.Time `json:"lastReportTime,omitempty"`
+}
+
+// Condition types of a ProcessingRun.
+const (
+	// ConditionComplete is True once the run Succeeded (as batch/v1 Job).
+	ConditionComplete = "Complete"
+	// ConditionFailed is True once the run Failed (as batch/v1 Job).
+	ConditionFailed = "Failed"
+	// ConditionSuspended is True while the run is suspended, False after a
+	// resume (as batch/v1 Job).
+	ConditionSuspended = "Suspended"
+	// ConditionReady is True once the run Succeeded: its desired outcome is
+	// reached.
+	ConditionReady = "Ready"
+	// ConditionReconciling is True while the controller is still working
+	// towards the outcome (kstatus: InProgress); absent otherwise.
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled is True when the run cannot progress without someone
+	// acting: a missing Secret or ConfigMap, a worker image that cannot be
+	// pulled, or a Failed run (kstatus: Failed); absent otherwise.
+	ConditionStalled = "Stalled"
+)
