@@ -18,8 +18,3 @@ func newWorkerCommand() *cobra.Command {
 	return &cobra.Command{Use: "worker", Short: "Process one shard of a ProcessingRun (not yet built)",
 		RunE: func(*cobra.Command, []string) error { return errors.New("worker: not yet built") }}
 }
-
-func newRunCommand() *cobra.Command {
-	return &cobra.Command{Use: "run", Short: "Process a ProcessingRun manifest locally (not yet built)",
-		RunE: func(*cobra.Command, []string) error { return errors.New("run: not yet built") }}
-}

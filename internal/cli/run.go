@@ -1,0 +1,489 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/worker"
+)
+
+const runLong = `Process a ProcessingRun manifest on this machine, without Kubernetes: the
+same engine as the worker pods, writing to the same ledger.
+
+The manifest's spec.database is ignored: the ledger is the database of --dsn
+(or $RUNLEDGER_DATABASE_URL). For a batch.configMapRef, the JSON Lines come
+from --from-file, or else from a ConfigMap of that name in the same
+(multi-document) YAML file. Without --shard, every shard (spec.workers) runs
+concurrently in this process; with --shard I/N only shard I of N does, so N
+processes (or machines) can share a run.
+
+The run's identity is its metadata.uid, or when it has none (a manifest that
+was never applied) a UUID derived from its namespace and name: running the
+same manifest again, after an interruption or a kill, counts what the earlier
+invocation committed as completed, and the totals come out as one
+uninterrupted run's would.
+
+Progress goes to stderr (a live line on a terminal, a line every
+--progress-interval otherwise). The result goes to stdout: a summary, or with
+--output json exactly one JSON object:
+
+  {"total":N,"completed":N,"alreadyHandled":N,"failed":N,
+   "failures":[{"entity":"...","occurrence":"...","error":"..."}]}
+
+(failures lists the first 100; "interrupted" and "error" are added when they
+apply). Exit status: 0 when failed <= spec.maxFailedItems, 1 otherwise (or when
+the run could not finish: interrupted, database unreachable after retries),
+2 for bad input or configuration (nothing is committed then).`
+
+type runOptions struct {
+	file             string
+	fromFile         string
+	shard            string
+	output           string
+	skipMigrate      bool
+	parallel         int
+	retryTimeout     time.Duration
+	drainTimeout     time.Duration
+	progressInterval time.Duration
+}
+
+func newRunCommand() *cobra.Command {
+	var o runOptions
+	cmd := &cobra.Command{
+		Use:   "run -f RUN.yaml [--dsn DSN] [--shard I/N] [--output json]",
+		Short: "Process a ProcessingRun manifest locally, without Kubernetes",
+		Long:  runLong,
+		Example: `  runledger run -f invoices.yaml --dsn postgres://app@localhost/billing
+  runledger run -f invoices.yaml --shard 0/4 --output json
+  kubectl get prun june-invoices -o yaml | runledger run -f - --skip-migrate`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
+	}
+	f := cmd.Flags()
+	f.StringVarP(&o.file, "filename", "f", "", "the ProcessingRun manifest (YAML or JSON; - for stdin)")
+	f.String(flagDatabaseURL, "", "PostgreSQL connection string of the ledger (default $"+envDatabaseURL+")")
+	f.StringVar(&o.shard, "shard", "", "process only shard I of N (N must equal spec.workers), e.g. 0/4")
+	f.StringVarP(&o.output, "output", "o", "text", "result format on stdout: text or json")
+	f.StringVar(&o.fromFile, "from-file", "", "JSON Lines file with the items of a batch.configMapRef (default: the ConfigMap in the manifest)")
+	f.BoolVar(&o.skipMigrate, "skip-migrate", false, "do not apply the ledger's migrations at start")
+	f.IntVar(&o.parallel, "parallel", 16, "at most this many shards at once in this process")
+	f.DurationVar(&o.retryTimeout, "retry-timeout", worker.DefaultBackoff.MaxElapsed, "how long to retry while the database is unreachable, per operation")
+	f.DurationVar(&o.drainTimeout, "drain-timeout", worker.DefaultDrainTimeout, "on SIGINT/SIGTERM, how long the chunk in flight may still take to commit")
+	f.DurationVar(&o.progressInterval, "progress-interval", 10*time.Second, "time between progress lines when stderr is not a terminal")
+	_ = cmd.MarkFlagRequired("filename")
+	return cmd
+}
+
+// runSummary is the result of `runledger run`, and its JSON output.
+type runSummary struct {
+	worker.Counts
+	Failures    []worker.Failure `json:"failures"`
+	Interrupted bool             `json:"interrupted,omitempty"`
+	Error       string           `json:"error,omitempty"`
+
+	shards  []worker.Report
+	elapsed time.Duration
+}
+
+func (o *runOptions) run(cmd *cobra.Command) error {
+	if o.output != "text" && o.output != "json" {
+		return badInput(fmt.Errorf("--output %q: want text or json", o.output))
+	}
+	dsn, _ := databaseURL(cmd) // checked in execute, with the JSON output
+	secrets := worker.Secrets(dsn)
+	stderr := worker.NewRedactingWriter(cmd.ErrOrStderr(), secrets)
+	stdout := worker.NewRedactingWriter(cmd.OutOrStdout(), secrets)
+
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := worker.NewTextLogger(stderr, "runledger: ", 0)
+	finished := make(chan struct{})
+	defer close(finished) // before stop(): deferred calls run last first
+	go func() {
+		select {
+		case <-finished:
+			return
+		case <-ctx.Done():
+		}
+		select {
+		case <-finished: // the run ended, stop() cancelled ctx
+		default:
+			log.Info("stopping: no new chunk is taken; the chunk in flight commits or rolls back (send the signal again to abort)", "drainTimeout", o.drainTimeout)
+		}
+		stop() // a second signal kills the process
+	}()
+
+	sum, err := o.execute(ctx, cmd, dsn, stderr, log)
+	err = worker.RedactError(err, secrets)
+	if err != nil {
+		sum.Error = err.Error()
+	}
+	if sum.Failures == nil {
+		sum.Failures = []worker.Failure{}
+	}
+	if o.output == "json" {
+		enc := json.NewEncoder(stdout)
+		if werr := enc.Encode(sum); werr != nil {
+			return errors.Join(err, fmt.Errorf("writing the result: %w", werr))
+		}
+	} else if sum.shards != nil {
+		printSummary(stdout, sum)
+	}
+	return err
+}
+
+// execute does the run and returns its summary; the error carries the exit
+// code (ExitError).
+func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string, stderr io.Writer, log logr.Logger) (*runSummary, error) {
+	sum := &runSummary{}
+	if dsn == "" {
+		_, err := databaseURL(cmd)
+		return sum, err
+	}
+	m, err := readManifest(o.file, cmd.InOrStdin())
+	if err != nil {
+		return sum, badInput(err)
+	}
+	if o.fromFile == "-" && o.file == "-" {
+		return sum, badInput(errors.New("--from-file - and -f - cannot both read stdin"))
+	}
+	plan, err := worker.NewPlan(ctx, m.run, o.batchData(m), worker.Limits{})
+	if err != nil {
+		return sum, exitFor(err)
+	}
+	if m.run.Spec.Suspend {
+		log.Info("spec.suspend is true; runledger run ignores it and processes the run")
+	}
+	shards, err := selectShards(o.shard, plan.Shards)
+	if err != nil {
+		return sum, badInput(err)
+	}
+	if o.parallel < 1 {
+		return sum, badInput(fmt.Errorf("--parallel %d: want 1 or more", o.parallel))
+	}
+	parallel := min(o.parallel, len(shards))
+	retry := worker.DefaultBackoff
+	retry.MaxElapsed = o.retryTimeout
+
+	// Two connections per shard: the source's cursor and the commits.
+	pool, err := ledger.Open(ctx, dsn, int32(2*parallel+1))
+	if err != nil {
+		return sum, badInput(err)
+	}
+	defer pool.Close()
+	onRetry := func(what string) func(int, time.Duration, error) {
+		return func(attempt int, wait time.Duration, err error) {
+			log.Info("database not reachable, retrying", "step", what, "attempt", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
+		}
+	}
+	if !o.skipMigrate {
+		err := retry.Do(ctx, "migrating the ledger", onRetry("migrate"), func(int) error {
+			_, err := ledger.Migrate(ctx, pool)
+			return err
+		})
+		if err != nil {
+			return sum, exitFor(err)
+		}
+	}
+	if err := plan.Check(ctx, pool, retry, onRetry("check")); err != nil {
+		return sum, exitFor(err)
+	}
+
+	uidNote := "metadata.uid"
+	if m.run.UID == "" {
+		uidNote = "derived from namespace/name"
+	}
+	log.Info("processing run", "run", plan.Run.Namespace+"/"+plan.Run.Name, "uid", plan.Run.UID, "uidFrom", uidNote,
+		"source", describeSource(m.run), "shards", shardList(shards, plan.Shards))
+
+	progress := worker.NewProgressPrinter(stderr, isTerminal(cmd.ErrOrStderr()), len(shards), o.progressInterval)
+	progress.Start(ctx)
+	budget := worker.NewFailureBudget(plan.MaxFailedItems)
+	start := time.Now()
+	reports := make([]worker.Report, len(shards))
+	sem := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	for i, shard := range shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			cfg := plan.ShardConfig(shard, 0)
+			cfg.Budget = budget
+			cfg.Retry = retry
+			cfg.DrainTimeout = o.drainTimeout
+			cfg.Log = log
+			cfg.Progress = progress.Update
+			if ctx.Err() != nil { // stopped before this shard started
+				reports[i] = worker.Report{Shard: shard, Interrupted: true}
+				return
+			}
+			reports[i] = worker.RunShard(ctx, ledger.NewStore(pool), cfg)
+		}()
+	}
+	wg.Wait()
+	progress.Stop()
+
+	sum.shards, sum.elapsed = reports, time.Since(start)
+	var errs []error
+	for _, r := range reports {
+		sum.Add(r.Counts)
+		for _, f := range r.Failures {
+			if len(sum.Failures) < worker.MaxFailures {
+				sum.Failures = append(sum.Failures, f)
+			}
+		}
+		sum.Interrupted = sum.Interrupted || r.Interrupted
+		if r.Err != nil {
+			errs = append(errs, fmt.Errorf("shard %d: %w", r.Shard, r.Err))
+		}
+		log.Info("shard finished", "shard", r.Shard, "state", shardState(r), "total", r.Total, "completed", r.Completed,
+			"alreadyHandled", r.AlreadyHandled, "failed", r.Failed, "elapsed", r.Elapsed.Round(time.Millisecond).String())
+	}
+	switch {
+	case len(errs) > 0:
+		return sum, &ExitError{Code: ExitFailed, Err: errors.Join(errs...)}
+	case sum.Interrupted:
+		return sum, &ExitError{Code: ExitFailed, Err: fmt.Errorf("interrupted: %d of %d items processed; run the same command again to finish (what was committed counts as completed)", sum.Processed(), sum.Total)}
+	case sum.Failed > int64(plan.MaxFailedItems):
+		return sum, &ExitError{Code: ExitFailed, Err: fmt.Errorf("%d items failed, more than spec.maxFailedItems (%d)", sum.Failed, plan.MaxFailedItems)}
+	}
+	return sum, nil
+}
+
+// exitFor maps an error of the preparation steps to its exit code: bad input
+// or configuration (the query, the effect, the DSN's credentials or
+// database) is 2; anything else (the database stayed unreachable) is 1.
+func exitFor(err error) error {
+	if worker.IsInputError(err) {
+		return badInput(err)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 {
+		switch pgErr.Code[:2] {
+		case "28", // invalid authorization
+			"3D", // invalid catalog name: no such database
+			"42": // insufficient privilege, undefined object
+			return badInput(err)
+		}
+	}
+	return &ExitError{Code: ExitFailed, Err: err}
+}
+
+func shardState(r worker.Report) string {
+	switch {
+	case r.Err != nil:
+		return "failed"
+	case r.Interrupted:
+		return "interrupted"
+	case r.TooManyFailures:
+		return "stopped: too many failed items"
+	case r.Done:
+		return "done"
+	}
+	return "not started"
+}
+
+func printSummary(w io.Writer, s *runSummary) {
+	fmt.Fprintf(w, "total %d, completed %d, already handled %d, failed %d (%s)\n",
+		s.Total, s.Completed, s.AlreadyHandled, s.Failed, s.elapsed.Round(time.Millisecond))
+	if len(s.Failures) > 0 {
+		fmt.Fprintf(w, "failures (first %d of %d):\n", len(s.Failures), s.Failed)
+		for _, f := range s.Failures {
+			fmt.Fprintf(w, "  %s / %s: %s\n", f.Entity, f.Occurrence, f.Error)
+		}
+	}
+}
+
+// selectShards parses --shard ("I/N" or "I"; N must be the manifest's
+// workers) and returns the shards to run.
+func selectShards(flag string, shards int) ([]int, error) {
+	if flag == "" {
+		out := make([]int, shards)
+		for i := range out {
+			out[i] = i
+		}
+		return out, nil
+	}
+	is, ns, hasN := strings.Cut(flag, "/")
+	i, err := strconv.Atoi(is)
+	if err != nil || i < 0 {
+		return nil, fmt.Errorf("--shard %q: want I/N, e.g. 0/%d", flag, shards)
+	}
+	if hasN {
+		n, err := strconv.Atoi(ns)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--shard %q: want I/N, e.g. 0/%d", flag, shards)
+		}
+		if n != shards {
+			return nil, fmt.Errorf("--shard %q: the manifest declares spec.workers: %d, so N must be %d (the number of shards decides which shard owns each item)", flag, shards, shards)
+		}
+	}
+	if i >= shards {
+		return nil, fmt.Errorf("--shard %q: shard indexes go from 0 to %d", flag, shards-1)
+	}
+	return []int{i}, nil
+}
+
+func shardList(s []int, n int) string {
+	if len(s) == 1 && n > 1 {
+		return fmt.Sprintf("%d/%d", s[0], n)
+	}
+	return fmt.Sprintf("all %d", n)
+}
+
+func describeSource(run *v1alpha1.ProcessingRun) string {
+	switch b := run.Spec.Batch; {
+	case len(b.Items) > 0:
+		return fmt.Sprintf("%d inline items", len(b.Items))
+	case b.ConfigMapRef != nil:
+		return "configMap " + b.ConfigMapRef.Name + "/" + b.ConfigMapRef.Key
+	}
+	return "query"
+}
+
+// batchData resolves a configMapRef: --from-file, else a ConfigMap of that
+// name in the manifest.
+func (o *runOptions) batchData(m *manifest) worker.BatchData {
+	return func(_ context.Context, ref v1alpha1.ConfigMapKeyRef) ([]byte, string, error) {
+		if o.fromFile != "" {
+			var data []byte
+			var err error
+			if o.fromFile == "-" {
+				data, err = io.ReadAll(os.Stdin)
+			} else {
+				data, err = os.ReadFile(o.fromFile)
+			}
+			if err != nil {
+				return nil, "", badInput(fmt.Errorf("reading --from-file: %w", err))
+			}
+			return data, "JSON Lines file " + o.fromFile, nil
+		}
+		for _, cm := range m.configMaps {
+			if cm.Name != ref.Name || (cm.Namespace != "" && cm.Namespace != m.run.Namespace) {
+				continue
+			}
+			if v, ok := cm.Data[ref.Key]; ok {
+				return []byte(v), fmt.Sprintf("ConfigMap %s key %s", ref.Name, ref.Key), nil
+			}
+			if v, ok := cm.BinaryData[ref.Key]; ok {
+				return v, fmt.Sprintf("ConfigMap %s key %s", ref.Name, ref.Key), nil
+			}
+			return nil, "", badInput(fmt.Errorf("spec.batch.configMapRef: ConfigMap %s in %s has no key %q", ref.Name, m.source, ref.Key))
+		}
+		return nil, "", badInput(fmt.Errorf("spec.batch.configMapRef: no ConfigMap %s in %s; pass the items with --from-file FILE.jsonl, or add the ConfigMap to the manifest", ref.Name, m.source))
+	}
+}
+
+// manifest is what `runledger run` reads: one ProcessingRun and any
+// ConfigMaps (for a configMapRef), in one YAML or JSON stream.
+type manifest struct {
+	source     string
+	run        *v1alpha1.ProcessingRun
+	configMaps []corev1.ConfigMap
+}
+
+func readManifest(path string, stdin io.Reader) (*manifest, error) {
+	m := &manifest{source: path}
+	var r io.Reader
+	if path == "-" {
+		m.source, r = "stdin", stdin
+	} else {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("reading manifest: %w", err)
+		}
+		defer f.Close()
+		r = f
+	}
+	yr := utilyaml.NewYAMLReader(bufio.NewReader(r))
+	var runs []string
+	for doc := 1; ; doc++ {
+		raw, err := yr.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: document %d: %w", m.source, doc, err)
+		}
+		if len(bytes.TrimSpace(stripComments(raw))) == 0 {
+			continue
+		}
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(raw, &tm); err != nil {
+			return nil, fmt.Errorf("%s: document %d is not a Kubernetes object: %w", m.source, doc, err)
+		}
+		switch {
+		case tm.Kind == "ProcessingRun":
+			if tm.APIVersion != v1alpha1.GroupVersion.String() {
+				return nil, fmt.Errorf("%s: document %d: apiVersion %q: want %s", m.source, doc, tm.APIVersion, v1alpha1.GroupVersion)
+			}
+			run := &v1alpha1.ProcessingRun{}
+			if err := yaml.UnmarshalStrict(raw, run); err != nil {
+				return nil, fmt.Errorf("%s: document %d (ProcessingRun): %w", m.source, doc, err)
+			}
+			m.run = run
+			runs = append(runs, run.Name)
+		case tm.Kind == "ConfigMap" && tm.APIVersion == "v1":
+			var cm corev1.ConfigMap
+			if err := yaml.Unmarshal(raw, &cm); err != nil {
+				return nil, fmt.Errorf("%s: document %d (ConfigMap): %w", m.source, doc, err)
+			}
+			m.configMaps = append(m.configMaps, cm)
+		case tm.Kind == "":
+			return nil, fmt.Errorf("%s: document %d has no kind (want kind: ProcessingRun)", m.source, doc)
+		}
+		// Other kinds (a Secret, a Namespace) are for kubectl; not ours.
+	}
+	switch len(runs) {
+	case 0:
+		return nil, fmt.Errorf("%s holds no ProcessingRun (apiVersion: %s, kind: ProcessingRun)", m.source, v1alpha1.GroupVersion)
+	case 1:
+		return m, nil
+	}
+	return nil, fmt.Errorf("%s holds %d ProcessingRuns (%s): runledger run takes one", m.source, len(runs), strings.Join(runs, ", "))
+}
+
+// stripComments drops YAML comment lines, to tell an empty document apart.
+func stripComments(b []byte) []byte {
+	var out []byte
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' && !bytes.Equal(t, []byte("---")) {
+			out = append(out, line...)
+			out = append(out, '\n')
+		}
+	}
+	return out
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,21 @@
+// Package worker turns a declared batch into exact counts: it reads one
+// shard's items from a source (inline items, JSON Lines, or an SQL query
+// streamed in a READ ONLY transaction), validates them, skips what the ledger
+// already holds (the preload), commits the rest through the ledger's one
+// insert path (ledger.Store.CommitChunk), and reports
+//
+//	completed + alreadyHandled + failed == items declared
+//
+// per shard, exactly, across restarts: an item that an earlier attempt of the
+// same run committed counts as completed, never as already handled.
+//
+// The package knows nothing about Kubernetes except kube.go, the in-pod
+// reporting used by `runledger worker`; `runledger run` drives the same
+// engine (RunShard) from a manifest on a laptop.
+//
+// Files: shard.go (the pinned shard function, in Go and in SQL), item.go
+// (validation), source.go (inline and JSON Lines), query.go (the SQL source),
+// engine.go (the chunk loop), retry.go (back-off), report.go (counts and
+// failures), progress.go (human progress), redact.go (secrets out of output),
+// kube.go (pod mode).
+package worker

@@ -1,0 +1,366 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+// Defaults of a shard.
+const (
+	DefaultChunkSize    = 500
+	DefaultDrainTimeout = 10 * time.Second
+)
+
+// ShardConfig is everything one shard needs.
+type ShardConfig struct {
+	// Run identifies the writer of every row; Run.Shard is the shard processed
+	// and Run.UID decides which rows are this run's own (counted completed).
+	Run    ledger.Run
+	Shards int
+	Source Source
+	// Effect and OnExisting go to the ledger's insert path as they are.
+	Effect     string
+	OnExisting ledger.OnExisting
+	ChunkSize  int
+	// MaxFailedItems: once more items than this failed, the shard stops taking
+	// chunks. Ignored when Budget is set (the budget has its own maximum).
+	MaxFailedItems int
+	Budget         *FailureBudget
+	Retry          Backoff
+	Limits         Limits
+	// DrainTimeout bounds how long the chunk in flight may still take once
+	// ctx is cancelled; after it, the chunk is rolled back (its fate may be
+	// unknown: a later attempt counts whatever it committed as completed).
+	DrainTimeout time.Duration
+	// Progress, if set, is called with the counts so far after every chunk
+	// (and once before the first). It runs on the shard's goroutine.
+	Progress func(Report)
+	Log      logr.Logger
+}
+
+func (c ShardConfig) withDefaults() ShardConfig {
+	if c.Shards <= 0 {
+		c.Shards = 1
+	}
+	if c.ChunkSize <= 0 {
+		c.ChunkSize = DefaultChunkSize
+	}
+	if c.Budget == nil {
+		c.Budget = NewFailureBudget(c.MaxFailedItems)
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.Log.GetSink() == nil {
+		c.Log = logr.Discard()
+	}
+	return c
+}
+
+// RunShard processes one shard: it reads the shard's items from the source,
+// and for each chunk asks the ledger which keys are already committed (the
+// preload: only an optimisation), commits the others through the one insert
+// path, and counts every item's outcome:
+//
+//   - completed: committed by this run, now or by an earlier attempt of it
+//     (the ledger tells this run's rows apart by Run.UID);
+//   - alreadyHandled: committed by another run, or a repeat, within the
+//     batch, of a key counted once already;
+//   - failed: the item could not be committed (its error is kept), or the
+//     row could not become an item.
+//
+// Retryable database errors are retried with back-off (cfg.Retry); a chunk
+// whose commit outcome is unknown is simply sent again. When ctx is
+// cancelled, the shard takes no new chunk, lets the one in flight commit
+// (within cfg.DrainTimeout) and returns a report marked Interrupted.
+func RunShard(ctx context.Context, store *ledger.Store, cfg ShardConfig) Report {
+	cfg = cfg.withDefaults()
+	s := &shardRun{cfg: cfg, store: store, rep: Report{Shard: cfg.Run.Shard, Started: time.Now()}}
+	s.run(ctx)
+	s.rep.Elapsed = time.Since(s.rep.Started)
+	return s.rep
+}
+
+type shardRun struct {
+	cfg   ShardConfig
+	store *ledger.Store
+	rep   Report
+	// carry: the outcome of the last key of the previous chunk, for repeats
+	// of it that start the next chunk.
+	carry carried
+}
+
+type carried struct {
+	ok     bool
+	key    ledger.Key
+	failed *Failure // nil: the key was committed (by someone)
+}
+
+func (s *shardRun) log() logr.Logger {
+	return s.cfg.Log.WithValues("shard", s.cfg.Run.Shard)
+}
+
+func (s *shardRun) run(ctx context.Context) {
+	log := s.log()
+	st, err := s.cfg.Source.open(ctx, s.store.Pool(), s.cfg.Run.Shard, s.cfg.Shards, streamOptions{
+		fetchSize: s.cfg.ChunkSize,
+		retry:     s.cfg.Retry,
+		limits:    s.cfg.Limits,
+		logf: func(format string, args ...any) {
+			log.Info(fmt.Sprintf(format, args...))
+		},
+	})
+	if err != nil {
+		s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
+		return
+	}
+	defer st.close()
+	s.rep.Total, s.rep.TotalKnown = st.total()
+	s.progress()
+
+	for chunkNo := 1; ; chunkNo++ {
+		if ctx.Err() != nil {
+			s.rep.Interrupted = true
+			return
+		}
+		if s.cfg.Budget.Exceeded() {
+			s.rep.TooManyFailures = true
+			return
+		}
+		chunk, err := readChunk(ctx, st, s.cfg.ChunkSize)
+		s.rep.Total, s.rep.TotalKnown = st.total()
+		if err != nil {
+			s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
+			return
+		}
+		if len(chunk) == 0 {
+			s.rep.Done = true
+			s.progress()
+			return
+		}
+		if err := s.process(ctx, chunk); err != nil {
+			s.fail(ctx, fmt.Errorf("processing chunk %d: %w", chunkNo, err))
+			return
+		}
+		if s.rep.TotalKnown && s.rep.Processed() == s.rep.Total {
+			s.rep.Done = true
+		}
+		s.progress()
+		if s.rep.Done {
+			return
+		}
+	}
+}
+
+// fail records why the shard stopped: an interruption when ctx was
+// cancelled, an error otherwise.
+func (s *shardRun) fail(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		s.rep.Interrupted = true
+		return
+	}
+	s.rep.Err = err
+}
+
+func (s *shardRun) progress() {
+	if s.cfg.Progress != nil {
+		s.cfg.Progress(s.rep.clone())
+	}
+}
+
+// readChunk reads up to size entries; an empty chunk means the end.
+func readChunk(ctx context.Context, st stream, size int) ([]entry, error) {
+	chunk := make([]entry, 0, size)
+	for len(chunk) < size {
+		e, err := st.next(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		chunk = append(chunk, e)
+	}
+	return chunk, nil
+}
+
+// tally is one chunk's outcome, added to the report only once the chunk is
+// settled, so that a chunk abandoned mid-way counts nothing.
+type tally struct {
+	counts   Counts
+	failures []Failure
+	carry    carried
+}
+
+func (t *tally) completed()      { t.counts.Completed++ }
+func (t *tally) alreadyHandled() { t.counts.AlreadyHandled++ }
+func (t *tally) failed(f Failure) {
+	t.counts.Failed++
+	t.failures = append(t.failures, f)
+}
+
+// process settles one chunk: preload, commit, outcomes.
+func (s *shardRun) process(ctx context.Context, chunk []entry) error {
+	// The chunk in flight may finish after ctx is cancelled, within the drain
+	// timeout; waits between retries end as soon as ctx is cancelled.
+	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stopDrain := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(s.cfg.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-work.Done():
+		}
+	})
+	defer stopDrain()
+
+	// The first copy of each key, in order; later copies follow their first.
+	var firsts []ledger.Item
+	firstIdx := make([]int, len(chunk)) // entry -> index in firsts, or -1
+	last := -1
+	for i, e := range chunk {
+		firstIdx[i] = -1
+		switch {
+		case e.bad != nil:
+		case !e.repeat:
+			last = len(firsts)
+			firsts = append(firsts, e.item)
+			firstIdx[i] = last
+		case last >= 0:
+			firstIdx[i] = last
+		}
+	}
+
+	// Preload: which first copies are committed already, and by whom.
+	keys := make([]ledger.Key, len(firsts))
+	for i, it := range firsts {
+		keys[i] = it.Key
+	}
+	var held map[ledger.Key]ledger.Holder
+	if len(keys) > 0 {
+		err := s.cfg.Retry.Do(ctx, "preloading committed keys", s.onRetry("preload"), func(int) error {
+			var err error
+			held, err = s.store.Preload(work, s.cfg.Run.UID, keys)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	var toCommit []ledger.Item
+	for _, it := range firsts {
+		h, ok := held[it.Key]
+		if !ok || (h == ledger.HolderOtherRun && s.cfg.OnExisting == ledger.Supersede) {
+			toCommit = append(toCommit, it)
+		}
+	}
+
+	// Commit what the preload did not settle.
+	results := make(map[ledger.Key]ledger.Result, len(toCommit))
+	if len(toCommit) > 0 {
+		if ctx.Err() != nil {
+			return context.Cause(ctx) // stop before starting a commit
+		}
+		err := s.cfg.Retry.Do(ctx, "committing", s.onRetry("commit"), func(int) error {
+			res, err := s.store.CommitChunk(work, s.cfg.Run, toCommit, ledger.ChunkOptions{Effect: s.cfg.Effect, OnExisting: s.cfg.OnExisting})
+			if err != nil {
+				return err
+			}
+			if len(res) != len(toCommit) {
+				return fmt.Errorf("the ledger returned %d results for %d items", len(res), len(toCommit))
+			}
+			for _, r := range res {
+				results[r.Key] = r
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+
+	// Outcomes, in the chunk's order.
+	var t tally
+	t.carry = s.carry
+	firstOutcome := make([]*Failure, len(firsts)) // nil: committed (by someone)
+	for i, it := range firsts {
+		if r, ok := results[it.Key]; ok && r.Outcome == ledger.Failed {
+			firstOutcome[i] = &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: errString(r.Err)}
+		}
+	}
+	for i, e := range chunk {
+		switch {
+		case e.bad != nil:
+			t.failed(Failure{Entity: e.item.Entity, Occurrence: e.item.Occurrence, Error: e.bad.Error()})
+		case e.repeat && firstIdx[i] < 0:
+			// A repeat of the last key of the previous chunk.
+			if !t.carry.ok || t.carry.key != e.item.Key {
+				return fmt.Errorf("internal error: repeat of %s without its first copy", e.item.Key)
+			}
+			s.countRepeat(&t, e.item, t.carry.failed)
+		case e.repeat:
+			s.countRepeat(&t, e.item, firstOutcome[firstIdx[i]])
+		default:
+			it := firsts[firstIdx[i]]
+			r, committed := results[it.Key]
+			switch {
+			case !committed && held[it.Key] == ledger.HolderSameRun:
+				t.completed()
+			case !committed:
+				t.alreadyHandled()
+			case r.Outcome == ledger.Completed:
+				t.completed()
+			case r.Outcome == ledger.AlreadyHandled:
+				t.alreadyHandled()
+			default:
+				t.failed(*firstOutcome[firstIdx[i]])
+			}
+			t.carry = carried{ok: true, key: it.Key, failed: firstOutcome[firstIdx[i]]}
+		}
+	}
+
+	s.carry = t.carry
+	s.rep.Completed += t.counts.Completed
+	s.rep.AlreadyHandled += t.counts.AlreadyHandled
+	s.rep.Failed += t.counts.Failed
+	for _, f := range t.failures {
+		if len(s.rep.Failures) >= MaxFailures {
+			break
+		}
+		s.rep.Failures = append(s.rep.Failures, f)
+	}
+	s.cfg.Budget.add(t.counts.Failed)
+	return nil
+}
+
+// countRepeat counts a later copy of a key: already handled (its first copy
+// was counted), or failed like its first copy.
+func (s *shardRun) countRepeat(t *tally, it ledger.Item, first *Failure) {
+	if first == nil {
+		t.alreadyHandled()
+		return
+	}
+	t.failed(Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: "repeat of a failed item: " + first.Error})
+}
+
+func (s *shardRun) onRetry(what string) func(int, time.Duration, error) {
+	return func(attempt int, wait time.Duration, err error) {
+		s.log().Info("retrying after a retryable database error", "step", what, "attempt", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "failed (no error given)"
+	}
+	return err.Error()
+}

@@ -1,0 +1,311 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/worker"
+)
+
+// fixture is a fresh ledger database with a statement counter on the ledger
+// table: every INSERT, UPDATE or DELETE statement against it (even one that
+// changes no row, like an INSERT ... ON CONFLICT DO NOTHING that skipped every
+// key) bumps ledger_writes.n, so "zero writes to the ledger" is checkable.
+type fixture struct {
+	pool  *pgxpool.Pool
+	store *ledger.Store
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	pool := pgtest.NewPool(t)
+	mustExec(t, pool, `
+CREATE TABLE ledger_writes (n bigint NOT NULL);
+INSERT INTO ledger_writes VALUES (0);
+CREATE FUNCTION count_ledger_write() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN UPDATE ledger_writes SET n = n + 1; RETURN NULL; END $$;
+CREATE TRIGGER count_ledger_writes AFTER INSERT OR UPDATE OR DELETE ON runledger.ledger
+  FOR EACH STATEMENT EXECUTE FUNCTION count_ledger_write();`)
+	return &fixture{pool: pool, store: ledger.NewStore(pool)}
+}
+
+func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), sql, args...)
+	require.NoError(t, err, "executing %s", sql)
+}
+
+func queryInt(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n), "querying %s", sql)
+	return n
+}
+
+func (f *fixture) ledgerWrites(t *testing.T) int64 {
+	return queryInt(t, f.pool, `SELECT n FROM ledger_writes`)
+}
+
+// committed returns how many committed rows the ledger holds, and checks
+// that no key has two.
+func (f *fixture) committed(t *testing.T) int64 {
+	t.Helper()
+	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM (SELECT 1 FROM runledger.ledger WHERE state = 'committed' GROUP BY entity, occurrence HAVING count(*) > 1) d`),
+		"a business key with two committed rows")
+	return queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed'`)
+}
+
+func run(uid string) ledger.Run {
+	return ledger.Run{Namespace: "default", Name: "run-" + uid, UID: uid}
+}
+
+// runShards runs every shard of cfg concurrently and returns their reports
+// (in shard order) and their sum.
+func runShards(t *testing.T, f *fixture, cfg worker.ShardConfig) ([]worker.Report, worker.Counts) {
+	t.Helper()
+	reports := make([]worker.Report, max(cfg.Shards, 1))
+	var wg sync.WaitGroup
+	for i := range reports {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := cfg
+			c.Run.Shard = i
+			reports[i] = worker.RunShard(context.Background(), f.store, c)
+		}()
+	}
+	wg.Wait()
+	var sum worker.Counts
+	for _, r := range reports {
+		require.NoError(t, r.Err, "shard %d", r.Shard)
+		require.True(t, r.Done, "shard %d done", r.Shard)
+		require.True(t, r.TotalKnown, "shard %d knows its total", r.Shard)
+		require.Equal(t, r.Total, r.Processed(), "shard %d: completed + alreadyHandled + failed == total", r.Shard)
+		sum.Add(r.Counts)
+	}
+	return reports, sum
+}
+
+func keyItems(prefix string, n int) []ledger.Item {
+	out := make([]ledger.Item, n)
+	for i := range out {
+		out[i] = ledger.Item{Key: ledger.Key{Entity: fmt.Sprintf("%s-%d", prefix, i), Occurrence: "2024-06"}, Payload: []byte(fmt.Sprintf(`{"amount": %d}`, i))}
+	}
+	return out
+}
+
+// TestInlineSourceCountsAndDuplicates: a batch with repeats, spread over 3
+// shards and small chunks so that repeats straddle chunks: every distinct key
+// is committed once; repeats are already handled; the counts add up.
+func TestInlineSourceCountsAndDuplicates(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	base := keyItems("acct", 500)
+	items := append([]ledger.Item(nil), base...)
+	items = append(items, base[:100]...)    // 100 repeats
+	items = append(items, base[7], base[7]) // 2 more of one key
+	cfg := worker.ShardConfig{Run: run("uid-inline"), Shards: 3, Source: worker.NewStaticSource("items", items), ChunkSize: 7}
+
+	reports, sum := runShards(t, f, cfg)
+	require.Equal(t, worker.Counts{Total: 602, Completed: 500, AlreadyHandled: 102}, sum)
+	require.EqualValues(t, 500, f.committed(t), "one committed row per distinct key")
+	for _, r := range reports {
+		require.NotZero(t, r.Total, "shard %d has items: the hash spreads them", r.Shard)
+	}
+}
+
+// TestRerunOfFinishedBatch: the same run again counts everything completed
+// (its own rows) without one write to the ledger; another run over the same
+// batch counts everything already handled, again without a write.
+func TestRerunOfFinishedBatch(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	items := keyItems("acct", 1000)
+	items = append(items, items[:10]...)
+	cfg := worker.ShardConfig{Run: run("uid-first"), Shards: 2, Source: worker.NewStaticSource("items", items), ChunkSize: 100}
+	_, first := runShards(t, f, cfg)
+	require.Equal(t, worker.Counts{Total: 1010, Completed: 1000, AlreadyHandled: 10}, first)
+	writes := f.ledgerWrites(t)
+	require.NotZero(t, writes, "the first run wrote")
+
+	_, again := runShards(t, f, cfg)
+	require.Equal(t, first, again, "the same run again: its own rows count as completed, as in an uninterrupted run")
+	require.Equal(t, writes, f.ledgerWrites(t), "no statement wrote to the ledger: the preload settled every key")
+
+	other := cfg
+	other.Run = run("uid-other")
+	_, second := runShards(t, f, other)
+	require.Equal(t, worker.Counts{Total: 1010, AlreadyHandled: 1010}, second, "another run: all already handled")
+	require.Equal(t, writes, f.ledgerWrites(t), "still no write to the ledger")
+	require.EqualValues(t, 1000, f.committed(t))
+}
+
+// TestEarlierAttemptCountsAsCompleted: rows an earlier attempt of the same run
+// committed (it died after COMMIT) count as completed; rows of another run as
+// already handled.
+func TestEarlierAttemptCountsAsCompleted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	items := keyItems("acct", 300)
+	earlier := run("uid-restart")
+	_, err := f.store.CommitChunk(ctx, earlier, items[:120], ledger.ChunkOptions{})
+	require.NoError(t, err, "the earlier attempt's commit")
+	_, err = f.store.CommitChunk(ctx, run("uid-someone-else"), items[250:], ledger.ChunkOptions{})
+	require.NoError(t, err, "another run's commit")
+
+	cfg := worker.ShardConfig{Run: earlier, Source: worker.NewStaticSource("items", items), ChunkSize: 50}
+	cfg.Run.Attempt = 1
+	_, sum := runShards(t, f, cfg)
+	require.Equal(t, worker.Counts{Total: 300, Completed: 250, AlreadyHandled: 50}, sum)
+	require.EqualValues(t, 300, f.committed(t))
+	require.EqualValues(t, 130, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'uid-restart' AND attempt = 1`), "attempt 1 committed the rest")
+}
+
+const invoiceSchema = `
+CREATE TABLE accounts (id text PRIMARY KEY);
+CREATE TABLE invoices (
+    account text NOT NULL REFERENCES accounts (id),
+    period  text NOT NULL,
+    amount  numeric NOT NULL,
+    PRIMARY KEY (account, period, amount));`
+
+const invoiceEffect = `INSERT INTO invoices (account, period, amount)
+SELECT entity, occurrence, (payload->>'amount')::numeric FROM claimed`
+
+// TestEffectForeignKeyFailures: items whose effect violates a foreign key fail
+// with that error, each on its own; the others commit with their effect,
+// exactly once, also on a rerun.
+func TestEffectForeignKeyFailures(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, invoiceSchema)
+	items := keyItems("acct", 400)
+	// Accounts exist for every item but those with an index divisible by 40.
+	mustExec(t, f.pool, `INSERT INTO accounts SELECT 'acct-' || i FROM generate_series(0, 399) i WHERE i % 40 <> 0`)
+	cfg := worker.ShardConfig{Run: run("uid-fk"), Shards: 2, Source: worker.NewStaticSource("items", items),
+		Effect: invoiceEffect, ChunkSize: 64, MaxFailedItems: 1000}
+
+	reports, sum := runShards(t, f, cfg)
+	require.Equal(t, worker.Counts{Total: 400, Completed: 390, Failed: 10}, sum)
+	require.EqualValues(t, 390, queryInt(t, f.pool, `SELECT count(*) FROM invoices`), "the effect ran once per committed item")
+	require.EqualValues(t, 390, f.committed(t))
+	var failures []worker.Failure
+	for _, r := range reports {
+		failures = append(failures, r.Failures...)
+	}
+	require.Len(t, failures, 10)
+	for _, fl := range failures {
+		var i int
+		_, err := fmt.Sscanf(fl.Entity, "acct-%d", &i)
+		require.NoError(t, err)
+		require.Zero(t, i%40, "only items without an account fail: %s", fl.Entity)
+		require.Contains(t, fl.Error, "foreign key", "the failure says why: %s", fl.Error)
+		require.Contains(t, fl.Error, "23503", "with its SQLSTATE: %s", fl.Error)
+	}
+
+	_, again := runShards(t, f, cfg)
+	require.Equal(t, sum, again, "a rerun reports the same: its rows completed, the same items failed")
+	require.EqualValues(t, 390, queryInt(t, f.pool, `SELECT count(*) FROM invoices`), "no effect twice")
+}
+
+// TestMaxFailedItemsStopsTheShard: once more items failed than allowed, the
+// shard takes no new chunk and says so.
+func TestMaxFailedItemsStopsTheShard(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, invoiceSchema) // no accounts: every effect fails
+	items := keyItems("acct", 200)
+	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-maxfail"),
+		Source: worker.NewStaticSource("items", items), Effect: invoiceEffect, ChunkSize: 20, MaxFailedItems: 30})
+	require.NoError(t, rep.Err)
+	require.True(t, rep.TooManyFailures, "stopped for too many failures")
+	require.False(t, rep.Done)
+	require.EqualValues(t, 200, rep.Total)
+	require.EqualValues(t, 40, rep.Failed, "two chunks of 20 ran: the second crossed 30")
+	require.Len(t, rep.Failures, 40)
+	require.Zero(t, f.committed(t))
+}
+
+// TestFailuresAreCapped: a report lists at most MaxFailures failures but
+// counts them all.
+func TestFailuresAreCapped(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, invoiceSchema)
+	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-cap"),
+		Source: worker.NewStaticSource("items", keyItems("acct", 250)), Effect: invoiceEffect, ChunkSize: 250, MaxFailedItems: -1})
+	require.True(t, rep.Done)
+	require.EqualValues(t, 250, rep.Failed)
+	require.Len(t, rep.Failures, worker.MaxFailures)
+}
+
+// TestSupersede: a later run with Supersede retires the rows of an earlier
+// run and commits its own, running the effect again; its own rerun supersedes
+// nothing more.
+func TestSupersede(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, invoiceSchema)
+	mustExec(t, f.pool, `INSERT INTO accounts SELECT 'acct-' || i FROM generate_series(0, 99) i`)
+	items := keyItems("acct", 100)
+	first := worker.ShardConfig{Run: run("uid-v1"), Source: worker.NewStaticSource("items", items), Effect: invoiceEffect, ChunkSize: 30}
+	_, sum := runShards(t, f, first)
+	require.Equal(t, worker.Counts{Total: 100, Completed: 100}, sum)
+
+	// Version 2 of the batch: amounts changed, and deliberately reprocessed.
+	v2 := make([]ledger.Item, len(items))
+	for i, it := range items {
+		v2[i] = ledger.Item{Key: it.Key, Payload: []byte(fmt.Sprintf(`{"amount": %d}`, 1000+i))}
+	}
+	second := worker.ShardConfig{Run: run("uid-v2"), Shards: 2, Source: worker.NewStaticSource("items", v2), Effect: invoiceEffect,
+		OnExisting: ledger.Supersede, ChunkSize: 30}
+	_, sum = runShards(t, f, second)
+	require.Equal(t, worker.Counts{Total: 100, Completed: 100}, sum, "every item reprocessed")
+	require.EqualValues(t, 100, f.committed(t))
+	require.EqualValues(t, 100, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE state = 'superseded' AND run_uid = 'uid-v1'`))
+	require.EqualValues(t, 100, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed' AND run_uid = 'uid-v2'`))
+	require.EqualValues(t, 200, queryInt(t, f.pool, `SELECT count(*) FROM invoices`), "the effect ran again for each item")
+
+	writes := f.ledgerWrites(t)
+	_, sum = runShards(t, f, second)
+	require.Equal(t, worker.Counts{Total: 100, Completed: 100}, sum, "its own rows: completed")
+	require.Equal(t, writes, f.ledgerWrites(t), "a rerun supersedes nothing and writes nothing")
+	require.EqualValues(t, 200, queryInt(t, f.pool, `SELECT count(*) FROM invoices`))
+}
+
+// TestInterruptedShardResumesExactly: cancelling the context mid-run stops the
+// shard after the chunk in flight; what it reports is exactly what it
+// committed; running it again finishes with an uninterrupted run's counts.
+func TestInterruptedShardResumesExactly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	items := keyItems("acct", 1000)
+	items = append(items, items[:50]...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	chunks := 0
+	cfg := worker.ShardConfig{Run: run("uid-interrupt"), Source: worker.NewStaticSource("items", items), ChunkSize: 100,
+		Progress: func(worker.Report) {
+			if chunks++; chunks == 4 { // the start, then three chunks
+				cancel()
+			}
+		}}
+	rep := worker.RunShard(ctx, f.store, cfg)
+	require.NoError(t, rep.Err)
+	require.True(t, rep.Interrupted, "interrupted")
+	require.False(t, rep.Done)
+	require.EqualValues(t, 300, rep.Processed(), "three chunks settled, no fourth taken")
+	require.Equal(t, rep.Completed, f.committed(t), "the report is exactly what was committed")
+
+	cfg.Progress = nil
+	_, sum := runShards(t, f, cfg)
+	require.Equal(t, worker.Counts{Total: 1050, Completed: 1000, AlreadyHandled: 50}, sum, "the same as one uninterrupted run")
+}

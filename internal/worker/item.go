@@ -1,0 +1,175 @@
+package worker
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+// Limits on one item. A key part is indexed by the ledger's unique rule, whose
+// B-tree entries must stay well under PostgreSQL's ~2.7 kB limit.
+const (
+	MaxKeyPartBytes        = 1024
+	DefaultMaxPayloadBytes = 1 << 20 // 1 MiB
+)
+
+// InputError is bad input: an item, a line or a row that cannot be processed,
+// or a batch or query that cannot be read. Where names the place (line 3,
+// batch.items[2], query row 17), Field the field when there is one.
+type InputError struct {
+	Where string
+	Field string
+	Msg   string
+}
+
+func (e *InputError) Error() string {
+	switch {
+	case e.Where != "" && e.Field != "":
+		return fmt.Sprintf("%s: field %q %s", e.Where, e.Field, e.Msg)
+	case e.Field != "":
+		return fmt.Sprintf("field %q %s", e.Field, e.Msg)
+	case e.Where != "":
+		return e.Where + " " + e.Msg
+	}
+	return e.Msg
+}
+
+// maxListedProblems bounds how many problems an InputErrors lists.
+const maxListedProblems = 20
+
+// InputErrors is every problem found in a batch (the first
+// maxListedProblems of them listed), so that a user fixes a file in one go.
+type InputErrors struct {
+	Source string // e.g. "batch.items", "JSON Lines file runs.jsonl"
+	Errs   []*InputError
+	Count  int // problems found, including those not listed
+}
+
+func (e *InputErrors) add(err *InputError) {
+	e.Count++
+	if len(e.Errs) < maxListedProblems {
+		e.Errs = append(e.Errs, err)
+	}
+}
+
+func (e *InputErrors) orNil() error {
+	if e.Count == 0 {
+		return nil
+	}
+	return e
+}
+
+func (e *InputErrors) Error() string {
+	var b strings.Builder
+	if e.Count == 1 {
+		fmt.Fprintf(&b, "invalid %s: %s", e.Source, e.Errs[0])
+		return b.String()
+	}
+	fmt.Fprintf(&b, "invalid %s: %d problems", e.Source, e.Count)
+	for _, err := range e.Errs {
+		b.WriteString("\n  ")
+		b.WriteString(err.Error())
+	}
+	if e.Count > len(e.Errs) {
+		fmt.Fprintf(&b, "\n  ... and %d more", e.Count-len(e.Errs))
+	}
+	return b.String()
+}
+
+// IsInputError reports whether err is bad input (exit code 2 in the CLI).
+func IsInputError(err error) bool {
+	var one *InputError
+	var many *InputErrors
+	return errors.As(err, &one) || errors.As(err, &many)
+}
+
+// Limits configures validation.
+type Limits struct {
+	// MaxPayloadBytes bounds one item's payload (DefaultMaxPayloadBytes if 0).
+	MaxPayloadBytes int
+}
+
+func (l Limits) maxPayload() int {
+	if l.MaxPayloadBytes > 0 {
+		return l.MaxPayloadBytes
+	}
+	return DefaultMaxPayloadBytes
+}
+
+// checkKeyPart validates one part of a business key. It returns the problem,
+// or "" when the value is fine.
+func checkKeyPart(v string) string {
+	switch {
+	case v == "":
+		return "is empty"
+	case strings.TrimSpace(v) == "":
+		return "is blank (only white space)"
+	case len(v) > MaxKeyPartBytes:
+		return fmt.Sprintf("is %d bytes long, more than the %d allowed", len(v), MaxKeyPartBytes)
+	case !utf8.ValidString(v):
+		return "is not valid UTF-8"
+	case strings.IndexByte(v, 0) >= 0:
+		return "contains a NUL character, which PostgreSQL text cannot hold"
+	}
+	return ""
+}
+
+// checkPayload validates a payload (nil: none). It returns the problem or "".
+func checkPayload(p []byte, l Limits) string {
+	if len(p) > l.maxPayload() {
+		return fmt.Sprintf("is %s, more than the %s allowed", byteSize(len(p)), byteSize(l.maxPayload()))
+	}
+	if p != nil && !json.Valid(p) {
+		return "is not valid JSON"
+	}
+	return ""
+}
+
+// checkItem validates one item and returns its problems, if any.
+func checkItem(it ledger.Item, where string, l Limits) []*InputError {
+	var out []*InputError
+	if msg := checkKeyPart(it.Entity); msg != "" {
+		out = append(out, &InputError{Where: where, Field: "entity", Msg: msg})
+	}
+	if msg := checkKeyPart(it.Occurrence); msg != "" {
+		out = append(out, &InputError{Where: where, Field: "occurrence", Msg: msg})
+	}
+	if msg := checkPayload(it.Payload, l); msg != "" {
+		out = append(out, &InputError{Where: where, Field: "payload", Msg: msg})
+	}
+	return out
+}
+
+// ValidateItems checks every item of an inline batch; where(i) names item i in
+// errors (e.g. "batch.items[3]"). It returns an *InputErrors listing every
+// problem, or nil.
+func ValidateItems(items []ledger.Item, where func(i int) string, l Limits) error {
+	errs := &InputErrors{Source: "batch.items"}
+	for i, it := range items {
+		for _, e := range checkItem(it, where(i), l) {
+			errs.add(e)
+		}
+	}
+	if len(items) == 0 {
+		errs.add(&InputError{Msg: "the batch has no items"})
+	}
+	return errs.orNil()
+}
+
+func byteSize(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d bytes", n)
+}

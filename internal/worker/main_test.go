@@ -1,0 +1,9 @@
+package worker_test
+
+import (
+	"testing"
+
+	"github.com/runledger/runledger/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }

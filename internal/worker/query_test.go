@@ -1,0 +1,171 @@
+package worker_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/worker"
+)
+
+// sourceTable: 3000 distinct keys, 200 of them repeated (once or twice), and
+// four rows that cannot become items.
+const sourceTable = `
+CREATE TABLE src (id serial, account text, period text, amount numeric, note text);
+INSERT INTO src (account, period, amount) SELECT 'acct-' || i, '2024-06', i FROM generate_series(1, 3000) i;
+INSERT INTO src (account, period, amount) SELECT 'acct-' || i, '2024-06', i FROM generate_series(1, 200) i;
+INSERT INTO src (account, period, amount) SELECT 'acct-' || i, '2024-06', i FROM generate_series(1, 50) i;
+INSERT INTO src (account, period, amount) VALUES (NULL, '2024-06', 1), ('acct-x', '', 2), ('acct-y', NULL, 3);
+INSERT INTO src (account, period, amount, note) VALUES ('acct-z', '2024-06', 4, 'not json');`
+
+const sourceQuery = `SELECT account AS entity, period AS occurrence,
+  CASE WHEN note IS NULL THEN jsonb_build_object('amount', amount)::text ELSE note END AS payload
+FROM src ORDER BY id;`
+
+func TestQuerySource(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, sourceTable)
+	src := worker.NewQuerySource(sourceQuery)
+	require.NoError(t, src.Check(context.Background(), f.pool), "the query is valid")
+	cfg := worker.ShardConfig{Run: run("uid-query"), Shards: 3, Source: src, ChunkSize: 97, MaxFailedItems: 10}
+
+	reports, sum := runShards(t, f, cfg)
+	require.Equal(t, worker.Counts{Total: 3254, Completed: 3000, AlreadyHandled: 250, Failed: 4}, sum)
+	require.EqualValues(t, 3000, f.committed(t))
+	var msgs []string
+	for _, r := range reports {
+		for _, fl := range r.Failures {
+			msgs = append(msgs, fl.Error)
+		}
+	}
+	joined := strings.Join(msgs, "\n")
+	require.Contains(t, joined, `query row 3251: field "entity" is NULL`, "the row number is the position in the query's output")
+	require.Contains(t, joined, `query row 3252: field "occurrence" is empty`)
+	require.Contains(t, joined, `query row 3253: field "occurrence" is NULL`)
+	require.Contains(t, joined, `query row 3254: field "payload" is not valid JSON`)
+	require.EqualValues(t, 1500, queryInt(t, f.pool, `SELECT (payload->>'amount')::int FROM runledger.ledger WHERE entity = 'acct-1500'`), "payload stored")
+
+	_, again := runShards(t, f, cfg)
+	require.Equal(t, sum, again, "a rerun of the same run reports the same")
+}
+
+// TestQuerySourceReadsOnlyItsShard: each shard's stream holds only its keys
+// (the filter runs in SQL), and together they hold every row exactly once.
+func TestQuerySourceReadsOnlyItsShard(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, `CREATE TABLE src AS SELECT 'e' || i AS entity, 'o' || (i % 13) AS occurrence FROM generate_series(1, 2000) i`)
+	src := worker.NewQuerySource(`SELECT entity, occurrence FROM src`)
+	require.NoError(t, src.Check(context.Background(), f.pool))
+	const shards = 4
+	var total int64
+	for s := range shards {
+		r := run("uid-q")
+		r.Shard = s
+		rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: r, Shards: shards, Source: src, ChunkSize: 128})
+		require.True(t, rep.Done)
+		total += rep.Total
+		n := queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE shard = $1`, s)
+		require.Equal(t, rep.Completed, n, "shard %d committed its own rows", s)
+		rows, err := f.pool.Query(context.Background(), `SELECT entity, occurrence FROM runledger.ledger WHERE shard = $1`, s)
+		require.NoError(t, err)
+		for rows.Next() {
+			var k ledger.Key
+			require.NoError(t, rows.Scan(&k.Entity, &k.Occurrence))
+			require.Equal(t, s, worker.ShardOf(k, shards), "key %s read by shard %d", k, s)
+		}
+		require.NoError(t, rows.Err())
+	}
+	require.EqualValues(t, 2000, total)
+	require.EqualValues(t, 2000, f.committed(t))
+}
+
+func TestQuerySourceCheck(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, `CREATE TABLE src (account text, period text)`)
+	tests := []struct{ query, want string }{
+		{`SELECT account AS entity FROM src`, `batch.query returns no column "occurrence": it must return entity, occurrence and optionally payload (it returns entity)`},
+		{`SELECT account, period FROM src`, `batch.query returns no column "entity"`},
+		{`SELECT account AS entity, period AS occurrence FROM nope`, `batch.query is rejected by PostgreSQL: relation "nope" does not exist (SQLSTATE 42P01)`},
+		{`SELEC 1`, `batch.query is rejected by PostgreSQL: syntax error`},
+		{`SELECT 1 AS entity, 2 AS occurrence; DROP TABLE src`, `syntax error`},
+		{`  ;  `, `batch.query is empty`},
+		{`UPDATE src SET period = 'x' RETURNING account AS entity, period AS occurrence`, `batch.query is rejected by PostgreSQL: syntax error`},
+	}
+	for _, tt := range tests {
+		err := worker.NewQuerySource(tt.query).Check(context.Background(), f.pool)
+		require.Error(t, err, "query %q", tt.query)
+		require.True(t, worker.IsInputError(err), "bad input: %v", err)
+		require.Contains(t, err.Error(), tt.want, "query %q", tt.query)
+	}
+	// A comment at the end of the query does not swallow the wrapper.
+	require.NoError(t, worker.NewQuerySource("SELECT account AS entity, period AS occurrence FROM src -- all of them\n;").Check(context.Background(), f.pool))
+}
+
+// TestQuerySourceWritesAreRefused: the query runs in a READ ONLY transaction:
+// even a function that writes is stopped, before anything is committed.
+func TestQuerySourceWritesAreRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, `CREATE TABLE src (account text, period text); INSERT INTO src VALUES ('a', 'b');
+CREATE FUNCTION zap() RETURNS int LANGUAGE sql AS $$ DELETE FROM src; SELECT 1 $$;`)
+	src := worker.NewQuerySource(`SELECT account AS entity, period AS occurrence, zap() AS z FROM src`)
+	require.NoError(t, src.Check(context.Background(), f.pool), "describing the query does not run it")
+	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-ro"), Source: src})
+	require.Error(t, rep.Err, "a writing query is refused")
+	require.Contains(t, rep.Err.Error(), "cannot execute DELETE in a read-only transaction")
+	require.True(t, worker.IsInputError(rep.Err), "as bad input: %v", rep.Err)
+	require.EqualValues(t, 1, queryInt(t, f.pool, `SELECT count(*) FROM src`), "nothing deleted")
+	require.Zero(t, f.committed(t))
+
+	err := worker.NewQuerySource(`WITH d AS (DELETE FROM src RETURNING account, period) SELECT account AS entity, period AS occurrence FROM d`).
+		Check(context.Background(), f.pool)
+	require.Error(t, err, "a data-modifying WITH is refused")
+	require.True(t, worker.IsInputError(err), "as bad input: %v", err)
+}
+
+// TestQuerySourceResumesAfterConnectionLoss: the source's connection is
+// killed mid-stream; the shard reopens its cursor where it stopped, and the
+// counts are exactly those of an undisturbed run.
+func TestQuerySourceResumesAfterConnectionLoss(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, sourceTable)
+	src := worker.NewQuerySource(sourceQuery)
+	require.NoError(t, src.Check(context.Background(), f.pool))
+	calls, killed := 0, int64(0)
+	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-resume"), Source: src, ChunkSize: 100, MaxFailedItems: 10,
+		Progress: func(worker.Report) {
+			if calls++; calls == 5 || calls == 20 {
+				killed += queryInt(t, f.pool, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				  WHERE datname = current_database() AND query LIKE 'FETCH FORWARD%' AND pid <> pg_backend_pid()) k`)
+			}
+		}})
+	require.EqualValues(t, 2, killed, "the source connection was killed twice")
+	require.NoError(t, rep.Err)
+	require.True(t, rep.Done)
+	require.Equal(t, worker.Counts{Total: 3254, Completed: 3000, AlreadyHandled: 250, Failed: 4}, rep.Counts)
+	require.EqualValues(t, 3000, f.committed(t))
+}
+
+func TestCheckEffect(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, invoiceSchema)
+	require.NoError(t, worker.CheckEffect(context.Background(), f.pool, invoiceEffect))
+	for effect, want := range map[string]string{
+		`INSERT INTO invoicez SELECT * FROM claimed`:                              `spec.effect.sql is rejected by PostgreSQL: relation "invoicez" does not exist`,
+		`INSERT INTO invoices (account) SELECT entity, occurrence FROM claimed`:   `INSERT has more expressions than target columns`,
+		`INSERT INTO invoices (account, period, amount) SELECT nope FROM claimed`: `column "nope" does not exist`,
+	} {
+		err := worker.CheckEffect(context.Background(), f.pool, effect)
+		require.Error(t, err, effect)
+		require.True(t, worker.IsInputError(err), "bad input: %v", err)
+		require.Contains(t, err.Error(), want)
+	}
+}

@@ -1,0 +1,84 @@
+package worker
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// MaxFailures is how many failed items a report lists (the counts include
+// them all).
+const MaxFailures = 100
+
+// Counts are a shard's (or a run's) exact tallies. Once the shard is done,
+// Completed + AlreadyHandled + Failed == Total, the items declared.
+type Counts struct {
+	Total          int64 `json:"total"`
+	Completed      int64 `json:"completed"`
+	AlreadyHandled int64 `json:"alreadyHandled"`
+	Failed         int64 `json:"failed"`
+}
+
+// Processed is how many items have an outcome.
+func (c Counts) Processed() int64 { return c.Completed + c.AlreadyHandled + c.Failed }
+
+// Add adds o to c.
+func (c *Counts) Add(o Counts) {
+	c.Total += o.Total
+	c.Completed += o.Completed
+	c.AlreadyHandled += o.AlreadyHandled
+	c.Failed += o.Failed
+}
+
+// Failure is one failed item.
+type Failure struct {
+	Entity     string `json:"entity"`
+	Occurrence string `json:"occurrence"`
+	Error      string `json:"error"`
+}
+
+// Report is what a shard did.
+type Report struct {
+	Shard int
+	Counts
+	// TotalKnown: Total is final. A query source learns its total as it reads;
+	// until the end Total is the rows read so far.
+	TotalKnown bool
+	// Failures lists the first MaxFailures failed items.
+	Failures []Failure
+	// Done: every item of the shard has its outcome.
+	Done bool
+	// Interrupted: the shard was asked to stop (signal, cancelled context)
+	// before it was done; the counts are exact for what it processed.
+	Interrupted bool
+	// TooManyFailures: more items failed than maxFailedItems allows; the shard
+	// stopped taking chunks.
+	TooManyFailures bool
+	// Err is why the shard could not go on (the database stayed unreachable,
+	// the source broke), not an item's failure.
+	Err error
+	// Started and Elapsed time the shard.
+	Started time.Time
+	Elapsed time.Duration
+}
+
+// clone returns a copy that shares nothing mutable with r.
+func (r Report) clone() Report {
+	r.Failures = append([]Failure(nil), r.Failures...)
+	return r
+}
+
+// FailureBudget counts failed items against maxFailedItems; shards that share
+// one (all shards of `runledger run` in one process) stop together once the
+// run as a whole has too many failures.
+type FailureBudget struct {
+	max    int64
+	failed atomic.Int64
+}
+
+// NewFailureBudget allows max failed items (negative: unlimited).
+func NewFailureBudget(max int) *FailureBudget { return &FailureBudget{max: int64(max)} }
+
+func (b *FailureBudget) add(n int64) { b.failed.Add(n) }
+
+// Exceeded reports whether more items failed than allowed.
+func (b *FailureBudget) Exceeded() bool { return b.max >= 0 && b.failed.Load() > b.max }

@@ -1,0 +1,84 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/worker"
+)
+
+// shardGolden pins ShardOf: SHA-256(entity 0x00 occurrence), first 8 bytes
+// big-endian, top bit cleared, mod n. The values were computed independently
+// (Python's hashlib). If this test fails, the function changed and every
+// running or resumed run would split its keys differently: do not update the
+// values, restore the function.
+var shardGolden = []struct {
+	entity, occurrence string
+	shards             map[int]int // n -> shard
+}{
+	{"acct-1", "2024-06", map[int]int{1: 0, 2: 0, 3: 1, 4: 0, 7: 3, 256: 136}},
+	{"acct-2", "2024-06", map[int]int{1: 0, 2: 0, 3: 0, 4: 0, 7: 5, 256: 44}},
+	{"a", "bc", map[int]int{1: 0, 2: 1, 3: 1, 4: 1, 7: 2, 256: 49}},
+	{"ab", "c", map[int]int{1: 0, 2: 1, 3: 1, 4: 1, 7: 2, 256: 77}},
+	{"Ünïcødé", "🙂", map[int]int{1: 0, 2: 1, 3: 2, 4: 3, 7: 3, 256: 191}},
+	{"x", "y", map[int]int{1: 0, 2: 0, 3: 0, 4: 2, 7: 2, 256: 122}},
+	{"customer-000042", "invoice-2024-01", map[int]int{1: 0, 2: 0, 3: 1, 4: 2, 7: 6, 256: 58}},
+}
+
+func TestShardOfGolden(t *testing.T) {
+	t.Parallel()
+	for _, g := range shardGolden {
+		for n, want := range g.shards {
+			got := worker.ShardOf(ledger.Key{Entity: g.entity, Occurrence: g.occurrence}, n)
+			require.Equal(t, want, got, "ShardOf(%q, %q, %d)", g.entity, g.occurrence, n)
+		}
+	}
+}
+
+func TestShardOfSpreadsKeys(t *testing.T) {
+	t.Parallel()
+	const n, keys = 4, 40000
+	counts := make([]int, n)
+	for i := range keys {
+		counts[worker.ShardOf(ledger.Key{Entity: fmt.Sprintf("acct-%d", i), Occurrence: "2024-06"}, n)]++
+	}
+	for s, c := range counts {
+		require.InDelta(t, keys/n, c, keys/n*0.05, "shard %d holds %d of %d keys: the hash does not spread", s, c, keys)
+	}
+}
+
+// TestShardSQLMatchesGo: the SQL filter of query sources computes exactly
+// ShardOf, for the golden keys and for many generated ones, on the real
+// server.
+func TestShardSQLMatchesGo(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	ctx := context.Background()
+	var entities, occurrences []string
+	for _, g := range shardGolden {
+		entities, occurrences = append(entities, g.entity), append(occurrences, g.occurrence)
+	}
+	for i := range 3000 {
+		entities = append(entities, fmt.Sprintf("entity-%d-é", i))
+		occurrences = append(occurrences, fmt.Sprintf("%d", i*7919))
+	}
+	for _, n := range []int{1, 2, 3, 4, 7, 16, 255, 256} {
+		rows, err := pool.Query(ctx, "SELECT e, o, "+worker.ShardSQLForTest("e", "o", n)+" FROM unnest($1::text[], $2::text[]) AS k(e, o)", entities, occurrences)
+		require.NoError(t, err, "running the shard expression for n=%d", n)
+		checked := 0
+		for rows.Next() {
+			var e, o string
+			var got int64
+			require.NoError(t, rows.Scan(&e, &o, &got))
+			require.Equal(t, worker.ShardOf(ledger.Key{Entity: e, Occurrence: o}, n), int(got), "SQL and Go disagree on (%q, %q) for n=%d", e, o, n)
+			checked++
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, len(entities), checked, "every key checked for n=%d", n)
+	}
+}

@@ -1,0 +1,252 @@
+package worker
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+// Source is where a shard's items come from.
+type Source interface {
+	// open starts reading the items of shard (of shards) in an order where
+	// every repeat of a key directly follows its first copy.
+	open(ctx context.Context, pool *pgxpool.Pool, shard, shards int, opt streamOptions) (stream, error)
+	// describe names the source for logs and errors.
+	describe() string
+}
+
+type streamOptions struct {
+	fetchSize int
+	retry     Backoff
+	limits    Limits
+	logf      func(format string, args ...any)
+}
+
+// entry is one declared item as a stream yields it.
+type entry struct {
+	item ledger.Item
+	// repeat: a later copy of the key of the entry just before it (which the
+	// stream yielded earlier, possibly in a previous chunk).
+	repeat bool
+	// bad: the row could not become an item; it counts as failed, with this
+	// error, and is never committed.
+	bad *InputError
+}
+
+type stream interface {
+	// next returns the next entry, or io.EOF after the last one.
+	next(ctx context.Context) (entry, error)
+	// total returns how many entries the stream has (known) or has yielded
+	// so far (not known yet).
+	total() (n int64, known bool)
+	close()
+}
+
+// StaticSource is a validated batch held in memory: inline items or a JSON
+// Lines document (a ConfigMap or a file).
+type StaticSource struct {
+	name  string
+	items []ledger.Item
+}
+
+// NewStaticSource returns a source over items, which the caller validated
+// (ValidateItems, ParseJSONLines). name describes it in logs.
+func NewStaticSource(name string, items []ledger.Item) *StaticSource {
+	return &StaticSource{name: name, items: items}
+}
+
+// Items returns the batch.
+func (s *StaticSource) Items() []ledger.Item { return s.items }
+
+func (s *StaticSource) describe() string { return s.name }
+
+func (s *StaticSource) open(_ context.Context, _ *pgxpool.Pool, shard, shards int, _ streamOptions) (stream, error) {
+	return &sliceStream{entries: groupRepeats(s.items, shard, shards)}, nil
+}
+
+// groupRepeats returns the items of shard, in declared order of their first
+// copy, each repeat moved right after the first copy of its key.
+func groupRepeats(items []ledger.Item, shard, shards int) []entry {
+	first := make(map[ledger.Key]int) // key -> index of its group
+	var groups [][]ledger.Item
+	for _, it := range items {
+		if ShardOf(it.Key, shards) != shard {
+			continue
+		}
+		g, ok := first[it.Key]
+		if !ok {
+			g = len(groups)
+			first[it.Key] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], it)
+	}
+	out := make([]entry, 0, len(items))
+	for _, g := range groups {
+		for i, it := range g {
+			out = append(out, entry{item: it, repeat: i > 0})
+		}
+	}
+	return out
+}
+
+type sliceStream struct {
+	entries []entry
+	pos     int
+}
+
+func (s *sliceStream) next(context.Context) (entry, error) {
+	if s.pos >= len(s.entries) {
+		return entry{}, io.EOF
+	}
+	s.pos++
+	return s.entries[s.pos-1], nil
+}
+
+func (s *sliceStream) total() (int64, bool) { return int64(len(s.entries)), true }
+func (s *sliceStream) close()               {}
+
+// ParseJSONLines reads a JSON Lines batch: one JSON object per line,
+//
+//	{"entity": "acct-1", "occurrence": "2024-06", "payload": {"amount": 12.5}}
+//
+// with entity and occurrence non-empty strings and payload optional (any JSON
+// value). Blank lines are ignored; any other field is an error (a misspelt
+// field would otherwise silently drop data). The whole input is validated
+// before anything is returned: the error, an *InputErrors, lists every
+// problem with its line number and field. name describes the input in errors.
+func ParseJSONLines(r io.Reader, name string, l Limits) ([]ledger.Item, error) {
+	errs := &InputErrors{Source: name}
+	var items []ledger.Item
+	// A line holds a payload and its key, plus JSON syntax.
+	maxLine := l.maxPayload() + 2*MaxKeyPartBytes + 4096
+	br := bufio.NewReaderSize(r, 64*1024)
+	for lineNo := 1; ; lineNo++ {
+		line, tooLong, err := readLine(br, maxLine)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("reading %s at line %d: %w", name, lineNo, err)
+		}
+		where := fmt.Sprintf("line %d", lineNo)
+		switch {
+		case tooLong:
+			errs.add(&InputError{Where: where, Msg: fmt.Sprintf("is longer than %s (the payload limit is %s)", byteSize(maxLine), byteSize(l.maxPayload()))})
+		case len(bytes.TrimSpace(line)) > 0:
+			it, problems := parseLine(line, where, l)
+			for _, p := range problems {
+				errs.add(p)
+			}
+			if len(problems) == 0 {
+				items = append(items, it)
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+	}
+	if errs.Count == 0 && len(items) == 0 {
+		errs.add(&InputError{Msg: "holds no items (expected one JSON object per line)"})
+	}
+	if err := errs.orNil(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+// readLine returns the next line without its end of line. When the line is
+// longer than max, it is consumed and reported as tooLong. err is io.EOF with
+// the last line.
+func readLine(br *bufio.Reader, max int) (line []byte, tooLong bool, err error) {
+	var buf []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if !tooLong {
+			if len(buf)+len(chunk) > max+2 { // + "\r\n"
+				tooLong, buf = true, nil
+			} else {
+				buf = append(buf, chunk...)
+			}
+		}
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case err != nil:
+			return trimEOL(buf), tooLong, err
+		}
+		return trimEOL(buf), tooLong, nil
+	}
+}
+
+func trimEOL(b []byte) []byte {
+	b = bytes.TrimSuffix(b, []byte("\n"))
+	return bytes.TrimSuffix(b, []byte("\r"))
+}
+
+var jsonlFields = []string{"entity", "occurrence", "payload"}
+
+func parseLine(line []byte, where string, l Limits) (ledger.Item, []*InputError) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(line, &obj); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			return ledger.Item{}, []*InputError{{Where: where, Msg: fmt.Sprintf("is a JSON %s, not an object with entity, occurrence and payload", typeErr.Value)}}
+		}
+		return ledger.Item{}, []*InputError{{Where: where, Msg: "is not valid JSON: " + err.Error()}}
+	}
+	if obj == nil { // the line is `null`
+		return ledger.Item{}, []*InputError{{Where: where, Msg: "is null, not an object with entity, occurrence and payload"}}
+	}
+	var problems []*InputError
+	var unknown []string
+	for k := range obj {
+		if k != "entity" && k != "occurrence" && k != "payload" {
+			unknown = append(unknown, k)
+		}
+	}
+	sort.Strings(unknown)
+	for _, k := range unknown {
+		problems = append(problems, &InputError{Where: where, Field: k, Msg: "is not a known field (want " + strings.Join(jsonlFields, ", ") + ")"})
+	}
+	var it ledger.Item
+	for _, f := range []struct {
+		name string
+		dst  *string
+	}{{"entity", &it.Entity}, {"occurrence", &it.Occurrence}} {
+		raw, ok := obj[f.name]
+		switch {
+		case !ok:
+			problems = append(problems, &InputError{Where: where, Field: f.name, Msg: "is missing"})
+		case string(raw) == "null":
+			problems = append(problems, &InputError{Where: where, Field: f.name, Msg: "is null"})
+		case json.Unmarshal(raw, f.dst) != nil:
+			problems = append(problems, &InputError{Where: where, Field: f.name, Msg: "must be a string, not " + string(abbreviate(raw, 40))})
+		default:
+			if msg := checkKeyPart(*f.dst); msg != "" {
+				problems = append(problems, &InputError{Where: where, Field: f.name, Msg: msg})
+			}
+		}
+	}
+	if raw, ok := obj["payload"]; ok && string(raw) != "null" {
+		if msg := checkPayload(raw, l); msg != "" {
+			problems = append(problems, &InputError{Where: where, Field: "payload", Msg: msg})
+		}
+		it.Payload = raw // json.Unmarshal copied it out of the line
+	}
+	return it, problems
+}
+
+func abbreviate(b []byte, n int) []byte {
+	if len(b) <= n {
+		return b
+	}
+	return append(append([]byte(nil), b[:n]...), "..."...)
+}

@@ -1,0 +1,220 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+// Bounds of a run's spec, as the CRD enforces them; `runledger run` checks
+// them itself so that a manifest that runs locally also applies.
+const (
+	DefaultSpecChunkSize = 1000
+	MaxSpecChunkSize     = 50000
+	MaxInlineItems       = 10000
+)
+
+// Plan is a run's spec made ready to execute: what every shard needs except
+// its index and attempt.
+type Plan struct {
+	Run            ledger.Run // Namespace, Name, UID
+	Shards         int
+	Source         Source
+	Effect         string
+	OnExisting     ledger.OnExisting
+	ChunkSize      int
+	MaxFailedItems int
+}
+
+// ShardConfig returns the configuration of one shard of the plan.
+func (p *Plan) ShardConfig(shard, attempt int) ShardConfig {
+	run := p.Run
+	run.Shard, run.Attempt = shard, attempt
+	return ShardConfig{
+		Run:            run,
+		Shards:         p.Shards,
+		Source:         p.Source,
+		Effect:         p.Effect,
+		OnExisting:     p.OnExisting,
+		ChunkSize:      p.ChunkSize,
+		MaxFailedItems: p.MaxFailedItems,
+	}
+}
+
+// BatchData fetches the JSON Lines document that a configMapRef points at
+// (from the API in a pod, from a file or the manifest on a laptop). It
+// returns the data and a name for it in errors.
+type BatchData func(ctx context.Context, ref v1alpha1.ConfigMapKeyRef) (data []byte, name string, err error)
+
+// LocalRunUID is the identity of a run without a metadata.uid (a manifest run
+// by `runledger run`): a name-based UUID (version 5) of its namespace and
+// name, the same at every invocation, so that a killed and restarted local
+// run counts what it committed before as completed.
+func LocalRunUID(namespace, name string) string {
+	return uuid.NewSHA1(localRunSpace, []byte(namespace+"/"+name)).String()
+}
+
+// localRunSpace is the UUID namespace of LocalRunUID (itself the version 5
+// UUID of "runledger.dev/local-run" in the URL namespace). Never change it.
+var localRunSpace = uuid.MustParse("84c5fb6f-68c3-5321-8cb5-bddc4993e811")
+
+// NewPlan validates run's spec (the rules the CRD enforces, so that
+// `runledger run` refuses what the API server would) and builds its plan.
+// Inline items and JSON Lines are parsed and validated completely here,
+// before any commit. A problem with the spec or the batch is an
+// *InputErrors / *InputError (IsInputError).
+func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l Limits) (*Plan, error) {
+	if err := ValidateSpec(run); err != nil {
+		return nil, err
+	}
+	spec := &run.Spec
+	p := &Plan{
+		Run:            ledger.Run{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID)},
+		Shards:         int(spec.Workers),
+		ChunkSize:      int(spec.ChunkSize),
+		MaxFailedItems: int(spec.MaxFailedItems),
+	}
+	if p.Run.Namespace == "" {
+		p.Run.Namespace = "default"
+	}
+	if p.Run.UID == "" {
+		p.Run.UID = LocalRunUID(p.Run.Namespace, p.Run.Name)
+	}
+	if p.Shards == 0 {
+		p.Shards = 1
+	}
+	if p.ChunkSize == 0 {
+		p.ChunkSize = DefaultSpecChunkSize
+	}
+	if spec.OnExisting == v1alpha1.OnExistingSupersede {
+		p.OnExisting = ledger.Supersede
+	}
+	if spec.Effect != nil {
+		p.Effect = strings.TrimSpace(spec.Effect.SQL)
+	}
+	switch b := spec.Batch; {
+	case len(b.Items) > 0:
+		items := make([]ledger.Item, len(b.Items))
+		for i, it := range b.Items {
+			items[i] = ledger.Item{Key: ledger.Key{Entity: it.Entity, Occurrence: it.Occurrence}}
+			if it.Payload != nil && len(it.Payload.Raw) > 0 && string(it.Payload.Raw) != "null" {
+				items[i].Payload = it.Payload.Raw
+			}
+		}
+		if err := ValidateItems(items, func(i int) string { return fmt.Sprintf("spec.batch.items[%d]", i) }, l); err != nil {
+			return nil, err
+		}
+		p.Source = NewStaticSource("spec.batch.items", items)
+	case b.ConfigMapRef != nil:
+		raw, name, err := data(ctx, *b.ConfigMapRef)
+		if err != nil {
+			return nil, err
+		}
+		items, err := ParseJSONLines(bytes.NewReader(raw), name, l)
+		if err != nil {
+			return nil, err
+		}
+		p.Source = NewStaticSource(name, items)
+	default:
+		p.Source = NewQuerySource(b.Query)
+	}
+	return p, nil
+}
+
+// ValidateSpec checks what the CRD's schema and rules check, with the same
+// bounds, and returns every problem found.
+func ValidateSpec(run *v1alpha1.ProcessingRun) error {
+	errs := &InputErrors{Source: "ProcessingRun"}
+	bad := func(field, msg string) { errs.add(&InputError{Field: field, Msg: msg}) }
+	if run.Name == "" {
+		bad("metadata.name", "is missing: it names the run in the ledger and derives its identity")
+	}
+	s := &run.Spec
+	sources := 0
+	if len(s.Batch.Items) > 0 {
+		sources++
+	}
+	if s.Batch.ConfigMapRef != nil {
+		sources++
+	}
+	if s.Batch.Query != "" {
+		sources++
+	}
+	switch {
+	case sources == 0:
+		bad("spec.batch", "has no source: set exactly one of batch.items, batch.configMapRef or batch.query")
+	case sources > 1:
+		bad("spec.batch", "has more than one source: keep exactly one of batch.items, batch.configMapRef or batch.query")
+	}
+	if len(s.Batch.Items) > MaxInlineItems {
+		bad("spec.batch.items", fmt.Sprintf("has %d items, more than the %d allowed inline: use a configMapRef or a query", len(s.Batch.Items), MaxInlineItems))
+	}
+	if ref := s.Batch.ConfigMapRef; ref != nil && (ref.Name == "" || ref.Key == "") {
+		bad("spec.batch.configMapRef", "needs both name and key")
+	}
+	if s.Batch.Query != "" && strings.TrimSpace(trimQuery(s.Batch.Query)) == "" {
+		bad("spec.batch.query", "is empty")
+	}
+	if s.Effect != nil && strings.TrimSpace(s.Effect.SQL) == "" {
+		bad("spec.effect.sql", "is empty: remove effect or give it a statement")
+	}
+	switch s.OnExisting {
+	case "", v1alpha1.OnExistingSkip, v1alpha1.OnExistingSupersede:
+	default:
+		bad("spec.onExisting", fmt.Sprintf("is %q: it must be Skip or Supersede", s.OnExisting))
+	}
+	if s.Workers < 0 || s.Workers > MaxShards {
+		bad("spec.workers", fmt.Sprintf("is %d: it must be between 1 and %d", s.Workers, MaxShards))
+	}
+	if s.ChunkSize < 0 || s.ChunkSize > MaxSpecChunkSize {
+		bad("spec.chunkSize", fmt.Sprintf("is %d: it must be between 1 and %d", s.ChunkSize, MaxSpecChunkSize))
+	}
+	if s.MaxFailedItems < 0 {
+		bad("spec.maxFailedItems", fmt.Sprintf("is %d: it must be 0 or more", s.MaxFailedItems))
+	}
+	return errs.orNil()
+}
+
+// Check verifies on the database what can be verified before anything is
+// committed: the query parses, is read-only and returns the right columns;
+// the effect parses against the database's tables. Problems are
+// *InputError; retryable errors are retried with policy.
+func (p *Plan) Check(ctx context.Context, pool *pgxpool.Pool, policy Backoff, onRetry func(attempt int, wait time.Duration, err error)) error {
+	return policy.Do(ctx, "checking the batch and effect on the database", onRetry, func(int) error {
+		if q, ok := p.Source.(*QuerySource); ok {
+			if err := q.Check(ctx, pool); err != nil {
+				return err
+			}
+		}
+		if p.Effect != "" {
+			return CheckEffect(ctx, pool, p.Effect)
+		}
+		return nil
+	})
+}
+
+// CheckEffect prepares the effect statement (without running it) next to a
+// table claimed like the one the ledger gives it, so that a syntax error or
+// a missing table is reported before the first commit, as bad input.
+func CheckEffect(ctx context.Context, pool *pgxpool.Pool, effect string) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE claimed (entity text NOT NULL, occurrence text NOT NULL, payload jsonb) ON COMMIT DROP`); err != nil {
+		return fmt.Errorf("preparing table claimed: %w", err)
+	}
+	if _, err := tx.Prepare(ctx, "", effect); err != nil {
+		return queryError("spec.effect.sql", err)
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package clitest
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestRunInlineItems(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	file := writeFile(t, "run.yaml", manifest("june-invoices",
+		inlineItems([2]string{"acct-1", "2024-06"}, [2]string{"acct-2", "2024-06"}, [2]string{"acct-3", "2024-06"},
+			[2]string{"acct-1", "2024-06"}), // a repeat
+		"workers: 2",
+	))
+	r := runCLI(t, "", "run", "-f", file, "--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, r.code, "exit code; stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 4, Completed: 3, AlreadyHandled: 1}, r.summary(t).counts())
+	require.EqualValues(t, 3, d.committed(t))
+	require.EqualValues(t, 3, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_namespace = 'billing' AND run_name = 'june-invoices'`))
+	require.Contains(t, r.stderr, "processing run", "a log line on stderr")
+	require.Contains(t, r.stderr, `uidFrom="derived from namespace/name"`)
+
+	// The text output, from stdin, with the DSN from the environment, as a URL.
+	cmdEnvDSN := d.urlDSN(t)
+	r = runCLI(t, readFile(t, file), "run", "-f", "-", "--dsn", cmdEnvDSN)
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Contains(t, r.stdout, "total 4, completed 3, already handled 1, failed 0", "the same run again counts its own rows as completed")
+}
+
+func TestRunConfigMapSource(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	var lines []string
+	for i := range 300 {
+		lines = append(lines, fmt.Sprintf(`{"entity": "acct-%d", "occurrence": "2024-06", "payload": {"amount": %d}}`, i%250, i))
+	}
+	jsonl := strings.Join(lines, "\n")
+	run := manifest("from-configmap", "batch:", "  configMapRef: {name: june, key: items.jsonl}", "workers: 3", "chunkSize: 40")
+
+	// The ConfigMap in the same file.
+	cm := "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: june, namespace: billing}\ndata:\n  items.jsonl: |\n"
+	for _, l := range lines {
+		cm += "    " + l + "\n"
+	}
+	secret := "apiVersion: v1\nkind: Secret\nmetadata: {name: billing-db}\nstringData: {dsn: ignored}\n"
+	file := writeFile(t, "run.yaml", "# a run and its items\n---\n"+secret+"---\n"+cm+"---\n"+run)
+	r := runCLI(t, "", "run", "-f", file, "--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 300, Completed: 250, AlreadyHandled: 50}, r.summary(t).counts())
+
+	// The same items from --from-file, for another run: all already handled.
+	items := writeFile(t, "items.jsonl", jsonl)
+	r = runCLI(t, "", "run", "-f", writeFile(t, "run.yaml", strings.Replace(run, "from-configmap", "from-file", 1)),
+		"--from-file", items, "--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 300, AlreadyHandled: 300}, r.summary(t).counts())
+	require.EqualValues(t, 250, d.committed(t))
+}
+
+func TestRunQuerySourceByShard(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	d.exec(t, `CREATE TABLE usage (account text, period text, amount numeric);
+INSERT INTO usage SELECT 'acct-' || i, '2024-06', i FROM generate_series(1, 5000) i;
+INSERT INTO usage SELECT 'acct-' || i, '2024-06', i FROM generate_series(1, 100) i;`)
+	file := writeFile(t, "run.yaml", manifest("by-shard",
+		"batch:",
+		"  query: |",
+		"    SELECT account AS entity, period AS occurrence, jsonb_build_object('amount', amount) AS payload",
+		"    FROM usage",
+		"workers: 4",
+		"chunkSize: 300",
+	))
+	var sum counts
+	for s := range 4 {
+		r := runCLI(t, "", "run", "-f", file, "--dsn", d.dsn, "--shard", fmt.Sprintf("%d/4", s), "--output", "json")
+		require.Equal(t, 0, r.code, "shard %d; stderr:\n%s", s, r.stderr)
+		c := r.summary(t).counts()
+		require.NotZero(t, c.Total, "shard %d has rows", s)
+		require.Equal(t, c.Total, c.Completed+c.AlreadyHandled+c.Failed, "shard %d adds up", s)
+		require.EqualValues(t, c.Completed, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE shard = $1`, s), "shard %d committed its rows", s)
+		sum.Total += c.Total
+		sum.Completed += c.Completed
+		sum.AlreadyHandled += c.AlreadyHandled
+	}
+	require.Equal(t, counts{Total: 5100, Completed: 5000, AlreadyHandled: 100}, sum)
+	require.EqualValues(t, 5000, d.committed(t))
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := osReadFile(path)
+	require.NoError(t, err)
+	return string(b)
+}
