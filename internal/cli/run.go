@@ -21,6 +21,8 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
@@ -249,6 +251,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 
 	sum.shards, sum.elapsed = reports, time.Since(start)
 	var errs []error
+	badInputs := false
 	for _, r := range reports {
 		sum.Add(r.Counts)
 		for _, f := range r.Failures {
@@ -259,11 +262,14 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 		sum.Interrupted = sum.Interrupted || r.Interrupted
 		if r.Err != nil {
 			errs = append(errs, fmt.Errorf("shard %d: %w", r.Shard, r.Err))
+			badInputs = badInputs || worker.IsInputError(r.Err)
 		}
 		log.Info("shard finished", "shard", r.Shard, "state", shardState(r), "total", r.Total, "completed", r.Completed,
 			"alreadyHandled", r.AlreadyHandled, "failed", r.Failed, "elapsed", r.Elapsed.Round(time.Millisecond).String())
 	}
 	switch {
+	case badInputs: // e.g. the query failed when it ran, before any commit
+		return sum, badInput(errors.Join(errs...))
 	case len(errs) > 0:
 		return sum, &ExitError{Code: ExitFailed, Err: errors.Join(errs...)}
 	case sum.Interrupted:
@@ -278,6 +284,10 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 // or configuration (the query, the effect, the DSN's credentials or
 // database) is 2; anything else (the database stayed unreachable) is 1.
 func exitFor(err error) error {
+	var exit *ExitError
+	if errors.As(err, &exit) {
+		return err
+	}
 	if worker.IsInputError(err) {
 		return badInput(err)
 	}
@@ -378,7 +388,7 @@ func (o *runOptions) batchData(m *manifest) worker.BatchData {
 				data, err = os.ReadFile(o.fromFile)
 			}
 			if err != nil {
-				return nil, "", badInput(fmt.Errorf("reading --from-file: %w", err))
+				return nil, "", &worker.InputError{Where: "reading --from-file:", Msg: err.Error()}
 			}
 			return data, "JSON Lines file " + o.fromFile, nil
 		}
@@ -392,11 +402,20 @@ func (o *runOptions) batchData(m *manifest) worker.BatchData {
 			if v, ok := cm.BinaryData[ref.Key]; ok {
 				return v, fmt.Sprintf("ConfigMap %s key %s", ref.Name, ref.Key), nil
 			}
-			return nil, "", badInput(fmt.Errorf("spec.batch.configMapRef: ConfigMap %s in %s has no key %q", ref.Name, m.source, ref.Key))
+			return nil, "", &worker.InputError{Where: "spec.batch.configMapRef:", Msg: fmt.Sprintf("ConfigMap %s in %s has no key %q", ref.Name, m.source, ref.Key)}
 		}
-		return nil, "", badInput(fmt.Errorf("spec.batch.configMapRef: no ConfigMap %s in %s; pass the items with --from-file FILE.jsonl, or add the ConfigMap to the manifest", ref.Name, m.source))
+		return nil, "", &worker.InputError{Where: "spec.batch.configMapRef:", Msg: fmt.Sprintf("no ConfigMap %s in %s; pass the items with --from-file FILE.jsonl, or add the ConfigMap to the manifest", ref.Name, m.source)}
 	}
 }
+
+// manifestDecoder decodes a ProcessingRun from YAML or JSON, strictly.
+var manifestDecoder = func() runtime.Decoder {
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		panic(err)
+	}
+	return kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme, scheme, kjson.SerializerOptions{Yaml: true, Strict: true})
+}()
 
 // manifest is what `runledger run` reads: one ProcessingRun and any
 // ConfigMaps (for a configMapRef), in one YAML or JSON stream.
@@ -442,7 +461,9 @@ func readManifest(path string, stdin io.Reader) (*manifest, error) {
 				return nil, fmt.Errorf("%s: document %d: apiVersion %q: want %s", m.source, doc, tm.APIVersion, v1alpha1.GroupVersion)
 			}
 			run := &v1alpha1.ProcessingRun{}
-			if err := yaml.UnmarshalStrict(raw, run); err != nil {
+			// Strict: a misspelt field is an error naming its path
+			// (`unknown field "spec.wrokers"`), not silently dropped.
+			if _, _, err := manifestDecoder.Decode(raw, nil, run); err != nil {
 				return nil, fmt.Errorf("%s: document %d (ProcessingRun): %w", m.source, doc, err)
 			}
 			m.run = run

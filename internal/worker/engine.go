@@ -113,9 +113,7 @@ func (s *shardRun) run(ctx context.Context) {
 		fetchSize: s.cfg.ChunkSize,
 		retry:     s.cfg.Retry,
 		limits:    s.cfg.Limits,
-		logf: func(format string, args ...any) {
-			log.Info(fmt.Sprintf(format, args...))
-		},
+		log:       log,
 	})
 	if err != nil {
 		s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))

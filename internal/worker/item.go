@@ -148,7 +148,7 @@ func checkItem(it ledger.Item, where string, l Limits) []*InputError {
 // errors (e.g. "batch.items[3]"). It returns an *InputErrors listing every
 // problem, or nil.
 func ValidateItems(items []ledger.Item, where func(i int) string, l Limits) error {
-	errs := &InputErrors{Source: "batch.items"}
+	errs := &InputErrors{Source: "spec.batch.items"}
 	for i, it := range items {
 		for _, e := range checkItem(it, where(i), l) {
 			errs.add(e)

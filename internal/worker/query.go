@@ -201,9 +201,8 @@ func (s *queryStream) next(ctx context.Context) (entry, error) {
 func (s *queryStream) fill(ctx context.Context) error {
 	onRetry := func(attempt int, wait time.Duration, err error) {
 		s.close()
-		if s.opt.logf != nil {
-			s.opt.logf("reading the query of shard %d failed (attempt %d), reopening at row %d in %s: %v", s.shard, attempt, s.consumed, wait.Round(time.Millisecond), err)
-		}
+		s.opt.log.Info("reading the query failed, reopening it where it stopped", "attempt", attempt, "atRow", s.consumed,
+			"wait", wait.Round(time.Millisecond), "error", err.Error())
 	}
 	err := s.opt.retry.Do(ctx, "reading the query", onRetry, func(int) error {
 		if s.tx == nil {

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -29,7 +30,7 @@ type streamOptions struct {
 	fetchSize int
 	retry     Backoff
 	limits    Limits
-	logf      func(format string, args ...any)
+	log       logr.Logger
 }
 
 // entry is one declared item as a stream yields it.

@@ -124,18 +124,25 @@ func (r result) summary(t *testing.T) summary {
 }
 
 // command prepares `runledger ARGS...` (this test binary, see TestMain).
-func command(ctx context.Context, stdin string, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
+func command(ctx context.Context, stdin string, args ...string) (*exec.Cmd, *bytes.Buffer, *lockedWriter) {
 	cmd := exec.CommandContext(ctx, os.Args[0], args...)
 	cmd.Env = append(os.Environ(), envMain+"=1")
 	cmd.Stdin = strings.NewReader(stdin)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &lockedWriter{w: &stderr}
-	return cmd, &stdout, &stderr
+	var stdout bytes.Buffer
+	stderr := &lockedWriter{w: &bytes.Buffer{}}
+	cmd.Stdout, cmd.Stderr = &stdout, stderr
+	return cmd, &stdout, stderr
 }
 
 type lockedWriter struct {
 	mu sync.Mutex
 	w  io.Writer
+}
+
+func (l *lockedWriter) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return fmt.Sprint(l.w)
 }
 
 func (l *lockedWriter) Write(p []byte) (int, error) {

@@ -1,0 +1,91 @@
+package clitest
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestRunBadInput: broken manifests, JSON Lines files and flags are refused
+// with exit code 2, a message that says what to fix, and nothing committed.
+func TestRunBadInput(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	items := inlineItems([2]string{"acct-1", "2024-06"})
+	good := manifest("good", items)
+	cmRun := manifest("cm", "batch:", "  configMapRef: {name: june, key: items.jsonl}")
+	bigPayload := `{"entity":"a","occurrence":"b","payload":"` + strings.Repeat("x", 1<<20) + `"}`
+	tests := []struct {
+		name     string
+		manifest string
+		jsonl    string   // --from-file content, when set
+		args     []string // extra arguments
+		want     string   // in stderr (and in the JSON error)
+	}{
+		{name: "not YAML", manifest: "apiVersion: [unclosed", want: "document 1 is not a Kubernetes object"},
+		{name: "no run", manifest: "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", want: "holds no ProcessingRun"},
+		{name: "two runs", manifest: good + "---\n" + manifest("other", items), want: "holds 2 ProcessingRuns (good, other): runledger run takes one"},
+		{name: "wrong apiVersion", manifest: strings.Replace(good, "v1alpha1", "v1", 1), want: `apiVersion "processing.runledger.dev/v1": want processing.runledger.dev/v1alpha1`},
+		{name: "no kind", manifest: "metadata: {name: x}\nspec: {}\n", want: "document 1 has no kind"},
+		{name: "unknown field", manifest: manifest("typo", items, "wrokers: 2"), want: `unknown field "spec.wrokers"`},
+		{name: "wrong type", manifest: manifest("types", items, "workers: four"), want: "workers"},
+		{name: "no name", manifest: strings.Replace(good, "name: good", "labels: {a: b}", 1), want: `field "metadata.name" is missing`},
+		{name: "no source", manifest: manifest("nosource", "batch: {}"), want: `field "spec.batch" has no source: set exactly one of batch.items, batch.configMapRef or batch.query`},
+		{name: "two sources", manifest: manifest("twosources", "batch:", "  items: [{entity: a, occurrence: b}]", "  query: SELECT 1"), want: `field "spec.batch" has more than one source`},
+		{name: "too many workers", manifest: manifest("workers", items, "workers: 1000"), want: `field "spec.workers" is 1000: it must be between 1 and 256`},
+		{name: "negative chunk size", manifest: manifest("chunk", items, "chunkSize: -5"), want: `field "spec.chunkSize" is -5`},
+		{name: "bad onExisting", manifest: manifest("onexisting", items, "onExisting: Overwrite"), want: `field "spec.onExisting" is "Overwrite": it must be Skip or Supersede`},
+		{name: "empty effect", manifest: manifest("effect", items, "effect: {sql: ' '}"), want: `field "spec.effect.sql" is empty`},
+		{name: "empty entity", manifest: manifest("entity", inlineItems([2]string{"a", "b"}, [2]string{"", "c"}, [2]string{"d", " "})),
+			want: "invalid spec.batch.items: 2 problems\n  spec.batch.items[1]: field \"entity\" is empty\n  spec.batch.items[2]: field \"occurrence\" is blank"},
+		{name: "malformed JSON line", manifest: cmRun, jsonl: `{"entity":"a","occurrence":"b"}` + "\n" + `{"entity":"a",` + "\n", want: "line 2 is not valid JSON"},
+		{name: "missing field", manifest: cmRun, jsonl: `{"entity":"a"}`, want: `line 1: field "occurrence" is missing`},
+		{name: "wrong field type", manifest: cmRun, jsonl: `{"entity":"a","occurrence":2024}`, want: `line 1: field "occurrence" must be a string, not 2024`},
+		{name: "oversized payload", manifest: cmRun, jsonl: `{"entity":"a","occurrence":"b"}` + "\n" + bigPayload, want: `line 2: field "payload" is 1.0 MiB, more than the 1 MiB allowed`},
+		{name: "empty JSON Lines", manifest: cmRun, jsonl: "\n\n", want: "holds no items"},
+		{name: "missing ConfigMap", manifest: cmRun, want: "spec.batch.configMapRef: no ConfigMap june in"},
+		{name: "ConfigMap without the key", manifest: cmRun + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: june}\ndata: {other: x}\n", want: `has no key "items.jsonl"`},
+		{name: "missing --from-file", manifest: cmRun, args: []string{"--from-file", "/nonexistent/items.jsonl"}, want: "reading --from-file"},
+		{name: "shard count mismatch", manifest: manifest("shards", items, "workers: 2"), args: []string{"--shard", "1/3"}, want: "the manifest declares spec.workers: 2, so N must be 2"},
+		{name: "shard out of range", manifest: manifest("shards", items, "workers: 2"), args: []string{"--shard", "2/2"}, want: "shard indexes go from 0 to 1"},
+		{name: "shard syntax", manifest: good, args: []string{"--shard", "one"}, want: `--shard "one": want I/N`},
+		{name: "effect on a missing table", manifest: manifest("effect", items, "effect: {sql: INSERT INTO nope SELECT entity FROM claimed}"), want: `spec.effect.sql is rejected by PostgreSQL: relation "nope" does not exist`},
+		{name: "query without occurrence", manifest: manifest("query", "batch: {query: \"SELECT 'a' AS entity\"}"), want: `batch.query returns no column "occurrence"`},
+		{name: "query that fails", manifest: manifest("query", "batch: {query: \"SELECT 'a' AS entity, (1/0)::text AS occurrence\"}"), want: "division by zero"},
+		{name: "malformed DSN", manifest: good, args: []string{"--dsn", "postgres://app:" + password + "@db:notaport/x"}, want: "parsing database URL"},
+		{name: "no such database", manifest: good, args: []string{"--dsn", strings.Replace(d.dsn, "dbname=", "dbname=nope_", 1)}, want: "does not exist"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := []string{"run", "-f", writeFile(t, "run.yaml", tt.manifest), "--dsn", d.dsn, "--output", "json", "--retry-timeout", "5s"}
+			if tt.jsonl != "" {
+				args = append(args, "--from-file", writeFile(t, "items.jsonl", tt.jsonl))
+			}
+			args = append(args, tt.args...) // a later --dsn wins
+			r := runCLI(t, "", args...)
+			require.Equal(t, 2, r.code, "exit code 2 for bad input; stderr:\n%s", r.stderr)
+			require.Contains(t, r.stderr, tt.want, "the message says what is wrong")
+			s := r.summary(t)
+			require.Contains(t, s.Error, tt.want, "the JSON result carries the error")
+			require.Equal(t, counts{}, s.counts(), "nothing processed")
+			require.Zero(t, d.committed(t), "nothing committed")
+		})
+	}
+}
+
+func TestRunWithoutDatabase(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "run.yaml", manifest("nodsn", inlineItems([2]string{"a", "b"})))
+	r := runCLI(t, "", "run", "-f", file)
+	require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
+	require.Contains(t, r.stderr, "no database: pass --dsn or set RUNLEDGER_DATABASE_URL")
+
+	r = runCLI(t, "", "run", "-f", file, "--dsn", "host=127.0.0.1 port=9 password=x", "--output", "yaml")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, `--output "yaml": want text or json`)
+
+	r = runCLI(t, "", "run", "--dsn", "host=127.0.0.1 port=9")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, `required flag(s) "filename" not set`)
+}
