@@ -9,11 +9,6 @@ import (
 // Placeholders until the manager, worker and run commands land; each is
 // replaced by its own file.
 
-func newManagerCommand() *cobra.Command {
-	return &cobra.Command{Use: "manager", Short: "Run the ProcessingRun controller (not yet built)",
-		RunE: func(*cobra.Command, []string) error { return errors.New("manager: not yet built") }}
-}
-
 func newWorkerCommand() *cobra.Command {
 	return &cobra.Command{Use: "worker", Short: "Process one shard of a ProcessingRun (not yet built)",
 		RunE: func(*cobra.Command, []string) error { return errors.New("worker: not yet built") }}

@@ -1,0 +1,60 @@
+package controllers
+
+import (
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+
+	acv1alpha1 "github.com/runledger/runledger/api/applyconfiguration/api/v1alpha1"
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// statusApplyConfiguration is the controller's server-side apply of a run's
+// status: every field it owns, and nothing of the workers' except the counts
+// of finished shards (restored from the final report when the worker's last
+// write was lost). The UID makes the write fail rather than land on another
+// run created under the same name.
+func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.ProcessingRunStatus, shards []shardDecision) *acv1alpha1.ProcessingRunApplyConfiguration {
+	status := acv1alpha1.ProcessingRunStatus().
+		WithObservedGeneration(st.ObservedGeneration).
+		WithPhase(st.Phase).
+		WithTotal(st.Total).
+		WithCompleted(st.Completed).
+		WithAlreadyHandled(st.AlreadyHandled).
+		WithFailed(st.Failed)
+	if st.StartTime != nil {
+		status.WithStartTime(*st.StartTime)
+	}
+	if st.CompletionTime != nil {
+		status.WithCompletionTime(*st.CompletionTime)
+	}
+	final := make(map[int32]bool, len(shards))
+	for _, d := range shards {
+		final[d.index] = d.final
+	}
+	for _, e := range st.Shards {
+		sh := acv1alpha1.ShardStatus().WithIndex(e.Index)
+		if e.Phase != "" {
+			sh.WithPhase(e.Phase)
+		}
+		if e.Pod != "" {
+			sh.WithPod(e.Pod)
+		}
+		if final[e.Index] {
+			sh.WithAttempt(e.Attempt).WithTotal(e.Total).WithCompleted(e.Completed).
+				WithAlreadyHandled(e.AlreadyHandled).WithFailed(e.Failed)
+			if e.Message != "" {
+				sh.WithMessage(e.Message)
+			}
+		}
+		status.WithShards(sh)
+	}
+	for _, c := range st.Conditions {
+		status.WithConditions(metav1ac.Condition().
+			WithType(c.Type).
+			WithStatus(c.Status).
+			WithReason(c.Reason).
+			WithMessage(c.Message).
+			WithObservedGeneration(c.ObservedGeneration).
+			WithLastTransitionTime(c.LastTransitionTime))
+	}
+	return acv1alpha1.ProcessingRun(run.Name, run.Namespace).WithUID(run.UID).WithStatus(status)
+}

@@ -1,0 +1,82 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// maxEventNote is the events.k8s.io/v1 limit on an Event's note.
+const maxEventNote = 1024
+
+// event records an Event on the run (related: a pod, or nil). Notes never
+// hold a secret: the controller never reads one.
+func (r *Reconciler) event(run *v1alpha1.ProcessingRun, related runtime.Object, eventType, reason, action, note string) {
+	if r.Recorder == nil {
+		return
+	}
+	if len(note) > maxEventNote {
+		note = note[:maxEventNote-len("…")] + "…"
+	}
+	r.Recorder.Eventf(run, related, eventType, reason, action, "%s", note)
+}
+
+// transitionEvents records what changed between the status the run had and
+// the one just written: shard failures and retries, suspension, stalls and
+// the outcome.
+func (r *Reconciler) transitionEvents(ctx context.Context, s *scope, old, cur *v1alpha1.ProcessingRunStatus) {
+	run := s.run
+	oldPhases := make(map[int32]v1alpha1.ShardPhase, len(old.Shards))
+	for _, e := range old.Shards {
+		oldPhases[e.Index] = e.Phase
+	}
+	for _, d := range s.shards {
+		was := oldPhases[d.index]
+		switch {
+		case d.phase == v1alpha1.ShardRetrying && was != v1alpha1.ShardRetrying:
+			attemptsFailed.Inc()
+			r.event(run, nil, corev1.EventTypeWarning, "ShardFailed", "Retry", fmt.Sprintf(
+				"Shard %d failed (%d of %d allowed retries used): %s; retrying after %s",
+				d.index, d.failures, backoffLimitOf(run), d.lastFailure, d.retryAt.Sub(s.now).Round(100*time.Millisecond)))
+		case d.failure != nil && was != v1alpha1.ShardFailed:
+			attemptsFailed.Inc()
+			r.event(run, nil, corev1.EventTypeWarning, "ShardFailed", "Fail", d.failure.message)
+		}
+	}
+
+	if stalled := meta.FindStatusCondition(cur.Conditions, v1alpha1.ConditionStalled); stalled != nil &&
+		stalled.Status == metav1.ConditionTrue && cur.Phase != v1alpha1.RunFailed {
+		before := meta.FindStatusCondition(old.Conditions, v1alpha1.ConditionStalled)
+		if before == nil || before.Reason != stalled.Reason || before.Message != stalled.Message {
+			r.event(run, nil, corev1.EventTypeWarning, stalled.Reason, "Reconcile", stalled.Message)
+		}
+	}
+
+	if old.Phase == cur.Phase {
+		return
+	}
+	logger := log.FromContext(ctx)
+	switch cur.Phase {
+	case v1alpha1.RunSucceeded:
+		r.event(run, nil, corev1.EventTypeNormal, ReasonSucceeded, "Complete", s.outcome.message)
+		logger.Info("run succeeded", "total", cur.Total, "completed", cur.Completed,
+			"alreadyHandled", cur.AlreadyHandled, "failed", cur.Failed)
+	case v1alpha1.RunFailed:
+		r.event(run, nil, corev1.EventTypeWarning, s.outcome.reason, "Fail", s.outcome.message)
+		logger.Info("run failed", "reason", s.outcome.reason, "message", s.outcome.message)
+	case v1alpha1.RunSuspended:
+		r.event(run, nil, corev1.EventTypeNormal, ReasonSuspended, "Suspend", "Suspended: worker pods stop, counts are kept")
+	default:
+		if old.Phase == v1alpha1.RunSuspended {
+			r.event(run, nil, corev1.EventTypeNormal, ReasonResumed, "Resume", "Resumed")
+		}
+	}
+}

@@ -1,0 +1,205 @@
+package controllers
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/distribution/reference"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+const (
+	// annotationCountsFloor records, on the pod of attempt N+1, the counts
+	// its shard had reached before it (the maximum of what earlier attempts
+	// reported). The run's totals never show less for the shard while the new
+	// attempt catches up.
+	annotationCountsFloor = v1alpha1.Group + "/counts-floor"
+
+	// Well-known labels on worker pods, besides the v1alpha1.Label* ones.
+	labelAppName      = "app.kubernetes.io/name"
+	labelAppComponent = "app.kubernetes.io/component"
+	labelAppInstance  = "app.kubernetes.io/instance"
+	labelAppManagedBy = "app.kubernetes.io/managed-by"
+
+	// nonRootUID is the user the worker runs as (the distroless "nonroot").
+	nonRootUID = 65532
+
+	workerGracePeriodSeconds = 30
+)
+
+// PodOptions are the manager-wide defaults of worker pods.
+type PodOptions struct {
+	// Image is the worker image unless the run overrides it.
+	Image string
+	// ServiceAccountName is the worker service account unless the run
+	// overrides it.
+	ServiceAccountName string
+	// ImagePullPolicy of the worker container; empty means the Kubernetes
+	// default for the image's tag.
+	ImagePullPolicy corev1.PullPolicy
+}
+
+// defaultWorkerResources apply when the run sets no resources: the worker
+// streams its shard chunk by chunk, so its memory stays small.
+func defaultWorkerResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("100m"),
+			corev1.ResourceMemory: resource.MustParse("128Mi"),
+		},
+		Limits: corev1.ResourceList{
+			corev1.ResourceMemory: resource.MustParse("256Mi"),
+		},
+	}
+}
+
+// workerImage is the image of a run's worker pods.
+func workerImage(run *v1alpha1.ProcessingRun, opts PodOptions) string {
+	if t := run.Spec.WorkerTemplate; t != nil && t.Image != "" {
+		return t.Image
+	}
+	return opts.Image
+}
+
+// validateImage says why the kubelet would refuse image (InvalidImageName),
+// before any pod is created for it.
+func validateImage(image string) error {
+	if image == "" {
+		return fmt.Errorf("no worker image: set spec.workerTemplate.image or the manager's --worker-image")
+	}
+	if _, err := reference.ParseNormalizedNamed(image); err != nil {
+		return fmt.Errorf("invalid worker image %q: %w", image, err)
+	}
+	return nil
+}
+
+// podLabels are the labels of a shard's pod; selectorLabels are the subset
+// that selects all pods of a run.
+func podLabels(run *v1alpha1.ProcessingRun, shard, attempt int32) map[string]string {
+	return map[string]string{
+		labelAppName:          "runledger",
+		labelAppComponent:     "worker",
+		labelAppInstance:      run.Name,
+		labelAppManagedBy:     "runledger-controller",
+		v1alpha1.LabelRun:     run.Name,
+		v1alpha1.LabelRunUID:  string(run.UID),
+		v1alpha1.LabelShard:   strconv.Itoa(int(shard)),
+		v1alpha1.LabelAttempt: strconv.Itoa(int(attempt)),
+	}
+}
+
+// buildWorkerPod is the pod of one attempt of one shard of a run. It is a
+// pure function of its arguments.
+func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor counts, opts PodOptions) (*corev1.Pod, error) {
+	floorJSON, err := json.Marshal(floor)
+	if err != nil {
+		return nil, fmt.Errorf("encode counts floor: %w", err)
+	}
+	tmpl := run.Spec.WorkerTemplate
+	if tmpl == nil {
+		tmpl = &v1alpha1.WorkerTemplate{}
+	}
+	resources := defaultWorkerResources()
+	if tmpl.Resources != nil {
+		resources = *tmpl.Resources.DeepCopy()
+	}
+	serviceAccount := opts.ServiceAccountName
+	if tmpl.ServiceAccountName != "" {
+		serviceAccount = tmpl.ServiceAccountName
+	}
+	var tolerations []corev1.Toleration
+	for i := range tmpl.Tolerations {
+		tolerations = append(tolerations, *tmpl.Tolerations[i].DeepCopy())
+	}
+	var nodeSelector map[string]string
+	if len(tmpl.NodeSelector) > 0 {
+		nodeSelector = make(map[string]string, len(tmpl.NodeSelector))
+		for k, v := range tmpl.NodeSelector {
+			nodeSelector[k] = v
+		}
+	}
+	ref := run.Spec.Database.SecretRef
+
+	pod := &corev1.Pod{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        v1alpha1.PodName(run.Name, shard, attempt),
+			Namespace:   run.Namespace,
+			Labels:      podLabels(run, shard, attempt),
+			Annotations: map[string]string{annotationCountsFloor: string(floorJSON)},
+			OwnerReferences: []metav1.OwnerReference{
+				*metav1.NewControllerRef(run, v1alpha1.GroupVersion.WithKind("ProcessingRun")),
+			},
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			ServiceAccountName:            serviceAccount,
+			AutomountServiceAccountToken:  ptr.To(true), // the worker reports through the API
+			EnableServiceLinks:            ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To[int64](workerGracePeriodSeconds),
+			NodeSelector:                  nodeSelector,
+			Tolerations:                   tolerations,
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:   ptr.To(true),
+				RunAsUser:      ptr.To[int64](nonRootUID),
+				RunAsGroup:     ptr.To[int64](nonRootUID),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:                     v1alpha1.WorkerContainerName,
+				Image:                    workerImage(run, opts),
+				ImagePullPolicy:          opts.ImagePullPolicy,
+				Args:                     []string{v1alpha1.WorkerSubcommand},
+				Env:                      workerEnv(run, shard, attempt, ref),
+				Resources:                resources,
+				TerminationMessagePath:   v1alpha1.TerminationMessagePath,
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+				SecurityContext: &corev1.SecurityContext{
+					RunAsNonRoot:             ptr.To(true),
+					Privileged:               ptr.To(false),
+					AllowPrivilegeEscalation: ptr.To(false),
+					ReadOnlyRootFilesystem:   ptr.To(true),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
+				VolumeMounts: []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}},
+			}},
+			Volumes: []corev1.Volume{{
+				Name: "tmp",
+				VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+					SizeLimit: ptr.To(resource.MustParse("64Mi")),
+				}},
+			}},
+		},
+	}
+	return pod, nil
+}
+
+// workerEnv is the worker's environment: the run's identity, its shard and
+// attempt, and the DSN straight from the Secret (never an argument).
+func workerEnv(run *v1alpha1.ProcessingRun, shard, attempt int32, ref v1alpha1.SecretKeyRef) []corev1.EnvVar {
+	return []corev1.EnvVar{
+		{Name: v1alpha1.EnvRunNamespace, Value: run.Namespace},
+		{Name: v1alpha1.EnvRunName, Value: run.Name},
+		{Name: v1alpha1.EnvRunUID, Value: string(run.UID)},
+		{Name: v1alpha1.EnvShard, Value: strconv.Itoa(int(shard))},
+		{Name: v1alpha1.EnvShards, Value: strconv.Itoa(int(run.Spec.Workers))},
+		{Name: v1alpha1.EnvAttempt, Value: strconv.Itoa(int(attempt))},
+		{Name: v1alpha1.EnvPodName, ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"},
+		}},
+		{Name: v1alpha1.EnvDatabaseURL, ValueFrom: &corev1.EnvVarSource{
+			SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name},
+				Key:                  ref.Key,
+				Optional:             ptr.To(false),
+			},
+		}},
+	}
+}

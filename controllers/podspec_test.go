@@ -1,0 +1,214 @@
+package controllers
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+func testRun() *v1alpha1.ProcessingRun {
+	return &v1alpha1.ProcessingRun{
+		ObjectMeta: metav1.ObjectMeta{Name: "invoices", Namespace: "billing", UID: "uid-1", Generation: 1},
+		Spec: v1alpha1.ProcessingRunSpec{
+			Database: v1alpha1.DatabaseSpec{SecretRef: v1alpha1.SecretKeyRef{Name: "ledger-db", Key: "dsn"}},
+			Batch:    v1alpha1.BatchSpec{Query: "select 'a' as entity, '1' as occurrence"},
+			Workers:  4,
+		},
+	}
+}
+
+func envMap(t *testing.T, c corev1.Container) map[string]corev1.EnvVar {
+	t.Helper()
+	m := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		_, dup := m[e.Name]
+		require.False(t, dup, "env %s twice", e.Name)
+		m[e.Name] = e
+	}
+	return m
+}
+
+func TestBuildWorkerPod(t *testing.T) {
+	opts := PodOptions{Image: "registry.example/runledger:v1", ServiceAccountName: "runledger-worker"}
+	tests := []struct {
+		name    string
+		mutate  func(*v1alpha1.ProcessingRun)
+		shard   int32
+		attempt int32
+		floor   counts
+		check   func(t *testing.T, pod *corev1.Pod)
+	}{
+		{
+			name: "defaults", shard: 2, attempt: 0,
+			check: func(t *testing.T, pod *corev1.Pod) {
+				require.Equal(t, "invoices-2-0", pod.Name)
+				require.Equal(t, "billing", pod.Namespace)
+				require.Equal(t, corev1.RestartPolicyNever, pod.Spec.RestartPolicy)
+				require.Equal(t, "runledger-worker", pod.Spec.ServiceAccountName)
+				require.Len(t, pod.Spec.Containers, 1)
+				c := pod.Spec.Containers[0]
+				require.Equal(t, "registry.example/runledger:v1", c.Image)
+				require.Equal(t, []string{"worker"}, c.Args)
+				require.Empty(t, c.Command)
+				require.Equal(t, corev1.TerminationMessageFallbackToLogsOnError, c.TerminationMessagePolicy)
+				require.Equal(t, "/dev/termination-log", c.TerminationMessagePath)
+				require.Equal(t, resource.MustParse("128Mi"), c.Resources.Requests[corev1.ResourceMemory])
+				require.Equal(t, resource.MustParse("256Mi"), c.Resources.Limits[corev1.ResourceMemory])
+				require.Nil(t, pod.Spec.NodeSelector)
+				require.Nil(t, pod.Spec.Tolerations)
+			},
+		},
+		{
+			name: "labels and owner", shard: 1, attempt: 3,
+			check: func(t *testing.T, pod *corev1.Pod) {
+				require.Equal(t, "invoices-1-3", pod.Name)
+				require.Equal(t, map[string]string{
+					"app.kubernetes.io/name":           "runledger",
+					"app.kubernetes.io/component":      "worker",
+					"app.kubernetes.io/instance":       "invoices",
+					"app.kubernetes.io/managed-by":     "runledger-controller",
+					"processing.runledger.dev/run":     "invoices",
+					"processing.runledger.dev/run-uid": "uid-1",
+					"processing.runledger.dev/shard":   "1",
+					"processing.runledger.dev/attempt": "3",
+				}, pod.Labels)
+				require.Len(t, pod.OwnerReferences, 1)
+				ref := pod.OwnerReferences[0]
+				require.Equal(t, "processing.runledger.dev/v1alpha1", ref.APIVersion)
+				require.Equal(t, "ProcessingRun", ref.Kind)
+				require.Equal(t, "invoices", ref.Name)
+				require.EqualValues(t, "uid-1", ref.UID)
+				require.True(t, *ref.Controller)
+				require.True(t, *ref.BlockOwnerDeletion)
+			},
+		},
+		{
+			name: "environment: identity, shard, attempt, DSN from the Secret only", shard: 3, attempt: 2,
+			check: func(t *testing.T, pod *corev1.Pod) {
+				c := pod.Spec.Containers[0]
+				env := envMap(t, c)
+				require.Equal(t, "billing", env[v1alpha1.EnvRunNamespace].Value)
+				require.Equal(t, "invoices", env[v1alpha1.EnvRunName].Value)
+				require.Equal(t, "uid-1", env[v1alpha1.EnvRunUID].Value)
+				require.Equal(t, "3", env[v1alpha1.EnvShard].Value)
+				require.Equal(t, "4", env[v1alpha1.EnvShards].Value)
+				require.Equal(t, "2", env[v1alpha1.EnvAttempt].Value)
+				require.Equal(t, "metadata.name", env[v1alpha1.EnvPodName].ValueFrom.FieldRef.FieldPath)
+				dsn := env[v1alpha1.EnvDatabaseURL]
+				require.Empty(t, dsn.Value, "the DSN is never a literal")
+				require.Equal(t, "ledger-db", dsn.ValueFrom.SecretKeyRef.Name)
+				require.Equal(t, "dsn", dsn.ValueFrom.SecretKeyRef.Key)
+				require.False(t, *dsn.ValueFrom.SecretKeyRef.Optional)
+				for _, a := range append(append([]string{}, c.Command...), c.Args...) {
+					require.NotContains(t, a, "ledger-db")
+				}
+			},
+		},
+		{
+			name: "locked-down security context", shard: 0, attempt: 0,
+			check: func(t *testing.T, pod *corev1.Pod) {
+				psc := pod.Spec.SecurityContext
+				require.True(t, *psc.RunAsNonRoot)
+				require.EqualValues(t, 65532, *psc.RunAsUser)
+				require.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, psc.SeccompProfile.Type)
+				sc := pod.Spec.Containers[0].SecurityContext
+				require.True(t, *sc.RunAsNonRoot)
+				require.False(t, *sc.Privileged)
+				require.False(t, *sc.AllowPrivilegeEscalation)
+				require.True(t, *sc.ReadOnlyRootFilesystem)
+				require.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop)
+				require.Empty(t, sc.Capabilities.Add)
+				require.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, sc.SeccompProfile.Type)
+				require.False(t, *pod.Spec.EnableServiceLinks)
+				require.False(t, pod.Spec.HostNetwork)
+				require.False(t, pod.Spec.HostPID)
+			},
+		},
+		{
+			name: "worker template overrides", shard: 0, attempt: 1,
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.WorkerTemplate = &v1alpha1.WorkerTemplate{
+					Image:              "other.example/runledger@sha256:" + sha,
+					ServiceAccountName: "custom-sa",
+					NodeSelector:       map[string]string{"pool": "batch"},
+					Tolerations:        []corev1.Toleration{{Key: "batch", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+					Resources: &corev1.ResourceRequirements{
+						Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")},
+					},
+				}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				c := pod.Spec.Containers[0]
+				require.Equal(t, "other.example/runledger@sha256:"+sha, c.Image)
+				require.Equal(t, "custom-sa", pod.Spec.ServiceAccountName)
+				require.Equal(t, map[string]string{"pool": "batch"}, pod.Spec.NodeSelector)
+				require.Len(t, pod.Spec.Tolerations, 1)
+				require.Equal(t, resource.MustParse("2"), c.Resources.Requests[corev1.ResourceCPU])
+				require.NotContains(t, c.Resources.Limits, corev1.ResourceMemory, "the run's resources replace the defaults")
+			},
+		},
+		{
+			name: "counts floor annotation", shard: 0, attempt: 1,
+			floor: counts{Total: 10, Completed: 4, AlreadyHandled: 1, Failed: 2},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				var c counts
+				require.NoError(t, json.Unmarshal([]byte(pod.Annotations[annotationCountsFloor]), &c))
+				require.Equal(t, counts{Total: 10, Completed: 4, AlreadyHandled: 1, Failed: 2}, c)
+				require.Equal(t, c, parseFloor(pod.Annotations))
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run := testRun()
+			if tt.mutate != nil {
+				tt.mutate(run)
+			}
+			before := run.DeepCopy()
+			pod, err := buildWorkerPod(run, tt.shard, tt.attempt, tt.floor, opts)
+			require.NoError(t, err)
+			tt.check(t, pod)
+			// The builder does not share memory with the run.
+			if len(pod.Spec.Tolerations) > 0 {
+				pod.Spec.Tolerations[0].Key = "changed"
+			}
+			for k := range pod.Spec.NodeSelector {
+				pod.Spec.NodeSelector[k] = "changed"
+			}
+			require.Equal(t, before, run)
+		})
+	}
+}
+
+const sha = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func TestValidateImage(t *testing.T) {
+	for _, tt := range []struct {
+		image string
+		ok    bool
+	}{
+		{"runledger:dev", true},
+		{"ghcr.io/runledger/runledger:v0.1.0", true},
+		{"localhost:5000/runledger@sha256:" + sha, true},
+		{"", false},
+		{"Runledger:dev", false},
+		{"runledger:dev latest", false},
+		{"runledger::dev", false},
+	} {
+		err := validateImage(tt.image)
+		require.Equal(t, tt.ok, err == nil, "image %q: %v", tt.image, err)
+	}
+}
+
+func TestWorkerImageOverride(t *testing.T) {
+	run := testRun()
+	require.Equal(t, "a:1", workerImage(run, PodOptions{Image: "a:1"}))
+	run.Spec.WorkerTemplate = &v1alpha1.WorkerTemplate{Image: "b:2"}
+	require.Equal(t, "b:2", workerImage(run, PodOptions{Image: "a:1"}))
+}

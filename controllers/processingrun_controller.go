@@ -1,0 +1,194 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// The manager's permissions, least privilege (make manifests turns these
+// into config/rbac/role.yaml). Secrets: only get, and the controller asks
+// for metadata only (PartialObjectMetadata), so it never receives a DSN;
+// it only checks that the Secret exists before creating pods.
+//
+// +kubebuilder:rbac:groups=processing.runledger.dev,resources=processingruns,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=processing.runledger.dev,resources=processingruns/status,verbs=get;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// labelRunUIDKey selects worker pods.
+const labelRunUIDKey = v1alpha1.LabelRunUID
+
+// podOwnerKey indexes worker pods by the name of the run that controls them.
+const podOwnerKey = ".metadata.controller.processingrun"
+
+// Defaults of the Reconciler's tunables.
+const (
+	DefaultBackoffBase     = 10 * time.Second
+	DefaultBackoffMax      = 6 * time.Minute
+	DefaultDependencyRetry = 15 * time.Second
+	DefaultStatusInterval  = 2 * time.Second
+	cacheWaitRequeue       = 2 * time.Second
+)
+
+// Reconciler turns ProcessingRuns into worker pods, one per shard, and keeps
+// their status honest. See doc.go for the protocol.
+type Reconciler struct {
+	Client client.Client
+	// APIReader reads around the cache: Secret metadata, ConfigMaps and
+	// ServiceAccounts (not worth caching cluster-wide), and pods the cache
+	// may not show yet.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	Clock     clock.PassiveClock
+	Pods      PodOptions
+
+	// BackoffBase and BackoffMax bound the exponential back-off between a
+	// shard's failed attempt and its retry.
+	BackoffBase, BackoffMax time.Duration
+	// DependencyRetry is how often a run waiting for its Secret, ConfigMap
+	// or ServiceAccount looks again.
+	DependencyRetry time.Duration
+	// StatusInterval is the least time between two status writes that only
+	// change counts (workers report every 2 s each; phases and conditions
+	// are always written at once).
+	StatusInterval time.Duration
+
+	expectations *expectations
+	lastWrites   sync.Map // types.UID -> time.Time of the last status write
+}
+
+// SetupWithManager registers the reconciler, its pod index and its watches.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	if r.BackoffBase <= 0 {
+		r.BackoffBase = DefaultBackoffBase
+	}
+	if r.BackoffMax <= 0 {
+		r.BackoffMax = DefaultBackoffMax
+	}
+	if r.DependencyRetry <= 0 {
+		r.DependencyRetry = DefaultDependencyRetry
+	}
+	if r.StatusInterval < 0 {
+		r.StatusInterval = 0
+	}
+	r.expectations = newExpectations(r.Clock.Now)
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podOwnerKey, indexPodOwner); err != nil {
+		return fmt.Errorf("index pods by owner run: %w", err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.ProcessingRun{}).
+		Owns(&corev1.Pod{}).
+		Named("processingrun").
+		WithOptions(opts).
+		Complete(r)
+}
+
+func indexPodOwner(obj client.Object) []string {
+	owner := metav1.GetControllerOf(obj)
+	if owner == nil || owner.APIVersion != v1alpha1.GroupVersion.String() || owner.Kind != "ProcessingRun" {
+		return nil
+	}
+	return []string{owner.Name}
+}
+
+// scope is what one reconcile pass knows and decides about a run.
+type scope struct {
+	run    *v1alpha1.ProcessingRun
+	key    types.NamespacedName
+	now    time.Time
+	inputs []shardInput
+	shards []shardDecision
+	// outcome is the run's phase and result after this pass.
+	outcome runOutcome
+	// stalled is what keeps the run from progressing, if anything.
+	stalled   *problem
+	startTime *metav1.Time
+	// requeueAfter collects when the run wants to be looked at again.
+	requeueAfter time.Duration
+}
+
+func (s *scope) requeueIn(d time.Duration) {
+	if d > 0 && (s.requeueAfter == 0 || d < s.requeueAfter) {
+		s.requeueAfter = d
+	}
+}
+
+// needsPods reports whether any shard wants a pod created now.
+func (s *scope) needsPods() bool {
+	for _, d := range s.shards {
+		if d.create != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// step is one named stage of a reconcile pass.
+type step struct {
+	name string
+	run  func(context.Context, *scope) error
+}
+
+// Reconcile fetches the run, lets it go when it is deleted or expired, and
+// otherwise runs the steps: observe the pods, check what the pods need,
+// create or delete pods, write the status.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	run := &v1alpha1.ProcessingRun{}
+	if err := r.Client.Get(ctx, req.NamespacedName, run); err != nil {
+		if apierrors.IsNotFound(err) {
+			// Its pods go with it (owner references); its ledger rows stay.
+			r.expectations.forget(req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("get processingrun: %w", err)
+	}
+	if run.DeletionTimestamp != nil {
+		return ctrl.Result{}, nil
+	}
+	expired, ttlWait, err := r.expireTTL(ctx, run)
+	if expired || err != nil {
+		return ctrl.Result{}, err
+	}
+	return r.runSteps(ctx, run, ttlWait)
+}
+
+// runSteps runs the reconcile steps over a fresh scope. The first error ends
+// the pass (the workqueue retries it with back-off).
+func (r *Reconciler) runSteps(ctx context.Context, run *v1alpha1.ProcessingRun, requeue time.Duration) (ctrl.Result, error) {
+	s := &scope{run: run, key: client.ObjectKeyFromObject(run), now: r.Clock.Now()}
+	s.requeueIn(requeue)
+	for _, st := range []step{
+		{"observe", r.observe},
+		{"checkDependencies", r.checkDependencies},
+		{"syncPods", r.syncPods},
+		{"writeStatus", r.writeStatus},
+	} {
+		if err := st.run(ctx, s); err != nil {
+			reconcileErrors.WithLabelValues(st.name).Inc()
+			return ctrl.Result{}, fmt.Errorf("%s: %w", st.name, err)
+		}
+	}
+	log.FromContext(ctx).V(1).Info("reconciled", "phase", s.outcome.phase, "requeueAfter", s.requeueAfter)
+	return ctrl.Result{RequeueAfter: s.requeueAfter}, nil
+}

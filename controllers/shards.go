@@ -1,0 +1,380 @@
+package controllers
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// This file decides, for one shard, what its pods mean and what to do next.
+// Everything here is pure: the inputs are what the cache shows.
+
+// podState is what a pod means for its shard.
+type podState int
+
+const (
+	podLive      podState = iota // pending, running or unknown: it may still run
+	podSucceeded                 // the worker exited 0
+	podFailed                    // the worker (or the pod) failed
+)
+
+// podInfo is what the controller reads from one worker pod.
+type podInfo struct {
+	pod      *corev1.Pod
+	attempt  int32
+	state    podState
+	deleting bool // deletionTimestamp set: someone (suspend, a user) deleted it
+	// exitCode of the worker container, when it terminated.
+	exitCode *int32
+	// finishedAt is when the pod failed or succeeded.
+	finishedAt time.Time
+	// report is the worker's termination message, when it is a ShardReport
+	// of this shard and attempt.
+	report *v1alpha1.ShardReport
+	floor  counts
+	// startProblem says why a live pod's worker cannot start (image pull,
+	// a missing Secret key), empty when there is none.
+	startProblem string
+	running      bool
+}
+
+// reasons a container waits that need someone to act.
+var stuckWaitingReasons = map[string]bool{
+	"ErrImagePull":               true,
+	"ImagePullBackOff":           true,
+	"InvalidImageName":           true,
+	"ErrImageNeverPull":          true,
+	"CreateContainerConfigError": true,
+	"CreateContainerError":       true,
+}
+
+// observePod reads one worker pod. ok is false for pods that are not worker
+// pods of the shard (no attempt label).
+func observePod(pod *corev1.Pod, shard int32) (podInfo, bool) {
+	attempt, err := strconv.ParseInt(pod.Labels[v1alpha1.LabelAttempt], 10, 32)
+	if err != nil || attempt < 0 {
+		return podInfo{}, false
+	}
+	info := podInfo{
+		pod:      pod,
+		attempt:  int32(attempt),
+		deleting: pod.DeletionTimestamp != nil,
+		floor:    parseFloor(pod.Annotations),
+	}
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded:
+		info.state = podSucceeded
+	case corev1.PodFailed:
+		info.state = podFailed
+	default:
+		info.state = podLive
+		info.running = pod.Status.Phase == corev1.PodRunning
+	}
+	for i := range pod.Status.ContainerStatuses {
+		cs := &pod.Status.ContainerStatuses[i]
+		if cs.Name != v1alpha1.WorkerContainerName {
+			continue
+		}
+		if t := cs.State.Terminated; t != nil {
+			info.exitCode = &t.ExitCode
+			info.finishedAt = t.FinishedAt.Time
+			if r, err := v1alpha1.ParseShardReport(t.Message); err == nil && r.Shard == shard && r.Attempt == info.attempt {
+				info.report = &r
+			}
+		}
+		if w := cs.State.Waiting; w != nil && stuckWaitingReasons[w.Reason] && info.state == podLive {
+			info.startProblem = fmt.Sprintf("pod %s: %s: %s", pod.Name, w.Reason, w.Message)
+		}
+	}
+	if info.state != podLive && info.finishedAt.IsZero() {
+		info.finishedAt = podFinishTime(pod)
+	}
+	return info, true
+}
+
+// podFinishTime guesses when a pod without a terminated container ended
+// (evicted, or lost with its node).
+func podFinishTime(pod *corev1.Pod) time.Time {
+	var t time.Time
+	for _, c := range pod.Status.Conditions {
+		if c.LastTransitionTime.After(t) {
+			t = c.LastTransitionTime.Time
+		}
+	}
+	if t.IsZero() {
+		t = pod.CreationTimestamp.Time
+	}
+	return t
+}
+
+// describeFailure is one line on why a failed pod failed.
+func describeFailure(p podInfo) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "pod %s", p.pod.Name)
+	switch {
+	case p.exitCode != nil:
+		fmt.Fprintf(&b, " exited %d", *p.exitCode)
+		for _, cs := range p.pod.Status.ContainerStatuses {
+			if t := cs.State.Terminated; cs.Name == v1alpha1.WorkerContainerName && t != nil && t.Reason != "" && t.Reason != "Error" && t.Reason != "Completed" {
+				fmt.Fprintf(&b, " (%s)", t.Reason)
+			}
+		}
+	case p.pod.Status.Reason != "":
+		fmt.Fprintf(&b, " failed (%s)", p.pod.Status.Reason)
+	default:
+		b.WriteString(" failed")
+	}
+	switch {
+	case p.report != nil && p.report.Message != "":
+		fmt.Fprintf(&b, ": %s", p.report.Message)
+	case p.pod.Status.Message != "":
+		fmt.Fprintf(&b, ": %s", p.pod.Status.Message)
+	}
+	return b.String()
+}
+
+// shardInput is everything known about one shard.
+type shardInput struct {
+	runName string
+	index   int32
+	// pods of the shard, any order.
+	pods []podInfo
+	// entry is the shard's status entry (the worker's last report, and the
+	// controller's last pod and phase), nil when there is none.
+	entry *v1alpha1.ShardStatus
+	// recordedAttempt is the attempt of entry.pod, -1 when there is none.
+	recordedAttempt int32
+	// recordedGone: the API (not the cache) confirmed that the recorded pod
+	// no longer exists.
+	recordedGone bool
+}
+
+// shardPolicy is what the run's spec and the controller's settings say.
+type shardPolicy struct {
+	backoffLimit int32
+	backoffBase  time.Duration
+	backoffMax   time.Duration
+	// suspended: no new pods, live ones are deleted.
+	suspended bool
+	// stopped: the run is finished; no new pods, live ones are deleted.
+	stopped bool
+}
+
+// shardFailure is why a shard failed for good.
+type shardFailure struct {
+	reason  string
+	message string
+}
+
+// shardDecision is the shard's state and the controller's next move.
+type shardDecision struct {
+	index int32
+	phase v1alpha1.ShardPhase
+	// pod is the shard's current (latest) pod name, empty before the first.
+	pod string
+	// counts are the shard's counts to show: exact when final, otherwise
+	// never below what any attempt of the shard reported.
+	counts counts
+	// final: the shard is done (succeeded or failed for good) and counts
+	// are its final report's numbers.
+	final bool
+	// report is the final report when it is known, used to restore the
+	// shard's entry if the worker's last status write was lost.
+	report *v1alpha1.ShardReport
+	// failure is set when the shard failed for good.
+	failure *shardFailure
+	// failures is the number of failed attempts counted against
+	// backoffLimit; lastFailure describes the latest.
+	failures    int32
+	lastFailure string
+
+	// create, when set, is the attempt to create now, with createFloor as
+	// its counts floor.
+	create      *int32
+	createFloor counts
+	// retryAt is when the next attempt may start, while Retrying.
+	retryAt time.Time
+	// waitForCache: the recorded pod is missing from the cache but may
+	// exist; decide nothing until the cache or the API says more.
+	waitForCache bool
+	// deletePods are live pods to delete (suspended or stopped run).
+	deletePods []*corev1.Pod
+	// live is the number of live pods (never more than one).
+	live int
+	// startProblem says why the live pod's worker cannot start.
+	startProblem string
+}
+
+// backoff is the delay before the retry that follows the n-th failure
+// (n >= 1): base, 2·base, 4·base, ... capped at max.
+func backoff(n int32, base, maxDelay time.Duration) time.Duration {
+	d := base
+	for i := int32(1); i < n; i++ {
+		d *= 2
+		if d >= maxDelay {
+			return maxDelay
+		}
+	}
+	return min(d, maxDelay)
+}
+
+// decideShard is the heart of the controller: what one shard's pods mean,
+// and which pod to create or delete. It never asks for a pod while another
+// pod of the shard may still run.
+func decideShard(in shardInput, p shardPolicy, now time.Time) shardDecision {
+	d := shardDecision{index: in.index, phase: v1alpha1.ShardPending}
+	pods := append([]podInfo(nil), in.pods...)
+	sort.Slice(pods, func(i, j int) bool { return pods[i].attempt < pods[j].attempt })
+
+	var latest *podInfo
+	if len(pods) > 0 {
+		latest = &pods[len(pods)-1]
+		d.pod = latest.pod.Name
+	}
+	latestAttempt := int32(-1)
+	if latest != nil {
+		latestAttempt = latest.attempt
+	}
+
+	// The floor: the most any attempt reported, per field (the entry holds
+	// the latest report that reached the API).
+	floor := countsOfEntry(in.entry)
+	for _, pi := range pods {
+		floor = floor.maxEach(pi.floor)
+		if pi.report != nil && pi.attempt != latestAttempt {
+			floor = floor.maxEach(countsOfReport(*pi.report))
+		}
+	}
+	entryCurrent := in.entry != nil && latestAttempt >= 0 && in.entry.Attempt == latestAttempt
+
+	for _, pi := range pods {
+		switch {
+		case pi.state == podLive:
+			d.live++
+			if p.suspended || p.stopped {
+				if !pi.deleting {
+					d.deletePods = append(d.deletePods, pi.pod)
+				}
+			}
+		case pi.state == podFailed && !pi.deleting:
+			d.failures++
+			d.lastFailure = describeFailure(pi)
+		}
+	}
+
+	// A pod the controller recorded but the cache does not show: wait until
+	// the API confirms it is gone, so that a lagging cache never leads to a
+	// second live pod.
+	if in.recordedAttempt > latestAttempt && !in.recordedGone {
+		d.waitForCache = true
+		d.pod = v1alpha1.PodName(in.runName, in.index, in.recordedAttempt)
+		if in.entry != nil && in.entry.Pod == d.pod && in.entry.Phase != "" {
+			d.phase = in.entry.Phase
+		}
+		d.counts = floor
+		return d
+	}
+
+	// Succeeded, by its pod or (once the pod is gone) by the record.
+	if latest != nil && latest.state == podSucceeded {
+		d.phase = v1alpha1.ShardSucceeded
+		d.final = true
+		switch {
+		case latest.report != nil:
+			d.report = latest.report
+			d.counts = countsOfReport(*latest.report)
+		case entryCurrent:
+			d.counts = countsOfEntry(in.entry)
+		default:
+			d.counts = floor
+		}
+		return d
+	}
+	if in.entry != nil && in.entry.Phase == v1alpha1.ShardSucceeded && d.live == 0 && in.recordedAttempt >= latestAttempt {
+		d.phase = v1alpha1.ShardSucceeded
+		d.final = true
+		d.pod = in.entry.Pod
+		d.counts = countsOfEntry(in.entry)
+		return d
+	}
+
+	if d.live > 0 {
+		d.phase = v1alpha1.ShardPending
+		for _, pi := range pods {
+			if pi.state == podLive {
+				if pi.running {
+					d.phase = v1alpha1.ShardRunning
+				}
+				if pi.startProblem != "" {
+					d.startProblem = pi.startProblem
+				}
+			}
+		}
+		d.counts = floor
+		return d
+	}
+
+	// No live pod. Did the shard fail for good?
+	if latest != nil && latest.state == podFailed && !latest.deleting {
+		last := floor
+		if latest.report != nil {
+			last = countsOfReport(*latest.report)
+		}
+		if latest.exitCode != nil && *latest.exitCode == v1alpha1.ExitBadInput {
+			d.phase = v1alpha1.ShardFailed
+			d.final, d.report, d.counts = true, latest.report, last
+			d.failure = &shardFailure{reason: ReasonBadInput, message: fmt.Sprintf(
+				"shard %d: bad input or configuration, not retried: %s", in.index, d.lastFailure)}
+			return d
+		}
+		if d.failures > p.backoffLimit {
+			d.phase = v1alpha1.ShardFailed
+			d.final, d.report, d.counts = true, latest.report, last
+			d.failure = &shardFailure{reason: ReasonBackoffLimitExceeded, message: fmt.Sprintf(
+				"shard %d failed %d times (backoffLimit %d); last error: %s", in.index, d.failures, p.backoffLimit, d.lastFailure)}
+			return d
+		}
+	}
+
+	// The shard needs a new attempt, now or after a back-off.
+	next := max(latestAttempt, in.recordedAttempt) + 1
+	d.createFloor = floor
+	if latest != nil && latest.report != nil {
+		d.createFloor = d.createFloor.maxEach(countsOfReport(*latest.report))
+	}
+	d.counts = d.createFloor
+	if latest != nil && latest.state == podFailed && !latest.deleting {
+		d.phase = v1alpha1.ShardRetrying
+		d.retryAt = latest.finishedAt.Add(backoff(d.failures, p.backoffBase, p.backoffMax))
+	}
+	if p.suspended || p.stopped {
+		return d
+	}
+	if now.Before(d.retryAt) {
+		return d
+	}
+	d.create = &next
+	d.pod = v1alpha1.PodName(in.runName, in.index, next)
+	return d
+}
+
+// attemptOfPodName is the attempt of a pod named <run>-<shard>-<attempt>, or
+// -1.
+func attemptOfPodName(pod string, shard int32) int32 {
+	suffix := fmt.Sprintf("-%d-", shard)
+	i := strings.LastIndex(pod, suffix)
+	if i < 0 {
+		return -1
+	}
+	a, err := strconv.ParseInt(pod[i+len(suffix):], 10, 32)
+	if err != nil || a < 0 {
+		return -1
+	}
+	return int32(a)
+}

@@ -1,0 +1,379 @@
+package controllers
+
+import (
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// fakePod is a worker pod of run "r", shard 0, in a given state.
+type fakePod struct {
+	attempt  int32
+	phase    corev1.PodPhase
+	exit     *int32
+	report   *v1alpha1.ShardReport
+	floor    *counts
+	waiting  string
+	deleting bool
+	finished time.Time
+}
+
+func (f fakePod) pod() *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:              v1alpha1.PodName("r", 0, f.attempt),
+			Labels:            map[string]string{v1alpha1.LabelRun: "r", v1alpha1.LabelAttempt: strconv.Itoa(int(f.attempt))},
+			CreationTimestamp: metav1.NewTime(t0),
+		},
+		Status: corev1.PodStatus{Phase: f.phase},
+	}
+	if f.floor != nil {
+		b, _ := json.Marshal(*f.floor)
+		p.Annotations = map[string]string{annotationCountsFloor: string(b)}
+	}
+	if f.deleting {
+		p.DeletionTimestamp = ptr.To(metav1.NewTime(t0))
+	}
+	cs := corev1.ContainerStatus{Name: v1alpha1.WorkerContainerName}
+	if f.exit != nil {
+		msg := "some log line"
+		if f.report != nil {
+			b, _ := f.report.TerminationMessage()
+			msg = string(b)
+		}
+		cs.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: *f.exit, Message: msg, FinishedAt: metav1.NewTime(f.finished)}
+	}
+	if f.waiting != "" {
+		cs.State.Waiting = &corev1.ContainerStateWaiting{Reason: f.waiting, Message: "pulling failed"}
+	}
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{cs}
+	return p
+}
+
+func infos(t *testing.T, pods ...fakePod) []podInfo {
+	t.Helper()
+	var out []podInfo
+	for _, f := range pods {
+		info, ok := observePod(f.pod(), 0)
+		require.True(t, ok)
+		out = append(out, info)
+	}
+	return out
+}
+
+func exit(c int32) *int32 { return &c }
+
+func report(attempt int32, c counts, msg string) *v1alpha1.ShardReport {
+	return &v1alpha1.ShardReport{Shard: 0, Attempt: attempt, Total: c.Total, Completed: c.Completed,
+		AlreadyHandled: c.AlreadyHandled, Failed: c.Failed, Message: msg}
+}
+
+func entry(pod string, phase v1alpha1.ShardPhase, attempt int32, c counts) *v1alpha1.ShardStatus {
+	return &v1alpha1.ShardStatus{Index: 0, Pod: pod, Phase: phase, Attempt: attempt,
+		Total: c.Total, Completed: c.Completed, AlreadyHandled: c.AlreadyHandled, Failed: c.Failed}
+}
+
+func TestDecideShard(t *testing.T) {
+	policy := shardPolicy{backoffLimit: 2, backoffBase: 10 * time.Second, backoffMax: time.Minute}
+	now := t0.Add(time.Hour)
+	tests := []struct {
+		name   string
+		pods   []fakePod
+		entry  *v1alpha1.ShardStatus
+		gone   bool
+		policy func(*shardPolicy)
+		check  func(t *testing.T, d shardDecision)
+	}{
+		{
+			name: "no pod yet: create attempt 0",
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardPending, d.phase)
+				require.Equal(t, int32(0), *d.create)
+				require.Equal(t, "r-0-0", d.pod)
+				require.Equal(t, counts{}, d.createFloor)
+			},
+		},
+		{
+			name: "pending pod: nothing to do",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodPending}},
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardPending, d.phase)
+				require.Nil(t, d.create)
+				require.Equal(t, 1, d.live)
+			},
+		},
+		{
+			name:  "running pod: counts from the worker's report",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodRunning}},
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, counts{Total: 10, Completed: 4}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardRunning, d.phase)
+				require.Nil(t, d.create)
+				require.Equal(t, counts{Total: 10, Completed: 4}, d.counts)
+				require.False(t, d.final)
+			},
+		},
+		{
+			name: "image cannot be pulled: a start problem, no new pod",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodPending, waiting: "ImagePullBackOff"}},
+			check: func(t *testing.T, d shardDecision) {
+				require.Nil(t, d.create)
+				require.Contains(t, d.startProblem, "ImagePullBackOff")
+				require.Contains(t, d.startProblem, "r-0-0")
+			},
+		},
+		{
+			name:  "succeeded: the termination report is final, even if the last status write was lost",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodSucceeded, exit: exit(0), report: report(0, counts{Total: 10, Completed: 7, AlreadyHandled: 3}, "")}},
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, counts{Total: 10, Completed: 5, AlreadyHandled: 2}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
+				require.True(t, d.final)
+				require.Equal(t, counts{Total: 10, Completed: 7, AlreadyHandled: 3}, d.counts)
+				require.NotNil(t, d.report)
+			},
+		},
+		{
+			name:  "succeeded without a readable termination message: the current attempt's report",
+			pods:  []fakePod{{attempt: 1, phase: corev1.PodSucceeded, exit: exit(0)}},
+			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, counts{Total: 10, Completed: 10}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
+				require.Equal(t, counts{Total: 10, Completed: 10}, d.counts)
+			},
+		},
+		{
+			name: "failed, back-off not over: retrying later",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-5 * time.Second),
+				report: report(0, counts{Total: 10, Completed: 4, Failed: 1}, "item a/1: foreign key violation")}},
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardRetrying, d.phase)
+				require.Nil(t, d.create)
+				require.Equal(t, now.Add(5*time.Second), d.retryAt)
+				require.Equal(t, int32(1), d.failures)
+				require.Contains(t, d.lastFailure, "r-0-0 exited 1: item a/1: foreign key violation")
+				require.Equal(t, counts{Total: 10, Completed: 4, Failed: 1}, d.counts)
+			},
+		},
+		{
+			name:  "failed, back-off over: attempt 1 starts from the failed attempt's counts",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(137), finished: now.Add(-11 * time.Second)}},
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, counts{Total: 10, Completed: 6}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(1), *d.create)
+				require.Equal(t, "r-0-1", d.pod)
+				require.Equal(t, counts{Total: 10, Completed: 6}, d.createFloor)
+			},
+		},
+		{
+			name: "second failure waits twice as long",
+			pods: []fakePod{
+				{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Minute)},
+				{attempt: 1, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-15 * time.Second)},
+			},
+			check: func(t *testing.T, d shardDecision) {
+				require.Nil(t, d.create)
+				require.Equal(t, int32(2), d.failures)
+				require.Equal(t, now.Add(5*time.Second), d.retryAt)
+			},
+		},
+		{
+			name: "exit 2 (bad input) is never retried",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(2), finished: now.Add(-time.Hour),
+				report: report(0, counts{}, "line 3: entity is empty")}},
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardFailed, d.phase)
+				require.Nil(t, d.create)
+				require.Equal(t, ReasonBadInput, d.failure.reason)
+				require.Contains(t, d.failure.message, "shard 0")
+				require.Contains(t, d.failure.message, "line 3: entity is empty")
+			},
+		},
+		{
+			name: "backoffLimit exceeded: failed for good, naming the shard and its last error",
+			pods: []fakePod{
+				{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
+				{attempt: 1, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
+				{attempt: 2, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour),
+					report: report(2, counts{Total: 10, Completed: 8, Failed: 2}, "2 items failed")},
+			},
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardFailed, d.phase)
+				require.Nil(t, d.create)
+				require.True(t, d.final)
+				require.Equal(t, ReasonBackoffLimitExceeded, d.failure.reason)
+				require.Contains(t, d.failure.message, "shard 0 failed 3 times (backoffLimit 2)")
+				require.Contains(t, d.failure.message, "r-0-2 exited 1: 2 items failed")
+				require.Equal(t, counts{Total: 10, Completed: 8, Failed: 2}, d.counts)
+			},
+		},
+		{
+			name:  "recorded pod missing from the cache: wait, never a second pod",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)}},
+			entry: entry("r-0-1", v1alpha1.ShardPending, 0, counts{}),
+			check: func(t *testing.T, d shardDecision) {
+				require.True(t, d.waitForCache)
+				require.Nil(t, d.create)
+				require.Equal(t, "r-0-1", d.pod)
+			},
+		},
+		{
+			name:  "recorded pod confirmed gone (deleted by someone): next attempt, not a failure",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)}},
+			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, counts{Total: 10, Completed: 3}),
+			gone:  true,
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(2), *d.create)
+				require.Equal(t, int32(1), d.failures)
+				require.Equal(t, counts{Total: 10, Completed: 3}, d.createFloor)
+			},
+		},
+		{
+			name:  "succeeded shard whose pod is gone stays succeeded",
+			entry: entry("r-0-0", v1alpha1.ShardSucceeded, 0, counts{Total: 5, Completed: 5}),
+			gone:  true,
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
+				require.Nil(t, d.create)
+				require.True(t, d.final)
+				require.Equal(t, counts{Total: 5, Completed: 5}, d.counts)
+			},
+		},
+		{
+			name:   "suspended: the live pod is deleted, nothing created",
+			pods:   []fakePod{{attempt: 0, phase: corev1.PodRunning}},
+			policy: func(p *shardPolicy) { p.suspended = true },
+			check: func(t *testing.T, d shardDecision) {
+				require.Nil(t, d.create)
+				require.Len(t, d.deletePods, 1)
+				require.Equal(t, "r-0-0", d.deletePods[0].Name)
+			},
+		},
+		{
+			name:   "suspended, pod already terminating: not deleted twice, nothing created",
+			pods:   []fakePod{{attempt: 0, phase: corev1.PodRunning, deleting: true}},
+			policy: func(p *shardPolicy) { p.suspended = true },
+			check: func(t *testing.T, d shardDecision) {
+				require.Nil(t, d.create)
+				require.Empty(t, d.deletePods)
+				require.Equal(t, 1, d.live)
+			},
+		},
+		{
+			name:  "resumed after a suspension: the stopped attempt is not a failure",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(1), deleting: true, finished: now}},
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, counts{Total: 10, Completed: 4}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(0), d.failures)
+				require.Equal(t, int32(1), *d.create)
+				require.Equal(t, counts{Total: 10, Completed: 4}, d.createFloor)
+			},
+		},
+		{
+			name: "a new attempt catching up never shows less than the floor",
+			pods: []fakePod{
+				{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
+				{attempt: 1, phase: corev1.PodRunning, floor: &counts{Total: 10, Completed: 6, Failed: 1}},
+			},
+			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, counts{Total: 10, Completed: 2}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardRunning, d.phase)
+				require.Equal(t, counts{Total: 10, Completed: 6, Failed: 1}, d.counts)
+			},
+		},
+		{
+			name: "a retry that succeeds reports exact final numbers (fewer failures than before)",
+			pods: []fakePod{
+				{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
+				{attempt: 1, phase: corev1.PodSucceeded, exit: exit(0), floor: &counts{Total: 10, Completed: 6, Failed: 1},
+					report: report(1, counts{Total: 10, Completed: 10}, "")},
+			},
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
+				require.Equal(t, counts{Total: 10, Completed: 10}, d.counts)
+			},
+		},
+		{
+			name:   "stopped run: live pods are deleted, no retry",
+			pods:   []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)}},
+			policy: func(p *shardPolicy) { p.stopped = true },
+			check: func(t *testing.T, d shardDecision) {
+				require.Nil(t, d.create)
+				require.Equal(t, v1alpha1.ShardRetrying, d.phase)
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := policy
+			if tt.policy != nil {
+				tt.policy(&p)
+			}
+			in := shardInput{runName: "r", index: 0, pods: infos(t, tt.pods...), entry: tt.entry, recordedAttempt: -1, recordedGone: tt.gone}
+			if tt.entry != nil {
+				in.recordedAttempt = attemptOfPodName(tt.entry.Pod, 0)
+			}
+			tt.check(t, decideShard(in, p, now))
+		})
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	for n, want := range map[int32]time.Duration{1: 10 * time.Second, 2: 20 * time.Second, 3: 40 * time.Second, 6: 5*time.Minute + 20*time.Second, 7: 6 * time.Minute, 40: 6 * time.Minute} {
+		require.Equal(t, want, backoff(n, 10*time.Second, 6*time.Minute), "n=%d", n)
+	}
+}
+
+func TestAttemptOfPodName(t *testing.T) {
+	require.Equal(t, int32(3), attemptOfPodName("my-run-12-3", 12))
+	require.Equal(t, int32(0), attemptOfPodName("a-0-0", 0))
+	require.Equal(t, int32(-1), attemptOfPodName("a-1-0", 0))
+	require.Equal(t, int32(-1), attemptOfPodName("garbage", 0))
+}
+
+func TestObservePodIgnoresForeignReports(t *testing.T) {
+	// A termination message of another shard or attempt, or plain log lines
+	// (FallbackToLogsOnError), is not a report.
+	f := fakePod{attempt: 1, phase: corev1.PodSucceeded, exit: exit(0), report: report(0, counts{Completed: 5}, "")}
+	info, ok := observePod(f.pod(), 0)
+	require.True(t, ok)
+	require.Nil(t, info.report)
+	f.report = nil
+	info, _ = observePod(f.pod(), 0)
+	require.Nil(t, info.report)
+}
+
+func TestExpectations(t *testing.T) {
+	now := t0
+	e := newExpectations(func() time.Time { return now })
+	key := runKey("ns", "r")
+	_, pending := e.pending(key, "u1", 0, -1)
+	require.False(t, pending)
+	e.expectCreate(key, "u1", 0, 2)
+	a, pending := e.pending(key, "u1", 0, 1)
+	require.True(t, pending)
+	require.Equal(t, int32(2), a)
+	_, pending = e.pending(key, "u2", 0, 1)
+	require.False(t, pending, "another run of the same name")
+	e.expectCreate(key, "u1", 0, 2)
+	_, pending = e.pending(key, "u1", 0, 2)
+	require.False(t, pending, "observed")
+	e.expectCreate(key, "u1", 1, 0)
+	now = now.Add(expectationTTL + time.Second)
+	_, pending = e.pending(key, "u1", 1, -1)
+	require.False(t, pending, "expired")
+	e.expectCreate(key, "u1", 1, 0)
+	e.cancel(key, 1)
+	_, pending = e.pending(key, "u1", 1, -1)
+	require.False(t, pending, "cancelled")
+}

@@ -1,0 +1,305 @@
+package controllers
+
+import (
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// Condition reasons (also used as Event reasons).
+const (
+	ReasonPending                = "Pending"
+	ReasonRunning                = "Running"
+	ReasonSucceeded              = "Succeeded"
+	ReasonFailed                 = "Failed"
+	ReasonSuspended              = "Suspended"
+	ReasonSuspending             = "Suspending"
+	ReasonResumed                = "Resumed"
+	ReasonBadInput               = "BadInput"
+	ReasonBackoffLimitExceeded   = "BackoffLimitExceeded"
+	ReasonTooManyFailedItems     = "TooManyFailedItems"
+	ReasonSecretNotFound         = "SecretNotFound"
+	ReasonConfigMapNotFound      = "ConfigMapNotFound"
+	ReasonConfigMapKeyNotFound   = "ConfigMapKeyNotFound"
+	ReasonServiceAccountNotFound = "ServiceAccountNotFound"
+	ReasonInvalidImage           = "InvalidImage"
+	ReasonPodCreateFailed        = "PodCreateFailed"
+	ReasonWorkerNotStarting      = "WorkerNotStarting"
+)
+
+// problem is something only a person can fix: a missing Secret, ConfigMap
+// or ServiceAccount, an invalid image, a worker that cannot start. It makes
+// the run Stalled (and, until fixed, no pod is created for it).
+type problem struct {
+	reason  string
+	message string
+}
+
+// runOutcome is the run-level result of its shards' decisions.
+type runOutcome struct {
+	phase v1alpha1.RunPhase
+	// reason and message of the terminal state (Succeeded or Failed).
+	reason  string
+	message string
+	// finished is true when the run Succeeded or Failed (now or before).
+	finished bool
+	// finishedBefore is true when the current status already says so: the
+	// outcome is sticky, as a Job's.
+	finishedBefore bool
+	counts         counts
+}
+
+// finishedCondition returns the True Complete or Failed condition of a
+// status, nil when the run is not finished.
+func finishedCondition(st *v1alpha1.ProcessingRunStatus) *metav1.Condition {
+	for _, t := range []string{v1alpha1.ConditionComplete, v1alpha1.ConditionFailed} {
+		if c := meta.FindStatusCondition(st.Conditions, t); c != nil && c.Status == metav1.ConditionTrue {
+			return c
+		}
+	}
+	return nil
+}
+
+// shardCount is spec.workers, at least 1.
+func shardCount(run *v1alpha1.ProcessingRun) int32 {
+	return max(run.Spec.Workers, 1)
+}
+
+// sumCounts adds the shards' counts. While the run is not finished, no total
+// goes below what the status already shows.
+func sumCounts(run *v1alpha1.ProcessingRun, shards []shardDecision, finished bool) counts {
+	var sum counts
+	for _, d := range shards {
+		sum = sum.add(d.counts)
+	}
+	if run.Spec.Batch.Items != nil {
+		// Inline: every declared item counts, duplicates included.
+		sum.Total = int64(len(run.Spec.Batch.Items))
+	}
+	if !finished {
+		sum = sum.maxEach(countsOfStatus(&run.Status))
+	}
+	return sum
+}
+
+// decideRun is the run's phase and outcome from its shards. A finished run
+// stays finished.
+func decideRun(run *v1alpha1.ProcessingRun, shards []shardDecision, started bool) runOutcome {
+	if c := finishedCondition(&run.Status); c != nil {
+		o := runOutcome{phase: run.Status.Phase, reason: c.Reason, message: c.Message, finished: true, finishedBefore: true}
+		allFinal := true
+		for _, d := range shards {
+			allFinal = allFinal && d.final
+		}
+		o.counts = sumCounts(run, shards, allFinal)
+		return o
+	}
+	for _, d := range shards {
+		if d.failure != nil {
+			return runOutcome{phase: v1alpha1.RunFailed, reason: d.failure.reason, message: d.failure.message,
+				finished: true, counts: sumCounts(run, shards, false)}
+		}
+	}
+	done := 0
+	for _, d := range shards {
+		if d.phase == v1alpha1.ShardSucceeded {
+			done++
+		}
+	}
+	if done == len(shards) {
+		c := sumCounts(run, shards, true)
+		if c.Failed > run.Spec.MaxFailedItems {
+			return runOutcome{phase: v1alpha1.RunFailed, reason: ReasonTooManyFailedItems, finished: true, counts: c,
+				message: fmt.Sprintf("%d items failed, more than maxFailedItems (%d); the shards' messages say why",
+					c.Failed, run.Spec.MaxFailedItems)}
+		}
+		return runOutcome{phase: v1alpha1.RunSucceeded, reason: ReasonSucceeded, finished: true, counts: c,
+			message: fmt.Sprintf("%d items: %d completed, %d already handled, %d failed",
+				c.Total, c.Completed, c.AlreadyHandled, c.Failed)}
+	}
+	o := runOutcome{phase: v1alpha1.RunRunning, counts: sumCounts(run, shards, false)}
+	switch {
+	case run.Spec.Suspend:
+		o.phase = v1alpha1.RunSuspended
+	case !started:
+		o.phase = v1alpha1.RunPending
+	}
+	return o
+}
+
+// statusInput is what buildStatus needs beyond the run itself.
+type statusInput struct {
+	shards  []shardDecision
+	outcome runOutcome
+	// stalled is the problem that keeps the run from progressing, if any.
+	stalled *problem
+	// startTime is when the first pod was created, nil before.
+	startTime *metav1.Time
+	now       time.Time
+}
+
+// buildStatus is the status the run should have. It starts from the current
+// one, so the workers' fields are kept and conditions keep their transition
+// times, and rewrites every field the controller owns.
+func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.ProcessingRunStatus {
+	st := *run.Status.DeepCopy()
+	o := in.outcome
+	st.ObservedGeneration = run.Generation
+	st.Phase = o.phase
+	st.Total, st.Completed, st.AlreadyHandled, st.Failed = o.counts.Total, o.counts.Completed, o.counts.AlreadyHandled, o.counts.Failed
+	st.StartTime = in.startTime
+	if o.finished && st.CompletionTime == nil {
+		st.CompletionTime = &metav1.Time{Time: in.now}
+	}
+	if !o.finished {
+		st.CompletionTime = nil
+	}
+
+	entries := make(map[int32]v1alpha1.ShardStatus, len(st.Shards))
+	for _, e := range st.Shards {
+		entries[e.Index] = e
+	}
+	st.Shards = make([]v1alpha1.ShardStatus, 0, len(in.shards))
+	for _, d := range in.shards {
+		e := entries[d.index]
+		e.Index = d.index
+		e.Pod = d.pod
+		e.Phase = d.phase
+		if o.finished && d.phase == v1alpha1.ShardRetrying {
+			// No retry comes after the run is finished.
+			e.Phase = v1alpha1.ShardFailed
+		}
+		if d.final {
+			// Restore the final report in case the worker's last status
+			// write was lost (the termination message survived it).
+			e.Total, e.Completed, e.AlreadyHandled, e.Failed = d.counts.Total, d.counts.Completed, d.counts.AlreadyHandled, d.counts.Failed
+			if d.report != nil {
+				e.Attempt = d.report.Attempt
+				e.Message = d.report.Message
+			}
+		}
+		st.Shards = append(st.Shards, e)
+	}
+
+	st.Conditions = buildConditions(run, in)
+	return st
+}
+
+// buildConditions are the run's conditions: Complete, Failed and Suspended
+// as batch/v1 Job has them; Ready, Reconciling and Stalled as kstatus reads
+// them (Reconciling and Stalled are present only when True).
+func buildConditions(run *v1alpha1.ProcessingRun, in statusInput) []metav1.Condition {
+	conds := make([]metav1.Condition, 0, len(run.Status.Conditions)+3)
+	for _, c := range run.Status.Conditions {
+		conds = append(conds, *c.DeepCopy())
+	}
+	gen := run.Generation
+	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
+		meta.SetStatusCondition(&conds, metav1.Condition{
+			Type: t, Status: s, Reason: reason, Message: truncateMessage(msg), ObservedGeneration: gen,
+		})
+	}
+	unset := func(t string) { meta.RemoveStatusCondition(&conds, t) }
+	o := in.outcome
+
+	if o.finishedBefore {
+		// Sticky: only the generation moves.
+		for i := range conds {
+			conds[i].ObservedGeneration = gen
+		}
+		return conds
+	}
+
+	switch {
+	case o.finished && o.phase == v1alpha1.RunSucceeded:
+		set(v1alpha1.ConditionComplete, metav1.ConditionTrue, o.reason, o.message)
+		set(v1alpha1.ConditionReady, metav1.ConditionTrue, o.reason, o.message)
+		unset(v1alpha1.ConditionReconciling)
+		unset(v1alpha1.ConditionStalled)
+	case o.finished:
+		set(v1alpha1.ConditionFailed, metav1.ConditionTrue, o.reason, o.message)
+		set(v1alpha1.ConditionReady, metav1.ConditionFalse, o.reason, o.message)
+		set(v1alpha1.ConditionStalled, metav1.ConditionTrue, o.reason, o.message)
+		unset(v1alpha1.ConditionReconciling)
+	case o.phase == v1alpha1.RunSuspended:
+		msg := fmt.Sprintf("suspended with %s; set spec.suspend to false to resume", progress(in.shards))
+		set(v1alpha1.ConditionSuspended, metav1.ConditionTrue, ReasonSuspended, msg)
+		set(v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonSuspended, msg)
+		unset(v1alpha1.ConditionStalled)
+		if live := liveShards(in.shards); live > 0 {
+			set(v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonSuspending,
+				fmt.Sprintf("waiting for %d worker pods to stop", live))
+		} else {
+			unset(v1alpha1.ConditionReconciling)
+		}
+	default:
+		if c := meta.FindStatusCondition(conds, v1alpha1.ConditionSuspended); c != nil && c.Status == metav1.ConditionTrue {
+			set(v1alpha1.ConditionSuspended, metav1.ConditionFalse, ReasonResumed, "resumed")
+		}
+		reason := ReasonRunning
+		if o.phase == v1alpha1.RunPending {
+			reason = ReasonPending
+		}
+		msg := progress(in.shards)
+		if in.stalled != nil {
+			set(v1alpha1.ConditionStalled, metav1.ConditionTrue, in.stalled.reason, in.stalled.message)
+			set(v1alpha1.ConditionReady, metav1.ConditionFalse, in.stalled.reason, in.stalled.message)
+			unset(v1alpha1.ConditionReconciling)
+		} else {
+			set(v1alpha1.ConditionReconciling, metav1.ConditionTrue, reason, msg)
+			set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg)
+			unset(v1alpha1.ConditionStalled)
+		}
+	}
+	return conds
+}
+
+func liveShards(shards []shardDecision) int {
+	n := 0
+	for _, d := range shards {
+		n += d.live
+	}
+	return n
+}
+
+// progress is a short summary such as "2/4 shards succeeded, 1 running, 1
+// retrying".
+func progress(shards []shardDecision) string {
+	var succeeded, running, retrying, pending int
+	for _, d := range shards {
+		switch d.phase {
+		case v1alpha1.ShardSucceeded:
+			succeeded++
+		case v1alpha1.ShardRunning:
+			running++
+		case v1alpha1.ShardRetrying:
+			retrying++
+		default:
+			pending++
+		}
+	}
+	msg := fmt.Sprintf("%d/%d shards succeeded", succeeded, len(shards))
+	for _, p := range []struct {
+		n    int
+		what string
+	}{{running, "running"}, {retrying, "retrying"}, {pending, "pending"}} {
+		if p.n > 0 {
+			msg += fmt.Sprintf(", %d %s", p.n, p.what)
+		}
+	}
+	return msg
+}
+
+// maxConditionMessage is the API's limit on a condition message.
+const maxConditionMessage = 32768
+
+func truncateMessage(s string) string {
+	if len(s) <= maxConditionMessage {
+		return s
+	}
+	return s[:maxConditionMessage-len("…")] + "…"
+}

@@ -1,0 +1,258 @@
+package controllers
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+func runKey(ns, name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: ns, Name: name}
+}
+
+func shard(i int32, phase v1alpha1.ShardPhase, c counts) shardDecision {
+	return shardDecision{index: i, phase: phase, counts: c, final: phase == v1alpha1.ShardSucceeded,
+		pod: v1alpha1.PodName("invoices", i, 0)}
+}
+
+func cond(t *testing.T, st v1alpha1.ProcessingRunStatus, typ string) *metav1.Condition {
+	t.Helper()
+	return meta.FindStatusCondition(st.Conditions, typ)
+}
+
+func requireCond(t *testing.T, st v1alpha1.ProcessingRunStatus, typ string, status metav1.ConditionStatus, reason string) {
+	t.Helper()
+	c := cond(t, st, typ)
+	require.NotNil(t, c, "condition %s", typ)
+	require.Equal(t, status, c.Status, "condition %s", typ)
+	require.Equal(t, reason, c.Reason, "condition %s", typ)
+}
+
+func TestDecideRunAndStatus(t *testing.T) {
+	now := t0
+	started := &metav1.Time{Time: t0.Add(-time.Minute)}
+	tests := []struct {
+		name    string
+		mutate  func(*v1alpha1.ProcessingRun)
+		shards  []shardDecision
+		started *metav1.Time
+		stalled *problem
+		check   func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus)
+	}{
+		{
+			name:   "nothing created yet: Pending, Reconciling",
+			shards: []shardDecision{shard(0, v1alpha1.ShardPending, counts{})},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, v1alpha1.RunPending, st.Phase)
+				requireCond(t, st, v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonPending)
+				requireCond(t, st, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonPending)
+				require.Nil(t, cond(t, st, v1alpha1.ConditionStalled))
+				require.Nil(t, st.StartTime)
+				require.Equal(t, int64(1), st.ObservedGeneration)
+			},
+		},
+		{
+			name:    "running: totals add up the shards",
+			started: started,
+			shards: []shardDecision{
+				shard(0, v1alpha1.ShardSucceeded, counts{Total: 5, Completed: 3, AlreadyHandled: 2}),
+				shard(1, v1alpha1.ShardRunning, counts{Total: 6, Completed: 1}),
+			},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, v1alpha1.RunRunning, st.Phase)
+				require.Equal(t, counts{Total: 11, Completed: 4, AlreadyHandled: 2}, countsOfStatus(&st))
+				requireCond(t, st, v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonRunning)
+				require.Equal(t, "1/2 shards succeeded, 1 running", cond(t, st, v1alpha1.ConditionReconciling).Message)
+				require.Equal(t, started, st.StartTime)
+				require.Nil(t, st.CompletionTime)
+				require.Len(t, st.Shards, 2)
+				require.Equal(t, v1alpha1.ShardRunning, st.Shards[1].Phase)
+				require.Equal(t, "invoices-1-0", st.Shards[1].Pod)
+			},
+		},
+		{
+			name:    "inline items: total is the declared count from the start",
+			started: started,
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.Batch = v1alpha1.BatchSpec{Items: make([]v1alpha1.Item, 7)}
+			},
+			shards: []shardDecision{shard(0, v1alpha1.ShardRunning, counts{Total: 3, Completed: 1})},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, int64(7), st.Total)
+			},
+		},
+		{
+			name:    "counts never go down while running",
+			started: started,
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Status.Total, r.Status.Completed, r.Status.Failed = 10, 8, 1
+			},
+			shards: []shardDecision{shard(0, v1alpha1.ShardRunning, counts{Total: 10, Completed: 2})},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, counts{Total: 10, Completed: 8, Failed: 1}, countsOfStatus(&st))
+			},
+		},
+		{
+			name:    "all shards succeeded: Complete and Ready, exact totals",
+			started: started,
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Status.Total, r.Status.Completed, r.Status.Failed = 10, 8, 3 // an earlier attempt's failures
+				r.Spec.MaxFailedItems = 1
+			},
+			shards: []shardDecision{
+				shard(0, v1alpha1.ShardSucceeded, counts{Total: 4, Completed: 4}),
+				shard(1, v1alpha1.ShardSucceeded, counts{Total: 6, Completed: 4, AlreadyHandled: 1, Failed: 1}),
+			},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, v1alpha1.RunSucceeded, st.Phase)
+				require.Equal(t, counts{Total: 10, Completed: 8, AlreadyHandled: 1, Failed: 1}, countsOfStatus(&st))
+				requireCond(t, st, v1alpha1.ConditionComplete, metav1.ConditionTrue, ReasonSucceeded)
+				requireCond(t, st, v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonSucceeded)
+				require.Nil(t, cond(t, st, v1alpha1.ConditionReconciling))
+				require.Nil(t, cond(t, st, v1alpha1.ConditionStalled))
+				require.Nil(t, cond(t, st, v1alpha1.ConditionFailed))
+				require.Equal(t, now, st.CompletionTime.Time)
+				require.Equal(t, "10 items: 8 completed, 1 already handled, 1 failed", cond(t, st, v1alpha1.ConditionComplete).Message)
+			},
+		},
+		{
+			name:    "all shards done but too many failed items across shards: Failed",
+			started: started,
+			shards: []shardDecision{
+				shard(0, v1alpha1.ShardSucceeded, counts{Total: 4, Completed: 3, Failed: 1}),
+			},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, v1alpha1.RunFailed, st.Phase)
+				requireCond(t, st, v1alpha1.ConditionFailed, metav1.ConditionTrue, ReasonTooManyFailedItems)
+				requireCond(t, st, v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonTooManyFailedItems)
+				requireCond(t, st, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonTooManyFailedItems)
+			},
+		},
+		{
+			name:    "a shard failed for good: Failed with its message, retrying shards shown Failed",
+			started: started,
+			shards: []shardDecision{
+				{index: 0, phase: v1alpha1.ShardFailed, final: true, failure: &shardFailure{reason: ReasonBackoffLimitExceeded, message: "shard 0 failed 4 times"}},
+				shard(1, v1alpha1.ShardRetrying, counts{}),
+			},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, v1alpha1.RunFailed, st.Phase)
+				requireCond(t, st, v1alpha1.ConditionFailed, metav1.ConditionTrue, ReasonBackoffLimitExceeded)
+				require.Equal(t, "shard 0 failed 4 times", cond(t, st, v1alpha1.ConditionFailed).Message)
+				require.Equal(t, v1alpha1.ShardFailed, st.Shards[1].Phase)
+				require.NotNil(t, st.CompletionTime)
+			},
+		},
+		{
+			name:    "stalled: Stalled instead of Reconciling",
+			stalled: &problem{reason: ReasonSecretNotFound, message: `Secret "db" not found`},
+			shards:  []shardDecision{shard(0, v1alpha1.ShardPending, counts{})},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, v1alpha1.RunPending, st.Phase)
+				requireCond(t, st, v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonSecretNotFound)
+				requireCond(t, st, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonSecretNotFound)
+				require.Nil(t, cond(t, st, v1alpha1.ConditionReconciling))
+			},
+		},
+		{
+			name:    "suspended",
+			started: started,
+			mutate:  func(r *v1alpha1.ProcessingRun) { r.Spec.Suspend = true },
+			shards:  []shardDecision{shard(0, v1alpha1.ShardPending, counts{Total: 3, Completed: 1})},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, v1alpha1.RunSuspended, st.Phase)
+				requireCond(t, st, v1alpha1.ConditionSuspended, metav1.ConditionTrue, ReasonSuspended)
+				requireCond(t, st, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonSuspended)
+				require.Nil(t, cond(t, st, v1alpha1.ConditionReconciling))
+				require.Equal(t, int64(1), st.Completed)
+			},
+		},
+		{
+			name:    "resumed",
+			started: started,
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionSuspended, Status: metav1.ConditionTrue, Reason: ReasonSuspended}}
+			},
+			shards: []shardDecision{shard(0, v1alpha1.ShardPending, counts{})},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, v1alpha1.RunRunning, st.Phase)
+				requireCond(t, st, v1alpha1.ConditionSuspended, metav1.ConditionFalse, ReasonResumed)
+				requireCond(t, st, v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonRunning)
+			},
+		},
+		{
+			name:    "finished is sticky",
+			started: started,
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Status.Phase = v1alpha1.RunSucceeded
+				r.Status.CompletionTime = &metav1.Time{Time: t0.Add(-time.Hour)}
+				r.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionComplete, Status: metav1.ConditionTrue, Reason: ReasonSucceeded}}
+				r.Generation = 2
+			},
+			shards: []shardDecision{shard(0, v1alpha1.ShardPending, counts{})},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, v1alpha1.RunSucceeded, st.Phase)
+				require.Equal(t, t0.Add(-time.Hour), st.CompletionTime.Time)
+				require.Len(t, st.Conditions, 1)
+				require.Equal(t, int64(2), st.Conditions[0].ObservedGeneration)
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run := testRun()
+			run.Spec.Workers = int32(len(tt.shards))
+			if tt.mutate != nil {
+				tt.mutate(run)
+			}
+			o := decideRun(run, tt.shards, tt.started != nil)
+			st := buildStatus(run, statusInput{shards: tt.shards, outcome: o, stalled: tt.stalled, startTime: tt.started, now: now})
+			tt.check(t, o, st)
+		})
+	}
+}
+
+func TestBuildStatusKeepsWorkerFieldsAndTransitionTimes(t *testing.T) {
+	run := testRun()
+	run.Spec.Workers = 1
+	old := metav1.NewTime(t0.Add(-time.Hour))
+	run.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReconciling, Status: metav1.ConditionTrue,
+		Reason: ReasonRunning, LastTransitionTime: old}}
+	rt := metav1.NewTime(t0)
+	run.Status.Shards = []v1alpha1.ShardStatus{{Index: 0, Attempt: 0, Completed: 3, Total: 9, Message: "working", LastReportTime: &rt}}
+	d := shard(0, v1alpha1.ShardRunning, counts{Total: 9, Completed: 3})
+	st := buildStatus(run, statusInput{shards: []shardDecision{d}, outcome: decideRun(run, []shardDecision{d}, true),
+		startTime: &metav1.Time{Time: t0}, now: t0})
+	require.Equal(t, old, cond(t, st, v1alpha1.ConditionReconciling).LastTransitionTime)
+	require.Equal(t, "working", st.Shards[0].Message)
+	require.Equal(t, &rt, st.Shards[0].LastReportTime)
+	require.Equal(t, int64(3), st.Shards[0].Completed)
+
+	// A finished shard's entry gets the final report when the worker's
+	// last status write was lost.
+	d = shardDecision{index: 0, phase: v1alpha1.ShardSucceeded, final: true, counts: counts{Total: 9, Completed: 9},
+		report: &v1alpha1.ShardReport{Shard: 0, Attempt: 0, Total: 9, Completed: 9, Message: "done"}}
+	st = buildStatus(run, statusInput{shards: []shardDecision{d}, outcome: decideRun(run, []shardDecision{d}, true), now: t0})
+	require.Equal(t, int64(9), st.Shards[0].Completed)
+	require.Equal(t, "done", st.Shards[0].Message)
+	require.Equal(t, int64(9), st.Completed)
+
+	ac := statusApplyConfiguration(run, &st, []shardDecision{d})
+	require.Equal(t, int64(9), *ac.Status.Shards[0].Completed)
+	require.Nil(t, ac.Status.Shards[0].LastReportTime, "the controller never applies the worker's report time")
+}
+
+func TestCountsOnlyChange(t *testing.T) {
+	a := v1alpha1.ProcessingRunStatus{Phase: v1alpha1.RunRunning, Completed: 1}
+	b := a
+	b.Completed = 5
+	require.True(t, countsOnlyChange(&a, &b))
+	b.Phase = v1alpha1.RunSucceeded
+	require.False(t, countsOnlyChange(&a, &b))
+}

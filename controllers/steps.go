@@ -1,0 +1,390 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// observe reads the run's pods from the cache and decides, per shard, what
+// they mean and what to do (decideShard), then what that means for the run
+// (decideRun).
+func (r *Reconciler) observe(ctx context.Context, s *scope) error {
+	run := s.run
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(run.Namespace), client.MatchingFields{podOwnerKey: run.Name}); err != nil {
+		return fmt.Errorf("list pods: %w", err)
+	}
+	n := shardCount(run)
+	byShard := make([][]podInfo, n)
+	s.startTime = run.Status.StartTime
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if pod.Labels[v1alpha1.LabelRunUID] != string(run.UID) {
+			continue // a pod of an earlier run of the same name, on its way out
+		}
+		shard, err := strconv.ParseInt(pod.Labels[v1alpha1.LabelShard], 10, 32)
+		if err != nil || shard < 0 || shard >= int64(n) {
+			continue
+		}
+		info, ok := observePod(pod, int32(shard))
+		if !ok {
+			continue
+		}
+		byShard[shard] = append(byShard[shard], info)
+		if s.startTime == nil || pod.CreationTimestamp.Before(s.startTime) {
+			s.startTime = pod.CreationTimestamp.DeepCopy()
+		}
+	}
+
+	entries := make(map[int32]*v1alpha1.ShardStatus, len(run.Status.Shards))
+	for i := range run.Status.Shards {
+		entries[run.Status.Shards[i].Index] = &run.Status.Shards[i]
+	}
+	s.inputs = make([]shardInput, n)
+	for i := range n {
+		in := shardInput{runName: run.Name, index: i, pods: byShard[i], entry: entries[i], recordedAttempt: -1}
+		if in.entry != nil && in.entry.Pod != "" {
+			in.recordedAttempt = attemptOfPodName(in.entry.Pod, i)
+		}
+		cached := int32(-1)
+		for _, p := range in.pods {
+			cached = max(cached, p.attempt)
+		}
+		if pending, ok := r.expectations.pending(s.key, run.UID, i, cached); ok {
+			// Created by this process, not in the cache yet: wait for it.
+			in.recordedAttempt = max(in.recordedAttempt, pending)
+		} else if in.recordedAttempt > cached {
+			gone, err := r.podGone(ctx, run, in.entry.Pod)
+			if err != nil {
+				return err
+			}
+			in.recordedGone = gone
+		}
+		s.inputs[i] = in
+	}
+
+	finishedBefore := finishedCondition(&run.Status) != nil
+	s.shards = r.decideShards(s, finishedBefore)
+	s.outcome = decideRun(run, s.shards, s.startTime != nil)
+	if s.outcome.finished && !finishedBefore {
+		// The run just finished: no more pods, and the live ones stop.
+		s.shards = r.decideShards(s, true)
+	}
+	return nil
+}
+
+func (r *Reconciler) decideShards(s *scope, stopped bool) []shardDecision {
+	p := shardPolicy{
+		backoffLimit: 3,
+		backoffBase:  r.BackoffBase,
+		backoffMax:   r.BackoffMax,
+		suspended:    s.run.Spec.Suspend,
+		stopped:      stopped,
+	}
+	if s.run.Spec.BackoffLimit != nil {
+		p.backoffLimit = *s.run.Spec.BackoffLimit
+	}
+	out := make([]shardDecision, len(s.inputs))
+	for i, in := range s.inputs {
+		out[i] = decideShard(in, p, s.now)
+	}
+	return out
+}
+
+// podGone asks the API server (not the cache) whether a recorded pod still
+// exists. A pod of the same name that belongs to another run counts as
+// existing: nothing is created under its name until it is gone.
+func (r *Reconciler) podGone(ctx context.Context, run *v1alpha1.ProcessingRun, name string) (bool, error) {
+	pod := &metav1.PartialObjectMetadata{}
+	pod.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Pod"))
+	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: run.Namespace, Name: name}, pod)
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("get pod %s: %w", name, err)
+	default:
+		return false, nil
+	}
+}
+
+// checkDependencies makes sure a pod can start before creating it: a valid
+// image, the Secret, the ConfigMap and the ServiceAccount exist. A missing
+// one stalls the run (condition and Event) and no pod is created, so nothing
+// crash-loops; the run looks again every DependencyRetry.
+func (r *Reconciler) checkDependencies(ctx context.Context, s *scope) error {
+	for _, d := range s.shards {
+		if d.startProblem != "" {
+			s.stalled = &problem{reason: ReasonWorkerNotStarting, message: d.startProblem}
+			s.requeueIn(r.DependencyRetry)
+		}
+	}
+	if !s.needsPods() {
+		return nil
+	}
+	p, err := r.dependencyProblem(ctx, s.run)
+	if err != nil {
+		return err
+	}
+	if p != nil {
+		s.stalled = p
+		for i := range s.shards {
+			s.shards[i].create = nil
+		}
+		s.requeueIn(r.DependencyRetry)
+	}
+	return nil
+}
+
+func (r *Reconciler) dependencyProblem(ctx context.Context, run *v1alpha1.ProcessingRun) (*problem, error) {
+	if err := validateImage(workerImage(run, r.Pods)); err != nil {
+		return &problem{reason: ReasonInvalidImage, message: err.Error() +
+			": fix spec.workerTemplate.image or the manager's --worker-image"}, nil
+	}
+	ns := run.Namespace
+
+	ref := run.Spec.Database.SecretRef
+	found, err := r.exists(ctx, "Secret", client.ObjectKey{Namespace: ns, Name: ref.Name})
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return &problem{reason: ReasonSecretNotFound, message: fmt.Sprintf(
+			"Secret %q not found in namespace %q: create it with the key %q holding the ledger's PostgreSQL connection string",
+			ref.Name, ns, ref.Key)}, nil
+	}
+
+	if cm := run.Spec.Batch.ConfigMapRef; cm != nil {
+		var obj corev1.ConfigMap
+		err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: cm.Name}, &obj)
+		switch {
+		case apierrors.IsNotFound(err):
+			return &problem{reason: ReasonConfigMapNotFound, message: fmt.Sprintf(
+				"ConfigMap %q not found in namespace %q: create it with the key %q holding the batch as JSON Lines",
+				cm.Name, ns, cm.Key)}, nil
+		case err != nil:
+			return nil, fmt.Errorf("get configmap %s: %w", cm.Name, err)
+		}
+		_, inData := obj.Data[cm.Key]
+		_, inBinary := obj.BinaryData[cm.Key]
+		if !inData && !inBinary {
+			return &problem{reason: ReasonConfigMapKeyNotFound, message: fmt.Sprintf(
+				"ConfigMap %q in namespace %q has no key %q: add the batch as JSON Lines under that key",
+				cm.Name, ns, cm.Key)}, nil
+		}
+	}
+
+	if sa := r.serviceAccount(run); sa != "" {
+		found, err := r.exists(ctx, "ServiceAccount", client.ObjectKey{Namespace: ns, Name: sa})
+		if err != nil {
+			return nil, err
+		}
+		if !found {
+			return &problem{reason: ReasonServiceAccountNotFound, message: fmt.Sprintf(
+				"ServiceAccount %q not found in namespace %q: create it and bind it to the ClusterRole runledger-worker with a RoleBinding (see config/samples)",
+				sa, ns)}, nil
+		}
+	}
+	return nil, nil
+}
+
+func (r *Reconciler) serviceAccount(run *v1alpha1.ProcessingRun) string {
+	if t := run.Spec.WorkerTemplate; t != nil && t.ServiceAccountName != "" {
+		return t.ServiceAccountName
+	}
+	return r.Pods.ServiceAccountName
+}
+
+// exists reads only the metadata of a core object, from the API server: for
+// a Secret, its data never reaches the controller.
+func (r *Reconciler) exists(ctx context.Context, kind string, key client.ObjectKey) (bool, error) {
+	obj := &metav1.PartialObjectMetadata{}
+	obj.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind(kind))
+	err := r.APIReader.Get(ctx, key, obj)
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("get %s %s: %w", kind, key.Name, err)
+	}
+	return true, nil
+}
+
+// syncPods deletes the pods that must stop and creates the ones decided.
+func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
+	for i := range s.shards {
+		d := &s.shards[i]
+		for _, pod := range d.deletePods {
+			if err := r.deletePod(ctx, s, pod); err != nil {
+				return err
+			}
+		}
+		if d.waitForCache {
+			s.requeueIn(cacheWaitRequeue)
+		}
+		if d.create == nil && !d.retryAt.IsZero() && s.now.Before(d.retryAt) && !s.outcome.finished {
+			s.requeueIn(d.retryAt.Sub(s.now))
+		}
+		if d.create != nil {
+			if err := r.createPod(ctx, s, d); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) createPod(ctx context.Context, s *scope, d *shardDecision) error {
+	attempt := *d.create
+	d.create = nil
+	pod, err := buildWorkerPod(s.run, d.index, attempt, d.createFloor, r.Pods)
+	if err != nil {
+		return err
+	}
+	logger := log.FromContext(ctx).WithValues("pod", klog.KObj(pod), "shard", d.index, "attempt", attempt)
+	r.expectations.expectCreate(s.key, s.run.UID, d.index, attempt)
+	err = r.Client.Create(ctx, pod)
+	switch {
+	case err == nil:
+	case apierrors.IsAlreadyExists(err):
+		// Ours, not yet in the cache, or an earlier run's of the same name
+		// still being deleted: look again shortly.
+		r.expectations.cancel(s.key, d.index)
+		s.requeueIn(cacheWaitRequeue)
+		logger.V(1).Info("worker pod already exists")
+		return nil
+	case apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsNotFound(err):
+		// Admission said no (quota, pod security, a missing service
+		// account, a terminating namespace): someone has to act.
+		r.expectations.cancel(s.key, d.index)
+		s.stalled = &problem{reason: ReasonPodCreateFailed, message: fmt.Sprintf("cannot create pod %s: %v", pod.Name, err)}
+		s.requeueIn(r.DependencyRetry)
+		logger.Info("worker pod rejected", "error", err.Error())
+		return nil
+	default:
+		r.expectations.cancel(s.key, d.index)
+		return fmt.Errorf("create pod %s: %w", pod.Name, err)
+	}
+	podsCreated.Inc()
+	if s.startTime == nil {
+		s.startTime = &metav1.Time{Time: s.now}
+	}
+	d.phase = v1alpha1.ShardPending
+	d.pod = pod.Name
+	d.retryAt = time.Time{}
+	note := fmt.Sprintf("Created pod %s for shard %d", pod.Name, d.index)
+	if d.failures > 0 {
+		note += fmt.Sprintf(" (retry %d of %d)", d.failures, backoffLimitOf(s.run))
+	}
+	r.event(s.run, pod, corev1.EventTypeNormal, "PodCreated", "CreatePod", note)
+	logger.Info("created worker pod")
+	return nil
+}
+
+func backoffLimitOf(run *v1alpha1.ProcessingRun) int32 {
+	if run.Spec.BackoffLimit != nil {
+		return *run.Spec.BackoffLimit
+	}
+	return 3
+}
+
+func (r *Reconciler) deletePod(ctx context.Context, s *scope, pod *corev1.Pod) error {
+	err := r.Client.Delete(ctx, pod, client.Preconditions{UID: &pod.UID})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete pod %s: %w", pod.Name, err)
+	}
+	why := "the run is suspended"
+	if s.outcome.finished {
+		why = "the run is finished"
+	}
+	r.event(s.run, pod, corev1.EventTypeNormal, "PodDeleted", "DeletePod", fmt.Sprintf("Deleted pod %s: %s", pod.Name, why))
+	log.FromContext(ctx).Info("deleted worker pod", "pod", klog.KObj(pod), "reason", why)
+	return nil
+}
+
+// writeStatus rebuilds the status and writes it, by server-side apply of the
+// controller's fields only, when it differs from what the run shows. Writes
+// that only move counts are spaced by StatusInterval.
+func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
+	run := s.run
+	s.outcome = decideRun(run, s.shards, s.startTime != nil)
+	desired := buildStatus(run, statusInput{
+		shards: s.shards, outcome: s.outcome, stalled: s.stalled, startTime: s.startTime, now: s.now,
+	})
+	if equality.Semantic.DeepEqual(run.Status, desired) {
+		return nil
+	}
+	if r.StatusInterval > 0 && countsOnlyChange(&run.Status, &desired) {
+		if last, ok := r.lastWrites.Load(run.UID); ok {
+			if wait := last.(time.Time).Add(r.StatusInterval).Sub(s.now); wait > 0 {
+				s.requeueIn(wait)
+				return nil
+			}
+		}
+	}
+	ac := statusApplyConfiguration(run, &desired, s.shards)
+	if err := r.Client.Status().Apply(ctx, ac, client.FieldOwner(v1alpha1.ControllerFieldManager), client.ForceOwnership); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil // deleted meanwhile
+		}
+		return fmt.Errorf("apply status: %w", err)
+	}
+	r.lastWrites.Store(run.UID, s.now)
+	recordItems(countsOfStatus(&run.Status), countsOfStatus(&desired))
+	r.transitionEvents(ctx, s, &run.Status, &desired)
+	return nil
+}
+
+// countsOnlyChange reports whether two statuses differ only in the run's
+// counts.
+func countsOnlyChange(old, desired *v1alpha1.ProcessingRunStatus) bool {
+	c := desired.DeepCopy()
+	c.Total, c.Completed, c.AlreadyHandled, c.Failed = old.Total, old.Completed, old.AlreadyHandled, old.Failed
+	return equality.Semantic.DeepEqual(*old, *c)
+}
+
+// expireTTL deletes a finished run once ttlSecondsAfterFinished has passed,
+// and otherwise says how long to wait. It re-reads the run from the API
+// server first: the TTL may have been changed.
+func (r *Reconciler) expireTTL(ctx context.Context, run *v1alpha1.ProcessingRun) (bool, time.Duration, error) {
+	ttl := run.Spec.TTLSecondsAfterFinished
+	if ttl == nil || finishedCondition(&run.Status) == nil || run.Status.CompletionTime == nil {
+		return false, 0, nil
+	}
+	now := r.Clock.Now()
+	expireAt := run.Status.CompletionTime.Add(time.Duration(*ttl) * time.Second)
+	if now.Before(expireAt) {
+		return false, expireAt.Sub(now), nil
+	}
+	fresh := &v1alpha1.ProcessingRun{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(run), fresh); err != nil {
+		return false, 0, client.IgnoreNotFound(err)
+	}
+	ttl = fresh.Spec.TTLSecondsAfterFinished
+	if fresh.UID != run.UID || ttl == nil || fresh.Status.CompletionTime == nil ||
+		now.Before(fresh.Status.CompletionTime.Add(time.Duration(*ttl)*time.Second)) {
+		return false, time.Second, nil // changed meanwhile: look again
+	}
+	err := r.Client.Delete(ctx, fresh, client.Preconditions{UID: &fresh.UID},
+		client.PropagationPolicy(metav1.DeletePropagationBackground))
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return false, 0, fmt.Errorf("delete expired run: %w", err)
+	}
+	log.FromContext(ctx).Info("deleted finished run: ttlSecondsAfterFinished passed", "ttlSeconds", *ttl)
+	return true, 0, nil
+}

@@ -1,0 +1,155 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/controllers"
+)
+
+type managerOptions struct {
+	leaderElect             bool
+	leaderElectionNamespace string
+	leaderElectionID        string
+	metricsAddr             string
+	metricsSecure           bool
+	probeAddr               string
+	workerImage             string
+	workerServiceAccount    string
+	workerPullPolicy        string
+	backoffBase             time.Duration
+	backoffMax              time.Duration
+	concurrency             int
+	zap                     zap.Options
+}
+
+func newManagerCommand() *cobra.Command {
+	o := &managerOptions{zap: zap.Options{Development: false}}
+	cmd := &cobra.Command{
+		Use:   "manager",
+		Short: "Run the ProcessingRun controller (leader-elected): one worker pod per shard, exact status",
+		Long: `Run the controller of ProcessingRuns (processing.runledger.dev/v1alpha1).
+
+For each run it creates one worker pod per shard (named <run>-<shard>-<attempt>),
+replaces failed ones after an exponential back-off up to spec.backoffLimit,
+and keeps the run's status (phase, totals, conditions) from its pods and the
+workers' reports. Leader election is on by default, so several replicas can
+run; only the leader acts.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runManager(cmd, o) },
+	}
+	f := cmd.Flags()
+	f.BoolVar(&o.leaderElect, "leader-elect", true, "elect a leader (a Lease) so that only one replica acts at a time")
+	f.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the manager pod's own namespace)")
+	f.StringVar(&o.leaderElectionID, "leader-election-id", "runledger-manager.processing.runledger.dev", "name of the leader election Lease")
+	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", `address of the Prometheus metrics endpoint ("0" disables it)`)
+	f.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS, to clients authorized by the API server (TokenReview and SubjectAccessReview)")
+	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
+	f.StringVar(&o.workerImage, "worker-image", "", "image of the worker pods (runs `runledger worker`); spec.workerTemplate.image overrides it per run")
+	f.StringVar(&o.workerServiceAccount, "worker-service-account", "runledger-worker", "service account of the worker pods, in each run's namespace; spec.workerTemplate.serviceAccountName overrides it")
+	f.StringVar(&o.workerPullPolicy, "worker-image-pull-policy", "", "imagePullPolicy of the worker container: Always, IfNotPresent or Never (default: Kubernetes' default for the tag)")
+	f.DurationVar(&o.backoffBase, "retry-backoff", controllers.DefaultBackoffBase, "back-off before a failed shard's first retry; it doubles with each failure")
+	f.DurationVar(&o.backoffMax, "retry-backoff-max", controllers.DefaultBackoffMax, "longest back-off between a shard's retries")
+	f.IntVar(&o.concurrency, "max-concurrent-reconciles", 4, "runs reconciled in parallel")
+
+	goFlags := flag.NewFlagSet("zap", flag.ContinueOnError)
+	o.zap.BindFlags(goFlags)
+	if kubeconfig := flag.CommandLine.Lookup(ctrlconfig.KubeconfigFlagName); kubeconfig != nil {
+		goFlags.Var(kubeconfig.Value, kubeconfig.Name, kubeconfig.Usage)
+	}
+	f.AddGoFlagSet(goFlags)
+	return cmd
+}
+
+func runManager(cmd *cobra.Command, o *managerOptions) error {
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zap)))
+	log := ctrl.Log.WithName("manager")
+
+	switch corev1.PullPolicy(o.workerPullPolicy) {
+	case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+	default:
+		return badInput(fmt.Errorf("--worker-image-pull-policy %q: want Always, IfNotPresent or Never", o.workerPullPolicy))
+	}
+	if o.workerImage == "" {
+		log.Info("no --worker-image: runs without spec.workerTemplate.image will stall until one is set")
+	}
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("scheme: %w", err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("scheme: %w", err)
+	}
+
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return badInput(fmt.Errorf("kubernetes client configuration: %w", err))
+	}
+
+	metrics := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure}
+	if o.metricsSecure {
+		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Cache:                         controllers.CacheOptions(),
+		Metrics:                       metrics,
+		HealthProbeBindAddress:        o.probeAddr,
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              o.leaderElectionID,
+		LeaderElectionNamespace:       o.leaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true, // the process exits right after: hand over at once
+	})
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+
+	r := &controllers.Reconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("runledger-controller"),
+		Pods: controllers.PodOptions{
+			Image:              o.workerImage,
+			ServiceAccountName: o.workerServiceAccount,
+			ImagePullPolicy:    corev1.PullPolicy(o.workerPullPolicy),
+		},
+		BackoffBase:    o.backoffBase,
+		BackoffMax:     o.backoffMax,
+		StatusInterval: controllers.DefaultStatusInterval,
+	}
+	if err := r.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: o.concurrency}); err != nil {
+		return fmt.Errorf("set up controller: %w", err)
+	}
+	if err := controllers.RegisterRunsMetric(mgr.GetCache()); err != nil {
+		return fmt.Errorf("register metrics: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return fmt.Errorf("add health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return fmt.Errorf("add readiness check: %w", err)
+	}
+
+	log.Info("starting manager", "leaderElect", o.leaderElect, "workerImage", o.workerImage,
+		"workerServiceAccount", o.workerServiceAccount)
+	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil && !errors.Is(err, cmd.Context().Err()) {
+		return fmt.Errorf("run manager: %w", err)
+	}
+	return nil
+}

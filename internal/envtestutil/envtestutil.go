@@ -1,0 +1,188 @@
+// Package envtestutil runs one real kube-apiserver (and etcd) per test
+// binary, from the binaries hack/k8s-bins.sh builds under bin/k8s/, with
+// runledger's CRDs installed, and gives each test its own namespace.
+//
+// Use it from TestMain, then call Get in the tests that need it; the
+// apiserver starts on first use, so unit tests of the same package pay
+// nothing:
+//
+//	func TestMain(m *testing.M) { envtestutil.Main(m) }
+//
+//	func TestSomething(t *testing.T) { env := envtestutil.Get(t); ... }
+//
+// KUBEBUILDER_ASSETS (set by `make test`) names the binaries' directory;
+// without it, hack/k8s-bins.sh is asked for it (and builds them once).
+package envtestutil
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// Env is a running kube-apiserver with runledger's CRDs.
+type Env struct {
+	Config *rest.Config
+	Scheme *k8sruntime.Scheme
+	// Client is an uncached client with full rights.
+	Client client.Client
+	env    *envtest.Environment
+	nsSeq  atomic.Int64
+}
+
+// RepoRoot is the repository's root directory.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Scheme has the core kinds and runledger's.
+func Scheme() (*k8sruntime.Scheme, error) {
+	s := k8sruntime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("add core kinds: %w", err)
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("add runledger kinds: %w", err)
+	}
+	return s, nil
+}
+
+// assetsDir is KUBEBUILDER_ASSETS, or what hack/k8s-bins.sh prints.
+func assetsDir() (string, error) {
+	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
+		return dir, nil
+	}
+	script := filepath.Join(RepoRoot(), "hack", "k8s-bins.sh")
+	cmd := exec.Command(script, "--print-dir", "kube-apiserver", "etcd", "kubectl")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("find envtest binaries with %s (or set KUBEBUILDER_ASSETS): %w", script, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Start starts etcd and kube-apiserver and installs the CRDs of
+// config/crd/bases.
+func Start() (*Env, error) {
+	dir, err := assetsDir()
+	if err != nil {
+		return nil, err
+	}
+	scheme, err := Scheme()
+	if err != nil {
+		return nil, err
+	}
+	te := &envtest.Environment{
+		BinaryAssetsDirectory:    dir,
+		CRDDirectoryPaths:        []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
+		ErrorIfCRDPathMissing:    true,
+		Scheme:                   scheme,
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	cfg, err := te.Start()
+	if err != nil {
+		return nil, fmt.Errorf("start envtest: %w", err)
+	}
+	cfg.QPS, cfg.Burst = 200, 400
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		_ = te.Stop()
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	return &Env{Config: cfg, Scheme: scheme, Client: c, env: te}, nil
+}
+
+// Stop stops kube-apiserver and etcd.
+func (e *Env) Stop() error {
+	if err := e.env.Stop(); err != nil {
+		return fmt.Errorf("stop envtest: %w", err)
+	}
+	return nil
+}
+
+var shared struct {
+	once sync.Once
+	env  *Env
+	err  error
+}
+
+// Get returns the test binary's Env, starting it on first use. It fails the
+// test when the apiserver cannot start.
+func Get(t testing.TB) *Env {
+	t.Helper()
+	shared.once.Do(func() { shared.env, shared.err = Start() })
+	if shared.err != nil {
+		t.Fatalf("envtest: %v", shared.err)
+	}
+	return shared.env
+}
+
+// Main runs the tests, then stops the Env if a test started it; it exits
+// the process.
+func Main(m *testing.M) {
+	code := m.Run()
+	if shared.env != nil {
+		if err := shared.env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "envtest:", err)
+		}
+	}
+	os.Exit(code)
+}
+
+// Namespace creates a namespace for one test, deleted when the test ends.
+func (e *Env) Namespace(t testing.TB) string {
+	t.Helper()
+	name := fmt.Sprintf("t%d-%s", e.nsSeq.Add(1), sanitize(t.Name()))
+	if len(name) > 63 {
+		name = strings.TrimRight(name[:63], "-")
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.Client.Create(ctx, ns); err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := e.Client.Delete(ctx, ns); err != nil && !apierrors.IsNotFound(err) {
+			t.Logf("delete namespace %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+func sanitize(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	return strings.Trim(b.String(), "-")
+}
