@@ -34,22 +34,30 @@ func (r *Reconciler) event(run *v1alpha1.ProcessingRun, related runtime.Object, 
 // the outcome.
 func (r *Reconciler) transitionEvents(ctx context.Context, s *scope, old, cur *v1alpha1.ProcessingRunStatus) {
 	run := s.run
-	oldPhases := make(map[int32]v1alpha1.ShardPhase, len(old.Shards))
+	oldEntries := make(map[int32]v1alpha1.ShardStatus, len(old.Shards))
 	for _, e := range old.Shards {
-		oldPhases[e.Index] = e.Phase
+		oldEntries[e.Index] = e
 	}
 	for _, d := range s.shards {
-		was := oldPhases[d.index]
-		switch {
-		case d.phase == v1alpha1.ShardRetrying && was != v1alpha1.ShardRetrying:
-			attemptsFailed.Inc()
-			r.event(run, nil, corev1.EventTypeWarning, "ShardFailed", "Retry", fmt.Sprintf(
-				"Shard %d failed (%d of %d allowed retries used): %s; retrying after %s",
-				d.index, d.failures, backoffLimitOf(run), d.lastFailure, d.retryAt.Sub(s.now).Round(100*time.Millisecond)))
-		case d.failure != nil && was != v1alpha1.ShardFailed:
-			attemptsFailed.Inc()
-			r.event(run, nil, corev1.EventTypeWarning, "ShardFailed", "Fail", d.failure.message)
+		// A failed attempt is announced once: when the status still shows
+		// its pod as pending or running.
+		was, ok := oldEntries[d.index]
+		if d.failedPod == "" || !ok || was.Pod != d.failedPod ||
+			was.Phase == v1alpha1.ShardRetrying || was.Phase == v1alpha1.ShardFailed {
+			continue
 		}
+		attemptsFailed.Inc()
+		note := fmt.Sprintf("Shard %d attempt %d failed: %s", d.index, d.failedAttempt, d.lastFailure)
+		switch {
+		case d.failure != nil:
+			note += "; not retried: " + d.failure.reason
+		case d.pod != d.failedPod:
+			note += fmt.Sprintf("; retry %d of %d is pod %s", d.failures, backoffLimitOf(run), d.pod)
+		case !d.retryAt.IsZero():
+			note += fmt.Sprintf("; retry %d of %d after %s", d.failures, backoffLimitOf(run),
+				d.retryAt.Sub(s.now).Round(100*time.Millisecond))
+		}
+		r.event(run, nil, corev1.EventTypeWarning, "ShardFailed", "Retry", note)
 	}
 
 	if stalled := meta.FindStatusCondition(cur.Conditions, v1alpha1.ConditionStalled); stalled != nil &&

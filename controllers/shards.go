@@ -193,6 +193,9 @@ type shardDecision struct {
 	// backoffLimit; lastFailure describes the latest.
 	failures    int32
 	lastFailure string
+	// failedPod and failedAttempt are the latest failed attempt's.
+	failedPod     string
+	failedAttempt int32
 
 	// create, when set, is the attempt to create now, with createFloor as
 	// its counts floor.
@@ -233,13 +236,19 @@ func decideShard(in shardInput, p shardPolicy, now time.Time) shardDecision {
 	sort.Slice(pods, func(i, j int) bool { return pods[i].attempt < pods[j].attempt })
 
 	var latest *podInfo
+	latestAttempt := int32(-1)
 	if len(pods) > 0 {
 		latest = &pods[len(pods)-1]
-		d.pod = latest.pod.Name
-	}
-	latestAttempt := int32(-1)
-	if latest != nil {
 		latestAttempt = latest.attempt
+	}
+	// The shard's pod is the latest one, or the recorded one when the cache
+	// shows no later pod: the record keeps the attempt numbers going up even
+	// after pods are deleted (suspend, a user).
+	switch {
+	case latest != nil && latestAttempt >= in.recordedAttempt:
+		d.pod = latest.pod.Name
+	case in.entry != nil:
+		d.pod = in.entry.Pod
 	}
 
 	// The floor: the most any attempt reported, per field (the entry holds
@@ -265,6 +274,7 @@ func decideShard(in shardInput, p shardPolicy, now time.Time) shardDecision {
 		case pi.state == podFailed && !pi.deleting:
 			d.failures++
 			d.lastFailure = describeFailure(pi)
+			d.failedPod, d.failedAttempt = pi.pod.Name, pi.attempt
 		}
 	}
 
@@ -360,7 +370,6 @@ func decideShard(in shardInput, p shardPolicy, now time.Time) shardDecision {
 		return d
 	}
 	d.create = &next
-	d.pod = v1alpha1.PodName(in.runName, in.index, next)
 	return d
 }
 

@@ -99,7 +99,7 @@ func TestDecideShard(t *testing.T) {
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardPending, d.phase)
 				require.Equal(t, int32(0), *d.create)
-				require.Equal(t, "r-0-0", d.pod)
+				require.Empty(t, d.pod, "named once created")
 				require.Equal(t, counts{}, d.createFloor)
 			},
 		},
@@ -171,7 +171,8 @@ func TestDecideShard(t *testing.T) {
 			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, counts{Total: 10, Completed: 6}),
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, int32(1), *d.create)
-				require.Equal(t, "r-0-1", d.pod)
+				require.Equal(t, "r-0-0", d.pod, "until the new pod is created")
+				require.Equal(t, "r-0-0", d.failedPod)
 				require.Equal(t, counts{Total: 10, Completed: 6}, d.createFloor)
 			},
 		},
@@ -277,6 +278,16 @@ func TestDecideShard(t *testing.T) {
 				require.Equal(t, int32(0), d.failures)
 				require.Equal(t, int32(1), *d.create)
 				require.Equal(t, counts{Total: 10, Completed: 4}, d.createFloor)
+			},
+		},
+		{
+			name:  "pods deleted while suspended: numbering continues from the record",
+			entry: entry("r-0-3", v1alpha1.ShardRunning, 3, counts{Total: 4, Completed: 1}),
+			gone:  true,
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(4), *d.create)
+				require.Equal(t, int32(0), d.failures)
+				require.Equal(t, "r-0-3", d.pod)
 			},
 		},
 		{

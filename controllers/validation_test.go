@@ -1,0 +1,205 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/envtestutil"
+)
+
+// The CRD's own validation (OpenAPI markers and CEL rules, no webhook),
+// exercised on the real apiserver with manifests as users write them.
+
+const validSpec = `
+database:
+  secretRef: {name: ledger-db, key: dsn}
+batch:
+  items:
+  - {entity: acct-1, occurrence: "2026-01", payload: {amount: 12.5}}
+  - {entity: acct-2, occurrence: "2026-01"}
+`
+
+// manifest builds a ProcessingRun from a spec in YAML.
+func manifest(t *testing.T, ns, name, spec string) *unstructured.Unstructured {
+	t.Helper()
+	var s map[string]any
+	require.NoError(t, yaml.Unmarshal([]byte(spec), &s))
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       "ProcessingRun",
+		"metadata":   map[string]any{"name": name, "namespace": ns},
+		"spec":       s,
+	}}
+	return u
+}
+
+// withSpec replaces (or, with a nil value, removes) top-level spec fields of
+// validSpec.
+func withSpec(t *testing.T, changes map[string]string) string {
+	t.Helper()
+	var s map[string]any
+	require.NoError(t, yaml.Unmarshal([]byte(validSpec), &s))
+	for k, v := range changes {
+		if v == "" {
+			delete(s, k)
+			continue
+		}
+		var val any
+		require.NoError(t, yaml.Unmarshal([]byte(v), &val))
+		s[k] = val
+	}
+	b, err := yaml.Marshal(s)
+	require.NoError(t, err)
+	return string(b)
+}
+
+func TestValidationRejectsBadRuns(t *testing.T) {
+	t.Parallel()
+	env := envtestutil.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	tests := []struct {
+		name    string
+		run     string // spec YAML
+		runName string
+		want    string
+	}{
+		{name: "no source", run: withSpec(t, map[string]string{"batch": "{}"}),
+			want: "batch has no source: set exactly one of batch.items, batch.configMapRef or batch.query"},
+		{name: "two sources", run: withSpec(t, map[string]string{"batch": `{items: [{entity: a, occurrence: "1"}], query: "select 1"}`}),
+			want: "batch has more than one source: keep exactly one of batch.items, batch.configMapRef or batch.query"},
+		{name: "three sources", run: withSpec(t, map[string]string{"batch": `{items: [{entity: a, occurrence: "1"}], query: "select 1", configMapRef: {name: b, key: k}}`}),
+			want: "batch has more than one source"},
+		{name: "empty items", run: withSpec(t, map[string]string{"batch": "{items: []}"}),
+			want: "spec.batch.items: Invalid value"},
+		{name: "empty entity", run: withSpec(t, map[string]string{"batch": `{items: [{entity: "", occurrence: "1"}]}`}),
+			want: "spec.batch.items[0].entity"},
+		{name: "missing occurrence", run: withSpec(t, map[string]string{"batch": `{items: [{entity: a}]}`}),
+			want: `spec.batch.items[0].occurrence: Required value`},
+		{name: "empty query", run: withSpec(t, map[string]string{"batch": `{query: ""}`}),
+			want: "spec.batch.query"},
+		{name: "configMapRef without key", run: withSpec(t, map[string]string{"batch": `{configMapRef: {name: b}}`}),
+			want: "spec.batch.configMapRef.key: Required value"},
+		{name: "no database", run: withSpec(t, map[string]string{"database": ""}),
+			want: "spec.database: Required value"},
+		{name: "secret key with a slash", run: withSpec(t, map[string]string{"database": `{secretRef: {name: db, key: "a/b"}}`}),
+			want: "spec.database.secretRef.key"},
+		{name: "workers 0", run: withSpec(t, map[string]string{"workers": "0"}),
+			want: "spec.workers: Invalid value: 0: spec.workers in body should be greater than or equal to 1"},
+		{name: "workers 1000", run: withSpec(t, map[string]string{"workers": "1000"}),
+			want: "spec.workers: Invalid value: 1000: spec.workers in body should be less than or equal to 256"},
+		{name: "chunkSize 0", run: withSpec(t, map[string]string{"chunkSize": "0"}),
+			want: "spec.chunkSize: Invalid value: 0"},
+		{name: "negative backoffLimit", run: withSpec(t, map[string]string{"backoffLimit": "-1"}),
+			want: "spec.backoffLimit: Invalid value: -1"},
+		{name: "negative maxFailedItems", run: withSpec(t, map[string]string{"maxFailedItems": "-5"}),
+			want: "spec.maxFailedItems: Invalid value: -5"},
+		{name: "unknown onExisting", run: withSpec(t, map[string]string{"onExisting": "Overwrite"}),
+			want: `spec.onExisting: Unsupported value: "Overwrite": supported values: "Skip", "Supersede"`},
+		{name: "empty effect", run: withSpec(t, map[string]string{"effect": `{sql: ""}`}),
+			want: "spec.effect.sql"},
+		{name: "negative ttl", run: withSpec(t, map[string]string{"ttlSecondsAfterFinished": "-1"}),
+			want: "spec.ttlSecondsAfterFinished: Invalid value: -1"},
+		{name: "name too long for a label", run: validSpec, runName: strings.Repeat("a", 64),
+			want: "metadata.name must be at most 63 characters: it is used as a label value on the worker pods"},
+		{name: "no spec", run: "", want: "spec: Required value"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			name := tt.runName
+			if name == "" {
+				name = fmt.Sprintf("bad-%d", i)
+			}
+			u := manifest(t, ns, name, tt.run)
+			if tt.run == "" {
+				delete(u.Object, "spec")
+			}
+			err := env.Client.Create(ctx, u)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestValidationDefaults(t *testing.T) {
+	t.Parallel()
+	env := envtestutil.Get(t)
+	ns := env.Namespace(t)
+	u := manifest(t, ns, "defaults", validSpec)
+	require.NoError(t, env.Client.Create(context.Background(), u))
+	run := &v1alpha1.ProcessingRun{}
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKeyFromObject(u), run))
+	require.Equal(t, v1alpha1.OnExistingSkip, run.Spec.OnExisting)
+	require.Equal(t, int32(1), run.Spec.Workers)
+	require.Equal(t, int32(1000), run.Spec.ChunkSize)
+	require.Equal(t, int32(3), *run.Spec.BackoffLimit)
+	require.Equal(t, int64(0), run.Spec.MaxFailedItems)
+	require.JSONEq(t, `{"amount": 12.5}`, string(run.Spec.Batch.Items[0].Payload.Raw), "payload kept as is")
+}
+
+func TestValidationImmutability(t *testing.T) {
+	t.Parallel()
+	env := envtestutil.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	base := withSpec(t, map[string]string{"effect": `{sql: "insert into t select entity from claimed"}`, "workers": "2"})
+	tests := []struct {
+		name   string
+		change map[string]string
+		want   string // empty: allowed
+	}{
+		{name: "batch", change: map[string]string{"batch": `{query: "select 1"}`},
+			want: "batch is immutable: create a new ProcessingRun to process a different batch"},
+		{name: "one more item", change: map[string]string{"batch": `{items: [{entity: acct-1, occurrence: "2026-01"}, {entity: acct-2, occurrence: "2026-01"}, {entity: acct-3, occurrence: "2026-01"}]}`},
+			want: "batch is immutable"},
+		{name: "workers", change: map[string]string{"workers": "3"},
+			want: "workers is immutable: the number of shards decides which shard owns each item"},
+		{name: "database", change: map[string]string{"database": `{secretRef: {name: other-db, key: dsn}}`},
+			want: "database is immutable"},
+		{name: "effect", change: map[string]string{"effect": `{sql: "delete from t"}`},
+			want: "effect is immutable: create a new ProcessingRun to apply a different effect"},
+		{name: "effect removed", change: map[string]string{"effect": ""},
+			want: "effect cannot be added or removed after creation"},
+		{name: "onExisting", change: map[string]string{"onExisting": "Supersede"},
+			want: "onExisting is immutable"},
+		{name: "suspend", change: map[string]string{"suspend": "true"}},
+		{name: "ttl", change: map[string]string{"ttlSecondsAfterFinished": "60"}},
+		{name: "backoffLimit", change: map[string]string{"backoffLimit": "5"}},
+		{name: "workerTemplate", change: map[string]string{"workerTemplate": `{image: "runledger:v2"}`}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			name := fmt.Sprintf("immutable-%d", i)
+			require.NoError(t, env.Client.Create(ctx, manifest(t, ns, name, base)))
+			changed := manifest(t, ns, name, base)
+			cur := &unstructured.Unstructured{}
+			cur.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("ProcessingRun"))
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(changed), cur))
+			s := cur.Object["spec"].(map[string]any)
+			for k, v := range tt.change {
+				if v == "" {
+					delete(s, k)
+					continue
+				}
+				var val any
+				require.NoError(t, yaml.Unmarshal([]byte(v), &val))
+				s[k] = val
+			}
+			err := env.Client.Update(ctx, cur)
+			if tt.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
