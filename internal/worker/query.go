@@ -20,7 +20,8 @@ import (
 // optionally, payload. It runs in a READ ONLY, REPEATABLE READ transaction
 // (one consistent snapshot; the query cannot write) through a server-side
 // cursor, so a shard holds one fetch of rows at a time, whatever the size of
-// the batch.
+// the batch. The shard counts its rows when it opens the cursor, so its
+// total is known from the start.
 //
 // Each shard reads only its rows: the shard filter (ShardOf, as SQL) runs in
 // PostgreSQL. Rows come sorted by key (byte order), which gives two things
@@ -162,11 +163,18 @@ type queryStream struct {
 	buf      []entry // fetched, not yet yielded
 	consumed int64   // rows yielded (and rows of the sorted stream to skip on reopen)
 	eof      bool
+	rows     int64 // rows of the shard, once counted
+	counted  bool
 	prev     ledger.Key // key of the last row yielded, for repeats
 	hasPrev  bool
 }
 
-func (s *queryStream) total() (int64, bool) { return s.consumed + int64(len(s.buf)), s.eof }
+func (s *queryStream) total() (int64, bool) {
+	if s.counted {
+		return s.rows, true
+	}
+	return s.consumed + int64(len(s.buf)), s.eof
+}
 
 func (s *queryStream) close() {
 	if s.tx != nil {
@@ -228,10 +236,22 @@ func (s *queryStream) openCursor(ctx context.Context) error {
 		return fmt.Errorf("beginning read-only transaction: %w", err)
 	}
 	// Rows to skip: those already yielded (the buffer was dropped on error).
-	if _, err := tx.Exec(ctx, "DECLARE "+cursorName+" NO SCROLL CURSOR FOR "+s.q.shardQuery(s.shard, s.shards, s.consumed)); err != nil {
+	// SCROLL, to count the rows (MOVE to the end, then back): the sort has
+	// materialised them anyway, and the count makes the shard's total exact
+	// from the start (and gives progress an ETA).
+	if _, err := tx.Exec(ctx, "DECLARE "+cursorName+" SCROLL CURSOR FOR "+s.q.shardQuery(s.shard, s.shards, s.consumed)); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return fmt.Errorf("opening cursor: %w", err)
 	}
+	tag, err := tx.Exec(ctx, "MOVE FORWARD ALL IN "+cursorName)
+	if err == nil {
+		_, err = tx.Exec(ctx, "MOVE ABSOLUTE 0 IN "+cursorName)
+	}
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return fmt.Errorf("counting rows: %w", err)
+	}
+	s.rows, s.counted = s.consumed+tag.RowsAffected(), true
 	s.tx = tx
 	return nil
 }

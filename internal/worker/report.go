@@ -40,8 +40,8 @@ type Failure struct {
 type Report struct {
 	Shard int
 	Counts
-	// TotalKnown: Total is final. A query source learns its total as it reads;
-	// until the end Total is the rows read so far.
+	// TotalKnown: Total is final (always, once the source is open: a query
+	// source counts its shard's rows first).
 	TotalKnown bool
 	// Failures lists the first MaxFailures failed items.
 	Failures []Failure

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -214,3 +215,5 @@ func inlineItems(keys ...[2]string) string {
 }
 
 var osReadFile = os.ReadFile
+
+func discard() logr.Logger { return logr.Discard() }

@@ -1,0 +1,249 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/worker"
+)
+
+const workerLong = `Process one shard of a ProcessingRun, inside the worker pod the controller
+created for it. Everything comes from the pod's environment (` + v1alpha1.EnvRunNamespace + `,
+` + v1alpha1.EnvRunName + `, ` + v1alpha1.EnvRunUID + `, ` + v1alpha1.EnvShard + `, ` + v1alpha1.EnvShards + `, ` + v1alpha1.EnvAttempt + `,
+` + v1alpha1.EnvDatabaseURL + ` from the run's Secret, ` + v1alpha1.EnvPodName + `) and from the run itself,
+read through the API (and its ConfigMap, for a configMapRef batch).
+
+The worker applies the ledger's migrations (unless --skip-migrate), commits
+its shard's items, reports its own status.shards[] entry by server-side
+apply at most every ` + "2" + ` seconds and once at the end, and writes its final
+counts as JSON to the termination message. On SIGTERM it takes no new chunk,
+lets the chunk in flight commit (within --drain-timeout), reports and exits.
+
+Exit status: 0 shard done (failed items within maxFailedItems), 1 failed
+(retried by the controller up to spec.backoffLimit), 2 bad input or
+configuration (not retried).`
+
+type workerOptions struct {
+	terminationLog string
+	skipMigrate    bool
+	drainTimeout   time.Duration
+	reportInterval time.Duration
+	retryTimeout   time.Duration
+}
+
+func newWorkerCommand() *cobra.Command {
+	var o workerOptions
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Process one shard of a ProcessingRun inside its pod (started by the controller)",
+		Long:  workerLong,
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.terminationLog, "termination-log", v1alpha1.TerminationMessagePath, "where to write the final report (the pod's terminationMessagePath)")
+	f.BoolVar(&o.skipMigrate, "skip-migrate", false, "do not apply the ledger's migrations at start")
+	f.DurationVar(&o.drainTimeout, "drain-timeout", worker.DefaultDrainTimeout, "on SIGTERM, how long the chunk in flight may still take to commit")
+	f.DurationVar(&o.reportInterval, "report-interval", v1alpha1.ReportIntervalSeconds*time.Second, "least time between two status reports")
+	f.DurationVar(&o.retryTimeout, "retry-timeout", worker.DefaultBackoff.MaxElapsed, "how long to retry while the database is unreachable, per operation")
+	_ = f.MarkHidden("report-interval")
+	return cmd
+}
+
+// workerScheme holds the kinds the worker reads.
+var workerScheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := corev1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return s
+}()
+
+func (o *workerOptions) run(cmd *cobra.Command) error {
+	env, envErr := worker.PodEnvFrom(os.Getenv)
+	secrets := worker.Secrets(env.DSN)
+	// JSON lines on stderr (kubectl logs, log collectors), every one of them
+	// redacted of the DSN and its password.
+	out := worker.NewRedactingWriter(cmd.ErrOrStderr(), secrets)
+	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(out, obj) }, funcr.Options{LogTimestamp: true, TimestampFormat: time.RFC3339Nano}).
+		WithValues("run", env.Namespace+"/"+env.Name, "shard", env.Shard, "attempt", env.Attempt)
+	ctrllog.SetLogger(log)
+
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	ctx = ctrllog.IntoContext(ctx, log)
+	go func() {
+		<-ctx.Done()
+		if cmd.Context().Err() == nil {
+			log.Info("stop requested: taking no new chunk; the chunk in flight commits or rolls back", "drainTimeout", o.drainTimeout.String())
+		}
+	}()
+
+	s := &workerRun{opts: o, env: env, log: log}
+	rep, maxFailed, err := s.work(ctx, envErr)
+	err = worker.RedactError(err, secrets)
+	if err != nil && rep.Err == nil {
+		rep.Err = err
+	}
+	code := ExitOK
+	switch {
+	case err != nil && (worker.IsInputError(err) || exitCode(err) == ExitBadInput):
+		code = ExitBadInput
+	case err != nil, rep.Err != nil, rep.Interrupted, !rep.Done, rep.TooManyFailures, rep.Failed > int64(maxFailed):
+		code = ExitFailed
+	}
+	message := worker.ShardMessage(rep, maxFailed)
+	s.finish(ctx, rep, message)
+	log.Info("shard finished", "exitCode", code, "total", rep.Total, "completed", rep.Completed,
+		"alreadyHandled", rep.AlreadyHandled, "failed", rep.Failed, "message", message)
+	if code == ExitOK {
+		return nil
+	}
+	if err == nil {
+		err = errors.New(message)
+	}
+	return &ExitError{Code: code, Err: err}
+}
+
+type workerRun struct {
+	opts     *workerOptions
+	env      worker.PodEnv
+	log      logr.Logger
+	reporter *worker.StatusReporter
+	stopRep  func() // stops the periodic reports and waits for the last one
+}
+
+// finish writes the final status report and the termination message.
+func (s *workerRun) finish(ctx context.Context, rep worker.Report, message string) {
+	if s.reporter != nil {
+		s.stopRep()
+		if err := s.reporter.Final(ctx, rep, message, 5*time.Second); err != nil {
+			s.log.Error(err, "final status report not written; the termination message carries the counts")
+		}
+	}
+	if err := worker.WriteTerminationMessage(s.opts.terminationLog, s.env, rep, message); err != nil {
+		s.log.Error(err, "termination message not written")
+	}
+}
+
+// work prepares and runs the shard. It returns the shard's report, the run's
+// maxFailedItems, and the error that kept the shard from running, if any.
+func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int, error) {
+	if envErr != nil {
+		return worker.Report{Shard: s.env.Shard}, 0, envErr
+	}
+	cfg, err := config.GetConfig()
+	if err != nil {
+		return worker.Report{}, 0, fmt.Errorf("configuring the Kubernetes client: %w", err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: workerScheme})
+	if err != nil {
+		return worker.Report{}, 0, fmt.Errorf("creating the Kubernetes client: %w", err)
+	}
+	run, err := getRunWithRetry(ctx, c, s.env, s.log)
+	if err != nil {
+		return worker.Report{}, 0, err
+	}
+	maxFailed := int(run.Spec.MaxFailedItems)
+
+	s.reporter = worker.NewStatusReporter(c, s.env, s.opts.reportInterval, s.log)
+	repCtx, cancelRep := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Go(func() { s.reporter.Run(repCtx) })
+	s.stopRep = func() { cancelRep(); wg.Wait() }
+
+	if shards := max(int(run.Spec.Workers), 1); shards != s.env.Shards {
+		return worker.Report{}, maxFailed, badInput(fmt.Errorf("%s is %d but the run has spec.workers %d", v1alpha1.EnvShards, s.env.Shards, shards))
+	}
+	plan, err := worker.NewPlan(ctx, run, worker.ConfigMapData(c, run.Namespace), worker.Limits{})
+	if apierrors.IsNotFound(err) {
+		return worker.Report{}, maxFailed, badInput(err)
+	}
+	if err != nil {
+		return worker.Report{}, maxFailed, err
+	}
+	retry := worker.DefaultBackoff
+	retry.MaxElapsed = s.opts.retryTimeout
+	pool, err := ledger.Open(ctx, s.env.DSN, 3)
+	if err != nil {
+		return worker.Report{}, maxFailed, badInput(err)
+	}
+	defer pool.Close()
+	onRetry := func(step string) func(int, time.Duration, error) {
+		return func(attempt int, wait time.Duration, err error) {
+			s.log.Info("database not reachable, retrying", "step", step, "attempt", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
+		}
+	}
+	if !s.opts.skipMigrate {
+		if err := retry.Do(ctx, "migrating the ledger", onRetry("migrate"), func(int) error {
+			_, err := ledger.Migrate(ctx, pool)
+			return err
+		}); err != nil {
+			return worker.Report{}, maxFailed, exitFor(err)
+		}
+	}
+	if err := plan.Check(ctx, pool, retry, onRetry("check")); err != nil {
+		return worker.Report{}, maxFailed, exitFor(err)
+	}
+
+	sc := plan.ShardConfig(s.env.Shard, s.env.Attempt)
+	sc.Retry = retry
+	sc.DrainTimeout = s.opts.drainTimeout
+	sc.Log = s.log
+	sc.Progress = func(r worker.Report) { s.reporter.Update(r, maxFailed) }
+	s.log.Info("processing shard", "uid", plan.Run.UID, "shards", plan.Shards, "chunkSize", plan.ChunkSize)
+	rep := worker.RunShard(ctx, ledger.NewStore(pool), sc)
+	return rep, maxFailed, nil
+}
+
+// getRunWithRetry reads the run, retrying transient API errors for a while.
+// A run that is gone (or was created again) is not retried.
+func getRunWithRetry(ctx context.Context, c client.Reader, env worker.PodEnv, log logr.Logger) (*v1alpha1.ProcessingRun, error) {
+	deadline := time.Now().Add(time.Minute)
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		run, err := worker.GetRun(ctx, c, env)
+		switch {
+		case err == nil:
+			return run, nil
+		case worker.IsInputError(err), apierrors.IsNotFound(err), apierrors.IsForbidden(err):
+			return nil, badInput(err)
+		case time.Now().Add(wait).After(deadline):
+			return nil, err
+		}
+		log.Info("reading the run failed, retrying", "wait", wait.String(), "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("reading the run: %w", context.Cause(ctx))
+		case <-time.After(wait):
+		}
+	}
+}
+
+func exitCode(err error) int {
+	var exit *ExitError
+	if errors.As(err, &exit) {
+		return exit.Code
+	}
+	return ExitFailed
+}

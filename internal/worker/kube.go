@@ -1,0 +1,285 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ac "github.com/runledger/runledger/api/applyconfiguration/api/v1alpha1"
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// This file is the worker's side of the contract with the controller
+// (api/v1alpha1/contract.go): its configuration from the environment, the
+// ConfigMap source through the API, its shard's status entry by server-side
+// apply, and its termination message.
+
+// PodEnv is what the controller tells a worker pod through its environment.
+type PodEnv struct {
+	Namespace, Name, UID string
+	Shard, Shards        int
+	Attempt              int
+	PodName              string
+	DSN                  string
+}
+
+// PodEnvFrom reads the worker's environment (getenv is os.Getenv in a pod).
+// A missing or malformed variable is an *InputErrors naming every one.
+func PodEnvFrom(getenv func(string) string) (PodEnv, error) {
+	errs := &InputErrors{Source: "worker environment"}
+	str := func(name string) string {
+		v := getenv(name)
+		if v == "" {
+			errs.add(&InputError{Where: name, Msg: "is not set (the controller sets it on worker pods)"})
+		}
+		return v
+	}
+	num := func(name string, lo, hi int) int {
+		v := str(name)
+		if v == "" {
+			return 0
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < lo || n > hi {
+			errs.add(&InputError{Where: name, Msg: fmt.Sprintf("is %q: want an integer from %d to %d", v, lo, hi)})
+		}
+		return n
+	}
+	e := PodEnv{
+		Namespace: str(v1alpha1.EnvRunNamespace),
+		Name:      str(v1alpha1.EnvRunName),
+		UID:       str(v1alpha1.EnvRunUID),
+		Shards:    num(v1alpha1.EnvShards, 1, MaxShards),
+		Attempt:   num(v1alpha1.EnvAttempt, 0, 1<<20),
+		PodName:   getenv(v1alpha1.EnvPodName),
+		DSN:       str(v1alpha1.EnvDatabaseURL),
+	}
+	e.Shard = num(v1alpha1.EnvShard, 0, MaxShards-1)
+	if errs.Count == 0 && e.Shard >= e.Shards {
+		errs.add(&InputError{Where: v1alpha1.EnvShard, Msg: fmt.Sprintf("is %d, but there are only %d shards", e.Shard, e.Shards)})
+	}
+	return e, errs.orNil()
+}
+
+// GetRun reads the worker's run and checks that it is the one the pod was
+// created for (a run deleted and created again under the same name is
+// another run, with another UID).
+func GetRun(ctx context.Context, c client.Reader, env PodEnv) (*v1alpha1.ProcessingRun, error) {
+	run := &v1alpha1.ProcessingRun{}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: env.Namespace, Name: env.Name}, run); err != nil {
+		return nil, fmt.Errorf("reading ProcessingRun %s/%s: %w", env.Namespace, env.Name, err)
+	}
+	if string(run.UID) != env.UID {
+		return nil, &InputError{Where: fmt.Sprintf("ProcessingRun %s/%s", env.Namespace, env.Name),
+			Msg: fmt.Sprintf("has UID %s, not %s: the run this pod was created for is gone", run.UID, env.UID)}
+	}
+	return run, nil
+}
+
+// ConfigMapData returns the BatchData of a pod: the ConfigMap key, read
+// through the API in the run's namespace.
+func ConfigMapData(c client.Reader, namespace string) BatchData {
+	return func(ctx context.Context, ref v1alpha1.ConfigMapKeyRef) ([]byte, string, error) {
+		cm := &corev1.ConfigMap{}
+		if err := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, cm); err != nil {
+			return nil, "", fmt.Errorf("reading ConfigMap %s/%s (spec.batch.configMapRef): %w", namespace, ref.Name, err)
+		}
+		name := fmt.Sprintf("ConfigMap %s key %s", ref.Name, ref.Key)
+		if v, ok := cm.Data[ref.Key]; ok {
+			return []byte(v), name, nil
+		}
+		if v, ok := cm.BinaryData[ref.Key]; ok {
+			return v, name, nil
+		}
+		return nil, "", &InputError{Where: "spec.batch.configMapRef:", Msg: fmt.Sprintf("ConfigMap %s/%s has no key %q", namespace, ref.Name, ref.Key)}
+	}
+}
+
+// ShardMessage is a shard's last word for its status entry and termination
+// message: why it stopped, or its first failure.
+func ShardMessage(r Report, maxFailed int) string {
+	first := ""
+	if len(r.Failures) > 0 {
+		f := r.Failures[0]
+		first = fmt.Sprintf("; first: %s/%s: %s", f.Entity, f.Occurrence, f.Error)
+	}
+	switch {
+	case r.Err != nil:
+		return r.Err.Error()
+	case r.Interrupted:
+		return fmt.Sprintf("interrupted after %d of %d items", r.Processed(), r.Total)
+	case r.TooManyFailures:
+		return fmt.Sprintf("stopped: %d items failed, more than maxFailedItems (%d)%s", r.Failed, maxFailed, first)
+	case r.Failed > 0:
+		return fmt.Sprintf("%d items failed%s", r.Failed, first)
+	case r.Done:
+		return "done"
+	}
+	return fmt.Sprintf("processing: %d of %d items", r.Processed(), r.Total)
+}
+
+// StatusReporter writes the worker's own status.shards[] entry by
+// server-side apply, with the field manager of its shard and force, so that
+// shards never overwrite each other or the controller's fields. Reports are
+// cumulative and exact, so a lost write loses nothing: the next one (or the
+// termination message) carries the numbers.
+type StatusReporter struct {
+	c        client.Client
+	env      PodEnv
+	interval time.Duration
+	log      logr.Logger
+	now      func() time.Time
+
+	mu      sync.Mutex
+	latest  *ac.ShardStatusApplyConfiguration
+	pending bool // latest not yet written
+	wake    chan struct{}
+}
+
+// NewStatusReporter reports for env's shard at most every interval
+// (v1alpha1.ReportIntervalSeconds when 0).
+func NewStatusReporter(c client.Client, env PodEnv, interval time.Duration, log logr.Logger) *StatusReporter {
+	if interval <= 0 {
+		interval = v1alpha1.ReportIntervalSeconds * time.Second
+	}
+	return &StatusReporter{c: c, env: env, interval: interval, log: log, now: time.Now, wake: make(chan struct{}, 1)}
+}
+
+// Update records the shard's latest counts; Run writes them.
+func (s *StatusReporter) Update(r Report, maxFailed int) {
+	entry := s.entry(r, ShardMessage(r, maxFailed))
+	s.mu.Lock()
+	s.latest, s.pending = entry, true
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *StatusReporter) entry(r Report, message string) *ac.ShardStatusApplyConfiguration {
+	return ac.ShardStatus().
+		WithIndex(int32(s.env.Shard)).
+		WithAttempt(int32(s.env.Attempt)).
+		WithTotal(r.Total).
+		WithCompleted(r.Completed).
+		WithAlreadyHandled(r.AlreadyHandled).
+		WithFailed(r.Failed).
+		WithMessage(truncate(message, 4096)).
+		WithLastReportTime(metav1.NewTime(s.now()))
+}
+
+// Run writes pending updates, at most one per interval, until ctx is done.
+func (s *StatusReporter) Run(ctx context.Context) {
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+		}
+		if wait := s.interval - time.Since(last); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		s.mu.Lock()
+		entry, pending := s.latest, s.pending
+		s.pending = false
+		s.mu.Unlock()
+		if !pending {
+			continue
+		}
+		last = time.Now()
+		if err := s.apply(ctx, entry); err != nil && ctx.Err() == nil {
+			if IsInputError(err) {
+				s.log.Error(err, "status reports stopped")
+				return
+			}
+			s.log.Info("status report not written; the next one carries the same counts", "error", err.Error())
+			s.mu.Lock()
+			if !s.pending { // nothing newer: retry this one
+				s.pending = true
+			}
+			s.mu.Unlock()
+			select {
+			case s.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// Final writes the final report now, retrying for up to timeout.
+func (s *StatusReporter) Final(ctx context.Context, r Report, message string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	entry := s.entry(r, message)
+	var err error
+	for wait := 200 * time.Millisecond; ; wait *= 2 {
+		if err = s.apply(ctx, entry); err == nil {
+			return nil
+		}
+		if IsInputError(err) { // the run is another one: retrying cannot help
+			return fmt.Errorf("writing the final status report: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("writing the final status report: %w", err)
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (s *StatusReporter) apply(ctx context.Context, entry *ac.ShardStatusApplyConfiguration) error {
+	// Never report into a run deleted and created again under the same name:
+	// the status subresource ignores metadata.uid in an apply, so check it.
+	if _, err := GetRun(ctx, s.c, s.env); err != nil {
+		return err
+	}
+	run := ac.ProcessingRun(s.env.Name, s.env.Namespace).
+		WithUID(types.UID(s.env.UID)).
+		WithStatus(ac.ProcessingRunStatus().WithShards(entry))
+	return s.c.Status().Apply(ctx, run, client.FieldOwner(v1alpha1.WorkerFieldManager(int32(s.env.Shard))), client.ForceOwnership)
+}
+
+// WriteTerminationMessage writes the final report, as the controller reads
+// it (v1alpha1.ParseShardReport), to path.
+func WriteTerminationMessage(path string, env PodEnv, r Report, message string) error {
+	rep := v1alpha1.ShardReport{
+		Shard: int32(env.Shard), Attempt: int32(env.Attempt),
+		Total: r.Total, Completed: r.Completed, AlreadyHandled: r.AlreadyHandled, Failed: r.Failed,
+		Message: message,
+	}
+	b, err := rep.TerminationMessage()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("writing the termination message: %w", err)
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 { // not in the middle of a UTF-8 sequence
+		n--
+	}
+	return s[:n]
+}

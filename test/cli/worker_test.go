@@ -1,0 +1,304 @@
+package clitest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ac "github.com/runledger/runledger/api/applyconfiguration/api/v1alpha1"
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/envtestutil"
+	"github.com/runledger/runledger/internal/worker"
+)
+
+// kubeEnv is a real kube-apiserver (envtest) with the ProcessingRun CRD.
+type kubeEnv struct {
+	c          client.Client
+	kubeconfig string // a file, for worker processes
+}
+
+func startKube(t *testing.T) *kubeEnv {
+	t.Helper()
+	env, err := envtestutil.Start()
+	require.NoError(t, err, "starting kube-apiserver and etcd")
+	t.Cleanup(func() { require.NoError(t, env.Stop(), "stopping the control plane") })
+
+	// A kubeconfig file with the same credentials, for worker processes.
+	cfg := env.Config
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["envtest"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "envtest", Namespace: "default"}
+	kc.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, clientcmd.WriteToFile(*kc, path))
+	return &kubeEnv{c: env.Client, kubeconfig: path}
+}
+
+// createRun creates a ProcessingRun in namespace default.
+func (k *kubeEnv) createRun(t *testing.T, name string, workers int32, batch v1alpha1.BatchSpec, effect ...string) *v1alpha1.ProcessingRun {
+	t.Helper()
+	run := &v1alpha1.ProcessingRun{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: v1alpha1.ProcessingRunSpec{
+			Database: v1alpha1.DatabaseSpec{SecretRef: v1alpha1.SecretKeyRef{Name: "db", Key: "dsn"}},
+			Batch:    batch,
+			Workers:  workers,
+		},
+	}
+	if len(effect) > 0 {
+		run.Spec.Effect = &v1alpha1.EffectSpec{SQL: effect[0]}
+	}
+	require.NoError(t, k.c.Create(context.Background(), run), "creating run %s", name)
+	return run
+}
+
+func (k *kubeEnv) getRun(t *testing.T, name string) *v1alpha1.ProcessingRun {
+	t.Helper()
+	run := &v1alpha1.ProcessingRun{}
+	require.NoError(t, k.c.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: name}, run))
+	return run
+}
+
+func shardEntry(t *testing.T, run *v1alpha1.ProcessingRun, index int32) v1alpha1.ShardStatus {
+	t.Helper()
+	for _, s := range run.Status.Shards {
+		if s.Index == index {
+			return s
+		}
+	}
+	require.Failf(t, "no status entry", "shard %d of run %s: %+v", index, run.Name, run.Status.Shards)
+	return v1alpha1.ShardStatus{}
+}
+
+func inlineBatch(n int) v1alpha1.BatchSpec {
+	var b v1alpha1.BatchSpec
+	for i := range n {
+		b.Items = append(b.Items, v1alpha1.Item{Entity: fmt.Sprintf("acct-%d", i), Occurrence: "2024-06",
+			Payload: &apiextensionsv1.JSON{Raw: []byte(fmt.Sprintf(`{"amount":%d}`, i))}})
+	}
+	return b
+}
+
+// TestWorkerInPod runs the worker's Kubernetes side against a real
+// kube-apiserver: status reports by server-side apply, and `runledger
+// worker` processes as the controller starts them.
+func TestWorkerInPod(t *testing.T) {
+	t.Parallel()
+	k := startKube(t)
+
+	// Two shards report concurrently, many times, while the controller owns
+	// pod and phase of the same entries: nobody overwrites anybody.
+	t.Run("shards do not overwrite each other", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		run := k.createRun(t, "reports", 2, inlineBatch(4))
+		controller := ac.ProcessingRun(run.Name, run.Namespace).WithStatus(ac.ProcessingRunStatus().
+			WithPhase(v1alpha1.RunRunning).
+			WithShards(ac.ShardStatus().WithIndex(0).WithPod("reports-0-0").WithPhase(v1alpha1.ShardRunning),
+				ac.ShardStatus().WithIndex(1).WithPod("reports-1-0").WithPhase(v1alpha1.ShardRunning)))
+		require.NoError(t, k.c.Status().Apply(ctx, controller, client.FieldOwner(v1alpha1.ControllerFieldManager), client.ForceOwnership))
+
+		var wg sync.WaitGroup
+		for shard := range 2 {
+			wg.Go(func() {
+				env := worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: shard, Shards: 2}
+				rep := worker.NewStatusReporter(k.c, env, 0, discard())
+				for i := 1; i <= 10; i++ {
+					r := worker.Report{Counts: worker.Counts{Total: 1000, Completed: int64(100*i + shard), AlreadyHandled: int64(shard)}}
+					require.NoError(t, rep.Final(ctx, r, "report "+strconv.Itoa(i), 10*time.Second))
+				}
+			})
+		}
+		wg.Wait()
+		got := k.getRun(t, run.Name)
+		require.Len(t, got.Status.Shards, 2)
+		for shard := range int32(2) {
+			e := shardEntry(t, got, shard)
+			require.EqualValues(t, 1000+shard, e.Completed, "shard %d's last report", shard)
+			require.EqualValues(t, shard, e.AlreadyHandled)
+			require.EqualValues(t, 1000, e.Total)
+			require.Equal(t, "report 10", e.Message)
+			require.NotNil(t, e.LastReportTime)
+			require.Equal(t, fmt.Sprintf("reports-%d-0", shard), e.Pod, "the controller's pod survives the worker's reports")
+			require.Equal(t, v1alpha1.ShardRunning, e.Phase, "the controller's phase survives")
+		}
+		require.Equal(t, v1alpha1.RunRunning, got.Status.Phase)
+		owners := map[string]bool{}
+		for _, mf := range got.ManagedFields {
+			if mf.Subresource == "status" {
+				owners[mf.Manager] = true
+			}
+		}
+		require.Equal(t, map[string]bool{v1alpha1.ControllerFieldManager: true, v1alpha1.WorkerFieldManager(0): true, v1alpha1.WorkerFieldManager(1): true}, owners)
+
+		// A report for a run of the same name but another UID is refused.
+		stale := worker.NewStatusReporter(k.c, worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: "00000000-0000-0000-0000-000000000000", Shard: 0, Shards: 2}, 0, discard())
+		require.Error(t, stale.Final(ctx, worker.Report{Counts: worker.Counts{Completed: 1}}, "stale", time.Second), "a stale pod cannot report into another run")
+		require.EqualValues(t, 1000, shardEntry(t, k.getRun(t, run.Name), 0).Completed)
+	})
+
+	// `runledger worker` as the controller starts it: two shard processes of a
+	// run, then one of a ConfigMap run, then bad configurations.
+	t.Run("worker processes", func(t *testing.T) {
+		t.Parallel()
+		d := newDB(t)
+		run := k.createRun(t, "inline", 2, inlineBatch(300))
+		results := make([]result, 2)
+		term := make([]string, 2)
+		var wg sync.WaitGroup
+		for shard := range 2 {
+			term[shard] = filepath.Join(t.TempDir(), "termination-log")
+			wg.Go(func() {
+				results[shard] = runWorker(t, k, d, run, shard, 0, "--termination-log", term[shard])
+			})
+		}
+		wg.Wait()
+		got := k.getRun(t, run.Name)
+		var sum worker.Counts
+		for shard := range 2 {
+			r := results[shard]
+			require.Equal(t, 0, r.code, "shard %d; stderr:\n%s", shard, r.stderr)
+			e := shardEntry(t, got, int32(shard))
+			require.Equal(t, "done", e.Message)
+			require.Equal(t, e.Total, e.Completed, "shard %d: all completed", shard)
+			raw, err := os.ReadFile(term[shard])
+			require.NoError(t, err, "the termination message is written")
+			rep, err := v1alpha1.ParseShardReport(string(raw))
+			require.NoError(t, err, "the controller can parse it: %s", raw)
+			require.Equal(t, v1alpha1.ShardReport{Shard: int32(shard), Total: e.Total, Completed: e.Completed, Message: "done"}, rep)
+			require.Contains(t, r.stderr, `"msg":"shard finished"`, "JSON logs")
+			sum.Add(worker.Counts{Total: e.Total, Completed: e.Completed, AlreadyHandled: e.AlreadyHandled, Failed: e.Failed})
+		}
+		require.Equal(t, worker.Counts{Total: 300, Completed: 300}, sum)
+		require.EqualValues(t, 300, d.committed(t))
+		require.EqualValues(t, 300, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1`, string(run.UID)))
+
+		// A second attempt of shard 1 counts the first attempt's rows as completed.
+		r := runWorker(t, k, d, run, 1, 1, "--termination-log", filepath.Join(t.TempDir(), "t"))
+		require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+		e := shardEntry(t, k.getRun(t, run.Name), 1)
+		require.EqualValues(t, 1, e.Attempt)
+		require.Equal(t, e.Total, e.Completed, "attempt 1: the rows of attempt 0 count as completed")
+
+		// A ConfigMap batch, read through the API.
+		var lines []string
+		for i := range 50 {
+			lines = append(lines, fmt.Sprintf(`{"entity":"cm-%d","occurrence":"2024-06"}`, i%40))
+		}
+		require.NoError(t, k.c.Create(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "june", Namespace: "default"},
+			Data: map[string]string{"items.jsonl": strings.Join(lines, "\n")}}))
+		cmRun := k.createRun(t, "configmap", 1, v1alpha1.BatchSpec{ConfigMapRef: &v1alpha1.ConfigMapKeyRef{Name: "june", Key: "items.jsonl"}})
+		r = runWorker(t, k, d, cmRun, 0, 0, "--termination-log", filepath.Join(t.TempDir(), "t"))
+		require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+		e = shardEntry(t, k.getRun(t, cmRun.Name), 0)
+		require.Equal(t, []int64{50, 40, 10, 0}, []int64{e.Total, e.Completed, e.AlreadyHandled, e.Failed})
+
+		// Bad JSON Lines: exit 2, the message in the status and the termination message.
+		require.NoError(t, k.c.Create(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "broken", Namespace: "default"},
+			Data: map[string]string{"items.jsonl": `{"entity":"a"}`}}))
+		bad := k.createRun(t, "broken", 1, v1alpha1.BatchSpec{ConfigMapRef: &v1alpha1.ConfigMapKeyRef{Name: "broken", Key: "items.jsonl"}})
+		tl := filepath.Join(t.TempDir(), "t")
+		r = runWorker(t, k, d, bad, 0, 0, "--termination-log", tl)
+		require.Equal(t, 2, r.code, "bad input; stderr:\n%s", r.stderr)
+		e = shardEntry(t, k.getRun(t, bad.Name), 0)
+		require.Contains(t, e.Message, `line 1: field "occurrence" is missing`)
+		raw, err := os.ReadFile(tl)
+		require.NoError(t, err)
+		require.Contains(t, string(raw), `line 1: field \"occurrence\" is missing`)
+
+		// The pod of a deleted-and-recreated run: refused, exit 2.
+		stale := *run
+		stale.UID = "11111111-1111-1111-1111-111111111111"
+		r = runWorker(t, k, d, &stale, 0, 0, "--termination-log", filepath.Join(t.TempDir(), "t"))
+		require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
+		require.Contains(t, r.stderr, "the run this pod was created for is gone")
+
+		// SIGTERM mid-run: the chunk in flight commits, the final report (status
+		// and termination message) is exactly what the run committed, exit 1.
+		d.exec(t, fmt.Sprintf(sinkSchema, 0.003))
+		big := k.createRun(t, "terminated", 1, v1alpha1.BatchSpec{Query: "SELECT 'big-' || i AS entity, 'x' AS occurrence, jsonb_build_object('amount', i) AS payload FROM generate_series(1, 50000) i"},
+			"INSERT INTO invoices SELECT entity, occurrence, (payload->>'amount')::numeric FROM claimed")
+		tl = filepath.Join(t.TempDir(), "t")
+		cmd, wait := startWorker(t, k, d, big, 0, 0, "--termination-log", tl)
+		uid := string(big.UID)
+		waitUntil(t, "the worker has committed", func() bool {
+			return d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1`, uid) > 2000
+		})
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+		r = wait()
+		require.Equal(t, 1, r.code, "stderr:\n%s", r.stderr)
+		raw, err = os.ReadFile(tl)
+		require.NoError(t, err)
+		rep, err := v1alpha1.ParseShardReport(string(raw))
+		require.NoError(t, err)
+		committed := d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1`, uid)
+		require.Equal(t, committed, rep.Completed, "the termination message is exact")
+		require.Contains(t, rep.Message, "interrupted after")
+		e = shardEntry(t, k.getRun(t, big.Name), 0)
+		require.Equal(t, committed, e.Completed, "the final status report is exact")
+		require.EqualValues(t, 50000, e.Total)
+
+		// No environment at all.
+		r = runCLI(t, "", "worker", "--termination-log", filepath.Join(t.TempDir(), "t"))
+		require.Equal(t, 2, r.code)
+		require.Contains(t, r.stderr, "RUNLEDGER_RUN_NAME is not set")
+	})
+}
+
+// runWorker runs `runledger worker` for a shard and attempt of run, with the
+// environment the controller gives its pods.
+func runWorker(t *testing.T, k *kubeEnv, d *db, run *v1alpha1.ProcessingRun, shard, attempt int, args ...string) result {
+	t.Helper()
+	_, wait := startWorker(t, k, d, run, shard, attempt, args...)
+	return wait()
+}
+
+// startWorker starts `runledger worker` in the background.
+func startWorker(t *testing.T, k *kubeEnv, d *db, run *v1alpha1.ProcessingRun, shard, attempt int, args ...string) (*exec.Cmd, func() result) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	cmd, stdout, stderr := command(ctx, "", append([]string{"worker"}, args...)...)
+	cmd.Env = append(cmd.Env,
+		"KUBECONFIG="+k.kubeconfig,
+		v1alpha1.EnvRunNamespace+"="+run.Namespace,
+		v1alpha1.EnvRunName+"="+run.Name,
+		v1alpha1.EnvRunUID+"="+string(run.UID),
+		v1alpha1.EnvShard+"="+strconv.Itoa(shard),
+		v1alpha1.EnvShards+"="+strconv.Itoa(int(max(run.Spec.Workers, 1))),
+		v1alpha1.EnvAttempt+"="+strconv.Itoa(attempt),
+		v1alpha1.EnvPodName+"="+v1alpha1.PodName(run.Name, int32(shard), int32(attempt)),
+		v1alpha1.EnvDatabaseURL+"="+d.dsn,
+	)
+	require.NoError(t, cmd.Start())
+	return cmd, func() result {
+		defer cancel()
+		err := cmd.Wait()
+		r := result{stdout: stdout.String(), stderr: stderr.String()}
+		if err != nil {
+			r.code = -1
+			if cmd.ProcessState != nil {
+				r.code = cmd.ProcessState.ExitCode()
+			}
+		}
+		noSecret(t, r)
+		return r
+	}
+}
