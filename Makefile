@@ -76,6 +76,16 @@ lint: $(GOLANGCI_LINT) ## gofmt, go vet and golangci-lint.
 fmt: ## Format the code.
 	gofmt -w $$(git ls-files '*.go')
 
+##@ Local cluster
+
+.PHONY: cluster-up
+cluster-up: ## Start a single-node Kubernetes cluster and PostgreSQL in a network namespace (root; hack/cluster.sh; the first run builds the binaries, ~15 min).
+	$(ROOT)/hack/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local cluster and leave the host as it was found.
+	$(ROOT)/hack/cluster.sh down
+
 ##@ Tools
 
 $(GOLANGCI_LINT):
