@@ -17,10 +17,11 @@
 #                       /<name of BIN>, default args ARG..., user 65532) and
 #                       import it into the cluster's containerd as TAG
 #   import TARBALL...   import image tarballs (docker save format)
-#   apply-k DIR [IMAGE=NEWIMAGE[:TAG]]...
+#   apply-k DIR [--patch FILE]... [IMAGE=NEWIMAGE[:TAG]]...
 #                       kubectl apply -k DIR through a generated overlay that
-#                       substitutes local images (kustomize images:) and sets
-#                       imagePullPolicy IfNotPresent on Deployments
+#                       substitutes local images (kustomize images:), sets
+#                       imagePullPolicy IfNotPresent on Deployments and adds
+#                       the given (strategic merge) patches
 #   postgres stop|start|restart
 #                       stop/start the cluster's PostgreSQL (tests of outages)
 #   smoke               run pods that show the cluster works: a local image
@@ -884,16 +885,30 @@ cmd_import() {
   done
 }
 
-# apply-k DIR [IMAGE=NEWIMAGE[:TAG]]...: `kubectl apply -k` of DIR, the way
-# users install, through a generated overlay that substitutes the locally
-# built images (kustomize `images:`) and sets imagePullPolicy IfNotPresent on
-# the first container of every Deployment (there is no registry to pull from).
+# apply-k DIR [--patch FILE]... [IMAGE=NEWIMAGE[:TAG]]...: `kubectl apply -k`
+# of DIR, the way users install, through a generated overlay that substitutes
+# the locally built images (kustomize `images:`), sets imagePullPolicy
+# IfNotPresent on the first container of every Deployment (there is no
+# registry to pull from) and adds the given kustomize patches (strategic merge
+# patches, e.g. for an image named in container args).
 cmd_apply_k() {
   [[ $# -ge 1 ]] || usage
   [[ -d "${RUN}" ]] || die "the cluster is not up"
   k8s_bin_dir
   local dir="$1"
   shift
+  local patches=() images=()
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --patch)
+        [[ $# -ge 2 && -f "$2" ]] || die "--patch needs a file"
+        patches+=("$2")
+        shift 2
+        ;;
+      *=*) images+=("$1"); shift ;;
+      *) die "bad argument ${1}: want --patch FILE or IMAGE=NEWIMAGE[:TAG]" ;;
+    esac
+  done
   [[ -f "${dir}/kustomization.yaml" || -f "${dir}/kustomization.yml" || -f "${dir}/Kustomization" ]] ||
     die "${dir}: no kustomization"
   local overlay
@@ -907,9 +922,8 @@ cmd_apply_k() {
     echo "kind: Kustomization"
     echo "resources:"
     echo "- $(realpath --relative-to="${overlay}" "${dir}")"
-    if [[ $# -gt 0 ]]; then echo "images:"; fi
-    for spec in "$@"; do
-      [[ "${spec}" == *=* ]] || die "bad image override ${spec}: want IMAGE=NEWIMAGE[:TAG]"
+    if [[ ${#images[@]} -gt 0 ]]; then echo "images:"; fi
+    for spec in ${images[@]+"${images[@]}"}; do
       name="${spec%%=*}"
       new="${spec#*=}"
       tag=""
@@ -928,6 +942,12 @@ cmd_apply_k() {
     echo "    - op: add"
     echo "      path: /spec/template/spec/containers/0/imagePullPolicy"
     echo "      value: IfNotPresent"
+    local i=0 p
+    for p in ${patches[@]+"${patches[@]}"}; do
+      i=$((i + 1))
+      cp "${p}" "${overlay}/patch-${i}.yaml"
+      echo "- path: patch-${i}.yaml"
+    done
   } >"${overlay}/kustomization.yaml"
   step "kubectl apply -k ${overlay}"
   sed 's/^/    /' "${overlay}/kustomization.yaml" >&2
