@@ -783,10 +783,14 @@ cmd_down() {
   umount_under "${RUN}"
 
   if netns_exists; then
-    ip netns delete "${NETNS}"
-    step "deleted network namespace ${NETNS} (and the veth pair)"
+    if ip netns delete "${NETNS}"; then
+      step "deleted network namespace ${NETNS} (and the veth pair)"
+    else
+      warn "could not delete network namespace ${NETNS}"
+    fi
   fi
-  ip link show "${HOST_IF}" >/dev/null 2>&1 && ip link delete "${HOST_IF}"
+  # Deleting the netns deletes the veth pair, asynchronously: maybe gone already.
+  ip link delete "${HOST_IF}" >/dev/null 2>&1 || true
 
   remove_cgroups
   restore_sysctls
