@@ -9,7 +9,8 @@
 #   status              what runs, node state, addresses
 #   kubeconfig          print the admin kubeconfig path:
 #                         export KUBECONFIG="$(hack/cluster.sh kubeconfig)"
-#   env                 print shell exports (KUBECONFIG, RUNLEDGER_DATABASE_URL):
+#   env                 print shell exports (KUBECONFIG, KUBECACHEDIR, PATH,
+#                       RUNLEDGER_DATABASE_URL):
 #                         eval "$(hack/cluster.sh env)"
 #   dsn                 print the PostgreSQL DSN, valid from the host and pods
 #   load TAG BIN [ARG...]
@@ -869,6 +870,8 @@ cmd_env() {
   [[ -d "${RUN}" ]] || die "the cluster is not up"
   k8s_bin_dir 2>/dev/null
   echo "export KUBECONFIG='${RUN}/admin.kubeconfig'"
+  # kubectl's discovery cache goes with the cluster, not into ~/.kube.
+  echo "export KUBECACHEDIR='${RUN}/kube-cache'"
   echo "export RUNLEDGER_DATABASE_URL='$(cat "${RUN}/postgres.dsn")'"
   echo "export PATH='${BIN_DIR}':\"\${PATH}\""
 }
