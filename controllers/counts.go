@@ -33,8 +33,6 @@ func (c counts) add(o counts) counts {
 	}
 }
 
-func (c counts) processed() int64 { return c.Completed + c.AlreadyHandled + c.Failed }
-
 func countsOfReport(r v1alpha1.ShardReport) counts {
 	return counts{Total: r.Total, Completed: r.Completed, AlreadyHandled: r.AlreadyHandled, Failed: r.Failed}
 }

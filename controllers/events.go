@@ -23,9 +23,7 @@ func (r *Reconciler) event(run *v1alpha1.ProcessingRun, related runtime.Object, 
 	if r.Recorder == nil {
 		return
 	}
-	if len(note) > maxEventNote {
-		note = note[:maxEventNote-len("…")] + "…"
-	}
+	note = truncate(note, maxEventNote)
 	r.Recorder.Eventf(run, related, eventType, reason, action, "%s", note)
 }
 

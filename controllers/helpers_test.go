@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -479,11 +478,4 @@ func shardEntry(r *v1alpha1.ProcessingRun, i int32) *v1alpha1.ShardStatus {
 		}
 	}
 	return nil
-}
-
-func atoi(t *testing.T, s string) int {
-	t.Helper()
-	n, err := strconv.Atoi(s)
-	require.NoError(t, err)
-	return n
 }

@@ -346,7 +346,7 @@ func TestDeletingARunLeavesNoPodBehind(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("still there: %v", err)
+		return fmt.Errorf("still there: %w", err)
 	})
 	// envtest runs no garbage collector: play it, then check that the
 	// controller does not bring the pods back.
@@ -371,6 +371,6 @@ func TestTTLAfterFinishedDeletesTheRun(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("still there: %v", err)
+		return fmt.Errorf("still there: %w", err)
 	})
 }

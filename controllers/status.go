@@ -3,6 +3,7 @@ package controllers
 import (
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -298,8 +299,17 @@ func progress(shards []shardDecision) string {
 const maxConditionMessage = 32768
 
 func truncateMessage(s string) string {
-	if len(s) <= maxConditionMessage {
+	return truncate(s, maxConditionMessage)
+}
+
+// truncate cuts s to at most n bytes, on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
-	return s[:maxConditionMessage-len("…")] + "…"
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

@@ -149,9 +149,8 @@ func (r *Reconciler) checkDependencies(ctx context.Context, s *scope) error {
 }
 
 func (r *Reconciler) dependencyProblem(ctx context.Context, run *v1alpha1.ProcessingRun) (*problem, error) {
-	if err := validateImage(workerImage(run, r.Pods)); err != nil {
-		return &problem{reason: ReasonInvalidImage, message: err.Error() +
-			": fix spec.workerTemplate.image or the manager's --worker-image"}, nil
+	if p := imageProblem(workerImage(run, r.Pods)); p != nil {
+		return p, nil
 	}
 	ns := run.Namespace
 
@@ -198,6 +197,16 @@ func (r *Reconciler) dependencyProblem(ctx context.Context, run *v1alpha1.Proces
 		}
 	}
 	return nil, nil
+}
+
+// imageProblem says why the worker image cannot be used, nil when it can.
+func imageProblem(image string) *problem {
+	err := validateImage(image)
+	if err == nil {
+		return nil
+	}
+	return &problem{reason: ReasonInvalidImage, message: err.Error() +
+		": fix spec.workerTemplate.image or the manager's --worker-image"}
 }
 
 func (r *Reconciler) serviceAccount(run *v1alpha1.ProcessingRun) string {

@@ -1,0 +1,80 @@
+// Package controllers holds the ProcessingRun controller: it turns each run
+// into worker pods, one per shard, and keeps the run's status exact.
+//
+// # Reconcile
+//
+// Reconcile fetches the run, lets a deleted run go (its pods follow through
+// their owner references; the ledger is never touched), deletes a finished
+// run whose ttlSecondsAfterFinished has passed, and otherwise runs four
+// steps over a scope:
+//
+//   - observe: the run's pods from the cache (field index on the
+//     controlling run), grouped by shard; decideShard (pure) says what they
+//     mean and what to do; decideRun (pure) says what that means for the run.
+//   - checkDependencies: before creating a pod, the image must parse and the
+//     Secret (metadata only: the controller never receives a DSN), the
+//     ConfigMap key and the ServiceAccount must exist. Otherwise the run is
+//     Stalled (condition and Event) and no pod is created, so nothing
+//     crash-loops; it looks again every DependencyRetry.
+//   - syncPods: creates the decided pods and deletes the ones that must stop
+//     (suspended or finished run).
+//   - writeStatus: rebuilds the status (buildStatus, pure) and writes it by
+//     server-side apply of the controller's fields only, and only when it
+//     changed (count-only changes at most every StatusInterval).
+//
+// # One live pod per shard
+//
+// A shard's pods are named <run>-<shard>-<attempt>. A new attempt is
+// created only when the shard has no live pod (pending, running, or
+// terminating) in the cache, no creation of this process is still
+// unobserved (expectations), and the last pod recorded in the status is
+// either in the cache or confirmed gone by a live read from the API server.
+// Deterministic names make any create that slips through (a leader change,
+// a forgotten expectation) fail with AlreadyExists instead of starting a
+// second pod.
+//
+// # Retries
+//
+// A failed attempt (exit 1, a crash, OOM, eviction) is replaced by attempt+1
+// after base·2^(failures-1) (capped), until the shard has failed
+// backoffLimit+1 times; then the run is Failed with a message naming the
+// shard and its last error. Exit 2 (bad input or configuration) fails the
+// run at once. Pods stopped by the controller (suspend) or deleted by
+// someone do not count as failures. Failed pods are kept for their logs and
+// termination messages until the run is deleted.
+//
+// # Counts
+//
+// Each worker owns its shard's report fields of status.shards[] (field
+// manager runledger-worker-<shard>); the controller owns everything else
+// (runledger-controller). A report is cumulative and exact for the whole
+// shard. While a new attempt catches up, its reports can be lower than what
+// the previous attempt reached, so:
+//
+//   - when it creates attempt N+1 the controller records on the new pod
+//     (annotation processing.runledger.dev/counts-floor) the field-wise
+//     maximum of what the shard had reported so far (earlier floors, the
+//     last status report, attempt N's termination message);
+//   - while a shard runs, its counts are the field-wise maximum of its floor
+//     and its current report, and the run's totals never go below what the
+//     status already shows;
+//   - once a shard is finished, its counts are its final report's exact
+//     numbers, from the termination message when the worker's last status
+//     write was lost (the controller then writes them into the shard's
+//     entry). Only failed can go down then: a retry may succeed on items an
+//     earlier attempt failed.
+//
+// The run's total is the number of inline items declared (duplicates
+// included), or the sum of the shards' totals for ConfigMap and query
+// sources. The run Succeeds when every shard succeeded and the failed items
+// of all shards are within maxFailedItems.
+//
+// # Conditions
+//
+// Complete, Failed and Suspended mean what they mean on a batch/v1 Job
+// (kubectl wait --for=condition=Complete works). Ready is True once the run
+// Succeeded. Reconciling (work in progress) and Stalled (someone has to act:
+// a missing dependency, a worker that cannot start, a Failed run) are
+// present only when True, as kstatus (Flux, kpt, cli-utils) reads them. A
+// finished run's outcome never changes.
+package controllers
