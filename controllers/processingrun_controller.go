@@ -72,7 +72,13 @@ type Reconciler struct {
 	StatusInterval time.Duration
 
 	expectations *expectations
-	lastWrites   sync.Map // types.UID -> time.Time of the last status write
+	lastWrites   sync.Map // types.NamespacedName -> lastWrite
+}
+
+// lastWrite is when the controller last wrote a run's status.
+type lastWrite struct {
+	uid types.UID
+	at  time.Time
 }
 
 // SetupWithManager registers the reconciler, its pod index and its watches.
@@ -159,6 +165,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if apierrors.IsNotFound(err) {
 			// Its pods go with it (owner references); its ledger rows stay.
 			r.expectations.forget(req.NamespacedName)
+			r.lastWrites.Delete(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("get processingrun: %w", err)

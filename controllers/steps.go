@@ -339,8 +339,9 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 		return nil
 	}
 	if r.StatusInterval > 0 && countsOnlyChange(&run.Status, &desired) {
-		if last, ok := r.lastWrites.Load(run.UID); ok {
-			if wait := last.(time.Time).Add(r.StatusInterval).Sub(s.now); wait > 0 {
+		if v, ok := r.lastWrites.Load(s.key); ok {
+			last := v.(lastWrite)
+			if wait := last.at.Add(r.StatusInterval).Sub(s.now); last.uid == run.UID && wait > 0 {
 				s.requeueIn(wait)
 				return nil
 			}
@@ -353,7 +354,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 		}
 		return fmt.Errorf("apply status: %w", err)
 	}
-	r.lastWrites.Store(run.UID, s.now)
+	r.lastWrites.Store(s.key, lastWrite{uid: run.UID, at: s.now})
 	recordItems(countsOfStatus(&run.Status), countsOfStatus(&desired))
 	r.transitionEvents(ctx, s, &run.Status, &desired)
 	return nil

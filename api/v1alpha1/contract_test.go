@@ -1,0 +1,77 @@
+package v1alpha1
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestNames(t *testing.T) {
+	if got := WorkerFieldManager(7); got != "runledger-worker-7" {
+		t.Fatalf("WorkerFieldManager(7) = %q", got)
+	}
+	if got := PodName("invoices", 3, 12); got != "invoices-3-12" {
+		t.Fatalf("PodName = %q", got)
+	}
+}
+
+func TestShardReportRoundTrip(t *testing.T) {
+	r := ShardReport{Shard: 2, Attempt: 1, Total: 10, Completed: 7, AlreadyHandled: 2, Failed: 1, Message: "item a/1: boom"}
+	b, err := r.TerminationMessage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseShardReport(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != r {
+		t.Fatalf("round trip: %+v != %+v", got, r)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"shard", "attempt", "total", "completed", "alreadyHandled", "failed", "message"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("field %q missing from %s", k, b)
+		}
+	}
+}
+
+func TestTerminationMessageFitsTheKubeletLimit(t *testing.T) {
+	for _, msg := range []string{
+		strings.Repeat("x", 10000),
+		strings.Repeat("é", 5000),      // multi-byte: cut on a rune boundary
+		strings.Repeat("\"\x01", 3000), // escaping makes the JSON longer than the text
+	} {
+		b, err := ShardReport{Shard: 1, Completed: 5, Message: msg}.TerminationMessage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) > MaxTerminationMessageBytes {
+			t.Fatalf("%d bytes", len(b))
+		}
+		r, err := ParseShardReport(string(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Completed != 5 || !strings.HasSuffix(r.Message, "…") {
+			t.Fatalf("report %+v", r)
+		}
+	}
+}
+
+func TestParseShardReportRejectsOtherText(t *testing.T) {
+	for _, msg := range []string{
+		"",
+		"panic: runtime error\ngoroutine 1 [running]:",
+		`{"shard": 1, "completed": -1}`,
+		`{"shard": 1, "unknown": true}`,
+		`{"shard": 1} {"shard": 2}`,
+	} {
+		if _, err := ParseShardReport(msg); err == nil {
+			t.Errorf("%q parsed", msg)
+		}
+	}
+}

@@ -1,0 +1,41 @@
+package cli
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestManagerFlags(t *testing.T) {
+	cmd := newManagerCommand()
+	for flag, def := range map[string]string{
+		"leader-elect":              "true",
+		"leader-election-namespace": "",
+		"metrics-bind-address":      ":8443",
+		"metrics-secure":            "true",
+		"health-probe-bind-address": ":8081",
+		"worker-image":              "",
+		"worker-service-account":    "runledger-worker",
+		"retry-backoff":             "10s",
+		"retry-backoff-max":         "6m0s",
+		"zap-log-level":             "",
+		"zap-devel":                 "false",
+	} {
+		f := cmd.Flags().Lookup(flag)
+		require.NotNil(t, f, "--%s", flag)
+		if flag != "zap-log-level" {
+			require.Equal(t, def, f.DefValue, "--%s", flag)
+		}
+	}
+}
+
+func TestManagerRejectsBadFlags(t *testing.T) {
+	cmd := newManagerCommand()
+	cmd.SetArgs([]string{"--worker-image-pull-policy=Sometimes", "--leader-elect=false"})
+	err := cmd.Execute()
+	var exit *ExitError
+	require.True(t, errors.As(err, &exit), "%v", err)
+	require.Equal(t, ExitBadInput, exit.Code)
+	require.Contains(t, err.Error(), "--worker-image-pull-policy")
+}
