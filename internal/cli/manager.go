@@ -1,9 +1,11 @@
 package cli
 
 import (
-	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -146,9 +148,13 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 		return fmt.Errorf("add readiness check: %w", err)
 	}
 
+	// SIGTERM (the kubelet) or Ctrl-C stops the manager; with leader
+	// election it hands the Lease over on the way out.
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
 	log.Info("starting manager", "leaderElect", o.leaderElect, "workerImage", o.workerImage,
 		"workerServiceAccount", o.workerServiceAccount)
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil && !errors.Is(err, cmd.Context().Err()) {
+	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil

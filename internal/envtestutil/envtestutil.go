@@ -42,7 +42,9 @@ import (
 // Env is a running kube-apiserver with runledger's CRDs.
 type Env struct {
 	Config *rest.Config
-	Scheme *k8sruntime.Scheme
+	// KubeConfig is a kubeconfig file's content for the apiserver (admin).
+	KubeConfig []byte
+	Scheme     *k8sruntime.Scheme
 	// Client is an uncached client with full rights.
 	Client client.Client
 	env    *envtest.Environment
@@ -111,7 +113,7 @@ func Start() (*Env, error) {
 		_ = te.Stop()
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	return &Env{Config: cfg, Scheme: scheme, Client: c, env: te}, nil
+	return &Env{Config: cfg, KubeConfig: te.KubeConfig, Scheme: scheme, Client: c, env: te}, nil
 }
 
 // Stop stops kube-apiserver and etcd.

@@ -1,0 +1,157 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli"
+	"github.com/runledger/runledger/internal/envtestutil"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func eventually(t *testing.T, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func httpGet(url string) (string, error) {
+	resp, err := http.Get(url) //nolint:noctx // a local test endpoint
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", resp.Status, b)
+	}
+	return string(b), nil
+}
+
+// `runledger manager` as it runs in the cluster (leader election, probes,
+// metrics, the pod cache), against the test apiserver.
+func TestManagerCommand(t *testing.T) {
+	env := envtestutil.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	require.NoError(t, env.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: ns},
+		StringData: map[string]string{"dsn": "postgres://db/ledger"}}))
+	require.NoError(t, env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "runledger-worker", Namespace: ns}}))
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, env.KubeConfig, 0o600))
+
+	probes, metrics := freePort(t), freePort(t)
+	cmd := cli.NewRootCommand()
+	cmd.SetArgs([]string{"manager",
+		"--kubeconfig", kubeconfig,
+		"--leader-election-namespace", ns,
+		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probes),
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metrics),
+		"--metrics-secure=false",
+		"--worker-image", "registry.example/runledger:e2e",
+		"--zap-log-level", "error",
+	})
+	cmdCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(cmdCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Error("manager did not stop")
+		}
+	})
+
+	eventually(t, "readyz", func() error {
+		_, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", probes))
+		return err
+	})
+	eventually(t, "the Lease", func() error {
+		var lease coordinationv1.Lease
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "runledger-manager.processing.runledger.dev"}, &lease); err != nil {
+			return err
+		}
+		if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
+			return fmt.Errorf("no holder")
+		}
+		return nil
+	})
+
+	run := &v1alpha1.ProcessingRun{
+		ObjectMeta: metav1.ObjectMeta{Name: "cmd", Namespace: ns},
+		Spec: v1alpha1.ProcessingRunSpec{
+			Database: v1alpha1.DatabaseSpec{SecretRef: v1alpha1.SecretKeyRef{Name: "db", Key: "dsn"}},
+			Batch:    v1alpha1.BatchSpec{Query: "select 'a' as entity, '1' as occurrence"},
+			Workers:  2,
+		},
+	}
+	require.NoError(t, env.Client.Create(ctx, run))
+	eventually(t, "worker pods", func() error {
+		var pods corev1.PodList
+		if err := env.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		if len(pods.Items) != 2 {
+			return fmt.Errorf("%d pods", len(pods.Items))
+		}
+		for _, p := range pods.Items {
+			if img := p.Spec.Containers[0].Image; img != "registry.example/runledger:e2e" {
+				return fmt.Errorf("pod %s image %s", p.Name, img)
+			}
+		}
+		return nil
+	})
+	eventually(t, "metrics", func() error {
+		body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
+		if err != nil {
+			return err
+		}
+		for _, want := range []string{
+			`runledger_runs{phase="Running"} 1`,
+			`runledger_worker_pods_created_total`,
+			`runledger_items_total{outcome="completed"}`,
+			`controller_runtime_reconcile_total{controller="processingrun"`,
+		} {
+			if !strings.Contains(body, want) {
+				return fmt.Errorf("no %q in the metrics", want)
+			}
+		}
+		return nil
+	})
+}
