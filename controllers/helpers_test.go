@@ -117,6 +117,8 @@ func startManager(t *testing.T, env *envtestutil.Env, ns string, mc managerConfi
 		BackoffBase:     300 * time.Millisecond,
 		BackoffMax:      2 * time.Second,
 		DependencyRetry: 300 * time.Millisecond,
+		// Count-only status writes are spaced, as in production (2s).
+		StatusInterval: 250 * time.Millisecond,
 	}
 	require.NoError(t, r.SetupWithManager(mgr, controller.Options{}))
 	ctx, cancel := context.WithCancel(context.Background())
