@@ -86,6 +86,20 @@ cluster-up: ## Start a single-node Kubernetes cluster and PostgreSQL in a networ
 cluster-down: ## Stop the local cluster and leave the host as it was found.
 	$(ROOT)/hack/cluster.sh down
 
+##@ Demo and end-to-end tests
+
+.PHONY: demo
+demo: ## Run runledger on a real local cluster: installs and builds what is missing (first time ~15 min), deploys the operator, runs the sample (root; hack/demo.sh).
+	$(ROOT)/hack/demo.sh
+
+.PHONY: demo-down
+demo-down: ## Stop the demo's cluster and leave the host as it was found.
+	$(ROOT)/hack/demo.sh down
+
+.PHONY: e2e
+e2e: ## End-to-end tests on a real local cluster (root; hack/e2e.sh: up, deploy, go test -tags e2e ./test/e2e/..., down, host check).
+	$(ROOT)/hack/e2e.sh
+
 ##@ Tools
 
 $(GOLANGCI_LINT):
