@@ -110,6 +110,7 @@ func (s *shardRun) log() logr.Logger {
 func (s *shardRun) run(ctx context.Context) {
 	log := s.log()
 	st, err := s.cfg.Source.open(ctx, s.store.Pool(), s.cfg.Run.Shard, s.cfg.Shards, streamOptions{
+		runUID:    s.cfg.Run.UID,
 		fetchSize: s.cfg.ChunkSize,
 		retry:     s.cfg.Retry,
 		limits:    s.cfg.Limits,
@@ -223,6 +224,8 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 
 	// The first copy of each key, in order; later copies follow their first.
 	var firsts []ledger.Item
+	held := make(map[ledger.Key]ledger.Holder)
+	var unchecked []ledger.Key
 	firstIdx := make([]int, len(chunk)) // entry -> index in firsts, or -1
 	last := -1
 	for i, e := range chunk {
@@ -233,21 +236,25 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 			last = len(firsts)
 			firsts = append(firsts, e.item)
 			firstIdx[i] = last
+			switch {
+			case !e.checked:
+				unchecked = append(unchecked, e.item.Key)
+			case e.holder != ledger.HolderNone:
+				held[e.item.Key] = e.holder
+			}
 		case last >= 0:
 			firstIdx[i] = last
 		}
 	}
 
-	// Preload: which first copies are committed already, and by whom.
-	keys := make([]ledger.Key, len(firsts))
-	for i, it := range firsts {
-		keys[i] = it.Key
-	}
-	var held map[ledger.Key]ledger.Holder
-	if len(keys) > 0 {
+	// Preload: which first copies are committed already, and by whom (unless
+	// the source said so already).
+	if len(unchecked) > 0 {
 		err := s.cfg.Retry.Do(ctx, "preloading committed keys", s.onRetry("preload"), func(int) error {
-			var err error
-			held, err = s.store.Preload(work, s.cfg.Run.UID, keys)
+			h, err := s.store.Preload(work, s.cfg.Run.UID, unchecked)
+			for k, v := range h {
+				held[k] = v
+			}
 			return err
 		})
 		if err != nil {

@@ -7,3 +7,6 @@ func ShardSQLForTest(entity, occurrence string, n int) string {
 	}
 	return shardSQL(entity, occurrence, n)
 }
+
+// HashBytesExtendedForTest exposes the Go port of PostgreSQL's hash.
+func HashBytesExtendedForTest(k []byte, seed uint64) uint64 { return hashBytesExtended(k, seed) }

@@ -23,6 +23,10 @@ import (
 // the batch. The shard counts its rows when it opens the cursor, so its
 // total is known from the start.
 //
+// The query also joins the ledger: each row arrives with the run that holds
+// its key, if any, so a chunk needs no separate preload round trip, and a
+// batch that is already handled costs one set-based join and no write.
+//
 // Each shard reads only its rows: the shard filter (ShardOf, as SQL) runs in
 // PostgreSQL. Rows come sorted by key (byte order), which gives two things
 // with O(1) memory: repeats of a key are adjacent, so in-batch duplicates are
@@ -117,19 +121,27 @@ func queryError(where string, err error) error {
 func (q *QuerySource) shardQuery(shard, shards int, offset int64) string {
 	payload := "NULL::text"
 	if q.hasPayload {
-		payload = "q.payload::text"
+		payload = "s.rl_p::text" // cast after the shard filter: only this shard's rows pay
 	}
 	var b strings.Builder
-	b.WriteString("SELECT rl_e, rl_o, rl_p, rl_n FROM (\n  SELECT q.entity::text AS rl_e, q.occurrence::text AS rl_o, ")
-	b.WriteString(payload)
-	b.WriteString(" AS rl_p, row_number() OVER () AS rl_n\n  FROM (\n")
+	// The LEFT JOIN is the preload, set-based inside the query: the run_uid of
+	// the committed row holding each key (at most one: the unique rule), as of
+	// the query's snapshot. Like any preload it may be stale by the time the
+	// chunk commits; it only decides what need not be sent to the insert path.
+	fmt.Fprintf(&b, "SELECT s.rl_e, s.rl_o, %s, s.rl_n, l.run_uid FROM (\n", payload)
+	b.WriteString("  SELECT q.entity::text AS rl_e, q.occurrence::text AS rl_o, ")
+	if q.hasPayload {
+		b.WriteString("q.payload AS rl_p, ")
+	}
+	b.WriteString("row_number() OVER () AS rl_n\n  FROM (\n")
 	b.WriteString(q.sql)
 	b.WriteString("\n  ) AS q\n) AS s\n")
+	b.WriteString("LEFT JOIN runledger.ledger AS l ON l.entity = s.rl_e AND l.occurrence = s.rl_o AND l.state = 'committed'\n")
 	if shards > 1 {
 		// Rows with a NULL key part have no shard; shard 0 reports them.
-		fmt.Fprintf(&b, "WHERE coalesce(%s, 0) = %d\n", shardSQL("rl_e", "rl_o", shards), shard)
+		fmt.Fprintf(&b, "WHERE coalesce(%s, 0) = %d\n", shardSQL("s.rl_e", "s.rl_o", shards), shard)
 	}
-	b.WriteString(`ORDER BY coalesce(rl_e, '') COLLATE "C", coalesce(rl_o, '') COLLATE "C", rl_n` + "\n")
+	b.WriteString(`ORDER BY s.rl_e COLLATE "C" NULLS FIRST, s.rl_o COLLATE "C" NULLS FIRST, s.rl_n` + "\n")
 	if offset > 0 {
 		b.WriteString("OFFSET " + strconv.FormatInt(offset, 10) + "\n")
 	}
@@ -152,6 +164,9 @@ func (q *QuerySource) open(ctx context.Context, pool *pgxpool.Pool, shard, shard
 
 // cursorName is the server-side cursor of a query stream.
 const cursorName = "runledger_source"
+
+// sourceWorkMem is the work_mem of a query stream's transaction.
+const sourceWorkMem = "64MB"
 
 type queryStream struct {
 	q             *QuerySource
@@ -235,6 +250,12 @@ func (s *queryStream) openCursor(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("beginning read-only transaction: %w", err)
 	}
+	// The shard's rows are sorted (and joined) in the server: give the sort
+	// room to stay in memory, for this transaction only.
+	if _, err := tx.Exec(ctx, "SET LOCAL work_mem = '"+sourceWorkMem+"'"); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return fmt.Errorf("setting work_mem: %w", err)
+	}
 	// Rows to skip: those already yielded (the buffer was dropped on error).
 	// SCROLL, to count the rows (MOVE to the end, then back): the sort has
 	// materialised them anyway, and the count makes the shard's total exact
@@ -262,11 +283,20 @@ func (s *queryStream) fetch(ctx context.Context) error {
 		s.close()
 		return fmt.Errorf("fetching rows: %w", err)
 	}
-	var e, o, p *string
+	var e, o, p, holder *string
 	var n int64
 	buf := make([]entry, 0, s.opt.fetchSize)
-	_, err = pgx.ForEachRow(rows, []any{&e, &o, &p, &n}, func() error {
-		buf = append(buf, s.rowEntry(e, o, p, n))
+	_, err = pgx.ForEachRow(rows, []any{&e, &o, &p, &n, &holder}, func() error {
+		en := s.rowEntry(e, o, p, n)
+		en.checked = true
+		switch {
+		case holder == nil:
+		case *holder == s.opt.runUID:
+			en.holder = ledger.HolderSameRun
+		default:
+			en.holder = ledger.HolderOtherRun
+		}
+		buf = append(buf, en)
 		return nil
 	})
 	if err != nil {

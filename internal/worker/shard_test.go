@@ -3,6 +3,8 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -12,22 +14,23 @@ import (
 	"github.com/runledger/runledger/internal/worker"
 )
 
-// shardGolden pins ShardOf: SHA-256(entity 0x00 occurrence), first 8 bytes
-// big-endian, top bit cleared, mod n. The values were computed independently
-// (Python's hashlib). If this test fails, the function changed and every
-// running or resumed run would split its keys differently: do not update the
-// values, restore the function.
+// shardGolden pins ShardOf: hashtextextended(entity, hashtextextended(
+// occurrence, seed)) with the top bit cleared, mod n. PostgreSQL itself is the
+// oracle: TestShardSQLMatchesGo computes the same values on the server. If
+// this test fails, the function changed and every running or resumed run
+// would split its keys differently: do not update the values, restore the
+// function.
 var shardGolden = []struct {
 	entity, occurrence string
 	shards             map[int]int // n -> shard
 }{
-	{"acct-1", "2024-06", map[int]int{1: 0, 2: 0, 3: 1, 4: 0, 7: 3, 256: 136}},
-	{"acct-2", "2024-06", map[int]int{1: 0, 2: 0, 3: 0, 4: 0, 7: 5, 256: 44}},
-	{"a", "bc", map[int]int{1: 0, 2: 1, 3: 1, 4: 1, 7: 2, 256: 49}},
-	{"ab", "c", map[int]int{1: 0, 2: 1, 3: 1, 4: 1, 7: 2, 256: 77}},
-	{"Ünïcødé", "🙂", map[int]int{1: 0, 2: 1, 3: 2, 4: 3, 7: 3, 256: 191}},
-	{"x", "y", map[int]int{1: 0, 2: 0, 3: 0, 4: 2, 7: 2, 256: 122}},
-	{"customer-000042", "invoice-2024-01", map[int]int{1: 0, 2: 0, 3: 1, 4: 2, 7: 6, 256: 58}},
+	{"acct-1", "2024-06", map[int]int{1: 0, 2: 0, 3: 1, 4: 0, 7: 5, 256: 120}},
+	{"acct-2", "2024-06", map[int]int{1: 0, 2: 0, 3: 0, 4: 0, 7: 2, 256: 4}},
+	{"a", "bc", map[int]int{1: 0, 2: 0, 3: 1, 4: 2, 7: 2, 256: 106}},
+	{"ab", "c", map[int]int{1: 0, 2: 0, 3: 0, 4: 2, 7: 6, 256: 54}},
+	{"Ünïcødé", "🙂", map[int]int{1: 0, 2: 0, 3: 0, 4: 0, 7: 5, 256: 92}},
+	{"x", "y", map[int]int{1: 0, 2: 1, 3: 1, 4: 1, 7: 4, 256: 21}},
+	{"customer-000042", "invoice-2024-01", map[int]int{1: 0, 2: 0, 3: 2, 4: 0, 7: 3, 256: 196}},
 }
 
 func TestShardOfGolden(t *testing.T) {
@@ -64,8 +67,9 @@ func TestShardSQLMatchesGo(t *testing.T) {
 		entities, occurrences = append(entities, g.entity), append(occurrences, g.occurrence)
 	}
 	for i := range 3000 {
-		entities = append(entities, fmt.Sprintf("entity-%d-é", i))
-		occurrences = append(occurrences, fmt.Sprintf("%d", i*7919))
+		// Lengths from 1 to ~60 bytes: every tail length of lookup3's 12-byte blocks.
+		entities = append(entities, fmt.Sprintf("entity-%d-é%s", i, strings.Repeat("x", i%37)))
+		occurrences = append(occurrences, fmt.Sprintf("%d%s", i*7919, strings.Repeat("ø", i%13)))
 	}
 	for _, n := range []int{1, 2, 3, 4, 7, 16, 255, 256} {
 		rows, err := pool.Query(ctx, "SELECT e, o, "+worker.ShardSQLForTest("e", "o", n)+" FROM unnest($1::text[], $2::text[]) AS k(e, o)", entities, occurrences)
@@ -81,4 +85,39 @@ func TestShardSQLMatchesGo(t *testing.T) {
 		require.NoError(t, rows.Err())
 		require.Equal(t, len(entities), checked, "every key checked for n=%d", n)
 	}
+}
+
+// TestHashMatchesPostgreSQL: the Go port of hash_bytes_extended gives
+// hashtextextended's value for random byte strings of every length from 0 to
+// 100 and random seeds (zero included), on the real server.
+func TestHashMatchesPostgreSQL(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var texts []string
+	var seeds []int64
+	for n := range 101 {
+		for range 5 {
+			b := make([]rune, 0, n)
+			for len(string(b)) < n {
+				b = append(b, rune(1+rng.IntN(0x2FF))) // ASCII and 2-byte UTF-8, never NUL
+			}
+			texts = append(texts, string(b))
+			seeds = append(seeds, int64(rng.Uint64()))
+		}
+	}
+	seeds[0], seeds[7] = 0, -1
+	rows, err := pool.Query(context.Background(),
+		`SELECT t, s, hashtextextended(t COLLATE "C", s) FROM unnest($1::text[], $2::bigint[]) AS x(t, s)`, texts, seeds)
+	require.NoError(t, err)
+	checked := 0
+	for rows.Next() {
+		var text string
+		var seed, want int64
+		require.NoError(t, rows.Scan(&text, &seed, &want))
+		require.Equal(t, uint64(want), worker.HashBytesExtendedForTest([]byte(text), uint64(seed)), "hash of %q (%d bytes) with seed %d", text, len(text), seed)
+		checked++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, len(texts), checked)
 }

@@ -27,6 +27,7 @@ type Source interface {
 }
 
 type streamOptions struct {
+	runUID    string // to tell this run's rows from others' (HolderSameRun)
 	fetchSize int
 	retry     Backoff
 	limits    Limits
@@ -42,6 +43,11 @@ type entry struct {
 	// bad: the row could not become an item; it counts as failed, with this
 	// error, and is never committed.
 	bad *InputError
+	// checked: the source already asked the ledger who holds the key (a
+	// query source joins the ledger), so the chunk needs no preload for it;
+	// holder is the answer (HolderNone: not committed when the source read it).
+	checked bool
+	holder  ledger.Holder
 }
 
 type stream interface {
