@@ -2,10 +2,13 @@
 # `make demo`: runledger on a real single-node Kubernetes cluster on this
 # machine, from a fresh clone.
 #
-# Usage: hack/demo.sh        install what is missing, start the cluster,
-#                            install the operator, run the sample and a second,
-#                            overlapping run
-#        hack/demo.sh down   stop everything (make demo-down)
+# Usage: hack/demo.sh          install what is missing, start the cluster,
+#                              install the operator, run the sample and a
+#                              second, overlapping run
+#        hack/demo.sh down     stop everything (make demo-down)
+#        hack/demo.sh prereqs  steps 1-2 only: what the cluster needs
+#        hack/demo.sh install  steps 1-5 only: the cluster with the operator
+#                              deployed (hack/e2e.sh uses it)
 #
 # What it does, each step skipped when already done:
 #   1. Debian packages: containerd runc containernetworking-plugins iptables
@@ -35,7 +38,9 @@ IMAGE_REPO=runledger.local/runledger
 LEASE=runledger-manager.processing.runledger.dev
 
 T0="${SECONDS}"
-say() { printf '\n\033[1m==> %s\033[0m  [%s]\n' "$*" "$(clock)"; }
+BOLD="" PLAIN=""
+if [[ -t 1 ]]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; fi
+say() { printf '\n%s==> %s%s  [%s]\n' "${BOLD}" "$*" "${PLAIN}" "$(clock)"; }
 info() { echo "    $*"; }
 die() { echo "demo: error: $*" >&2; exit 1; }
 clock() { local s=$((SECONDS - T0)); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
@@ -46,7 +51,12 @@ if [[ "${1:-}" == down ]]; then
   "${CLUSTER}" down
   exit 0
 fi
-[[ $# -eq 0 ]] || die "usage: hack/demo.sh [down]"
+MODE=all
+case "${1:-}" in
+  "") ;;
+  prereqs | install) MODE="$1" ;;
+  *) die "usage: hack/demo.sh [down|prereqs|install]" ;;
+esac
 
 command -v go >/dev/null || die "Go is not installed (https://go.dev/dl/; see go.mod for the version)"
 
@@ -93,6 +103,7 @@ if ((${#todo[@]} > 0)); then
 else
   info "cached in ${BIN_DIR#"${ROOT}/"}"
 fi
+if [[ "${MODE}" == prereqs ]]; then exit 0; fi
 
 # --- 3. runledger ------------------------------------------------------------------
 say "3/7 runledger binary"
@@ -144,6 +155,7 @@ for _ in $(seq 60); do
 done
 info "leader: ${holder:-none yet}"
 kubectl -n "${SYSTEM_NS}" get deployment,pods -o wide | sed 's/^/    /'
+if [[ "${MODE}" == install ]]; then exit 0; fi
 
 # --- 6. the sample run -------------------------------------------------------------
 say "6/7 the sample run: kubectl apply -k config/samples (Secret pointed at the cluster's PostgreSQL)"
@@ -194,7 +206,7 @@ psql "$("${CLUSTER}" dsn)" -X -q -c \
 
 cat <<EOF
 
-$(printf '\033[1m')Done in $(clock).$(printf '\033[0m') The cluster keeps running. Use kubectl against it:
+${BOLD}Done in $(clock).${PLAIN} The cluster keeps running. Use kubectl against it:
 
     source <(hack/cluster.sh env)      # KUBECONFIG, PATH (kubectl), RUNLEDGER_DATABASE_URL
     kubectl -n ${NS} get processingruns

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# `make e2e`: runledger's end-to-end tests on a real single-node cluster.
+#
+# Usage: hack/e2e.sh [GO TEST ARGS...]     e.g. hack/e2e.sh -run TestHappyPath
+#
+#   1. prerequisites: Debian packages, Kubernetes binaries (hack/demo.sh
+#      prereqs; the first time builds from the Go module proxy)
+#   2. a snapshot of the host (hack/host-check.sh); a cluster that is already
+#      running (make demo) is taken down first, so the tests get a fresh one
+#   3. the cluster, the runledger image and the operator, installed with
+#      kubectl apply -k config/default and a kustomize image override
+#      (hack/demo.sh install)
+#   4. go test -tags e2e ./test/e2e/... -v -count=1 -timeout 40m
+#      (output also in .cluster/logs/e2e.log)
+#   5. always: hack/cluster.sh down, then hack/host-check.sh compare: no
+#      process, mount, network namespace, interface, iptables rule, sysctl,
+#      cgroup or path left behind
+#
+# Exits non-zero when a test fails, the setup fails, or the host is not left
+# as it was found. KEEP_CLUSTER=1 leaves the cluster running afterwards (for
+# debugging; no host check then).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+CLUSTER="${ROOT}/hack/cluster.sh"
+HOSTCHECK="${ROOT}/hack/host-check.sh"
+LOG="${ROOT}/.cluster/logs/e2e.log"
+
+T0="${SECONDS}"
+clock() { local s=$((SECONDS - T0)); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
+say() { printf '\n==> e2e: %s  [%s]\n' "$*" "$(clock)"; }
+die() { echo "e2e: error: $*" >&2; exit 1; }
+
+[[ "$(id -u)" == 0 ]] || die "run as root: the cluster needs network namespaces, mounts and cgroups"
+command -v go >/dev/null || die "Go is not installed"
+
+say "prerequisites"
+"${ROOT}/hack/demo.sh" prereqs
+
+if [[ -d "${ROOT}/.cluster/run" ]] || ip netns list 2>/dev/null | grep -qw runledger; then
+  say "a cluster is running: taking it down, the tests get a fresh one"
+  "${CLUSTER}" down
+fi
+
+SNAPSHOT="$(mktemp /tmp/runledger-host.XXXXXX)"
+"${HOSTCHECK}" snapshot "${SNAPSHOT}"
+
+TEST_RC=""
+finish() {
+  local rc=$?
+  trap - EXIT INT TERM
+  local host_rc=0
+  if [[ "${KEEP_CLUSTER:-}" == 1 ]]; then
+    say "KEEP_CLUSTER=1: the cluster keeps running (hack/cluster.sh down stops it); no host check"
+  else
+    say "take the cluster down"
+    "${CLUSTER}" down || host_rc=1
+    say "host check"
+    "${HOSTCHECK}" compare "${SNAPSHOT}" || host_rc=1
+  fi
+  rm -f "${SNAPSHOT}"
+  echo
+  if [[ -z "${TEST_RC}" ]]; then
+    echo "e2e: FAILED before the tests ran (exit ${rc}) [$(clock)]"
+    [[ "${rc}" != 0 ]] || rc=1
+  elif [[ "${TEST_RC}" != 0 ]]; then
+    echo "e2e: tests FAILED (go test exit ${TEST_RC}; log: ${LOG#"${ROOT}/"}) [$(clock)]"
+    rc="${TEST_RC}"
+  else
+    echo "e2e: tests passed [$(clock)]"
+  fi
+  if [[ "${host_rc}" != 0 ]]; then
+    echo "e2e: the host was NOT left as found (see above)"
+    [[ "${rc}" != 0 ]] || rc=1
+  elif [[ "${KEEP_CLUSTER:-}" != 1 ]]; then
+    echo "e2e: the host is left as found"
+  fi
+  exit "${rc}"
+}
+trap finish EXIT
+trap 'exit 130' INT TERM
+
+say "cluster and operator (hack/demo.sh install)"
+"${ROOT}/hack/demo.sh" install
+
+say "go test -tags e2e ./test/e2e/... $*"
+eval "$("${CLUSTER}" env)"
+export RUNLEDGER_E2E_REQUIRE=1
+set +e
+(cd "${ROOT}" && go test -tags e2e ./test/e2e/... -v -count=1 -timeout 40m "$@") 2>&1 | tee "${LOG}"
+TEST_RC="${PIPESTATUS[0]}"
+set -e
+grep -E '^(--- |ok |FAIL|PASS)' "${LOG}" | sed 's/^/    /' || true
