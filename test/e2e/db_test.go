@@ -86,7 +86,7 @@ func (f *fixture) int(query string, args ...any) int64 {
 	f.t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		n, err := f.env.sql(context.Background(), f.dsn, query, args...)
+		n, err := f.sql(context.Background(), f.dsn, query, args...)
 		if err == nil {
 			return n
 		}
