@@ -69,6 +69,7 @@ type runOptions struct {
 	retryTimeout     time.Duration
 	drainTimeout     time.Duration
 	progressInterval time.Duration
+	stdin            io.Reader
 }
 
 func newRunCommand() *cobra.Command {
@@ -113,6 +114,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 	if o.output != "text" && o.output != "json" {
 		return badInput(fmt.Errorf("--output %q: want text or json", o.output))
 	}
+	o.stdin = cmd.InOrStdin()
 	dsn, _ := databaseURL(cmd) // checked in execute, with the JSON output
 	secrets := worker.Secrets(dsn)
 	stderr := worker.NewRedactingWriter(cmd.ErrOrStderr(), secrets)
@@ -273,9 +275,9 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	case len(errs) > 0:
 		return sum, &ExitError{Code: ExitFailed, Err: errors.Join(errs...)}
 	case sum.Interrupted:
-		return sum, &ExitError{Code: ExitFailed, Err: fmt.Errorf("interrupted: %d of %d items processed; run the same command again to finish (what was committed counts as completed)", sum.Processed(), sum.Total)}
+		return sum, &ExitError{Code: ExitFailed, Err: fmt.Errorf("interrupted: %d of %s processed; run the same command again to finish (what was committed counts as completed)", sum.Processed(), worker.Items(sum.Total))}
 	case sum.Failed > int64(plan.MaxFailedItems):
-		return sum, &ExitError{Code: ExitFailed, Err: fmt.Errorf("%d items failed, more than spec.maxFailedItems (%d)", sum.Failed, plan.MaxFailedItems)}
+		return sum, &ExitError{Code: ExitFailed, Err: fmt.Errorf("%s failed, more than spec.maxFailedItems (%d)", worker.Items(sum.Failed), plan.MaxFailedItems)}
 	}
 	return sum, nil
 }
@@ -383,7 +385,7 @@ func (o *runOptions) batchData(m *manifest) worker.BatchData {
 			var data []byte
 			var err error
 			if o.fromFile == "-" {
-				data, err = io.ReadAll(os.Stdin)
+				data, err = io.ReadAll(o.stdin)
 			} else {
 				data, err = os.ReadFile(o.fromFile)
 			}

@@ -116,15 +116,23 @@ func ShardMessage(r Report, maxFailed int) string {
 	case r.Err != nil:
 		return r.Err.Error()
 	case r.Interrupted:
-		return fmt.Sprintf("interrupted after %d of %d items", r.Processed(), r.Total)
+		return fmt.Sprintf("interrupted after %d of %s", r.Processed(), Items(r.Total))
 	case r.TooManyFailures:
-		return fmt.Sprintf("stopped: %d items failed, more than maxFailedItems (%d)%s", r.Failed, maxFailed, first)
+		return fmt.Sprintf("stopped: %s failed, more than maxFailedItems (%d)%s", Items(r.Failed), maxFailed, first)
 	case r.Failed > 0:
-		return fmt.Sprintf("%d items failed%s", r.Failed, first)
+		return fmt.Sprintf("%s failed%s", Items(r.Failed), first)
 	case r.Done:
 		return "done"
 	}
-	return fmt.Sprintf("processing: %d of %d items", r.Processed(), r.Total)
+	return fmt.Sprintf("processing: %d of %s", r.Processed(), Items(r.Total))
+}
+
+// Items renders a count of items: "1 item", "3 items".
+func Items(n int64) string {
+	if n == 1 {
+		return "1 item"
+	}
+	return fmt.Sprintf("%d items", n)
 }
 
 // StatusReporter writes the worker's own status.shards[] entry by

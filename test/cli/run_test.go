@@ -97,3 +97,41 @@ func readFile(t *testing.T, path string) string {
 	require.NoError(t, err)
 	return string(b)
 }
+
+// TestRunSupersede: a second run over the same keys with onExisting:
+// Supersede reprocesses every item (its effect runs again) and retires the
+// first run's rows; run again, it supersedes nothing more.
+func TestRunSupersede(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	d.exec(t, `CREATE TABLE invoices (account text NOT NULL, period text NOT NULL, amount numeric NOT NULL)`)
+	items := make([]string, 0, 20)
+	for i := range 20 {
+		items = append(items, fmt.Sprintf(`{"entity": "acct-%d", "occurrence": "2024-06", "payload": {"amount": %d}}`, i, i))
+	}
+	jsonl := writeFile(t, "items.jsonl", strings.Join(items, "\n"))
+	run := func(name string, extra ...string) result {
+		spec := append([]string{"batch: {configMapRef: {name: june, key: items.jsonl}}",
+			`effect: {sql: "INSERT INTO invoices SELECT entity, occurrence, (payload->>'amount')::numeric FROM claimed"}`}, extra...)
+		// The JSON Lines come from stdin this time.
+		return runCLI(t, readFile(t, jsonl), "run", "-f", writeFile(t, "run.yaml", manifest(name, spec...)), "--from-file", "-", "--dsn", d.dsn, "--output", "json")
+	}
+	r := run("v1")
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 20, Completed: 20}, r.summary(t).counts())
+
+	r = run("v2", "onExisting: Supersede")
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 20, Completed: 20}, r.summary(t).counts(), "every item reprocessed")
+	require.EqualValues(t, 20, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_name = 'v1' AND state = 'superseded'`))
+	require.EqualValues(t, 20, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_name = 'v2' AND state = 'committed'`))
+	require.EqualValues(t, 40, d.int(t, `SELECT count(*) FROM invoices`), "the effect ran again for each item")
+
+	writes := d.ledgerWrites(t)
+	r = run("v2", "onExisting: Supersede")
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 20, Completed: 20}, r.summary(t).counts(), "its own rows: completed")
+	require.Equal(t, writes, d.ledgerWrites(t), "nothing superseded twice, nothing written")
+	require.EqualValues(t, 40, d.int(t, `SELECT count(*) FROM invoices`))
+	require.EqualValues(t, 20, d.committed(t))
+}
