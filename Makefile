@@ -97,8 +97,8 @@ demo-down: ## Stop the demo's cluster and leave the host as it was found.
 	$(ROOT)/hack/demo.sh down
 
 .PHONY: e2e
-e2e: ## End-to-end tests on a real local cluster (root; hack/e2e.sh: up, deploy, go test -tags e2e ./test/e2e/..., down, host check).
-	$(ROOT)/hack/e2e.sh
+e2e: ## End-to-end tests on a real local cluster (root; hack/e2e.sh: up, deploy, go test -tags e2e, down, host check). E2E_ARGS='-run TestHappyPath' selects tests.
+	$(ROOT)/hack/e2e.sh $(E2E_ARGS)
 
 ##@ Tools
 

@@ -52,7 +52,7 @@ var (
 
 // errSkip marks what makes the tests skip rather than fail: no cluster was
 // given to them.
-var errSkip = errors.New("skip")
+var errSkip = errors.New("cannot run here")
 
 // setup returns the shared environment, or skips the test (fails it with
 // RUNLEDGER_E2E_REQUIRE=1) when there is no cluster to run against.

@@ -93,6 +93,14 @@ func newFixture(t *testing.T, name string, sleepPerChunk float64) *fixture {
 	return f
 }
 
+// with is the fixture for a subtest: the same namespace and database, and
+// the subtest's t for its failures.
+func (f *fixture) with(t *testing.T) *fixture {
+	c := *f
+	c.t = t
+	return &c
+}
+
 func randSuffix() string {
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)

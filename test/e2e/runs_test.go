@@ -185,6 +185,7 @@ func TestBadInput(t *testing.T) {
 	f := newFixture(t, "badinput", 0)
 
 	t.Run("missing Secret", func(t *testing.T) {
+		f := f.with(t)
 		run := f.createRun("no-secret", runSpec{workers: 2, batch: inlineItems(1, 10), secret: "late-secret"})
 		run = f.waitRun(run.Name, time.Minute, "Stalled", func(r *v1alpha1.ProcessingRun) bool { return isTrue(r, v1alpha1.ConditionStalled) })
 		c := findCondition(run, v1alpha1.ConditionStalled)
@@ -205,6 +206,7 @@ func TestBadInput(t *testing.T) {
 	})
 
 	t.Run("missing ConfigMap", func(t *testing.T) {
+		f := f.with(t)
 		run := f.createRun("no-configmap", runSpec{batch: v1alpha1.BatchSpec{ConfigMapRef: &v1alpha1.ConfigMapKeyRef{Name: "absent", Key: "batch.jsonl"}}})
 		run = f.waitRun(run.Name, time.Minute, "Stalled", func(r *v1alpha1.ProcessingRun) bool { return isTrue(r, v1alpha1.ConditionStalled) })
 		c := findCondition(run, v1alpha1.ConditionStalled)
@@ -215,6 +217,7 @@ func TestBadInput(t *testing.T) {
 	})
 
 	t.Run("malformed ConfigMap line", func(t *testing.T) {
+		f := f.with(t)
 		lines := jsonLines(1, 2) + `{"entity": "acct-3", "occurrence": ` + "\n" + jsonLines(4, 10)
 		f.createConfigMap("broken", "batch.jsonl", lines)
 		run := f.createRun("malformed", runSpec{workers: 2, batch: v1alpha1.BatchSpec{ConfigMapRef: &v1alpha1.ConfigMapKeyRef{Name: "broken", Key: "batch.jsonl"}}})
