@@ -140,7 +140,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 	}()
 
 	sum, err := o.execute(ctx, cmd, dsn, stderr, log)
-	err = worker.RedactError(err, secrets)
+	err = redactExit(err, secrets) // keeps the exit code execute chose
 	if err != nil {
 		sum.Error = err.Error()
 	}
@@ -280,6 +280,24 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 		return sum, &ExitError{Code: ExitFailed, Err: fmt.Errorf("%s failed, more than spec.maxFailedItems (%d)", worker.Items(sum.Failed), plan.MaxFailedItems)}
 	}
 	return sum, nil
+}
+
+// redactExit returns err with every secret removed from its message,
+// keeping its exit code.
+func redactExit(err error, secrets []string) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	red := worker.Redact(msg, secrets)
+	if red == msg {
+		return err
+	}
+	var exit *ExitError
+	if errors.As(err, &exit) {
+		return &ExitError{Code: exit.Code, Err: errors.New(red)}
+	}
+	return errors.New(red)
 }
 
 // exitFor maps an error of the preparation steps to its exit code: bad input

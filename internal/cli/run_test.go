@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,4 +80,20 @@ status:
 	require.NoError(t, err)
 	require.Equal(t, "SELECT 1", m.run.Spec.Batch.Query)
 	require.Equal(t, "stdin", m.source)
+}
+
+func TestRedactExitKeepsTheCode(t *testing.T) {
+	t.Parallel()
+	secrets := []string{"hunter2"}
+	err := redactExit(badInput(errors.New("connecting with password hunter2")), secrets)
+	require.NotContains(t, err.Error(), "hunter2")
+	var exit *ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, ExitBadInput, exit.Code)
+
+	plain := &ExitError{Code: ExitFailed, Err: errors.New("no secret here")}
+	var same *ExitError
+	require.ErrorAs(t, redactExit(plain, secrets), &same)
+	require.Same(t, plain, same, "untouched without a secret")
+	require.NoError(t, redactExit(nil, secrets))
 }

@@ -102,13 +102,16 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 
 	s := &workerRun{opts: o, env: env, log: log}
 	rep, maxFailed, err := s.work(ctx, envErr)
-	err = worker.RedactError(err, secrets)
+	badIn := err != nil && (worker.IsInputError(err) || exitCode(err) == ExitBadInput) ||
+		rep.Err != nil && worker.IsInputError(rep.Err) // e.g. the query failed when it ran
+	err = redactExit(err, secrets)
+	rep.Err = worker.RedactError(rep.Err, secrets)
 	if err != nil && rep.Err == nil {
 		rep.Err = err
 	}
 	code := ExitOK
 	switch {
-	case err != nil && (worker.IsInputError(err) || exitCode(err) == ExitBadInput):
+	case badIn:
 		code = ExitBadInput
 	case err != nil, rep.Err != nil, rep.Interrupted, !rep.Done, rep.TooManyFailures, rep.Failed > int64(maxFailed):
 		code = ExitFailed
