@@ -25,7 +25,8 @@
 // RoleBinding and the ledger Secret, under the restricted Pod Security
 // level) and its own PostgreSQL database, so counts are exact per test.
 // A pod monitor watches every worker pod of the namespace for the whole
-// test and fails it if a shard ever had two live pods. Tests that disturb
+// test and fails it if a shard ever had two live pods; a count monitor
+// fails it if a run's completed, alreadyHandled or total ever went down. Tests that disturb
 // the whole cluster (leader failover, PostgreSQL restart) run alone; the
 // others run in parallel.
 package e2e

@@ -33,6 +33,7 @@ type fixture struct {
 	db  string
 	dsn string
 	mon *podMonitor
+	cnt *countMonitor
 }
 
 const (
@@ -44,7 +45,8 @@ const (
 // newFixture creates a namespace (restricted Pod Security level, the worker
 // ServiceAccount bound to the runledger-worker ClusterRole, the ledger
 // Secret) and a database with the sink schema whose trigger sleeps
-// sleepPerChunk seconds per chunk; it watches the namespace's worker pods.
+// sleepPerChunk seconds per chunk; it watches the namespace's worker pods
+// (never two live pods for a shard) and runs (counts never go down).
 // On success everything is deleted; on failure it is kept (with a dump of
 // what a user would look at) for debugging.
 func newFixture(t *testing.T, name string, sleepPerChunk float64) *fixture {
@@ -63,11 +65,16 @@ func newFixture(t *testing.T, name string, sleepPerChunk float64) *fixture {
 	}}}
 	require.NoError(t, e.c.Create(ctx, ns))
 	f.mon = startPodMonitor(ctx, t, e.cs, f.ns)
+	f.cnt = startCountMonitor(ctx, e.c, f.ns)
 	t.Cleanup(func() {
 		cancel()
 		f.mon.stop()
+		f.cnt.stop()
 		if v := f.mon.violations(); len(v) > 0 {
 			t.Errorf("a shard had two live pods at once:\n  %s", strings.Join(v, "\n  "))
+		}
+		if v := f.cnt.violations(); len(v) > 0 {
+			t.Errorf("a run's counts went down:\n  %s", strings.Join(v, "\n  "))
 		}
 		if t.Failed() {
 			f.dump()

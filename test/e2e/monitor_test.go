@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 )
@@ -143,4 +144,74 @@ func (m *podMonitor) podsOfShard(run *v1alpha1.ProcessingRun, shard int) []strin
 	defer m.mu.Unlock()
 	key := fmt.Sprintf("%s/shard-%d (run uid %s)", run.Name, shard, run.UID)
 	return append([]string(nil), m.seen[key]...)
+}
+
+// countMonitor polls the runs of a namespace for a whole test and records
+// every time a run's completed, alreadyHandled or total went down: a run's
+// counts never go down (a restarted shard catches up from its floor), and
+// only a finished run's failed may (a retry succeeded on items an earlier
+// attempt failed).
+type countMonitor struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu    sync.Mutex
+	last  map[string]v1alpha1.ProcessingRunStatus // by run UID
+	found []string
+}
+
+func startCountMonitor(parent context.Context, c client.Client, ns string) *countMonitor {
+	ctx, cancel := context.WithCancel(parent)
+	m := &countMonitor{cancel: cancel, done: make(chan struct{}), last: map[string]v1alpha1.ProcessingRunStatus{}}
+	go func() {
+		defer close(m.done)
+		for ctx.Err() == nil {
+			var runs v1alpha1.ProcessingRunList
+			if err := c.List(ctx, &runs, client.InNamespace(ns)); err == nil {
+				m.observe(runs.Items)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return m
+}
+
+func (m *countMonitor) observe(runs []v1alpha1.ProcessingRun) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, r := range runs {
+		uid := string(r.UID)
+		prev, ok := m.last[uid]
+		cur := r.Status
+		if ok {
+			for _, f := range []struct {
+				name     string
+				was, now int64
+			}{
+				{"total", prev.Total, cur.Total},
+				{"completed", prev.Completed, cur.Completed},
+				{"alreadyHandled", prev.AlreadyHandled, cur.AlreadyHandled},
+			} {
+				if f.now < f.was {
+					m.found = append(m.found, fmt.Sprintf("%s %s: %s went down from %d to %d (phase %s -> %s)",
+						time.Now().Format(time.RFC3339Nano), r.Name, f.name, f.was, f.now, prev.Phase, cur.Phase))
+				}
+			}
+		}
+		m.last[uid] = *cur.DeepCopy()
+	}
+}
+
+func (m *countMonitor) stop() {
+	m.cancel()
+	<-m.done
+}
+
+func (m *countMonitor) violations() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.found...)
 }
