@@ -47,6 +47,10 @@ same manifest again, after an interruption or a kill, counts what the earlier
 invocation committed as completed, and the totals come out as one
 uninterrupted run's would.
 
+One process at a time runs a given shard of a given run (an advisory lock in
+the database): a second invocation of the same manifest waits --lock-wait,
+then exits 1, since both would count each other's commits as their own.
+
 Progress goes to stderr (a live line on a terminal, a line every
 --progress-interval otherwise). The result goes to stdout: a summary, or with
 --output json exactly one JSON object:
@@ -69,6 +73,7 @@ type runOptions struct {
 	retryTimeout     time.Duration
 	drainTimeout     time.Duration
 	progressInterval time.Duration
+	lockWait         time.Duration
 	stdin            io.Reader
 }
 
@@ -95,6 +100,7 @@ func newRunCommand() *cobra.Command {
 	f.DurationVar(&o.retryTimeout, "retry-timeout", worker.DefaultBackoff.MaxElapsed, "how long to retry while the database is unreachable, per operation")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", worker.DefaultDrainTimeout, "on SIGINT/SIGTERM, how long the chunk in flight may still take to commit")
 	f.DurationVar(&o.progressInterval, "progress-interval", 10*time.Second, "time between progress lines when stderr is not a terminal")
+	f.DurationVar(&o.lockWait, "lock-wait", 5*time.Second, "how long to wait while another process runs the same shard of the same run")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
 }
@@ -191,8 +197,9 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	retry := worker.DefaultBackoff
 	retry.MaxElapsed = o.retryTimeout
 
-	// Two connections per shard: the source's cursor and the commits.
-	pool, err := ledger.Open(ctx, dsn, int32(2*parallel+1))
+	// Three connections per shard: the source's cursor, the commits and the
+	// shard's lock; one more for the start.
+	pool, err := ledger.Open(ctx, dsn, int32(3*parallel+1))
 	if err != nil {
 		return sum, badInput(err)
 	}
@@ -239,6 +246,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 			cfg.Budget = budget
 			cfg.Retry = retry
 			cfg.DrainTimeout = o.drainTimeout
+			cfg.LockWait = o.lockWait
 			cfg.Log = log
 			cfg.Progress = progress.Update
 			if ctx.Err() != nil { // stopped before this shard started

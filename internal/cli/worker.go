@@ -47,6 +47,7 @@ type workerOptions struct {
 	drainTimeout   time.Duration
 	reportInterval time.Duration
 	retryTimeout   time.Duration
+	lockWait       time.Duration
 }
 
 func newWorkerCommand() *cobra.Command {
@@ -64,6 +65,7 @@ func newWorkerCommand() *cobra.Command {
 	f.DurationVar(&o.drainTimeout, "drain-timeout", worker.DefaultDrainTimeout, "on SIGTERM, how long the chunk in flight may still take to commit")
 	f.DurationVar(&o.reportInterval, "report-interval", v1alpha1.ReportIntervalSeconds*time.Second, "least time between two status reports")
 	f.DurationVar(&o.retryTimeout, "retry-timeout", worker.DefaultBackoff.MaxElapsed, "how long to retry while the database is unreachable, per operation")
+	f.DurationVar(&o.lockWait, "lock-wait", time.Minute, "how long to wait while another process holds this shard's lock (an earlier pod still finishing)")
 	_ = f.MarkHidden("report-interval")
 	return cmd
 }
@@ -188,7 +190,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	}
 	retry := worker.DefaultBackoff
 	retry.MaxElapsed = s.opts.retryTimeout
-	pool, err := ledger.Open(ctx, s.env.DSN, 3)
+	pool, err := ledger.Open(ctx, s.env.DSN, 4) // cursor, commits, shard lock, start
 	if err != nil {
 		return worker.Report{}, maxFailed, badInput(err)
 	}
@@ -213,6 +215,8 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	sc := plan.ShardConfig(s.env.Shard, s.env.Attempt)
 	sc.Retry = retry
 	sc.DrainTimeout = s.opts.drainTimeout
+	// A pod the controller replaced may still be finishing its chunk.
+	sc.LockWait = s.opts.lockWait
 	sc.Log = s.log
 	sc.Progress = func(r worker.Report) { s.reporter.Update(r, maxFailed) }
 	s.log.Info("processing shard", "uid", plan.Run.UID, "shards", plan.Shards, "chunkSize", plan.ChunkSize)

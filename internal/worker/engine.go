@@ -39,6 +39,9 @@ type ShardConfig struct {
 	// ctx is cancelled; after it, the chunk is rolled back (its fate may be
 	// unknown: a later attempt counts whatever it committed as completed).
 	DrainTimeout time.Duration
+	// LockWait is how long to wait for the shard's lock while another process
+	// holds it (0: fail at once with ErrShardBusy).
+	LockWait time.Duration
 	// Progress, if set, is called with the counts so far after every chunk
 	// (and once before the first). It runs on the shard's goroutine.
 	Progress func(Report)
@@ -109,6 +112,16 @@ func (s *shardRun) log() logr.Logger {
 
 func (s *shardRun) run(ctx context.Context) {
 	log := s.log()
+	// One process per shard: two would each count the other's rows as their
+	// own completed ones (see ErrShardBusy).
+	lock := newShardLock(s.store.Pool(), s.cfg.Run.UID, s.cfg.Run.Shard)
+	defer lock.release()
+	if err := s.cfg.Retry.Do(ctx, "taking the shard's lock", s.onRetry("lock"), func(int) error {
+		return lock.acquire(ctx, s.cfg.LockWait)
+	}); err != nil {
+		s.fail(ctx, fmt.Errorf("shard %d of run %s/%s: %w", s.cfg.Run.Shard, s.cfg.Run.Namespace, s.cfg.Run.Name, err))
+		return
+	}
 	st, err := s.cfg.Source.open(ctx, s.store.Pool(), s.cfg.Run.Shard, s.cfg.Shards, streamOptions{
 		runUID:    s.cfg.Run.UID,
 		fetchSize: s.cfg.ChunkSize,
@@ -131,6 +144,12 @@ func (s *shardRun) run(ctx context.Context) {
 		}
 		if s.cfg.Budget.Exceeded() {
 			s.rep.TooManyFailures = true
+			return
+		}
+		if err := s.cfg.Retry.Do(ctx, "checking the shard's lock", s.onRetry("lock"), func(int) error {
+			return lock.check(ctx)
+		}); err != nil {
+			s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, err))
 			return
 		}
 		chunk, err := readChunk(ctx, st, s.cfg.ChunkSize)

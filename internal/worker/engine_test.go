@@ -309,3 +309,42 @@ func TestInterruptedShardResumesExactly(t *testing.T) {
 	_, sum := runShards(t, f, cfg)
 	require.Equal(t, worker.Counts{Total: 1050, Completed: 1000, AlreadyHandled: 50}, sum, "the same as one uninterrupted run")
 }
+
+// TestOneProcessPerShard: while a shard runs, the same shard of the same run
+// cannot start elsewhere (it would count the first one's rows as its own);
+// other shards and other runs can.
+func TestOneProcessPerShard(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	items := keyItems("acct", 200)
+	cfg := worker.ShardConfig{Run: run("uid-lock"), Shards: 2, Source: worker.NewStaticSource("items", items), ChunkSize: 10}
+	var second, otherShard, otherRun worker.Report
+	calls := 0
+	first := cfg
+	first.Progress = func(worker.Report) {
+		if calls++; calls != 2 {
+			return
+		}
+		second = worker.RunShard(context.Background(), f.store, cfg)
+		o := cfg
+		o.Run.Shard = 1
+		otherShard = worker.RunShard(context.Background(), f.store, o)
+		o = cfg
+		o.Run = run("uid-lock-other")
+		otherRun = worker.RunShard(context.Background(), f.store, o)
+	}
+	rep := worker.RunShard(context.Background(), f.store, first)
+	require.NoError(t, rep.Err)
+	require.True(t, rep.Done)
+	require.ErrorIs(t, second.Err, worker.ErrShardBusy, "the same shard of the same run is refused")
+	require.Contains(t, second.Err.Error(), "shard 0 of run default/run-uid-lock: this shard of this run is being processed by another process")
+	require.Zero(t, second.Processed(), "and did nothing")
+	require.NoError(t, otherShard.Err, "another shard runs")
+	require.True(t, otherShard.Done)
+	require.NoError(t, otherRun.Err, "another run's shard 0 runs")
+
+	// Released at the end: the shard can run again.
+	again := worker.RunShard(context.Background(), f.store, cfg)
+	require.NoError(t, again.Err)
+	require.Equal(t, rep.Counts, again.Counts)
+}

@@ -348,3 +348,31 @@ func TestDatabaseRestartedMidRun(t *testing.T) {
 	require.EqualValues(t, 20000, d.committed(t))
 	checkEffectMatchesLedger(t, d)
 }
+
+// TestSameRunTwiceAtOnce: the same manifest started twice at once: the second
+// process finds every shard busy and exits 1 without touching anything (else
+// each would count the other's rows as its own); the first finishes with
+// exact counts.
+func TestSameRunTwiceAtOnce(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	d.exec(t, fmt.Sprintf(sinkSchema, 0.003))
+	file := writeFile(t, "run.yaml", queryRun("twice", 1, 10000, 0, 2, 100))
+	args := []string{"run", "-f", file, "--dsn", d.dsn, "--output", "json"}
+	_, wait := startRun(t, args...)
+	waitUntil(t, "the first run has committed", func() bool { return d.committed(t) > 500 })
+	_, waitPatient := startRun(t, append(args, "--lock-wait", "2m")...)
+	r := runCLI(t, "", append(args, "--lock-wait", "0s")...)
+	require.Equal(t, 1, r.code, "stderr:\n%s", r.stderr)
+	s := r.summary(t)
+	require.Contains(t, s.Error, "this shard of this run is being processed by another process")
+	require.Equal(t, counts{}, s.counts(), "the impatient process processed nothing")
+
+	r = wait()
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 10000, Completed: 10000}, r.summary(t).counts())
+	r = waitPatient()
+	require.Equal(t, 0, r.code, "the patient process ran once the first was done; stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 10000, Completed: 10000}, r.summary(t).counts(), "the same run's rows: completed")
+	checkEffectMatchesLedger(t, d)
+}

@@ -1,0 +1,127 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrShardBusy: another process holds the shard's lock: the same shard of
+// the same run is being processed elsewhere (a second `runledger run`, or a
+// pod the controller believes gone). Running it twice at once would not
+// commit anything twice (the ledger's rule sees to that), but each process
+// would count the other's rows as its own completed ones.
+var ErrShardBusy = errors.New("this shard of this run is being processed by another process")
+
+// shardLock is a PostgreSQL advisory lock, one per run and shard, held for as
+// long as the shard runs on a session of its own. It keeps two processes from
+// working on one shard at once; like the preload it is coordination, not the
+// guarantee: the ledger's unique rule is.
+type shardLock struct {
+	pool *pgxpool.Pool
+	key  int64
+	conn *pgxpool.Conn
+}
+
+func newShardLock(pool *pgxpool.Pool, runUID string, shard int) *shardLock {
+	key := hashBytesExtended([]byte("runledger.shard/"+runUID+"/"+strconv.Itoa(shard)), shardSeed)
+	return &shardLock{pool: pool, key: int64(key)}
+}
+
+// acquire takes the lock, waiting up to wait (polling every second) while
+// another session holds it. It returns ErrShardBusy when it stays taken.
+func (l *shardLock) acquire(ctx context.Context, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		ok, err := l.try(ctx)
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return ErrShardBusy
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (l *shardLock) try(ctx context.Context) (bool, error) {
+	if l.conn == nil {
+		conn, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return false, fmt.Errorf("acquiring a connection for the shard lock: %w", err)
+		}
+		l.conn = conn
+		// If this process dies with its machine, nothing closes the session
+		// and the lock would outlive it by the server's TCP keepalive time
+		// (2 hours by default): make the server notice a dead peer within
+		// about 35 seconds instead. (No effect on unix sockets.)
+		if _, err := conn.Exec(ctx, `SET tcp_keepalives_idle = 20; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3`); err != nil {
+			l.drop()
+			return false, fmt.Errorf("setting keepalives of the shard lock's session: %w", err)
+		}
+	}
+	var ok bool
+	if err := l.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, l.key).Scan(&ok); err != nil {
+		l.drop()
+		return false, fmt.Errorf("taking the shard lock: %w", err)
+	}
+	return ok, nil
+}
+
+// check verifies that the lock is still held. A session lock lasts as long
+// as its session, so a live session means a held lock; but the session may
+// have died with its connection (a database restart), and another process
+// may have taken the lock since. A dead session is replaced and the lock
+// taken again: ErrShardBusy if someone else has it by now.
+func (l *shardLock) check(ctx context.Context) error {
+	if l.conn != nil {
+		if _, err := l.conn.Exec(ctx, `SELECT 1`); err == nil {
+			return nil
+		}
+		l.drop()
+	}
+	ok, err := l.try(ctx)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return ErrShardBusy
+	}
+	return nil
+}
+
+// release unlocks and returns the session to the pool.
+func (l *shardLock) release() {
+	if l.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+		l.drop()
+		return
+	}
+	l.conn.Release()
+	l.conn = nil
+}
+
+// drop closes the lock's session (which releases the lock, if it still
+// held it) instead of returning it to the pool.
+func (l *shardLock) drop() {
+	if l.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = l.conn.Conn().Close(ctx)
+	l.conn.Release()
+	l.conn = nil
+}
