@@ -176,7 +176,8 @@ func TestWorkerPodKilled(t *testing.T) {
 }
 
 // TestBadInput: what a user sees when the input is wrong. A missing Secret
-// or ConfigMap stalls the run (condition, Event) without creating a pod, and
+// or ConfigMap, or an invalid worker image, stalls the run (condition,
+// Event) without creating a pod, and
 // the run starts once the Secret exists; a malformed ConfigMap line fails the
 // run at once with the line in its condition, one pod per shard, no retry,
 // nothing committed.
@@ -214,6 +215,20 @@ func TestBadInput(t *testing.T) {
 		require.Contains(t, c.Message, `ConfigMap "absent" not found`)
 		f.waitEvent(run.Name, "ConfigMapNotFound", 30*time.Second)
 		require.Empty(t, f.runPods(run))
+	})
+
+	t.Run("invalid worker image", func(t *testing.T) {
+		f := f.with(t)
+		run := f.newRun("bad-image", runSpec{batch: inlineItems(1, 3)})
+		run.Spec.WorkerTemplate = &v1alpha1.WorkerTemplate{Image: "Not A Valid:image"}
+		require.NoError(t, f.c.Create(f.ctx, run))
+		run = f.waitRun(run.Name, time.Minute, "Stalled", func(r *v1alpha1.ProcessingRun) bool { return isTrue(r, v1alpha1.ConditionStalled) })
+		c := findCondition(run, v1alpha1.ConditionStalled)
+		require.Equal(t, "InvalidImage", c.Reason)
+		require.Contains(t, c.Message, `invalid worker image "Not A Valid:image"`)
+		require.Contains(t, c.Message, "spec.workerTemplate.image")
+		f.waitEvent(run.Name, "InvalidImage", 30*time.Second)
+		require.Empty(t, f.runPods(run), "no pod for an image the kubelet would refuse")
 	})
 
 	t.Run("malformed ConfigMap line", func(t *testing.T) {
