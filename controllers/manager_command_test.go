@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,9 +63,16 @@ func httpGet(url string) (string, error) {
 	return string(b), nil
 }
 
+// managerCommandRan: the command registers process-wide things (its
+// controller's name, its metrics), so it runs once per test binary.
+var managerCommandRan atomic.Bool
+
 // `runledger manager` as it runs in the cluster (leader election, probes,
 // metrics, the pod cache), against the test apiserver.
 func TestManagerCommand(t *testing.T) {
+	if managerCommandRan.Swap(true) {
+		t.Skip("runledger manager runs once per process (-count > 1)")
+	}
 	env := envtestutil.Get(t)
 	ns := env.Namespace(t)
 	ctx := context.Background()
@@ -99,6 +107,11 @@ func TestManagerCommand(t *testing.T) {
 	})
 
 	eventually(t, "readyz", func() error {
+		select {
+		case err := <-done:
+			t.Fatalf("manager exited: %v", err)
+		default:
+		}
 		_, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", probes))
 		return err
 	})

@@ -65,6 +65,9 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 		if pending, ok := r.expectations.pending(s.key, run.UID, i, cached); ok {
 			// Created by this process, not in the cache yet: wait for it.
 			in.recordedAttempt = max(in.recordedAttempt, pending)
+		} else if in.recordedAttempt > cached && (run.Spec.Suspend || finishedCondition(&run.Status) != nil) {
+			// Nothing will be created: no need to ask the API server.
+			in.recordedGone = true
 		} else if in.recordedAttempt > cached {
 			gone, err := r.podGone(ctx, run, in.entry.Pod)
 			if err != nil {
