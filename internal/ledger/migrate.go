@@ -39,8 +39,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (applied int, err error) {
 	}()
 
 	// The schema must exist before goose creates its version table in it.
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
-		return 0, fmt.Errorf("creating schema %s: %w", Schema, err)
+	// Look first: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on
+	// the database even when the schema exists, and a least-privilege worker
+	// role must be able to run Migrate when there is nothing to do.
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, Schema).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("looking up schema %s: %w", Schema, err)
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
+			return 0, fmt.Errorf("creating schema %s: %w", Schema, err)
+		}
 	}
 
 	db := stdlib.OpenDBFromPool(pool)

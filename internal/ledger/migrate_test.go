@@ -66,3 +66,36 @@ func TestMigrate_TwiceAndConcurrently(t *testing.T) {
 	require.Zero(t, again)
 	require.Equal(t, first, schemaSnapshot(t, dsn))
 }
+
+// TestMigrate_LeastPrivilegeRole: a worker role that may write the ledger but
+// not create anything in the database runs Migrate as a no-op once the schema
+// is there.
+func TestMigrate_LeastPrivilegeRole(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDatabase(t) // migrated
+	admin := pgtest.Pool(t, dsn)
+	ctx := context.Background()
+	role := "worker_" + scalar[string](t, admin, `SELECT current_database()`)
+	mustExec(t, admin, `CREATE ROLE `+role+` LOGIN`)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	mustExec(t, admin, `REVOKE CREATE ON DATABASE `+scalar[string](t, admin, `SELECT current_database()`)+` FROM PUBLIC`)
+	mustExec(t, admin, `GRANT USAGE ON SCHEMA runledger TO `+role)
+	mustExec(t, admin, `GRANT SELECT, INSERT, UPDATE ON runledger.ledger TO `+role)
+	mustExec(t, admin, `GRANT SELECT ON runledger.goose_db_version TO `+role)
+
+	cfg := admin.Config().ConnConfig.Copy()
+	cfg.User = role
+	pool, err := ledger.Open(ctx, cfg.ConnString()+" user="+role, 2)
+	require.NoError(t, err)
+	defer pool.Close()
+	applied, err := ledger.Migrate(ctx, pool)
+	require.NoError(t, err, "nothing to migrate needs no CREATE privilege")
+	require.Zero(t, applied)
+	// And the role can commit through the insert path.
+	res, err := ledger.NewStore(pool).CommitChunk(ctx, runNamed("least"), items("acct", 0, 3), ledger.ChunkOptions{})
+	require.NoError(t, err)
+	require.Equal(t, tally{completed: 3}, count(res))
+}
