@@ -61,8 +61,8 @@ processes() {
     comm="${stat#*(}"
     comm="${comm%)*}"
     start="$(awk '{ sub(/^.*\) /, ""); print $20 }' <<<"${stat}")"
-    cmd="$(tr '\0' ' ' <"${d}/cmdline" 2>/dev/null | cut -c1-160)" || continue
-    [[ -n "${cmd}" ]] || continue # kernel threads
+    cmd="$({ tr '\0' ' ' <"${d}/cmdline"; } 2>/dev/null | cut -c1-160)" || continue
+    [[ -n "${cmd}" ]] || continue # kernel threads, and zombies (exited; their parent reaps them)
     ns="$(readlink "${d}/ns/net" 2>/dev/null || true)"
     if [[ "${comm}" =~ ${CLUSTER_COMMS} || "${cmd}" == *"/.cluster/run"* ||
       (-n "${ns}" && -n "${host_netns}" && "${ns}" != "${host_netns}") ]]; then
