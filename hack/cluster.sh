@@ -369,7 +369,10 @@ ensure_packages() {
   command -v openssl >/dev/null || missing+=(openssl)
   if ((${#missing[@]} > 0)); then
     step "installing Debian packages: ${missing[*]} (once, ~1 min)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >"${LOGS}/apt.log" 2>&1 ||
+    # A fresh machine may have empty package lists: update them first.
+    apt-get update -qq >"${LOGS}/apt.log" 2>&1 ||
+      { tail -20 "${LOGS}/apt.log" >&2; die "apt-get update failed (log: ${LOGS}/apt.log)"; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >>"${LOGS}/apt.log" 2>&1 ||
       { tail -20 "${LOGS}/apt.log" >&2; die "apt-get install failed (log: ${LOGS}/apt.log)"; }
   fi
   local c

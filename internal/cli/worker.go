@@ -89,7 +89,9 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 	// redacted of the DSN and its password.
 	out := worker.NewRedactingWriter(cmd.ErrOrStderr(), secrets)
 	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(out, obj) }, funcr.Options{LogTimestamp: true, TimestampFormat: time.RFC3339Nano}).
-		WithValues("run", env.Namespace+"/"+env.Name, "shard", env.Shard, "attempt", env.Attempt)
+		WithValues("run", env.Namespace+"/"+env.Name, "attempt", env.Attempt)
+	engineLog := log // the engine adds "shard" itself
+	log = log.WithValues("shard", env.Shard)
 	ctrllog.SetLogger(log)
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
@@ -102,7 +104,7 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 		}
 	}()
 
-	s := &workerRun{opts: o, env: env, log: log}
+	s := &workerRun{opts: o, env: env, log: log, engineLog: engineLog}
 	rep, maxFailed, err := s.work(ctx, envErr)
 	badIn := err != nil && (worker.IsInputError(err) || exitCode(err) == ExitBadInput) ||
 		rep.Err != nil && worker.IsInputError(rep.Err) // e.g. the query failed when it ran
@@ -132,11 +134,13 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 }
 
 type workerRun struct {
-	opts     *workerOptions
-	env      worker.PodEnv
-	log      logr.Logger
-	reporter *worker.StatusReporter
-	stopRep  func() // stops the periodic reports and waits for the last one
+	opts *workerOptions
+	env  worker.PodEnv
+	log  logr.Logger
+	// engineLog is log without "shard", which the engine adds itself.
+	engineLog logr.Logger
+	reporter  *worker.StatusReporter
+	stopRep   func() // stops the periodic reports and waits for the last one
 }
 
 // finish writes the final status report and the termination message.
@@ -197,7 +201,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	defer pool.Close()
 	onRetry := func(step string) func(int, time.Duration, error) {
 		return func(attempt int, wait time.Duration, err error) {
-			s.log.Info("database not reachable, retrying", "step", step, "attempt", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
+			s.log.Info("database not reachable, retrying", "step", step, "retry", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
 		}
 	}
 	if !s.opts.skipMigrate {
@@ -217,7 +221,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	sc.DrainTimeout = s.opts.drainTimeout
 	// A pod the controller replaced may still be finishing its chunk.
 	sc.LockWait = s.opts.lockWait
-	sc.Log = s.log
+	sc.Log = s.engineLog
 	sc.Progress = func(r worker.Report) { s.reporter.Update(r, maxFailed) }
 	s.log.Info("processing shard", "uid", plan.Run.UID, "shards", plan.Shards, "chunkSize", plan.ChunkSize)
 	rep := worker.RunShard(ctx, ledger.NewStore(pool), sc)

@@ -378,7 +378,7 @@ func (s *shardRun) countRepeat(t *tally, it ledger.Item, first *Failure) {
 
 func (s *shardRun) onRetry(what string) func(int, time.Duration, error) {
 	return func(attempt int, wait time.Duration, err error) {
-		s.log().Info("retrying after a retryable database error", "step", what, "attempt", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
+		s.log().Info("retrying after a retryable database error", "step", what, "retry", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
 	}
 }
 

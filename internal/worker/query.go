@@ -224,7 +224,7 @@ func (s *queryStream) next(ctx context.Context) (entry, error) {
 func (s *queryStream) fill(ctx context.Context) error {
 	onRetry := func(attempt int, wait time.Duration, err error) {
 		s.close()
-		s.opt.log.Info("reading the query failed, reopening it where it stopped", "attempt", attempt, "atRow", s.consumed,
+		s.opt.log.Info("reading the query failed, reopening it where it stopped", "retry", attempt, "atRow", s.consumed,
 			"wait", wait.Round(time.Millisecond), "error", err.Error())
 	}
 	err := s.opt.retry.Do(ctx, "reading the query", onRetry, func(int) error {
