@@ -261,6 +261,9 @@ func BenchmarkLedger(b *testing.B) {
 		n, naiveItems(n), chunkSize, repetitions)
 	fmt.Fprintln(w, "conns\tstate\tinsert path\t(a) ceiling\t(b) no index\t(c) naive\tpath/(a)\tpath/(c)\t(a)/(b)\t")
 	for _, r := range rows {
+		if r.rates == nil { // filtered out by -bench
+			continue
+		}
 		p, a, nb, c := r.rates[insertPath.name], r.rates[ceiling.name], r.rates[noRule.name], r.rates[naive.name]
 		fmt.Fprintf(w, "%d\t%s\t%.0f/s\t%.0f/s\t%.0f/s\t%.0f/s\t%.2fx\t%.1fx\t%.2fx\t\n", r.conns, r.state, p, a, nb, c, p/a, p/c, a/nb)
 	}
