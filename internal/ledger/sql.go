@@ -70,6 +70,3 @@ SELECT l.entity, l.occurrence, l.run_uid
 FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
 JOIN runledger.ledger AS l
   ON l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'`
-
-// sqlCountCommitted counts a run's committed rows.
-const sqlCountCommitted = `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`

@@ -144,15 +144,6 @@ func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key
 	return holders(ctx, s.pool, runUID, keys)
 }
 
-// CountCommitted returns how many rows runUID holds in committed state.
-func (s *Store) CountCommitted(ctx context.Context, runUID string) (int64, error) {
-	var n int64
-	if err := s.pool.QueryRow(ctx, sqlCountCommitted, runUID).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting committed rows of run %s: %w", runUID, err)
-	}
-	return n, nil
-}
-
 func holders(ctx context.Context, db DBTX, runUID string, keys []Key) (map[Key]Holder, error) {
 	out := make(map[Key]Holder)
 	if len(keys) == 0 {
