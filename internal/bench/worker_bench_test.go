@@ -127,9 +127,7 @@ SELECT 'acct-' || lpad((i % 1000)::text, 4, '0') AS account,
 FROM generate_series(0, $1 - 1) i`, n); err != nil {
 		b.Fatalf("creating the source table: %v", err)
 	}
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE`); err != nil {
-		b.Fatal(err)
-	}
+	settle(ctx, b, pool)
 	return dsn
 }
 

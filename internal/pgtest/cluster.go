@@ -17,10 +17,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,6 +41,9 @@ type Options struct {
 	// TCPPort, when non-zero, also listens on 127.0.0.1:TCPPort (for
 	// processes that cannot reach the unix socket).
 	TCPPort int
+	// Settings are extra server settings (name: value), e.g. "autovacuum":
+	// "off". They are applied last and override the harness's own.
+	Settings map[string]string
 }
 
 // Cluster is a running throwaway PostgreSQL server owned by this process.
@@ -135,6 +140,9 @@ func StartCluster(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if !opts.Durable {
 		c.args = append(c.args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+	}
+	for _, name := range slices.Sorted(maps.Keys(opts.Settings)) {
+		c.args = append(c.args, "-c", name+"="+opts.Settings[name])
 	}
 	c.bin, c.cred = bin, cred
 	if err := c.start(ctx); err != nil {

@@ -56,6 +56,17 @@ func Main(m *testing.M, opts ...func(*Options)) {
 // benchmarks: numbers measured with fsync off mean nothing.
 func Durable(o *Options) { o.Durable = true }
 
+// Setting sets one server setting of the cluster (see Options.Settings). It
+// has no effect on a server given by TEST_DATABASE_URL.
+func Setting(name, value string) func(*Options) {
+	return func(o *Options) {
+		if o.Settings == nil {
+			o.Settings = map[string]string{}
+		}
+		o.Settings[name] = value
+	}
+}
+
 func setup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
