@@ -20,13 +20,16 @@ var errHolderVanished = errors.New("key conflicted with a committed row that no 
 // CommitChunk commits items for run through the one insert path and returns
 // one Result per item, in order.
 //
-// The chunk is claimed by one set-based INSERT ... ON CONFLICT DO NOTHING whose
-// arbiter is the business-key rule, followed (when opts.Effect is set) by the
-// effect over exactly the newly claimed items, in one transaction. If that
-// transaction fails for a reason tied to some items (a foreign key in the
-// effect, a malformed payload, a check constraint), the bad items are isolated
-// by bisection under savepoints in a second transaction: the good items commit
-// and each bad item is Failed with its own error.
+// The chunk is claimed in one transaction by one set-based statement that
+// looks up which keys a committed row already holds and inserts the others
+// (sqlClaim), followed (when opts.Effect is set) by the effect over exactly
+// the newly claimed items. If a concurrent writer committed one of the keys
+// after that lookup, the business-key rule rejects the insert; the chunk is
+// then claimed again with INSERT ... ON CONFLICT DO NOTHING, whose arbiter is
+// that rule. If the transaction fails for a reason tied to some items (a
+// foreign key in the effect, a malformed payload, a check constraint), the bad
+// items are isolated by bisection under savepoints in another transaction: the
+// good items commit and each bad item is Failed with its own error.
 //
 // A key repeated within items is one logical occurrence: it is committed once
 // and its repeats are AlreadyHandled with HolderSameChunk (or Failed like their
@@ -46,8 +49,14 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 	unique, indexOf := dedupe(items)
 
 	res, err := s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
-		return claim(ctx, tx, run, unique, opts)
+		return claim(ctx, tx, run, unique, opts, lookupFirst)
 	})
+	if IsExpectedBusinessKeyConflict(err) {
+		// A writer committed one of the keys after the lookup's snapshot.
+		res, err = s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
+			return claim(ctx, tx, run, unique, opts, arbitrate)
+		})
+	}
 	if err != nil {
 		if IsRetryable(err) || ctx.Err() != nil {
 			return nil, fmt.Errorf("committing chunk of %d items: %w", len(items), err)
@@ -73,6 +82,9 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 	// discards the transaction anyway when the connection goes.
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
+	if _, err := tx.Exec(ctx, sqlIndexProbesOnly); err != nil {
+		return nil, fmt.Errorf("preparing transaction: %w", err)
+	}
 	if opts.Effect != "" {
 		if _, err := tx.Exec(ctx, sqlCreateClaimed); err != nil {
 			return nil, fmt.Errorf("preparing table claimed: %w", err)
@@ -102,7 +114,7 @@ func isolate(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOp
 			if err != nil {
 				return fmt.Errorf("creating savepoint: %w", err)
 			}
-			res, err := claim(ctx, sp, run, part, opts)
+			res, err := claim(ctx, sp, run, part, opts, arbitrate)
 			if err == nil {
 				if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
 					return fmt.Errorf("releasing savepoint: %w", err)
@@ -134,74 +146,130 @@ func isolate(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOp
 	return out, nil
 }
 
-// claim runs the insert path for items (all keys distinct) on tx: supersede
-// (if asked), insert, effect, then attribution of the keys it did not claim.
-func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOptions) ([]Result, error) {
-	entities, occurrences, payloads := columns(items)
+// claimMode is how claim inserts.
+type claimMode int
 
-	var superseded map[Key]bool
-	if opts.OnExisting == Supersede {
-		rows, err := tx.Query(ctx, sqlSupersede, entities, occurrences, run.UID)
-		if err != nil {
-			return nil, fmt.Errorf("superseding existing rows: %w", err)
+const (
+	// lookupFirst: sqlClaim, one statement that skips the keys a committed row
+	// holds as of its snapshot and plainly inserts the others. It fails with
+	// the expected business-key conflict if a concurrent writer got in between.
+	lookupFirst claimMode = iota
+	// arbitrate: sqlInsert (ON CONFLICT DO NOTHING, absorbing exactly the
+	// rule's conflicts), then sqlHolders for the keys it skipped.
+	arbitrate
+)
+
+// claim runs the insert path for items (keys distinct and sorted) on tx:
+// supersede (if asked), insert, attribution of the keys it did not claim, then
+// the effect.
+func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOptions, mode claimMode) ([]Result, error) {
+	entities, occurrences, payloads := columns(items)
+	out := make([]Result, len(items)) // Outcome 0: not resolved yet
+	for i, it := range items {
+		out[i].Key = it.Key
+	}
+	// held attributes item i, which this call did not claim, to the run whose
+	// committed row holds it.
+	held := func(i int, holder []byte) {
+		if out[i].Outcome != 0 {
+			return
 		}
-		if superseded, err = collectKeys(rows); err != nil {
+		if out[i].Holder = holderOf(holder, run.UID); out[i].Holder == HolderSameRun {
+			out[i].Outcome = Completed
+		} else {
+			out[i].Outcome = AlreadyHandled
+		}
+	}
+
+	var superseded []bool
+	if opts.OnExisting == Supersede {
+		superseded = make([]bool, len(items))
+		rows, err := tx.Query(ctx, sqlSupersede, entities, occurrences, run.UID)
+		if err == nil {
+			err = forEachKey(rows, items, func(i int, _ [][]byte) { superseded[i] = true })
+		}
+		if err != nil {
 			return nil, fmt.Errorf("superseding existing rows: %w", err)
 		}
 	}
 
-	insert := sqlInsert
+	var insert string
+	switch {
+	case mode == lookupFirst && opts.Effect == "":
+		insert = sqlClaim
+	case mode == lookupFirst:
+		insert = sqlClaimEffect
+	case opts.Effect == "":
+		insert = sqlInsert
+	default:
+		insert = sqlInsertEffect
+	}
 	if opts.Effect != "" {
-		insert = sqlInsertClaimed
 		if _, err := tx.Exec(ctx, sqlClearClaimed); err != nil {
 			return nil, fmt.Errorf("clearing table claimed: %w", err)
 		}
 	}
+	claimed := 0
 	rows, err := tx.Query(ctx, insert, entities, occurrences, payloads,
 		run.Namespace, run.Name, run.UID, run.Shard, run.Attempt)
-	if err != nil {
-		return nil, fmt.Errorf("inserting into ledger: %w", err)
-	}
-	claimed, err := collectKeys(rows)
-	if err != nil {
-		return nil, fmt.Errorf("inserting into ledger: %w", err)
-	}
-
-	if opts.Effect != "" && len(claimed) > 0 {
-		if _, err := tx.Exec(ctx, opts.Effect); err != nil {
-			return nil, fmt.Errorf("running effect: %w", err)
-		}
-	}
-
-	var held map[Key]Holder
-	if len(claimed) < len(items) {
-		skipped := make([]Key, 0, len(items)-len(claimed))
-		for _, it := range items {
-			if !claimed[it.Key] {
-				skipped = append(skipped, it.Key)
+	if err == nil {
+		err = forEachKey(rows, items, func(i int, rest [][]byte) {
+			if len(rest) > 0 && rest[0] != nil {
+				held(i, rest[0])
+				return
 			}
+			out[i].Outcome, out[i].Superseded = Completed, superseded != nil && superseded[i]
+			claimed++
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inserting into ledger: %w", err)
+	}
+
+	var skipped []Key
+	for _, r := range out {
+		if r.Outcome == 0 {
+			skipped = append(skipped, r.Key)
 		}
-		if held, err = holders(ctx, tx, run.UID, skipped); err != nil {
+	}
+	if len(skipped) > 0 {
+		rows, err := queryHolders(ctx, tx, skipped)
+		if err == nil {
+			err = forEachKey(rows, items, func(i int, rest [][]byte) { held(i, rest[0]) })
+		}
+		if err != nil {
+			return nil, fmt.Errorf("attributing skipped keys: %w", err)
+		}
+	}
+
+	if opts.Effect != "" && claimed > 0 {
+		if err := runEffect(ctx, tx, opts.Effect); err != nil {
 			return nil, err
 		}
 	}
 
-	out := make([]Result, len(items))
-	for i, it := range items {
-		r := Result{Key: it.Key}
-		switch h, ok := held[it.Key]; {
-		case claimed[it.Key]:
-			r.Outcome, r.Superseded = Completed, superseded[it.Key]
-		case ok && h == HolderSameRun:
-			r.Outcome, r.Holder = Completed, h
-		case ok:
-			r.Outcome, r.Holder = AlreadyHandled, h
-		default:
-			r.Outcome, r.Err = Failed, fmt.Errorf("claiming %s: %w", it.Key, errHolderVanished)
+	for i, r := range out {
+		if r.Outcome == 0 {
+			out[i].Outcome, out[i].Err = Failed, fmt.Errorf("claiming %s: %w", r.Key, errHolderVanished)
 		}
-		out[i] = r
 	}
 	return out, nil
+}
+
+// runEffect runs the caller's effect with the session's planner settings, and
+// restores the ledger's afterwards (isolate claims again in the same
+// transaction).
+func runEffect(ctx context.Context, tx pgx.Tx, effect string) error {
+	if _, err := tx.Exec(ctx, sqlPlannerDefaults); err != nil {
+		return fmt.Errorf("preparing effect: %w", err)
+	}
+	if _, err := tx.Exec(ctx, effect); err != nil {
+		return fmt.Errorf("running effect: %w", err)
+	}
+	if _, err := tx.Exec(ctx, sqlIndexProbesOnly); err != nil {
+		return fmt.Errorf("after effect: %w", err)
+	}
+	return nil
 }
 
 // interpret is the one place where an item's error becomes an outcome: only
@@ -222,62 +290,93 @@ func failAll(items []Item, err error) []Result {
 	return out
 }
 
-func columns(items []Item) (entities, occurrences []string, payloads []*string) {
+// columns turns items into the statement's array parameters. A nil payload
+// is sent as NULL.
+func columns(items []Item) (entities, occurrences []string, payloads [][]byte) {
 	entities = make([]string, len(items))
 	occurrences = make([]string, len(items))
-	payloads = make([]*string, len(items))
+	payloads = make([][]byte, len(items))
 	for i, it := range items {
-		entities[i], occurrences[i] = it.Entity, it.Occurrence
-		if it.Payload != nil {
-			p := string(it.Payload)
-			payloads[i] = &p
-		}
+		entities[i], occurrences[i], payloads[i] = it.Entity, it.Occurrence, it.Payload
 	}
 	return entities, occurrences, payloads
 }
 
-func collectKeys(rows pgx.Rows) (map[Key]bool, error) {
-	out := make(map[Key]bool)
-	var k Key
-	_, err := pgx.ForEachRow(rows, []any{&k.Entity, &k.Occurrence}, func() error {
-		out[k] = true
-		return nil
-	})
-	return out, err
+// forEachKey reads rows whose first two columns are a key, finds each key in
+// items (sorted, distinct) and calls fn with its position and the row's other
+// columns (raw; valid during the call only). A key that was not sent is an
+// error: it would mean a statement answered about rows it was not asked for.
+func forEachKey(rows pgx.Rows, items []Item, fn func(i int, rest [][]byte)) error {
+	defer rows.Close()
+	for rows.Next() {
+		v := rows.RawValues()
+		if len(v) < 2 || v[0] == nil || v[1] == nil {
+			return fmt.Errorf("reading keys: got %d columns, want a non-NULL entity and occurrence first", len(v))
+		}
+		i, found := slices.BinarySearchFunc(items, v, func(it Item, v [][]byte) int {
+			return cmp.Or(strings.Compare(it.Entity, string(v[0])), strings.Compare(it.Occurrence, string(v[1])))
+		})
+		if !found {
+			return fmt.Errorf("reading keys: the server returned %s/%s, which was not sent", v[0], v[1])
+		}
+		fn(i, v[2:])
+	}
+	return rows.Err()
+}
+
+// compareKeys orders keys by entity, then occurrence, bytewise.
+func compareKeys(a, b Key) int {
+	return cmp.Or(strings.Compare(a.Entity, b.Entity), strings.Compare(a.Occurrence, b.Occurrence))
 }
 
 // dedupe returns the distinct items sorted by key (first copy wins) and, for
-// every input position, the index of its key in that list.
+// every input position, the index of its key in that list; indexOf is nil when
+// items already are distinct and sorted (unique is then items itself), as the
+// query source delivers them.
 //
 // The order matters: every transaction claims keys in the same (ascending)
 // order, so two writers whose chunks overlap wait on each other in one
 // direction only and do not deadlock on the unique index.
 func dedupe(items []Item) (unique []Item, indexOf []int) {
-	seen := make(map[Key]int, len(items))
-	unique = make([]Item, 0, len(items))
-	for _, it := range items {
-		if _, ok := seen[it.Key]; !ok {
-			seen[it.Key] = len(unique)
-			unique = append(unique, it)
-		}
+	if isStrictlySorted(items) {
+		return items, nil
 	}
-	slices.SortFunc(unique, func(a, b Item) int {
-		return cmp.Or(strings.Compare(a.Entity, b.Entity), strings.Compare(a.Occurrence, b.Occurrence))
+	// Sort positions rather than items: ties broken by position keep the first
+	// copy of a key first.
+	order := make([]int, len(items))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Or(compareKeys(items[a].Key, items[b].Key), cmp.Compare(a, b))
 	})
-	for i, it := range unique {
-		seen[it.Key] = i
-	}
+	unique = make([]Item, 0, len(items))
 	indexOf = make([]int, len(items))
-	for i, it := range items {
-		indexOf[i] = seen[it.Key]
+	for n, i := range order {
+		if n == 0 || items[i].Key != items[order[n-1]].Key {
+			unique = append(unique, items[i])
+		}
+		indexOf[i] = len(unique) - 1
 	}
 	return unique, indexOf
+}
+
+func isStrictlySorted(items []Item) bool {
+	for i := 1; i < len(items); i++ {
+		if compareKeys(items[i-1].Key, items[i].Key) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // spread maps the results of the distinct items back onto every input
 // position. The first copy of a key carries its outcome; its repeats become
 // AlreadyHandled (HolderSameChunk), or Failed like their first copy.
 func spread(items []Item, indexOf []int, res []Result) []Result {
+	if indexOf == nil {
+		return res
+	}
 	out := make([]Result, len(items))
 	done := make([]bool, len(res))
 	for i, j := range indexOf {

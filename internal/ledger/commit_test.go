@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
@@ -47,6 +50,114 @@ func TestCommitChunk_DuplicatesWithinChunk(t *testing.T) {
 		require.Equal(t, chunk[i].Key, r.Key, "results are in input order")
 	}
 	requireOneCommittedPerKey(t, pool, 3)
+}
+
+// TestCommitChunk_UnsortedChunkAndPayloads: results come back in input order
+// whatever the order of the keys, each row keeps its own payload, and an item
+// without a payload stores NULL.
+func TestCommitChunk_UnsortedChunkAndPayloads(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	chunk := items("acct", 0, 200)
+	slices.Reverse(chunk)
+	chunk = append(chunk[:100:100], items("acct-b", 0, 100)...) // two entities, then shuffled
+	chunk[7].Payload = nil
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(chunk), func(i, j int) { chunk[i], chunk[j] = chunk[j], chunk[i] })
+
+	// Some keys already held by another run, some by an earlier attempt of this one.
+	commit(t, s, runNamed("run-x"), chunk[10:20], ledger.ChunkOptions{})
+	commit(t, s, runNamed("run-a"), chunk[30:35], ledger.ChunkOptions{})
+
+	res := commit(t, s, runNamed("run-a"), chunk, ledger.ChunkOptions{})
+	for i, r := range res {
+		require.Equal(t, chunk[i].Key, r.Key, "results are in input order")
+		switch {
+		case i >= 10 && i < 20:
+			require.Equal(t, ledger.AlreadyHandled, r.Outcome, "item %d is held by another run", i)
+			require.Equal(t, ledger.HolderOtherRun, r.Holder)
+		case i >= 30 && i < 35:
+			require.Equal(t, ledger.Completed, r.Outcome, "item %d was committed by an earlier attempt", i)
+			require.Equal(t, ledger.HolderSameRun, r.Holder)
+		default:
+			require.Equal(t, ledger.Completed, r.Outcome, "item %d", i)
+			require.Equal(t, ledger.HolderNone, r.Holder, "item %d was claimed by this call", i)
+		}
+	}
+	for i, it := range chunk {
+		var payload *string
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT payload::text FROM runledger.ledger
+			WHERE entity = $1 AND occurrence = $2 AND state = 'committed'`, it.Entity, it.Occurrence).Scan(&payload))
+		if it.Payload == nil {
+			require.Nil(t, payload, "item %d has no payload: NULL is stored", i)
+			continue
+		}
+		require.NotNil(t, payload, "item %d", i)
+		require.JSONEq(t, string(it.Payload), *payload, "item %d keeps its own payload", i)
+	}
+	requireOneCommittedPerKey(t, pool, 200)
+}
+
+// TestCommitChunk_WriterBetweenLookupAndInsert: the fast path looks up held
+// keys and inserts the others in one statement. A key that no committed row
+// held as of its snapshot, but that another writer is inserting, makes the
+// insert wait for that writer. If the writer commits, the rule rejects the
+// insert and the chunk is claimed again through the arbiter: that key is
+// AlreadyHandled, held by the other run, and every other key commits. If the
+// writer rolls back, the chunk claims the key.
+func TestCommitChunk_WriterBetweenLookupAndInsert(t *testing.T) {
+	t.Parallel()
+	for _, writerCommits := range []bool{true, false} {
+		t.Run(fmt.Sprintf("writer commits=%v", writerCommits), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := newPool(t)
+			s := ledger.NewStore(pool)
+			chunk := items("acct", 0, 100)
+
+			other, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = other.Rollback(ctx) }()
+			_, err = other.Exec(ctx, `INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
+				VALUES ($1, $2, 'default', 'run-x', 'run-x', 0, 0)`, chunk[50].Entity, chunk[50].Occurrence)
+			require.NoError(t, err)
+			var otherPID int
+			require.NoError(t, other.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&otherPID))
+
+			type outcome struct {
+				res []ledger.Result
+				err error
+			}
+			done := make(chan outcome, 1)
+			go func() {
+				res, err := s.CommitChunk(ctx, runNamed("run-a"), chunk, ledger.ChunkOptions{})
+				done <- outcome{res, err}
+			}()
+			require.Eventually(t, func() bool {
+				var waiting int
+				err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, otherPID).Scan(&waiting)
+				return err == nil && waiting > 0
+			}, 30*time.Second, 10*time.Millisecond, "the chunk's insert waits for the other writer")
+			if writerCommits {
+				require.NoError(t, other.Commit(ctx))
+			} else {
+				require.NoError(t, other.Rollback(ctx))
+			}
+
+			got := <-done
+			require.NoError(t, got.err)
+			require.Len(t, got.res, len(chunk))
+			if writerCommits {
+				require.Equal(t, tally{completed: 99, already: 1}, count(got.res))
+				require.Equal(t, ledger.AlreadyHandled, got.res[50].Outcome, "the other writer's key")
+				require.Equal(t, ledger.HolderOtherRun, got.res[50].Holder)
+			} else {
+				require.Equal(t, tally{completed: 100}, count(got.res), "the rolled-back key is claimed too")
+			}
+			requireOneCommittedPerKey(t, pool, 100)
+			require.EqualValues(t, 100, scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger`), "no row twice, none lost")
+		})
+	}
 }
 
 // TestCommitChunk_Race: 8 writers on 8 connections commit overlapping key sets

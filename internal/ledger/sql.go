@@ -13,31 +13,98 @@ package ledger
 // PostgreSQL rejects the statement.)
 const arbiter = `ON CONFLICT (entity, occurrence) WHERE state = 'committed' DO NOTHING`
 
-// sqlInsert claims the chunk's items: $1 entities, $2 occurrences, $3 payloads
-// (text, NULL allowed), $4..$8 the run's identity. It returns the keys it
-// inserted; a key it did not return is held by a committed row already.
-const sqlInsert = `
-INSERT INTO runledger.ledger
-    (entity, occurrence, state, run_namespace, run_name, run_uid, shard, attempt, payload)
-SELECT k.entity, k.occurrence, 'committed', $4, $5, $6, $7, $8, k.payload::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)
-` + arbiter + `
-RETURNING entity, occurrence`
-
-// sqlInsertClaimed is sqlInsert that also copies the newly claimed items into
-// the session's temporary table "claimed", which the caller's effect reads.
-const sqlInsertClaimed = `
-WITH ins AS (
-    INSERT INTO runledger.ledger
+// The chunk's items arrive as arrays: $1 entities, $2 occurrences, $3 payloads
+// (text, NULL allowed); $4..$8 are the run's identity.
+const (
+	insertInto = `INSERT INTO runledger.ledger
         (entity, occurrence, state, run_namespace, run_name, run_uid, shard, attempt, payload)
-    SELECT k.entity, k.occurrence, 'committed', $4, $5, $6, $7, $8, k.payload::jsonb
-    FROM unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)
+    SELECT k.entity, k.occurrence, 'committed', $4, $5, $6, $7, $8, k.payload::jsonb`
+	chunkKeys = `unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)`
+	// copyClaimed copies the newly inserted rows (CTE ins) into the session's
+	// temporary table "claimed", which the caller's effect reads.
+	copyClaimed = `,
+copied AS (
+    INSERT INTO pg_temp.claimed (entity, occurrence, payload)
+    SELECT entity, occurrence, payload FROM ins
+)`
+)
+
+// sqlClaim is the fast path. In one statement it looks up, per key, the
+// committed row that holds it (one probe of the rule's index, as in
+// sqlHolders) and inserts exactly the keys no committed row held, with a plain
+// INSERT. It returns (entity, occurrence, holder run_uid) for every key:
+// holder NULL for the keys it inserted.
+//
+// Each key costs one index probe, like the bare INSERT ... ON CONFLICT it
+// replaces, and the holders of the skipped keys come with it. The lookup sees
+// the statement's snapshot: a key committed by a concurrent writer after it is
+// not skipped, and its insert violates the rule. That violation, identified by
+// IsExpectedBusinessKeyConflict, makes the caller redo the chunk with
+// sqlInsert, whose arbiter absorbs such conflicts. The rule decides either way.
+const (
+	sqlClaim = claimWith + `
+SELECT entity, occurrence, NULL::text FROM ins
+UNION ALL
+SELECT entity, occurrence, holder FROM k WHERE holder IS NOT NULL`
+	sqlClaimEffect = claimWith + copyClaimed + `
+SELECT entity, occurrence, NULL::text FROM ins
+UNION ALL
+SELECT entity, occurrence, holder FROM k WHERE holder IS NOT NULL`
+	claimWith = `
+WITH k AS (
+    SELECT k.entity, k.occurrence, k.payload, h.run_uid AS holder
+    FROM ` + chunkKeys + `
+    LEFT JOIN LATERAL (
+        SELECT l.run_uid
+        FROM runledger.ledger AS l
+        WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
+        LIMIT 1
+    ) AS h ON true
+),
+ins AS (
+    ` + insertInto + `
+    FROM k
+    WHERE k.holder IS NULL
+    RETURNING entity, occurrence, payload
+)`
+)
+
+// sqlInsert is the arbiter path: the chunk's keys inserted with ON CONFLICT DO
+// NOTHING, returning the keys it inserted; a key it did not return is held by
+// a committed row already (see sqlHolders for whose). It serves when the fast
+// path met a concurrent writer, and for the savepoint-per-part retries that
+// isolate bad items.
+const (
+	sqlInsert = `
+WITH ins AS (
+    ` + insertInto + `
+    FROM ` + chunkKeys + `
     ` + arbiter + `
     RETURNING entity, occurrence, payload
 )
-INSERT INTO pg_temp.claimed (entity, occurrence, payload)
-SELECT entity, occurrence, payload FROM ins
-RETURNING entity, occurrence`
+SELECT entity, occurrence FROM ins`
+	sqlInsertEffect = `
+WITH ins AS (
+    ` + insertInto + `
+    FROM ` + chunkKeys + `
+    ` + arbiter + `
+    RETURNING entity, occurrence, payload
+)` + copyClaimed + `
+SELECT entity, occurrence FROM ins`
+)
+
+// The ledger's lookups (sqlClaim, sqlHolders, sqlSupersede) must probe the
+// rule's index once per key. PostgreSQL plans a sequential scan per key instead
+// when it believes the ledger is (nearly) empty, as it is when the first
+// writers start; every key of a chunk then scans every row that concurrent
+// writers add meanwhile, and a first chunk of 10,000 keys took half a minute.
+// Their transactions therefore run with sequential scans disabled
+// (sqlIndexProbesOnly), which leaves the index probe the only plan; the
+// caller's effect runs with the session's own setting (sqlPlannerDefaults).
+const (
+	sqlIndexProbesOnly = `SET LOCAL enable_seqscan = off`
+	sqlPlannerDefaults = `SET LOCAL enable_seqscan TO DEFAULT`
+)
 
 // sqlCreateClaimed makes the per-session table the effect reads. ON COMMIT
 // DELETE ROWS empties it at every commit; sqlClearClaimed empties it between
@@ -55,18 +122,43 @@ const (
 // rows this same run committed (an earlier attempt of this run already did the
 // reprocessing). It runs in the chunk's transaction right before the insert,
 // so the old row is retired and the new one committed atomically.
+//
+// Like sqlHolders, it finds the rows by one probe of the rule's index per key,
+// then updates them by primary key, so its cost follows the chunk, not the
+// ledger. Under READ COMMITTED a row updated concurrently is re-checked
+// against state and run_uid before it is touched.
 const sqlSupersede = `
 UPDATE runledger.ledger AS l
 SET state = 'superseded', superseded_at = now()
-FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
-WHERE l.entity = k.entity AND l.occurrence = k.occurrence
+WHERE l.id = ANY (ARRAY(
+    SELECT h.id
+    FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
+    CROSS JOIN LATERAL (
+        SELECT c.id
+        FROM runledger.ledger AS c
+        WHERE c.entity = k.entity AND c.occurrence = k.occurrence AND c.state = 'committed'
+        LIMIT 1
+    ) AS h
+))
   AND l.state = 'committed' AND l.run_uid <> $3
 RETURNING l.entity, l.occurrence`
 
 // sqlHolders says which committed rows hold the given keys, and whose they are.
 // It serves both the preload and the attribution of keys the insert skipped.
+//
+// It probes the rule's index once per key: its cost follows the number of keys
+// asked, never the size of the ledger. The LATERAL subquery with LIMIT 1 (the
+// rule allows one committed row per key anyway) is what guarantees that plan:
+// PostgreSQL cannot flatten it into a join, and a plain join of a few thousand
+// keys is planned as a hash join over a sequential scan of the whole ledger
+// once the chunk is a sizeable fraction of the table, which made attribution
+// cost as much as the insert itself.
 const sqlHolders = `
-SELECT l.entity, l.occurrence, l.run_uid
+SELECT k.entity, k.occurrence, h.run_uid
 FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
-JOIN runledger.ledger AS l
-  ON l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'`
+CROSS JOIN LATERAL (
+    SELECT l.run_uid
+    FROM runledger.ledger AS l
+    WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
+    LIMIT 1
+) AS h`

@@ -141,7 +141,23 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // trip. It is an optimisation only: the answer may be stale by the time the
 // caller acts on it, and CommitChunk stays correct whatever it said.
 func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key]Holder, error) {
-	return holders(ctx, s.pool, runUID, keys)
+	if len(keys) == 0 {
+		return map[Key]Holder{}, nil
+	}
+	var out map[Key]Holder
+	// A read-only transaction, for sqlIndexProbesOnly (see there).
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlIndexProbesOnly); err != nil {
+			return fmt.Errorf("preparing transaction: %w", err)
+		}
+		var err error
+		out, err = holders(ctx, tx, runUID, keys)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("preloading %d keys: %w", len(keys), err)
+	}
+	return out, nil
 }
 
 func holders(ctx context.Context, db DBTX, runUID string, keys []Key) (map[Key]Holder, error) {
@@ -149,6 +165,25 @@ func holders(ctx context.Context, db DBTX, runUID string, keys []Key) (map[Key]H
 	if len(keys) == 0 {
 		return out, nil
 	}
+	rows, err := queryHolders(ctx, db, keys)
+	if err != nil {
+		return nil, err
+	}
+	var k Key
+	var uid []byte
+	_, err = pgx.ForEachRow(rows, []any{&k.Entity, &k.Occurrence, &uid}, func() error {
+		out[k] = holderOf(uid, runUID)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading committed keys: %w", err)
+	}
+	return out, nil
+}
+
+// queryHolders runs sqlHolders for keys: rows of (entity, occurrence, run_uid)
+// for the keys a committed row holds.
+func queryHolders(ctx context.Context, db DBTX, keys []Key) (pgx.Rows, error) {
 	entities, occurrences := make([]string, len(keys)), make([]string, len(keys))
 	for i, k := range keys {
 		entities[i], occurrences[i] = k.Entity, k.Occurrence
@@ -157,18 +192,13 @@ func holders(ctx context.Context, db DBTX, runUID string, keys []Key) (map[Key]H
 	if err != nil {
 		return nil, fmt.Errorf("looking up committed keys: %w", err)
 	}
-	var k Key
-	var uid string
-	_, err = pgx.ForEachRow(rows, []any{&k.Entity, &k.Occurrence, &uid}, func() error {
-		if uid == runUID {
-			out[k] = HolderSameRun
-		} else {
-			out[k] = HolderOtherRun
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading committed keys: %w", err)
+	return rows, nil
+}
+
+// holderOf says whose a committed row is, from its run_uid.
+func holderOf(uid []byte, runUID string) Holder {
+	if string(uid) == runUID {
+		return HolderSameRun
 	}
-	return out, nil
+	return HolderOtherRun
 }
