@@ -42,11 +42,9 @@ copied AS (
 // IsExpectedBusinessKeyConflict, makes the caller redo the chunk with
 // sqlInsert, whose arbiter absorbs such conflicts. The rule decides either way.
 const (
-	sqlClaim = claimWith + `
-SELECT entity, occurrence, NULL::text FROM ins
-UNION ALL
-SELECT entity, occurrence, holder FROM k WHERE holder IS NOT NULL`
-	sqlClaimEffect = claimWith + copyClaimed + `
+	sqlClaim       = claimWith + claimResult
+	sqlClaimEffect = claimWith + copyClaimed + claimResult
+	claimResult    = `
 SELECT entity, occurrence, NULL::text FROM ins
 UNION ALL
 SELECT entity, occurrence, holder FROM k WHERE holder IS NOT NULL`
@@ -75,21 +73,16 @@ ins AS (
 // path met a concurrent writer, and for the savepoint-per-part retries that
 // isolate bad items.
 const (
-	sqlInsert = `
+	sqlInsert       = insertWith + insertResult
+	sqlInsertEffect = insertWith + copyClaimed + insertResult
+	insertWith      = `
 WITH ins AS (
     ` + insertInto + `
     FROM ` + chunkKeys + `
     ` + arbiter + `
     RETURNING entity, occurrence, payload
-)
-SELECT entity, occurrence FROM ins`
-	sqlInsertEffect = `
-WITH ins AS (
-    ` + insertInto + `
-    FROM ` + chunkKeys + `
-    ` + arbiter + `
-    RETURNING entity, occurrence, payload
-)` + copyClaimed + `
+)`
+	insertResult = `
 SELECT entity, occurrence FROM ins`
 )
 
