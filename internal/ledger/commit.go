@@ -210,17 +210,30 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOpti
 		}
 	}
 	claimed := 0
+	claimedBy := func(i int) {
+		out[i].Outcome, out[i].Superseded = Completed, superseded != nil && superseded[i]
+		claimed++
+	}
 	rows, err := tx.Query(ctx, insert, entities, occurrences, payloads,
 		run.Namespace, run.Name, run.UID, run.Shard, run.Attempt)
-	if err == nil {
-		err = forEachKey(rows, items, func(i int, rest [][]byte) {
-			if len(rest) > 0 && rest[0] != nil {
-				held(i, rest[0])
-				return
+	switch {
+	case err != nil:
+	case mode == lookupFirst: // rows: the skipped keys, with their holders
+		err = forEachSkipped(rows, len(items), func(i int, sameRun bool) {
+			out[i].Outcome, out[i].Holder = AlreadyHandled, HolderOtherRun
+			if sameRun {
+				out[i].Outcome, out[i].Holder = Completed, HolderSameRun
 			}
-			out[i].Outcome, out[i].Superseded = Completed, superseded != nil && superseded[i]
-			claimed++
 		})
+		if err == nil { // the statement inserted every key it did not skip
+			for i := range out {
+				if out[i].Outcome == 0 {
+					claimedBy(i)
+				}
+			}
+		}
+	default: // rows: the inserted keys
+		err = forEachKey(rows, items, func(i int, _ [][]byte) { claimedBy(i) })
 	}
 	if err != nil {
 		return nil, fmt.Errorf("inserting into ledger: %w", err)
@@ -322,6 +335,23 @@ func forEachKey(rows pgx.Rows, items []Item, fn func(i int, rest [][]byte)) erro
 		fn(i, v[2:])
 	}
 	return rows.Err()
+}
+
+// forEachSkipped reads the rows of sqlClaim, (position from 1, holder is the
+// same run) for each key it skipped, and calls fn with the key's index in the
+// chunk of n items. A position outside the chunk, or a NULL, is an error: it
+// would mean the statement answered about rows it was not asked for.
+func forEachSkipped(rows pgx.Rows, n int, fn func(i int, sameRun bool)) error {
+	var pos int64
+	var sameRun bool
+	_, err := pgx.ForEachRow(rows, []any{&pos, &sameRun}, func() error {
+		if pos < 1 || pos > int64(n) {
+			return fmt.Errorf("reading skipped keys: position %d is outside the chunk of %d", pos, n)
+		}
+		fn(int(pos-1), sameRun)
+		return nil
+	})
+	return err
 }
 
 // compareKeys orders keys by entity, then occurrence, bytewise.
