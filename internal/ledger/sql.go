@@ -50,6 +50,9 @@ copied AS (
 // skipped keys only, it runs 1.1-1.25x that bare statement. In the fresh
 // configurations, where it returns nothing, the difference is the statement
 // alone: a probe then a plain insert costs less than a speculative insertion.
+// (The same statement with the arbiter on its insert, and only a count of the
+// inserted rows back, ran 0.96-1.02x the bare statement: with half the keys
+// handled on 4 connections, under 20x the naive pattern.)
 const (
 	sqlClaim = claimWith + claimInsert + `
 )` + claimResult
