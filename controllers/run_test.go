@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -363,14 +364,34 @@ func TestTTLAfterFinishedDeletesTheRun(t *testing.T) {
 	run := newRun(ns, "ephemeral", 1, 1)
 	run.Spec.TTLSecondsAfterFinished = ptr.To[int32](1)
 	create(t, env, run)
+	// Watched, not polled: completionTime has whole seconds, so with a TTL of
+	// one second the run may be Succeeded for only a moment before it goes.
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	w, err := wc.Watch(ctx, &v1alpha1.ProcessingRunList{}, client.InNamespace(ns),
+		client.MatchingFields{"metadata.name": "ephemeral"}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: run.ResourceVersion}})
+	require.NoError(t, err)
+	defer w.Stop()
+
 	waitPods(t, env, ns, "ephemeral", "ephemeral-0-0")
 	setPod(t, env, ns, "ephemeral-0-0", corev1.PodSucceeded, 0, shardReport(0, 0, counts{Total: 1, Completed: 1}, ""))
-	waitRun(t, env, ns, "ephemeral", "Succeeded", phaseIs(v1alpha1.RunSucceeded))
-	waitFor(t, "run deleted after its TTL", func() error {
-		err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "ephemeral"}, &v1alpha1.ProcessingRun{})
-		if apierrors.IsNotFound(err) {
-			return nil
+
+	var completed *metav1.Time
+	for ev := range w.ResultChan() {
+		got, ok := ev.Object.(*v1alpha1.ProcessingRun)
+		require.True(t, ok, "watch event %s carries %T, want a ProcessingRun", ev.Type, ev.Object)
+		switch {
+		case ev.Type == watch.Deleted:
+			require.NotNil(t, completed, "the run was deleted before it was seen Succeeded")
+			require.False(t, time.Now().Before(completed.Add(time.Second)),
+				"the run was deleted before its TTL of 1s after completion at %s passed", completed)
+			return
+		case got.Status.Phase == v1alpha1.RunSucceeded && completed == nil:
+			require.NotNil(t, got.Status.CompletionTime, "a Succeeded run must have a completionTime")
+			completed = got.Status.CompletionTime
 		}
-		return fmt.Errorf("still there: %w", err)
-	})
+	}
+	t.Fatalf("the run was not deleted within %s after it succeeded (last seen completion: %v)", testTimeout, completed)
 }
