@@ -346,12 +346,15 @@ func forEachSkipped(rows pgx.Rows, n int, fn func(i int, sameRun bool)) error {
 	var sameRun bool
 	_, err := pgx.ForEachRow(rows, []any{&pos, &sameRun}, func() error {
 		if pos < 1 || pos > int64(n) {
-			return fmt.Errorf("reading skipped keys: position %d is outside the chunk of %d", pos, n)
+			return fmt.Errorf("position %d is outside the chunk of %d", pos, n)
 		}
 		fn(int(pos-1), sameRun)
 		return nil
 	})
-	return err
+	if err != nil {
+		return fmt.Errorf("reading skipped keys: %w", err)
+	}
+	return nil
 }
 
 // compareKeys orders keys by entity, then occurrence, bytewise.

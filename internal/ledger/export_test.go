@@ -1,9 +1,12 @@
 package ledger
 
-// Statements exported to the external test package, which checks their plans.
+// Statements exported to the external test package, which checks their plans,
+// and the readers of their answers.
 var (
 	SQLClaim           = sqlClaim
 	SQLHolders         = sqlHolders
 	SQLSupersede       = sqlSupersede
 	SQLIndexProbesOnly = sqlIndexProbesOnly
+	ForEachSkipped     = forEachSkipped
+	ForEachKey         = forEachKey
 )

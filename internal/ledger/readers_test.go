@@ -1,0 +1,79 @@
+package ledger_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+// TestResultReaders: the statements' answers are checked, not trusted. An
+// answer about a key or position that was not sent is an error with a clear
+// message, and nothing is attributed from it.
+func TestResultReaders(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	ctx := context.Background()
+	chunk := []ledger.Item{{Key: ledger.Key{Entity: "a", Occurrence: "1"}}, {Key: ledger.Key{Entity: "a", Occurrence: "2"}}, {Key: ledger.Key{Entity: "b", Occurrence: "1"}}}
+
+	t.Run("skipped positions", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name    string
+			sql     string
+			want    map[int]bool // index in chunk -> same run
+			wantErr string
+		}{
+			{name: "none skipped", sql: `SELECT 1::bigint, true WHERE false`, want: map[int]bool{}},
+			{name: "first and last", sql: `VALUES (1::bigint, true), (3::bigint, false)`, want: map[int]bool{0: true, 2: false}},
+			{name: "position 0", sql: `SELECT 0::bigint, true`, wantErr: "reading skipped keys: position 0 is outside the chunk of 3"},
+			{name: "past the end", sql: `SELECT 4::bigint, true`, wantErr: "reading skipped keys: position 4 is outside the chunk of 3"},
+			{name: "NULL holder", sql: `SELECT 2::bigint, NULL::bool`, wantErr: "NULL"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				rows, err := pool.Query(ctx, tc.sql)
+				require.NoError(t, err)
+				got := map[int]bool{}
+				err = ledger.ForEachSkipped(rows, len(chunk), func(i int, sameRun bool) { got[i] = sameRun })
+				if tc.wantErr != "" {
+					require.ErrorContains(t, err, tc.wantErr)
+					require.ErrorContains(t, err, "reading skipped keys: ", "the error must say what was being read")
+					require.Empty(t, got, "nothing may be attributed from a bad answer")
+					return
+				}
+				require.NoError(t, err)
+				require.Equal(t, tc.want, got)
+			})
+		}
+	})
+
+	t.Run("keys", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name    string
+			sql     string
+			want    []int
+			wantErr string
+		}{
+			{name: "keys sent", sql: `VALUES ('b', '1'), ('a', '1')`, want: []int{2, 0}},
+			{name: "a key not sent", sql: `VALUES ('a', '3')`, wantErr: "the server returned a/3, which was not sent"},
+			{name: "NULL occurrence", sql: `SELECT 'a', NULL::text`, wantErr: "want a non-NULL entity and occurrence first"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				rows, err := pool.Query(ctx, tc.sql)
+				require.NoError(t, err)
+				var got []int
+				err = ledger.ForEachKey(rows, chunk, func(i int, _ [][]byte) { got = append(got, i) })
+				if tc.wantErr != "" {
+					require.ErrorContains(t, err, tc.wantErr)
+					require.Empty(t, got, "nothing may be attributed from a bad answer")
+					return
+				}
+				require.NoError(t, err)
+				require.Equal(t, tc.want, got)
+			})
+		}
+	})
+}
