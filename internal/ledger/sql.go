@@ -115,6 +115,12 @@ const (
 	sqlPlannerDefaults = `SET LOCAL enable_seqscan TO DEFAULT`
 )
 
+// The preload's transaction, sent in one pipeline with its lookup.
+const (
+	sqlBeginReadOnly = `BEGIN READ ONLY`
+	sqlCommit        = `COMMIT`
+)
+
 // sqlCreateClaimed makes the per-session table the effect reads. ON COMMIT
 // DELETE ROWS empties it at every commit; sqlClearClaimed empties it between
 // the sub-chunks of one transaction.

@@ -140,43 +140,32 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // (HolderSameRun or HolderOtherRun relative to runUID), in one set-based round
 // trip. It is an optimisation only: the answer may be stale by the time the
 // caller acts on it, and CommitChunk stays correct whatever it said.
+//
+// The lookup runs in a read-only transaction that disables sequential scans
+// (sqlIndexProbesOnly, see there); the four statements (BEGIN, SET LOCAL, the
+// lookup, COMMIT) travel as one pipeline. If the lookup fails, the pool
+// discards the connection, whose transaction is then aborted.
 func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key]Holder, error) {
-	if len(keys) == 0 {
-		return map[Key]Holder{}, nil
-	}
-	var out map[Key]Holder
-	// A read-only transaction, for sqlIndexProbesOnly (see there).
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlIndexProbesOnly); err != nil {
-			return fmt.Errorf("preparing transaction: %w", err)
-		}
-		var err error
-		out, err = holders(ctx, tx, runUID, keys)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("preloading %d keys: %w", len(keys), err)
-	}
-	return out, nil
-}
-
-func holders(ctx context.Context, db DBTX, runUID string, keys []Key) (map[Key]Holder, error) {
 	out := make(map[Key]Holder)
 	if len(keys) == 0 {
 		return out, nil
 	}
-	rows, err := queryHolders(ctx, db, keys)
-	if err != nil {
-		return nil, err
-	}
-	var k Key
-	var uid []byte
-	_, err = pgx.ForEachRow(rows, []any{&k.Entity, &k.Occurrence, &uid}, func() error {
-		out[k] = holderOf(uid, runUID)
-		return nil
+	entities, occurrences := keyColumns(keys)
+	b := &pgx.Batch{}
+	b.Queue(sqlBeginReadOnly)
+	b.Queue(sqlIndexProbesOnly)
+	b.Queue(sqlHolders, entities, occurrences).Query(func(rows pgx.Rows) error {
+		var k Key
+		var uid []byte
+		_, err := pgx.ForEachRow(rows, []any{&k.Entity, &k.Occurrence, &uid}, func() error {
+			out[k] = holderOf(uid, runUID)
+			return nil
+		})
+		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("reading committed keys: %w", err)
+	b.Queue(sqlCommit)
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("preloading %d keys: %w", len(keys), err)
 	}
 	return out, nil
 }
@@ -184,15 +173,21 @@ func holders(ctx context.Context, db DBTX, runUID string, keys []Key) (map[Key]H
 // queryHolders runs sqlHolders for keys: rows of (entity, occurrence, run_uid)
 // for the keys a committed row holds.
 func queryHolders(ctx context.Context, db DBTX, keys []Key) (pgx.Rows, error) {
-	entities, occurrences := make([]string, len(keys)), make([]string, len(keys))
-	for i, k := range keys {
-		entities[i], occurrences[i] = k.Entity, k.Occurrence
-	}
+	entities, occurrences := keyColumns(keys)
 	rows, err := db.Query(ctx, sqlHolders, entities, occurrences)
 	if err != nil {
 		return nil, fmt.Errorf("looking up committed keys: %w", err)
 	}
 	return rows, nil
+}
+
+// keyColumns turns keys into the statements' array parameters.
+func keyColumns(keys []Key) (entities, occurrences []string) {
+	entities, occurrences = make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		entities[i], occurrences[i] = k.Entity, k.Occurrence
+	}
+	return entities, occurrences
 }
 
 // holderOf says whose a committed row is, from its run_uid.
