@@ -217,7 +217,7 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOpti
 	rows, err := tx.Query(ctx, insert, entities, occurrences, payloads,
 		run.Namespace, run.Name, run.UID, run.Shard, run.Attempt)
 	switch {
-	case err != nil:
+	case err != nil: // reported below
 	case mode == lookupFirst: // rows: the skipped keys, with their holders
 		err = forEachSkipped(rows, len(items), func(i int, sameRun bool) {
 			out[i].Outcome, out[i].Holder = AlreadyHandled, HolderOtherRun

@@ -47,7 +47,8 @@ copied AS (
 // The answer is kept small on purpose. Returning every key with its text
 // (entity, occurrence, holder) made the path 0.93-0.99x the bare
 // INSERT ... ON CONFLICT of the benchmark; returning the positions of the
-// skipped keys only, it runs 1.1-1.25x that bare statement. In the fresh
+// skipped keys only, it ran 0.93-1.36x that bare statement over three full
+// benchmark runs (above 1.1x in 10 of their 12 configurations). In the fresh
 // configurations, where it returns nothing, the difference is the statement
 // alone: a probe then a plain insert costs less than a speculative insertion.
 // (The same statement with the arbiter on its insert, and only a count of the
