@@ -74,7 +74,14 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 
 // inTx runs fn in a transaction prepared for opts and commits it.
 func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]Result, error)) ([]Result, error) {
-	tx, err := s.pool.Begin(ctx)
+	// One round trip begins the transaction and prepares it: the ledger's
+	// planner setting (sqlIndexProbesOnly) and, for an effect, the table
+	// "claimed".
+	begin := "BEGIN; " + sqlIndexProbesOnly
+	if opts.Effect != "" {
+		begin += "; " + sqlCreateClaimed
+	}
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 	if err != nil {
 		return nil, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -82,14 +89,6 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 	// discards the transaction anyway when the connection goes.
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	if _, err := tx.Exec(ctx, sqlIndexProbesOnly); err != nil {
-		return nil, fmt.Errorf("preparing transaction: %w", err)
-	}
-	if opts.Effect != "" {
-		if _, err := tx.Exec(ctx, sqlCreateClaimed); err != nil {
-			return nil, fmt.Errorf("preparing table claimed: %w", err)
-		}
-	}
 	res, err := fn(tx)
 	if err != nil {
 		return nil, err

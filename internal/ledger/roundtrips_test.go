@@ -104,3 +104,36 @@ func TestPreload_FailureLeavesNoTransactionOpen(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM runledger.ledger`).Scan(&n))
 	require.Equal(t, 3, n, "the chunk after a failed preload must be committed")
 }
+
+// TestCommitChunk_ThreeRoundTrips: a chunk without conflicts costs three
+// round trips once the statements are prepared: begin (with the transaction's
+// setting), the claim, commit.
+func TestCommitChunk_ThreeRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, writes := onePool(t)
+	s := ledger.NewStore(pool)
+	run := runNamed("run-a")
+	_, err := s.CommitChunk(ctx, run, items("warm-up", 0, 10), ledger.ChunkOptions{})
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name  string
+		chunk []ledger.Item
+	}{
+		{"new keys", items("acct", 0, 1000)},
+		{"the same keys again", items("acct", 0, 1000)},
+		{"half of them held", items("acct", 500, 1500)},
+	} {
+		before := writes.Load()
+		res, err := s.CommitChunk(ctx, run, tc.chunk, ledger.ChunkOptions{})
+		require.NoError(t, err, tc.name)
+		require.Equal(t, int64(3), writes.Load()-before, "%s: round trips", tc.name)
+		for _, r := range res {
+			require.Equal(t, ledger.Completed, r.Outcome, "%s: item %s", tc.name, r.Key)
+		}
+	}
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM runledger.ledger WHERE entity = 'acct'`).Scan(&n))
+	require.Equal(t, 1500, n)
+}
