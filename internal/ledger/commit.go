@@ -74,12 +74,9 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 
 // inTx runs fn in a transaction prepared for opts and commits it.
 func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]Result, error)) ([]Result, error) {
-	// One round trip begins the transaction and prepares it: the ledger's
-	// planner setting (sqlIndexProbesOnly) and, for an effect, the table
-	// "claimed".
-	begin := "BEGIN; " + sqlIndexProbesOnly
+	begin := sqlBeginChunk
 	if opts.Effect != "" {
-		begin += "; " + sqlCreateClaimed
+		begin = sqlBeginChunkEffect
 	}
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 	if err != nil {

@@ -116,10 +116,15 @@ const (
 	sqlPlannerDefaults = `SET LOCAL enable_seqscan TO DEFAULT`
 )
 
-// The preload's transaction, sent in one pipeline with its lookup.
+// How the ledger's transactions begin, each in one round trip. A chunk's
+// transaction begins with its planner setting (and, for an effect, the table
+// "claimed") in one simple query; the preload's read-only one is sent in one
+// pipeline with its lookup and COMMIT.
 const (
-	sqlBeginReadOnly = `BEGIN READ ONLY`
-	sqlCommit        = `COMMIT`
+	sqlBeginChunk       = `BEGIN; ` + sqlIndexProbesOnly
+	sqlBeginChunkEffect = sqlBeginChunk + `; ` + sqlCreateClaimed
+	sqlBeginReadOnly    = `BEGIN READ ONLY`
+	sqlCommit           = `COMMIT`
 )
 
 // sqlCreateClaimed makes the per-session table the effect reads. ON COMMIT
