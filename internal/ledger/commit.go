@@ -265,9 +265,9 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOpti
 	return out, nil
 }
 
-// runEffect runs the caller's effect with the session's planner settings, and
-// restores the ledger's afterwards (isolate claims again in the same
-// transaction).
+// runEffect runs the caller's effect with the session's planner settings,
+// checks the constraints it deferred, and restores the ledger's settings
+// (isolate claims again in the same transaction).
 func runEffect(ctx context.Context, tx pgx.Tx, effect string) error {
 	if _, err := tx.Exec(ctx, sqlPlannerDefaults); err != nil {
 		return fmt.Errorf("preparing effect: %w", err)
@@ -275,8 +275,8 @@ func runEffect(ctx context.Context, tx pgx.Tx, effect string) error {
 	if _, err := tx.Exec(ctx, effect); err != nil {
 		return fmt.Errorf("running effect: %w", err)
 	}
-	if _, err := tx.Exec(ctx, sqlIndexProbesOnly); err != nil {
-		return fmt.Errorf("after effect: %w", err)
+	if _, err := tx.Exec(ctx, sqlAfterEffect); err != nil {
+		return fmt.Errorf("checking the effect's deferred constraints: %w", err)
 	}
 	return nil
 }

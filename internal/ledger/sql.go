@@ -116,6 +116,14 @@ const (
 	sqlPlannerDefaults = `SET LOCAL enable_seqscan TO DEFAULT`
 )
 
+// sqlAfterEffect runs right after the caller's effect, in one round trip.
+// SET CONSTRAINTS ALL IMMEDIATE fires the checks the effect deferred (a
+// DEFERRABLE INITIALLY DEFERRED foreign key, a deferred constraint trigger)
+// now, inside the chunk's savepoint, where a violation can be pinned on its
+// items, instead of at COMMIT, where it would fail the whole chunk every time.
+// The ledger's own constraints are immediate: only the effect defers checks.
+const sqlAfterEffect = `SET CONSTRAINTS ALL IMMEDIATE; ` + sqlIndexProbesOnly
+
 // How the ledger's transactions begin, each in one round trip. A chunk's
 // transaction begins with its planner setting (and, for an effect, the table
 // "claimed") in one simple query; the preload's read-only one is sent in one
