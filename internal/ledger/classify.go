@@ -32,6 +32,8 @@ const (
 	sqlstateCrashShutdown        = "57P02"
 	sqlstateCannotConnectNow     = "57P03"
 	sqlstateTooManyConnections   = "53300"
+	// 42501: a missing privilege, or a row refused by a row-level security policy.
+	sqlstateInsufficientPrivilege = "42501"
 )
 
 // IsExpectedBusinessKeyConflict reports whether err is, anywhere in its wrapped
@@ -97,10 +99,11 @@ func IsRetryable(err error) bool {
 // isStatementLevel reports whether err condemns a statement regardless of which
 // items it carried (a syntax error in the effect, a missing table, a missing
 // privilege): isolating items one by one cannot help, every item fails alike.
+// A row refused by a row-level security policy is not: it depends on the row.
 func isStatementLevel(err error) bool {
 	return anyInChain(err, func(e error) bool {
 		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		if !ok || len(pgErr.Code) != 5 {
+		if !ok || len(pgErr.Code) != 5 || isRowSecurityCheck(pgErr) {
 			return false
 		}
 		switch pgErr.Code[:2] {
@@ -112,6 +115,17 @@ func isStatementLevel(err error) bool {
 		}
 		return false
 	})
+}
+
+// isRowSecurityCheck reports whether pgErr is a row refused by a row-level
+// security policy (its WITH CHECK, or USING on an upsert's update): SQLSTATE
+// 42501 like a missing privilege, but it depends on the row.
+//
+// The server names no table or constraint for it, and its message is
+// translated (lc_messages); the routine that raised it is neither, and no
+// other 42501 comes from it.
+func isRowSecurityCheck(pgErr *pgconn.PgError) bool {
+	return pgErr.Code == sqlstateInsufficientPrivilege && pgErr.Routine == "ExecWithCheckOptions"
 }
 
 // anyInChain walks err's whole wrap tree, depth first, and reports whether

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -211,4 +212,80 @@ func TestIsRetryable_RealConnectionLoss(t *testing.T) {
 	_, err = pgx.ConnectConfig(ctx, cfg)
 	require.Error(t, err)
 	require.True(t, ledger.IsRetryable(err), "a refused connection is retryable: %v", err)
+}
+
+// engineErrorAsRole runs sql as role (SET LOCAL ROLE, in a transaction rolled
+// back afterwards) and returns PostgreSQL's error.
+func engineErrorAsRole(t *testing.T, pool *pgxpool.Pool, role, sql string) error {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SET LOCAL ROLE `+role)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, sql)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "want a PostgreSQL error from: %s", sql)
+	return err
+}
+
+// TestIsStatementLevel: errors that condemn the statement whatever its items
+// (every item fails alike, without bisection) against errors that depend on
+// the row (isolated item by item). Built errors first, then errors of the real
+// engine.
+func TestIsStatementLevel(t *testing.T) {
+	t.Parallel()
+	pg := func(code, routine string) error { return &pgconn.PgError{Code: code, Routine: routine} }
+	built := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"syntax error", pg("42601", "scanner_yyerror"), true},
+		{"undefined table", wrap(pg("42P01", "parserOpenTable"), 2), true},
+		{"permission denied", pg("42501", "aclcheck_error"), true},
+		{"row-level security WITH CHECK", wrap(pg("42501", "ExecWithCheckOptions"), 2), false},
+		{"feature not supported", pg("0A000", ""), true},
+		{"invalid schema name", pg("3F000", ""), true},
+		{"read-only transaction", pg("25006", ""), true},
+		{"foreign key", pg("23503", "ri_ReportViolation"), false},
+		{"malformed json", pg("22P02", ""), false},
+		{"bare error", errors.New("boom"), false},
+		{"nil", nil, false},
+	}
+	for _, tt := range built {
+		require.Equal(t, tt.want, ledger.IsStatementLevel(tt.err), "built %s: IsStatementLevel(%v)", tt.name, tt.err)
+	}
+
+	pool := newPool(t)
+	db := pool.Config().ConnConfig.Database
+	role := "stmt_" + db[strings.LastIndex(db, "_")+1:] + fmt.Sprint(len(db))
+	mustExec(t, pool, fmt.Sprintf(`
+CREATE ROLE %[1]s;
+CREATE TABLE notes (account text NOT NULL);
+ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
+CREATE POLICY notes_known ON notes USING (account <> 'hidden') WITH CHECK (account NOT LIKE 'nobody-%%');
+GRANT SELECT, INSERT, UPDATE ON notes TO %[1]s;
+INSERT INTO notes VALUES ('acct-1'), ('hidden');
+CREATE TABLE secrets (a text);
+CREATE TABLE accounts (id text PRIMARY KEY);
+CREATE TABLE invoices (account text REFERENCES accounts)`, role))
+	engine := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"row-level security WITH CHECK on insert", engineErrorAsRole(t, pool, role, `INSERT INTO notes VALUES ('nobody-1')`), false},
+		{"row-level security WITH CHECK on update", engineErrorAsRole(t, pool, role, `UPDATE notes SET account = 'nobody-2'`), false},
+		{"permission denied for table", engineErrorAsRole(t, pool, role, `INSERT INTO secrets VALUES ('x')`), true},
+		{"permission denied to delete", engineErrorAsRole(t, pool, role, `DELETE FROM notes`), true},
+		{"syntax error", engineError(t, pool, `INSERT INTO notes VALUE ('x')`), true},
+		{"undefined table", engineError(t, pool, `INSERT INTO nope VALUES (1)`), true},
+		{"foreign key", engineError(t, pool, `INSERT INTO invoices VALUES ('nobody')`), false},
+		{"malformed json", engineError(t, pool, `SELECT '{'::jsonb`), false},
+	}
+	for _, tt := range engine {
+		require.Equal(t, tt.want, ledger.IsStatementLevel(tt.err), "engine %s: IsStatementLevel(%v)", tt.name, tt.err)
+	}
 }

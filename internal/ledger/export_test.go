@@ -9,4 +9,5 @@ var (
 	SQLIndexProbesOnly = sqlIndexProbesOnly
 	ForEachSkipped     = forEachSkipped
 	ForEachKey         = forEachKey
+	IsStatementLevel   = isStatementLevel
 )
