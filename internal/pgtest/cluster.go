@@ -123,6 +123,9 @@ func StartCluster(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("running initdb: %w\n%s", err, out)
 	}
+	if err := requirePassword(filepath.Join(data, "pg_hba.conf"), PasswordUser); err != nil {
+		return nil, err
+	}
 
 	if opts.TCPPort != 0 {
 		c.port = opts.TCPPort
@@ -181,6 +184,26 @@ func (c *Cluster) Restart(ctx context.Context) error {
 		return err
 	}
 	return c.start(ctx)
+}
+
+// PasswordUser is the one role of a cluster that must give its password
+// (scram-sha-256); the cluster trusts every other local connection. It lets
+// tests see a real rejected password (see PasswordDSN).
+const PasswordUser = "pgtest_password"
+
+// requirePassword puts rules that ask user for a password before initdb's
+// "trust" ones (the first matching rule applies).
+func requirePassword(hba, user string) error {
+	b, err := os.ReadFile(hba)
+	if err != nil {
+		return fmt.Errorf("reading pg_hba.conf: %w", err)
+	}
+	rules := fmt.Sprintf("local all %[1]s scram-sha-256\nhost all %[1]s 127.0.0.1/32 scram-sha-256\n", user)
+	// WriteFile keeps the existing file's owner (the server user, as root).
+	if err := os.WriteFile(hba, append([]byte(rules), b...), 0o600); err != nil {
+		return fmt.Errorf("writing pg_hba.conf: %w", err)
+	}
+	return nil
 }
 
 func serverCredential() (*syscall.Credential, error) {

@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -90,7 +91,31 @@ func setup() {
 	defer pool.Close()
 	if _, err := ledger.Migrate(ctx, pool); err != nil {
 		setupErr = fmt.Errorf("migrating template database: %w", err)
+		return
 	}
+	if server != nil {
+		setupErr = execSQL(ctx, adminDSN, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", PasswordUser, PasswordUserPassword))
+	}
+}
+
+// PasswordUserPassword is PasswordUser's password.
+const PasswordUserPassword = "pgtest-right-password"
+
+// PasswordDSN returns dsn (keyword/value, as NewDatabase returns) with user
+// PasswordUser giving password: the server accepts the connection only when
+// password is PasswordUserPassword. It skips the test when TEST_DATABASE_URL
+// points at a server whose pg_hba.conf pgtest does not control.
+func PasswordDSN(t testing.TB, dsn, password string) string {
+	t.Helper()
+	Server(t)
+	fields := strings.Fields(dsn)
+	out := fields[:0]
+	for _, f := range fields {
+		if !strings.HasPrefix(f, "user=") && !strings.HasPrefix(f, "password=") {
+			out = append(out, f)
+		}
+	}
+	return strings.Join(append(out, "user="+PasswordUser, "password="+password), " ")
 }
 
 // Server returns this binary's own cluster (starting it if needed), or skips
@@ -197,4 +222,37 @@ func withDB(dsn, name string) string {
 		}
 	}
 	return strings.Join(append(out, "dbname="+name), " ")
+}
+
+// SilentServer listens on a loopback port, accepts every TCP connection and
+// never answers (a server that hangs, or a black hole on the way to it), until
+// the test ends. It returns the address.
+func SilentServer(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listening: %v", err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	return ln.Addr().String()
 }
