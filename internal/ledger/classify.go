@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -32,6 +33,12 @@ const (
 	sqlstateCrashShutdown        = "57P02"
 	sqlstateCannotConnectNow     = "57P03"
 	sqlstateTooManyConnections   = "53300"
+	sqlstateLockNotAvailable     = "55P03" // lock_timeout
+	sqlstateQueryCanceled        = "57014" // statement_timeout, or a cancel request
+	// Class 28, invalid authorization specification: wrong password, unknown
+	// role, role without LOGIN, no pg_hba.conf entry.
+	sqlstateClassInvalidAuthorization = "28"
+	sqlstateInvalidCatalogName        = "3D000" // no such database
 	// 42501: a missing privilege, or a row refused by a row-level security policy.
 	sqlstateInsufficientPrivilege = "42501"
 )
@@ -59,17 +66,26 @@ func IsExpectedBusinessKeyConflict(err error) bool {
 
 // IsRetryable reports whether err is a transient condition after which the same
 // work may be tried again (with back-off): the connection was lost or never
-// established, the server is shutting down or refusing connections for now,
-// or the transaction lost a serialization or deadlock race. Everything else is
-// permanent.
+// established (refused, or pgx's connect_timeout expired), the server is
+// shutting down or refusing connections for now, the transaction lost a
+// serialization or deadlock race, or it waited too long for a lock or for a
+// statement (lock_timeout, statement_timeout). Everything else is permanent,
+// including a connection the server rejected for good (ConnectionRejected).
 //
 // Retrying a chunk whose COMMIT outcome is unknown is safe: the business-key
 // index refuses a second committed row, and CommitChunk reports a row that this
 // same run committed earlier as such (HolderSameRun), so counts stay exact.
 //
-// A cancelled or expired context is not retryable: the caller asked to stop.
+// A cancelled context is not retryable: only a caller cancels. An expired
+// deadline may be pgx's own (connect_timeout), and a query cancelled because
+// the caller's context ended comes back as 57014 like a statement_timeout, so
+// whether the caller asked to stop is the caller's context's to say: every
+// retry loop checks it before retrying (see worker.Backoff.Do).
 func IsRetryable(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	if _, rejected := ConnectionRejected(err); rejected {
 		return false
 	}
 	return anyInChain(err, func(e error) bool {
@@ -78,14 +94,14 @@ func IsRetryable(err error) bool {
 			switch e.Code {
 			case sqlstateSerializationFailure, sqlstateDeadlockDetected,
 				sqlstateAdminShutdown, sqlstateCrashShutdown, sqlstateCannotConnectNow,
-				sqlstateTooManyConnections:
+				sqlstateTooManyConnections, sqlstateLockNotAvailable, sqlstateQueryCanceled:
 				return true
 			}
 			// Class 08: connection exception.
 			return len(e.Code) == 5 && e.Code[:2] == "08"
 		case *pgconn.ConnectError:
 			return true
-		case net.Error:
+		case net.Error: // also context.DeadlineExceeded, a timeout
 			return true
 		}
 		if errors.Is(e, io.EOF) || errors.Is(e, io.ErrUnexpectedEOF) || errors.Is(e, net.ErrClosed) {
@@ -94,6 +110,26 @@ func IsRetryable(err error) bool {
 		// pgx's own verdict: the request never reached the server.
 		return pgconn.SafeToRetry(e)
 	})
+}
+
+// ConnectionRejected reports whether err is the server refusing the
+// connection for a reason that waiting will not change, and says which in
+// words for the user: the credentials (class 28: a wrong password, an unknown
+// role, a role that may not log in, no pg_hba.conf entry) or a database that
+// does not exist (3D000). Retrying these only risks locking the account.
+func ConnectionRejected(err error) (why string, rejected bool) {
+	anyInChain(err, func(e error) bool {
+		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
+		switch {
+		case !ok:
+		case strings.HasPrefix(pgErr.Code, sqlstateClassInvalidAuthorization):
+			why = "the database server rejected the connection string's credentials (its user or password)"
+		case pgErr.Code == sqlstateInvalidCatalogName:
+			why = "the database named in the connection string does not exist"
+		}
+		return why != ""
+	})
+	return why, why != ""
 }
 
 // isStatementLevel reports whether err condemns a statement regardless of which

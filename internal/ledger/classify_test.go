@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
 )
 
 // multiWrap is a custom error type with its own Unwrap() []error, like the
@@ -175,12 +177,22 @@ func TestIsRetryable(t *testing.T) {
 		{"too many connections", pg("53300"), true},
 		{"connection failure class 08", pg("08006"), true},
 		{"unexpected EOF", fmt.Errorf("reading: %w", io.ErrUnexpectedEOF), true},
+		{"lock timeout", wrap(pg("55P03"), 2), true},
+		{"statement timeout", pg("57014"), true},
 		{"business-key conflict", pg("23505"), false},
 		{"foreign key", pg("23503"), false},
 		{"syntax error", pg("42601"), false},
+		{"row-level security", pg("42501"), false},
+		{"wrong password", wrap(pg("28P01"), 2), false},
+		{"role may not log in", pg("28000"), false},
+		{"no such database", pg("3D000"), false},
+		{"wrong password beside a connection failure", errors.Join(pg("08006"), pg("28P01")), false},
 		{"bare error", errors.New("boom"), false},
 		{"context canceled", context.Canceled, false},
-		{"deadline exceeded", fmt.Errorf("x: %w", context.DeadlineExceeded), false},
+		{"wrapped context canceled", fmt.Errorf("x: %w", context.Canceled), false},
+		// An expired deadline may be pgx's connect_timeout; whether the
+		// caller's own ended is its context's to say (worker.Backoff.Do).
+		{"deadline exceeded, the caller's context decides", fmt.Errorf("x: %w", context.DeadlineExceeded), true},
 		{"nil", nil, false},
 	}
 	for _, tt := range tests {
@@ -214,20 +226,28 @@ func TestIsRetryable_RealConnectionLoss(t *testing.T) {
 	require.True(t, ledger.IsRetryable(err), "a refused connection is retryable: %v", err)
 }
 
-// engineErrorAsRole runs sql as role (SET LOCAL ROLE, in a transaction rolled
-// back afterwards) and returns PostgreSQL's error.
-func engineErrorAsRole(t *testing.T, pool *pgxpool.Pool, role, sql string) error {
+// engineErrorIn runs setup then sql (expected to fail) in one transaction,
+// rolled back afterwards, and returns PostgreSQL's error: for SET LOCAL
+// settings that must not outlive the statement.
+func engineErrorIn(t *testing.T, pool *pgxpool.Pool, setup []string, sql string) error {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SET LOCAL ROLE `+role)
-	require.NoError(t, err)
+	for _, s := range setup {
+		_, err = tx.Exec(ctx, s)
+		require.NoError(t, err, "executing: %s", s)
+	}
 	_, err = tx.Exec(ctx, sql)
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr, "want a PostgreSQL error from: %s", sql)
 	return err
+}
+
+func engineErrorAsRole(t *testing.T, pool *pgxpool.Pool, role, sql string) error {
+	t.Helper()
+	return engineErrorIn(t, pool, []string{`SET LOCAL ROLE ` + role}, sql)
 }
 
 // TestIsStatementLevel: errors that condemn the statement whatever its items
@@ -288,4 +308,113 @@ CREATE TABLE invoices (account text REFERENCES accounts)`, role))
 	for _, tt := range engine {
 		require.Equal(t, tt.want, ledger.IsStatementLevel(tt.err), "engine %s: IsStatementLevel(%v)", tt.name, tt.err)
 	}
+}
+
+// TestConnectionRejected_BuiltErrors: credentials (class 28) and a missing
+// database (3D000) are rejections, each with its own words; nothing else is.
+func TestConnectionRejected_BuiltErrors(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error { return &pgconn.PgError{Code: code, Message: "m"} }
+	const creds, nodb = "rejected the connection string's credentials", "database named in the connection string does not exist"
+	tests := []struct {
+		name string
+		err  error
+		want string // "": not a rejection
+	}{
+		{"wrong password", wrap(pg("28P01"), 3), creds},
+		{"invalid authorization", pg("28000"), creds},
+		{"no such database", layer{pg("3D000")}, nodb},
+		{"inside a join", errors.Join(io.EOF, pg("3D000")), nodb},
+		{"too many connections", pg("53300"), ""},
+		{"connection failure", pg("08006"), ""},
+		{"permission denied", pg("42501"), ""},
+		{"invalid schema", pg("3F000"), ""},
+		{"bare error", errors.New("password authentication failed"), ""},
+		{"nil", nil, ""},
+	}
+	for _, tt := range tests {
+		why, rejected := ledger.ConnectionRejected(tt.err)
+		require.Equal(t, tt.want != "", rejected, "%s: ConnectionRejected(%v)", tt.name, tt.err)
+		require.Contains(t, why, tt.want, tt.name)
+		if rejected {
+			require.False(t, ledger.IsRetryable(tt.err), "%s: a rejection is never retried", tt.name)
+		}
+	}
+}
+
+// TestClassifiers_RealConnectionsAndTimeouts: errors of the real engine and
+// of real connections. A timeout that is not the caller's (connect_timeout
+// against a server that accepts TCP and never answers, lock_timeout,
+// statement_timeout) is retryable; a connection the server rejects for good
+// (wrong password, role that may not log in, unknown role, missing database)
+// is not, and says why; the caller's own cancel is final.
+func TestClassifiers_RealConnectionsAndTimeouts(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	ctx := context.Background()
+	dsn := pool.Config().ConnConfig.ConnString()
+	db := pool.Config().ConnConfig.Database
+	suffix := db[strings.LastIndex(db, "_")+1:] + fmt.Sprint(len(db))
+	mustExec(t, pool, `CREATE ROLE nologin_`+suffix+` NOLOGIN; CREATE TABLE held (id int); INSERT INTO held VALUES (1)`)
+	connect := func(ctx context.Context, dsn string) error {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err == nil {
+			_ = conn.Close(ctx)
+		}
+		return err
+	}
+	cancelledAfter := func(d time.Duration) context.Context {
+		ctx, cancel := context.WithCancel(ctx)
+		time.AfterFunc(d, cancel)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	silent := pgtest.SilentServer(t)
+	silentHost, silentPort, _ := strings.Cut(silent, ":")
+	silentDSN := fmt.Sprintf("host=%s port=%s user=app dbname=app sslmode=disable connect_timeout=", silentHost, silentPort)
+
+	// A lock another session holds.
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `LOCK TABLE held IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	const creds, nodb = "rejected the connection string's credentials", "database named in the connection string does not exist"
+	tests := []struct {
+		name      string
+		err       error
+		retryable bool
+		rejected  string // "": not a rejection
+	}{
+		{"connect_timeout against a server that never answers", connect(ctx, silentDSN+"1"), true, ""},
+		{"lock_timeout", engineErrorIn(t, pool, []string{`SET LOCAL lock_timeout = '50ms'`}, `SELECT * FROM held`), true, ""},
+		{"statement_timeout", engineErrorIn(t, pool, []string{`SET LOCAL statement_timeout = '50ms'`}, `SELECT pg_sleep(10)`), true, ""},
+		{"wrong password", connect(ctx, pgtest.PasswordDSN(t, dsn, "not-the-password")), false, creds},
+		{"role that may not log in", connect(ctx, strings.Replace(dsn, "user=postgres", "user=nologin_"+suffix, 1)), false, creds},
+		{"unknown role", connect(ctx, strings.Replace(dsn, "user=postgres", "user=nobody_"+suffix, 1)), false, creds},
+		{"no such database", connect(ctx, strings.Replace(dsn, "dbname="+db, "dbname=nope_"+db, 1)), false, nodb},
+		{"the caller cancels a connection that hangs", connect(cancelledAfter(100*time.Millisecond), silentDSN+"30"), false, ""},
+		{"the caller cancels a query", func() error {
+			_, err := pool.Exec(cancelledAfter(100*time.Millisecond), `SELECT pg_sleep(10)`)
+			return err
+		}(), false, ""},
+	}
+	for _, tt := range tests {
+		require.Error(t, tt.err, tt.name)
+		require.Equal(t, tt.retryable, ledger.IsRetryable(tt.err), "%s: IsRetryable(%v)", tt.name, tt.err)
+		why, rejected := ledger.ConnectionRejected(tt.err)
+		require.Equal(t, tt.rejected != "", rejected, "%s: ConnectionRejected(%v)", tt.name, tt.err)
+		require.Contains(t, why, tt.rejected, tt.name)
+	}
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, tests[1].err, &pgErr)
+	require.Equal(t, "55P03", pgErr.Code, "lock_timeout's SQLSTATE")
+	require.ErrorAs(t, tests[2].err, &pgErr)
+	require.Equal(t, "57014", pgErr.Code, "statement_timeout's SQLSTATE")
+	require.ErrorAs(t, tests[3].err, &pgErr)
+	require.Equal(t, "28P01", pgErr.Code, "a wrong password's SQLSTATE")
+	require.NotContains(t, tests[3].err.Error(), "not-the-password", "the error does not echo the password")
+	require.NoError(t, connect(ctx, pgtest.PasswordDSN(t, dsn, pgtest.PasswordUserPassword)), "the right password is accepted")
 }

@@ -1,12 +1,18 @@
 package worker_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/require"
 
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -38,4 +44,42 @@ func TestDeferredForeignKeyWithinMaxFailedItems(t *testing.T) {
 	}
 	require.EqualValues(t, 196, queryInt(t, f.pool, `SELECT count(*) FROM invoices`), "the effect ran once per committed item")
 	require.EqualValues(t, 196, f.committed(t))
+}
+
+// TestLockTimeoutIsRetriedByTheShard: the effect waits for a row lock another
+// session holds until the role's lock_timeout. The shard retries the chunk
+// with back-off (no item is Failed for it) and commits it once the lock is
+// released, each item and its effect once.
+func TestLockTimeoutIsRetriedByTheShard(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	mustExec(t, f.pool, invoiceSchema+`
+INSERT INTO accounts SELECT 'acct-' || i FROM generate_series(0, 99) i;
+ALTER TABLE accounts ADD COLUMN invoiced int NOT NULL DEFAULT 0`)
+	app := pgtest.Pool(t, f.pool.Config().ConnConfig.ConnString()+" lock_timeout=100")
+
+	holder, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT * FROM accounts WHERE id = 'acct-42' FOR UPDATE`)
+	require.NoError(t, err)
+
+	var retries atomic.Int32
+	log := funcr.New(func(_, args string) {
+		if strings.Contains(args, "55P03") && retries.Add(1) == 2 {
+			_ = holder.Rollback(ctx) // the lock is released after two retries
+		}
+	}, funcr.Options{})
+	rep := worker.RunShard(ctx, ledger.NewStore(app), worker.ShardConfig{Run: run("uid-locked"),
+		Source: worker.NewStaticSource("items", keyItems("acct", 100)), ChunkSize: 100, MaxFailedItems: 0, Log: log,
+		Effect: `UPDATE accounts SET invoiced = invoiced + 1 FROM claimed WHERE accounts.id = claimed.entity`,
+		Retry:  worker.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, MaxAttempts: 20, MaxElapsed: time.Minute}})
+	require.NoError(t, rep.Err)
+	require.True(t, rep.Done)
+	require.Equal(t, worker.Counts{Total: 100, Completed: 100}, rep.Counts, "failures: %v", rep.Failures)
+	require.GreaterOrEqual(t, retries.Load(), int32(2), "the chunk was retried after the lock timeout")
+	require.EqualValues(t, 100, f.committed(t))
+	require.EqualValues(t, 100, queryInt(t, f.pool, `SELECT sum(invoiced) FROM accounts`), "the effect ran once per item")
+	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM accounts WHERE invoiced <> 1`))
 }

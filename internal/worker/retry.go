@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,8 +12,8 @@ import (
 )
 
 // Backoff is the retry policy for retryable database errors (ledger.IsRetryable:
-// connection loss, server restart, serialization failure, too many
-// connections): exponential back-off with jitter, bounded in attempts and in
+// connection loss or timeout, server restart, serialization failure, too many
+// connections, lock or statement timeout): exponential back-off with jitter, bounded in attempts and in
 // total time.
 type Backoff struct {
 	Initial     time.Duration // first wait (default 100ms)
@@ -58,9 +59,12 @@ func (b Backoff) delay(n int) time.Duration {
 var errGaveUp = errors.New("giving up")
 
 // Do runs fn until it succeeds, fails with a non-retryable error, or the
-// policy is exhausted. The waits end early when stop is done (the caller was
-// asked to stop). fn receives its attempt number (1-based). onRetry, if set,
-// is told about each retryable failure before the wait.
+// policy is exhausted. stop is the caller's context: once it is done (the
+// caller was asked to stop, or its deadline passed), fn's error is final and
+// the waits end early; an expired deadline that is not stop's (pgx's
+// connect_timeout) is retried like any connection failure. fn receives its
+// attempt number (1-based). onRetry, if set, is told about each retryable
+// failure before the wait.
 func (b Backoff) Do(stop context.Context, what string, onRetry func(attempt int, wait time.Duration, err error), fn func(attempt int) error) error {
 	b = b.withDefaults()
 	start := time.Now()
@@ -68,6 +72,9 @@ func (b Backoff) Do(stop context.Context, what string, onRetry func(attempt int,
 		err := fn(attempt)
 		if err == nil || !ledger.IsRetryable(err) {
 			return err
+		}
+		if stopped(stop) {
+			return fmt.Errorf("%s: stopped, not retrying: %w", what, errors.Join(cmp.Or(context.Cause(stop), context.DeadlineExceeded), err))
 		}
 		wait := b.delay(attempt)
 		if attempt >= b.MaxAttempts || time.Since(start)+wait > b.MaxElapsed {
@@ -84,4 +91,12 @@ func (b Backoff) Do(stop context.Context, what string, onRetry func(attempt int,
 		case <-t.C:
 		}
 	}
+}
+
+// stopped reports whether the caller's context is done. A connection's I/O
+// deadline, set from the context's, can fire a moment before the context's
+// own timer marks it done: a deadline that has passed counts as done.
+func stopped(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && !time.Now().Before(d)
 }

@@ -3,11 +3,17 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
 )
 
 func TestBackoffDelay(t *testing.T) {
@@ -70,4 +76,86 @@ func TestBackoffDo(t *testing.T) {
 	err = slow.Do(stop, "reading", nil, func(int) error { return io.ErrUnexpectedEOF })
 	require.ErrorIs(t, err, context.Canceled, "a stop ends the wait")
 	require.Less(t, time.Since(start), time.Second)
+}
+
+// TestBackoffDo_ConnectTimeoutIsRetried: a server that accepts TCP and never
+// answers makes pgx's connect_timeout expire; that deadline is not the
+// caller's, so the connection is tried again while the caller's context is
+// alive.
+func TestBackoffDo_ConnectTimeoutIsRetried(t *testing.T) {
+	t.Parallel()
+	host, port, _ := strings.Cut(pgtest.SilentServer(t), ":")
+	dsn := fmt.Sprintf("host=%s port=%s user=app dbname=app sslmode=disable connect_timeout=1", host, port)
+	b := Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond, MaxAttempts: 2, MaxElapsed: time.Minute}
+	calls := 0
+	var retried []error
+	err := b.Do(context.Background(), "connecting", func(_ int, _ time.Duration, err error) { retried = append(retried, err) },
+		func(int) error { calls++; return connect(context.Background(), dsn) })
+	require.ErrorIs(t, err, errGaveUp, "retried until the policy ran out: %v", err)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "with the connect timeout as its cause")
+	require.Equal(t, 2, calls)
+	require.Len(t, retried, 1)
+}
+
+// TestBackoffDo_CallerStopIsFinal: once the caller's own context is done
+// (cancelled, or its deadline passed), the error is final at once, however
+// retryable it looks.
+func TestBackoffDo_CallerStopIsFinal(t *testing.T) {
+	t.Parallel()
+	host, port, _ := strings.Cut(pgtest.SilentServer(t), ":")
+	dsn := fmt.Sprintf("host=%s port=%s user=app dbname=app sslmode=disable connect_timeout=60", host, port)
+	b := Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond, MaxAttempts: 10, MaxElapsed: time.Hour}
+	cancelled, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	expiring, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel2()
+	stopped, cancel3 := context.WithCancel(context.Background())
+	for _, tt := range []struct {
+		name string
+		stop context.Context
+		fn   func(ctx context.Context) error
+		want error
+	}{
+		{"cancelled while connecting", cancelled, func(ctx context.Context) error { return connect(ctx, dsn) }, context.Canceled},
+		{"deadline passed while connecting", expiring, func(ctx context.Context) error { return connect(ctx, dsn) }, context.DeadlineExceeded},
+		{"cancelled before a retryable error", stopped, func(context.Context) error { cancel3(); return io.ErrUnexpectedEOF }, context.Canceled},
+	} {
+		calls, retries := 0, 0
+		err := b.Do(tt.stop, "connecting", func(int, time.Duration, error) { retries++ },
+			func(int) error { calls++; return tt.fn(tt.stop) })
+		require.ErrorIs(t, err, tt.want, tt.name)
+		require.Equal(t, 1, calls, "%s: not tried again", tt.name)
+		require.Zero(t, retries, "%s: no retry announced", tt.name)
+	}
+}
+
+// TestBackoffDo_RejectedConnectionIsNotRetried: a wrong password (a real
+// one, refused by the server) is tried once: retrying it only risks locking
+// the account. The same for a database that does not exist.
+func TestBackoffDo_RejectedConnectionIsNotRetried(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDatabase(t)
+	b := Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond, MaxAttempts: 20, MaxElapsed: time.Minute}
+	for name, dsn := range map[string]string{
+		"wrong password":   pgtest.PasswordDSN(t, dsn, "wrong-password"),
+		"no such database": strings.Replace(dsn, "dbname=", "dbname=nope_", 1),
+	} {
+		calls, retries := 0, 0
+		err := b.Do(context.Background(), "connecting", func(int, time.Duration, error) { retries++ },
+			func(int) error { calls++; return connect(context.Background(), dsn) })
+		require.Error(t, err, name)
+		_, rejected := ledger.ConnectionRejected(err)
+		require.True(t, rejected, "%s: %v", name, err)
+		require.Equal(t, 1, calls, "%s: tried once", name)
+		require.Zero(t, retries, "%s: never retried", name)
+	}
+	require.NoError(t, connect(context.Background(), pgtest.PasswordDSN(t, dsn, pgtest.PasswordUserPassword)), "the right password works")
+}
+
+func connect(ctx context.Context, dsn string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
 }
