@@ -271,8 +271,9 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 		}
 		sum.Interrupted = sum.Interrupted || r.Interrupted
 		if r.Err != nil {
-			errs = append(errs, fmt.Errorf("shard %d: %w", r.Shard, r.Err))
-			badInputs = badInputs || worker.IsInputError(r.Err)
+			err, rejected := explainRejection(r.Err) // e.g. --skip-migrate: the shard connects first
+			errs = append(errs, fmt.Errorf("shard %d: %w", r.Shard, err))
+			badInputs = badInputs || rejected || worker.IsInputError(r.Err)
 		}
 		log.Info("shard finished", "shard", r.Shard, "state", shardState(r), "total", r.Total, "completed", r.Completed,
 			"alreadyHandled", r.AlreadyHandled, "failed", r.Failed, "elapsed", r.Elapsed.Round(time.Millisecond).String())
@@ -319,16 +320,24 @@ func exitFor(err error) error {
 	if worker.IsInputError(err) {
 		return badInput(err)
 	}
+	if err, rejected := explainRejection(err); rejected {
+		return badInput(err)
+	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 {
-		switch pgErr.Code[:2] {
-		case "28", // invalid authorization
-			"3D", // invalid catalog name: no such database
-			"42": // insufficient privilege, undefined object
-			return badInput(err)
-		}
+	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && pgErr.Code[:2] == "42" { // insufficient privilege, undefined object
+		return badInput(err)
 	}
 	return &ExitError{Code: ExitFailed, Err: err}
+}
+
+// explainRejection prefixes err with why the server refused the connection
+// for good (credentials, missing database), and reports whether it did.
+func explainRejection(err error) (error, bool) {
+	why, rejected := ledger.ConnectionRejected(err)
+	if !rejected {
+		return err, false
+	}
+	return fmt.Errorf("%s: %w", why, err), true
 }
 
 func shardState(r worker.Report) string {

@@ -106,8 +106,10 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 
 	s := &workerRun{opts: o, env: env, log: log, engineLog: engineLog}
 	rep, maxFailed, err := s.work(ctx, envErr)
+	var rejected bool
+	rep.Err, rejected = explainRejection(rep.Err) // e.g. --skip-migrate: the shard connects first
 	badIn := err != nil && (worker.IsInputError(err) || exitCode(err) == ExitBadInput) ||
-		rep.Err != nil && worker.IsInputError(rep.Err) // e.g. the query failed when it ran
+		rep.Err != nil && (rejected || worker.IsInputError(rep.Err)) // e.g. the query failed when it ran
 	err = redactExit(err, secrets)
 	rep.Err = worker.RedactError(rep.Err, secrets)
 	if err != nil && rep.Err == nil {

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/pgtest"
 )
 
 // TestRunBadInput: broken manifests, JSON Lines files and flags are refused
@@ -54,7 +56,10 @@ func TestRunBadInput(t *testing.T) {
 		{name: "query without occurrence", manifest: manifest("query", "batch: {query: \"SELECT 'a' AS entity\"}"), want: `batch.query returns no column "occurrence"`},
 		{name: "query that fails", manifest: manifest("query", "batch: {query: \"SELECT 'a' AS entity, (1/0)::text AS occurrence\"}"), want: "division by zero"},
 		{name: "malformed DSN", manifest: good, args: []string{"--dsn", "postgres://app:" + password + "@db:notaport/x"}, want: "parsing database URL"},
-		{name: "no such database", manifest: good, args: []string{"--dsn", strings.Replace(d.dsn, "dbname=", "dbname=nope_", 1)}, want: "does not exist"},
+		{name: "no such database", manifest: good, args: []string{"--dsn", strings.Replace(d.dsn, "dbname=", "dbname=nope_", 1)}, want: "the database named in the connection string does not exist"},
+		{name: "wrong password", manifest: good, args: []string{"--dsn", pgtest.PasswordDSN(t, d.dsn, password)}, want: "the database server rejected the connection string's credentials (its user or password)"},
+		{name: "unknown role", manifest: good, args: []string{"--dsn", strings.Replace(d.dsn, "user=", "user=nobody_", 1)}, want: "the database server rejected the connection string's credentials"},
+		{name: "wrong password, skipping migrations", manifest: good, args: []string{"--dsn", pgtest.PasswordDSN(t, d.dsn, password), "--skip-migrate"}, want: "rejected the connection string's credentials"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -66,6 +71,7 @@ func TestRunBadInput(t *testing.T) {
 			r := runCLI(t, "", args...)
 			require.Equal(t, 2, r.code, "exit code 2 for bad input; stderr:\n%s", r.stderr)
 			require.Contains(t, r.stderr, tt.want, "the message says what is wrong")
+			require.NotContains(t, r.stderr, "retrying", "bad input is refused at once, never retried")
 			s := r.summary(t)
 			require.Contains(t, s.Error, tt.want, "the JSON result carries the error")
 			require.Equal(t, counts{}, s.counts(), "nothing processed")

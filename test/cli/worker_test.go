@@ -25,6 +25,7 @@ import (
 	ac "github.com/runledger/runledger/api/applyconfiguration/api/v1alpha1"
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/envtestutil"
+	"github.com/runledger/runledger/internal/pgtest"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -230,6 +231,22 @@ func TestWorkerInPod(t *testing.T) {
 		r = runWorker(t, k, d, &stale, 0, 0, "--termination-log", filepath.Join(t.TempDir(), "t"))
 		require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
 		require.Contains(t, r.stderr, "the run this pod was created for is gone")
+
+		// Credentials the server rejects: exit 2 at once, saying so, never
+		// retried (a lockout risk) nor called unreachable; the same when the
+		// shard makes the first connection (--skip-migrate, inline items).
+		for _, args := range [][]string{nil, {"--skip-migrate"}} {
+			tl := filepath.Join(t.TempDir(), "t")
+			wrong := &db{dsn: pgtest.PasswordDSN(t, d.dsn, password), pool: d.pool}
+			r = runWorker(t, k, wrong, run, 0, 0, append(args, "--termination-log", tl, "--retry-timeout", "5s")...)
+			require.Equal(t, 2, r.code, "%v: stderr:\n%s", args, r.stderr)
+			require.Contains(t, r.stderr, "the database server rejected the connection string's credentials")
+			require.NotContains(t, r.stderr, "retrying")
+			require.NotContains(t, r.stderr, "not reachable")
+			raw, err := os.ReadFile(tl)
+			require.NoError(t, err)
+			require.Contains(t, string(raw), "rejected the connection string's credentials", "the termination message says why")
+		}
 
 		// SIGTERM mid-run: the chunk in flight commits, the final report (status
 		// and termination message) is exactly what the run committed, exit 1.
