@@ -137,3 +137,26 @@ func TestCommitChunk_ThreeRoundTrips(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM runledger.ledger WHERE entity = 'acct'`).Scan(&n))
 	require.Equal(t, 1500, n)
 }
+
+// TestCommitChunk_EffectRoundTrips: with an effect, a chunk costs seven round
+// trips: begin (with the table "claimed"), emptying "claimed", the claim, the
+// effect's planner setting, the effect, the check of the constraints it
+// deferred together with the ledger's setting, commit. The deferred check
+// adds no round trip of its own.
+func TestCommitChunk_EffectRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, writes := onePool(t)
+	s := ledger.NewStore(pool)
+	_, err := pool.Exec(ctx, `CREATE TABLE notes (entity text, occurrence text, PRIMARY KEY (entity, occurrence))`)
+	require.NoError(t, err)
+	opts := ledger.ChunkOptions{Effect: `INSERT INTO notes SELECT entity, occurrence FROM claimed`}
+	_, err = s.CommitChunk(ctx, runNamed("run-a"), items("warm-up", 0, 10), opts)
+	require.NoError(t, err)
+
+	before := writes.Load()
+	res, err := s.CommitChunk(ctx, runNamed("run-a"), items("acct", 0, 1000), opts)
+	require.NoError(t, err)
+	require.Equal(t, int64(7), writes.Load()-before, "round trips")
+	require.Equal(t, tally{completed: 1000}, count(res))
+}
