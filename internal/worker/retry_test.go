@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -119,6 +120,11 @@ func TestBackoffDo_CallerStopIsFinal(t *testing.T) {
 		{"cancelled while connecting", cancelled, func(ctx context.Context) error { return connect(ctx, dsn) }, context.Canceled},
 		{"deadline passed while connecting", expiring, func(ctx context.Context) error { return connect(ctx, dsn) }, context.DeadlineExceeded},
 		{"cancelled before a retryable error", stopped, func(context.Context) error { cancel3(); return io.ErrUnexpectedEOF }, context.Canceled},
+		// A cancel request sent for the caller's context comes back as 57014,
+		// like a statement_timeout: the context says which it was.
+		{"cancelled, then the query reported cancelled", stopped, func(context.Context) error {
+			return &pgconn.PgError{Code: "57014", Message: "canceling statement due to user request"}
+		}, context.Canceled},
 	} {
 		calls, retries := 0, 0
 		err := b.Do(tt.stop, "connecting", func(int, time.Duration, error) { retries++ },
