@@ -193,22 +193,30 @@ type BatchSpec struct {
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=65536
+	// +kubebuilder:validation:XValidation:rule="self.replace(';', '').trim() != ''",message="must hold a statement, not only white space and semicolons"
 	Query string `json:"query,omitempty"`
 }
 
 // Item is one business occurrence. (entity, occurrence) is its business key:
 // the ledger commits at most one row per key.
 type Item struct {
-	// entity is the first part of the business key (e.g. an account id).
+	// entity is the first part of the business key (e.g. an account id), at
+	// most 1024 bytes of UTF-8.
 	// +required
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 1024",message="must be at most 1024 bytes of UTF-8: the ledger's unique index holds it"
+	// +kubebuilder:validation:XValidation:rule="self.trim() != ''",message="must not be only white space"
+	// +kubebuilder:validation:XValidation:rule=`!self.contains('\u0000')`,message="must not contain a NUL character, which PostgreSQL text cannot hold"
 	Entity string `json:"entity"`
 	// occurrence is the second part of the business key (e.g. a billing
-	// period).
+	// period), at most 1024 bytes of UTF-8.
 	// +required
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 1024",message="must be at most 1024 bytes of UTF-8: the ledger's unique index holds it"
+	// +kubebuilder:validation:XValidation:rule="self.trim() != ''",message="must not be only white space"
+	// +kubebuilder:validation:XValidation:rule=`!self.contains('\u0000')`,message="must not contain a NUL character, which PostgreSQL text cannot hold"
 	Occurrence string `json:"occurrence"`
 	// payload is any JSON value, stored with the ledger row and visible to
 	// the effect as claimed.payload.
@@ -225,6 +233,7 @@ type EffectSpec struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=65536
+	// +kubebuilder:validation:XValidation:rule="self.trim() != ''",message="must hold a statement, not only white space: remove effect to only record items"
 	SQL string `json:"sql"`
 }
 

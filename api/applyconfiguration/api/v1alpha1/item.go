@@ -16,10 +16,11 @@ import (
 // Item is one business occurrence. (entity, occurrence) is its business key:
 // the ledger commits at most one row per key.
 type ItemApplyConfiguration struct {
-	// entity is the first part of the business key (e.g. an account id).
+	// entity is the first part of the business key (e.g. an account id), at
+	// most 1024 bytes of UTF-8.
 	Entity *string `json:"entity,omitempty"`
 	// occurrence is the second part of the business key (e.g. a billing
-	// period).
+	// period), at most 1024 bytes of UTF-8.
 	Occurrence *string `json:"occurrence,omitempty"`
 	// payload is any JSON value, stored with the ledger row and visible to
 	// the effect as claimed.payload.

@@ -1,0 +1,43 @@
+package v1alpha1
+
+// The rules and defaults of a ProcessingRun's spec. The CRD's markers need
+// literals, so each value below is also written in a marker of
+// processingrun_types.go; rules_test.go checks that the generated CRD says
+// the same. The worker and `runledger run` read them from here.
+const (
+	// MaxRunNameLength bounds metadata.name: it is the value of the LabelRun
+	// label on the worker pods.
+	MaxRunNameLength = 63
+
+	// MaxKeyPartBytes bounds entity and occurrence, in bytes of UTF-8 (the
+	// CRD checks size(bytes(self))): the ledger's unique index holds both
+	// parts, and a B-tree entry must stay under PostgreSQL's ~2.7 kB.
+	MaxKeyPartBytes = 1024
+	// MaxInlineItems bounds spec.batch.items; larger batches use a
+	// configMapRef or a query.
+	MaxInlineItems = 10000
+	// MaxSQLLength bounds spec.batch.query and spec.effect.sql, in characters.
+	MaxSQLLength = 65536
+	// MaxRefNameLength bounds the name and key of a Secret or ConfigMap
+	// reference, in characters.
+	MaxRefNameLength = 253
+	// RefKeyPattern is what a Secret or ConfigMap key may contain.
+	RefKeyPattern = `^[-._a-zA-Z0-9]+$`
+	// MaxImageLength bounds spec.workerTemplate.image, in characters.
+	MaxImageLength = 1024
+
+	// DefaultWorkers is spec.workers when it is not set.
+	DefaultWorkers = 1
+	// MaxWorkers bounds spec.workers (the number of shards).
+	MaxWorkers = 256
+	// DefaultChunkSize is spec.chunkSize when it is not set.
+	DefaultChunkSize = 1000
+	// MaxChunkSize bounds spec.chunkSize.
+	MaxChunkSize = 50000
+	// DefaultBackoffLimit is spec.backoffLimit when it is not set.
+	DefaultBackoffLimit = 3
+	// MaxBackoffLimit bounds spec.backoffLimit.
+	MaxBackoffLimit = 100
+	// DefaultOnExisting is spec.onExisting when it is not set.
+	DefaultOnExisting = OnExistingSkip
+)

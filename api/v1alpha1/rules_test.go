@@ -1,0 +1,84 @@
+package v1alpha1_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/config/crd"
+)
+
+// TestCRDSaysWhatTheConstantsSay: markers need literals, so this reads the
+// generated CRD back and compares each rule and default with its constant.
+func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
+	t.Parallel()
+	var def apiextensionsv1.CustomResourceDefinition
+	require.NoError(t, yaml.UnmarshalStrict(crd.ProcessingRun, &def))
+	require.Len(t, def.Spec.Versions, 1)
+	require.Equal(t, v1alpha1.GroupVersion.Version, def.Spec.Versions[0].Name)
+	root := *def.Spec.Versions[0].Schema.OpenAPIV3Schema
+	at := func(path ...string) apiextensionsv1.JSONSchemaProps {
+		t.Helper()
+		s := root
+		for _, p := range path {
+			if p == "[]" {
+				require.NotNil(t, s.Items, "%v", path)
+				s = *s.Items.Schema
+				continue
+			}
+			next, ok := s.Properties[p]
+			require.True(t, ok, "no %s in %v", p, path)
+			s = next
+		}
+		return s
+	}
+	rules := func(s apiextensionsv1.JSONSchemaProps) []string {
+		var out []string
+		for _, r := range s.XValidations {
+			out = append(out, r.Rule)
+		}
+		return out
+	}
+	num := func(f *float64) int64 { t.Helper(); require.NotNil(t, f); return int64(*f) }
+	def64 := func(s apiextensionsv1.JSONSchemaProps) string {
+		t.Helper()
+		require.NotNil(t, s.Default)
+		return string(s.Default.Raw)
+	}
+
+	require.Contains(t, rules(root), fmt.Sprintf("size(self.metadata.name) <= %d", v1alpha1.MaxRunNameLength))
+
+	for _, part := range []string{"entity", "occurrence"} {
+		s := at("spec", "batch", "items", "[]", part)
+		require.Equal(t, int64(v1alpha1.MaxKeyPartBytes), *s.MaxLength, "%s: maxLength (characters) bounds the CEL rules' cost", part)
+		require.Contains(t, rules(s), fmt.Sprintf("size(bytes(self)) <= %d", v1alpha1.MaxKeyPartBytes), part)
+	}
+	require.Equal(t, int64(v1alpha1.MaxInlineItems), *at("spec", "batch", "items").MaxItems)
+	require.Equal(t, int64(v1alpha1.MaxSQLLength), *at("spec", "batch", "query").MaxLength)
+	require.Equal(t, int64(v1alpha1.MaxSQLLength), *at("spec", "effect", "sql").MaxLength)
+	require.Equal(t, int64(v1alpha1.MaxImageLength), *at("spec", "workerTemplate", "image").MaxLength)
+	for _, ref := range [][]string{{"spec", "database", "secretRef"}, {"spec", "batch", "configMapRef"}} {
+		for _, f := range []string{"name", "key"} {
+			require.Equal(t, int64(v1alpha1.MaxRefNameLength), *at(append(ref, f)...).MaxLength, "%v.%s", ref, f)
+		}
+		require.Equal(t, v1alpha1.RefKeyPattern, at(append(ref, "key")...).Pattern, "%v", ref)
+	}
+
+	workers := at("spec", "workers")
+	require.Equal(t, int64(1), num(workers.Minimum))
+	require.Equal(t, int64(v1alpha1.MaxWorkers), num(workers.Maximum))
+	require.Equal(t, fmt.Sprint(v1alpha1.DefaultWorkers), def64(workers))
+	chunk := at("spec", "chunkSize")
+	require.Equal(t, int64(v1alpha1.MaxChunkSize), num(chunk.Maximum))
+	require.Equal(t, fmt.Sprint(v1alpha1.DefaultChunkSize), def64(chunk))
+	backoff := at("spec", "backoffLimit")
+	require.Equal(t, int64(v1alpha1.MaxBackoffLimit), num(backoff.Maximum))
+	require.Equal(t, fmt.Sprint(v1alpha1.DefaultBackoffLimit), def64(backoff))
+	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultOnExisting), def64(at("spec", "onExisting")))
+	require.Equal(t, int64(v1alpha1.MaxWorkers-1), num(at("status", "shards", "[]", "index").Maximum), "a shard index is below spec.workers")
+	require.Equal(t, int64(v1alpha1.MaxWorkers), *at("status", "shards").MaxItems)
+}
