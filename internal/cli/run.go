@@ -21,12 +21,14 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/admission"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/worker"
 )
@@ -34,7 +36,9 @@ import (
 const runLong = `Process a ProcessingRun manifest on this machine, without Kubernetes: the
 same engine as the worker pods, writing to the same ledger.
 
-The manifest's spec.database is ignored: the ledger is the database of --dsn
+The manifest is checked as a cluster checks it (the CRD's schema, validation
+rules and defaults), so a manifest runledger run accepts is one kubectl apply
+accepts. Its spec.database is ignored: the ledger is the database of --dsn
 (or $RUNLEDGER_DATABASE_URL). For a batch.configMapRef, the JSON Lines come
 from --from-file, or else from a ConfigMap of that name in the same
 (multi-document) YAML file. Without --shard, every shard (spec.workers) runs
@@ -497,10 +501,8 @@ func readManifest(path string, stdin io.Reader) (*manifest, error) {
 			if tm.APIVersion != v1alpha1.GroupVersion.String() {
 				return nil, fmt.Errorf("%s: document %d: apiVersion %q: want %s", m.source, doc, tm.APIVersion, v1alpha1.GroupVersion)
 			}
-			run := &v1alpha1.ProcessingRun{}
-			// Strict: a misspelt field is an error naming its path
-			// (`unknown field "spec.wrokers"`), not silently dropped.
-			if _, _, err := manifestDecoder.Decode(raw, nil, run); err != nil {
+			run, err := admitRun(raw)
+			if err != nil {
 				return nil, fmt.Errorf("%s: document %d (ProcessingRun): %w", m.source, doc, err)
 			}
 			m.run = run
@@ -523,6 +525,44 @@ func readManifest(path string, stdin io.Reader) (*manifest, error) {
 		return m, nil
 	}
 	return nil, fmt.Errorf("%s holds %d ProcessingRuns (%s): runledger run takes one", m.source, len(runs), strings.Join(runs, ", "))
+}
+
+// admitRun decodes a ProcessingRun document and checks it as the apiserver
+// checks a run it creates, with the CRD's own schema, CEL rules and defaults,
+// so that runledger run accepts exactly the manifests a cluster accepts.
+func admitRun(raw []byte) (*v1alpha1.ProcessingRun, error) {
+	j, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{}
+	if err := u.UnmarshalJSON(j); err != nil { // integers as int64, as the apiserver decodes them
+		return nil, err
+	}
+	if u.GetNamespace() == "" {
+		u.SetNamespace("default") // as kubectl does with a context without a namespace
+	}
+	v, err := admission.ProcessingRun()
+	if err != nil {
+		return nil, err
+	}
+	if u.GetName() == "" && u.GetGenerateName() != "" { // the apiserver would make one up
+		return nil, errors.New("metadata.name: Required value: runledger run needs a name, not a generateName: it names the run in the ledger and derives its identity")
+	}
+	if err := v.Create(context.Background(), u.Object); err != nil {
+		return nil, err
+	}
+	defaulted, err := u.MarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	run := &v1alpha1.ProcessingRun{}
+	// Strict: a field the schema had but the Go type lacks must not be
+	// silently dropped either.
+	if _, _, err := manifestDecoder.Decode(defaulted, nil, run); err != nil {
+		return nil, err
+	}
+	return run, nil
 }
 
 // stripComments drops YAML comment lines, to tell an empty document apart.

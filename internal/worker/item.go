@@ -7,15 +7,13 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
 )
 
-// Limits on one item. A key part is indexed by the ledger's unique rule, whose
-// B-tree entries must stay well under PostgreSQL's ~2.7 kB limit.
-const (
-	MaxKeyPartBytes        = 1024
-	DefaultMaxPayloadBytes = 1 << 20 // 1 MiB
-)
+// DefaultMaxPayloadBytes bounds one item's payload. (Key parts are bounded by
+// v1alpha1.MaxKeyPartBytes, the API's rule.)
+const DefaultMaxPayloadBytes = 1 << 20 // 1 MiB
 
 // InputError is bad input: an item, a line or a row that cannot be processed,
 // or a batch or query that cannot be read. Where names the place (line 3,
@@ -108,8 +106,8 @@ func checkKeyPart(v string) string {
 		return "is empty"
 	case strings.TrimSpace(v) == "":
 		return "is blank (only white space)"
-	case len(v) > MaxKeyPartBytes:
-		return fmt.Sprintf("is %d bytes long, more than the %d allowed", len(v), MaxKeyPartBytes)
+	case len(v) > v1alpha1.MaxKeyPartBytes:
+		return fmt.Sprintf("is %d bytes long, more than the %d allowed", len(v), v1alpha1.MaxKeyPartBytes)
 	case !utf8.ValidString(v):
 		return "is not valid UTF-8"
 	case strings.IndexByte(v, 0) >= 0:

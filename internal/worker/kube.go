@@ -58,12 +58,12 @@ func PodEnvFrom(getenv func(string) string) (PodEnv, error) {
 		Namespace: str(v1alpha1.EnvRunNamespace),
 		Name:      str(v1alpha1.EnvRunName),
 		UID:       str(v1alpha1.EnvRunUID),
-		Shards:    num(v1alpha1.EnvShards, 1, MaxShards),
+		Shards:    num(v1alpha1.EnvShards, 1, v1alpha1.MaxWorkers),
 		Attempt:   num(v1alpha1.EnvAttempt, 0, 1<<20),
 		PodName:   getenv(v1alpha1.EnvPodName),
 		DSN:       str(v1alpha1.EnvDatabaseURL),
 	}
-	e.Shard = num(v1alpha1.EnvShard, 0, MaxShards-1)
+	e.Shard = num(v1alpha1.EnvShard, 0, v1alpha1.MaxWorkers-1)
 	if errs.Count == 0 && e.Shard >= e.Shards {
 		errs.add(&InputError{Where: v1alpha1.EnvShard, Msg: fmt.Sprintf("is %d, but there are only %d shards", e.Shard, e.Shards)})
 	}

@@ -9,9 +9,6 @@ import (
 	"github.com/runledger/runledger/internal/ledger"
 )
 
-// MaxShards bounds the number of shards of a run (the API allows 1..256).
-const MaxShards = 256
-
 // shardSeed seeds the shard hash ("RUNLEDGR" in ASCII). Never change it.
 const shardSeed uint64 = 0x52554e4c45444752
 

@@ -14,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
 )
 
@@ -136,7 +137,7 @@ func ParseJSONLines(r io.Reader, name string, l Limits) ([]ledger.Item, error) {
 	errs := &InputErrors{Source: name}
 	var items []ledger.Item
 	// A line holds a payload and its key, plus JSON syntax.
-	maxLine := l.maxPayload() + 2*MaxKeyPartBytes + 4096
+	maxLine := l.maxPayload() + 2*v1alpha1.MaxKeyPartBytes + 4096
 	br := bufio.NewReaderSize(r, 64*1024)
 	for lineNo := 1; ; lineNo++ {
 		line, tooLong, err := readLine(br, maxLine)

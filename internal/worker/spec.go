@@ -14,14 +14,6 @@ import (
 	"github.com/runledger/runledger/internal/ledger"
 )
 
-// Bounds of a run's spec, as the CRD enforces them; `runledger run` checks
-// them itself so that a manifest that runs locally also applies.
-const (
-	DefaultSpecChunkSize = 1000
-	MaxSpecChunkSize     = 50000
-	MaxInlineItems       = 10000
-)
-
 // Plan is a run's spec made ready to execute: what every shard needs except
 // its index and attempt.
 type Plan struct {
@@ -66,15 +58,11 @@ func LocalRunUID(namespace, name string) string {
 // UUID of "runledger.dev/local-run" in the URL namespace). Never change it.
 var localRunSpace = uuid.MustParse("84c5fb6f-68c3-5321-8cb5-bddc4993e811")
 
-// NewPlan validates run's spec (the rules the CRD enforces, so that
-// `runledger run` refuses what the API server would) and builds its plan.
-// Inline items and JSON Lines are parsed and validated completely here,
-// before any commit. A problem with the spec or the batch is an
-// *InputErrors / *InputError (IsInputError).
+// NewPlan builds the plan of a run that passed the CRD's validation (the
+// apiserver's, or internal/admission's for `runledger run`). Inline items and
+// JSON Lines are parsed and validated completely here, before any commit: a
+// problem with the batch is an *InputErrors / *InputError (IsInputError).
 func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l Limits) (*Plan, error) {
-	if err := ValidateSpec(run); err != nil {
-		return nil, err
-	}
 	spec := &run.Spec
 	p := &Plan{
 		Run:            ledger.Run{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID)},
@@ -88,11 +76,11 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 	if p.Run.UID == "" {
 		p.Run.UID = LocalRunUID(p.Run.Namespace, p.Run.Name)
 	}
-	if p.Shards == 0 {
-		p.Shards = 1
+	if p.Shards == 0 { // a run built in Go, not decoded through the CRD's defaults
+		p.Shards = v1alpha1.DefaultWorkers
 	}
 	if p.ChunkSize == 0 {
-		p.ChunkSize = DefaultSpecChunkSize
+		p.ChunkSize = v1alpha1.DefaultChunkSize
 	}
 	if spec.OnExisting == v1alpha1.OnExistingSupersede {
 		p.OnExisting = ledger.Supersede
@@ -127,60 +115,6 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 		p.Source = NewQuerySource(b.Query)
 	}
 	return p, nil
-}
-
-// ValidateSpec checks what the CRD's schema and rules check, with the same
-// bounds, and returns every problem found.
-func ValidateSpec(run *v1alpha1.ProcessingRun) error {
-	errs := &InputErrors{Source: "ProcessingRun"}
-	bad := func(field, msg string) { errs.add(&InputError{Field: field, Msg: msg}) }
-	if run.Name == "" {
-		bad("metadata.name", "is missing: it names the run in the ledger and derives its identity")
-	}
-	s := &run.Spec
-	sources := 0
-	if len(s.Batch.Items) > 0 {
-		sources++
-	}
-	if s.Batch.ConfigMapRef != nil {
-		sources++
-	}
-	if s.Batch.Query != "" {
-		sources++
-	}
-	switch {
-	case sources == 0:
-		bad("spec.batch", "has no source: set exactly one of batch.items, batch.configMapRef or batch.query")
-	case sources > 1:
-		bad("spec.batch", "has more than one source: keep exactly one of batch.items, batch.configMapRef or batch.query")
-	}
-	if len(s.Batch.Items) > MaxInlineItems {
-		bad("spec.batch.items", fmt.Sprintf("has %d items, more than the %d allowed inline: use a configMapRef or a query", len(s.Batch.Items), MaxInlineItems))
-	}
-	if ref := s.Batch.ConfigMapRef; ref != nil && (ref.Name == "" || ref.Key == "") {
-		bad("spec.batch.configMapRef", "needs both name and key")
-	}
-	if s.Batch.Query != "" && strings.TrimSpace(trimQuery(s.Batch.Query)) == "" {
-		bad("spec.batch.query", "is empty")
-	}
-	if s.Effect != nil && strings.TrimSpace(s.Effect.SQL) == "" {
-		bad("spec.effect.sql", "is empty: remove effect or give it a statement")
-	}
-	switch s.OnExisting {
-	case "", v1alpha1.OnExistingSkip, v1alpha1.OnExistingSupersede:
-	default:
-		bad("spec.onExisting", fmt.Sprintf("is %q: it must be Skip or Supersede", s.OnExisting))
-	}
-	if s.Workers < 0 || s.Workers > MaxShards {
-		bad("spec.workers", fmt.Sprintf("is %d: it must be between 1 and %d", s.Workers, MaxShards))
-	}
-	if s.ChunkSize < 0 || s.ChunkSize > MaxSpecChunkSize {
-		bad("spec.chunkSize", fmt.Sprintf("is %d: it must be between 1 and %d", s.ChunkSize, MaxSpecChunkSize))
-	}
-	if s.MaxFailedItems < 0 {
-		bad("spec.maxFailedItems", fmt.Sprintf("is %d: it must be 0 or more", s.MaxFailedItems))
-	}
-	return errs.orNil()
 }
 
 // Check verifies on the database what can be verified before anything is
