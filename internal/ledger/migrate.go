@@ -2,12 +2,14 @@ package ledger
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 
 	"github.com/runledger/runledger/migrations"
 )
@@ -22,41 +24,20 @@ const migrationLockKey int64 = 0x3f1b_5c2e_9d47_a061
 const versionTable = Schema + ".goose_db_version"
 
 // Migrate applies every embedded migration that the database lacks and returns
-// how many it applied. It is idempotent and safe to run concurrently.
-func Migrate(ctx context.Context, pool *pgxpool.Pool) (applied int, err error) {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("acquiring connection for migration lock: %w", err)
+// how many it applied. It is idempotent, safe to run concurrently, and holds
+// one connection of the pool at a time, so a pool of one connection will do.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	if err := ensureSchema(ctx, pool); err != nil {
+		return 0, err
 	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrationLockKey); err != nil {
-		return 0, fmt.Errorf("taking migration lock: %w", err)
-	}
-	defer func() {
-		if _, uerr := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, migrationLockKey); uerr != nil {
-			err = errors.Join(err, fmt.Errorf("releasing migration lock: %w", uerr))
-		}
-	}()
-
-	// The schema must exist before goose creates its version table in it.
-	// Look first: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on
-	// the database even when the schema exists, and a least-privilege worker
-	// role must be able to run Migrate when there is nothing to do.
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, Schema).Scan(&exists); err != nil {
-		return 0, fmt.Errorf("looking up schema %s: %w", Schema, err)
-	}
-	if !exists {
-		if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+Schema); err != nil {
-			return 0, fmt.Errorf("creating schema %s: %w", Schema, err)
-		}
-	}
-
-	db := stdlib.OpenDBFromPool(pool)
+	// goose locks, creates its version table and applies the SQL migrations
+	// all on the one connection it takes from db, hence from the pool.
+	db := stdlib.OpenDBFromPool(pool) // closing it leaves the pool open
 	defer db.Close()
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
 		goose.WithTableName(versionTable),
 		goose.WithDisableGlobalRegistry(true),
+		goose.WithSessionLocker(migrationLocker{}),
 	)
 	if err != nil {
 		return 0, fmt.Errorf("loading migrations: %w", err)
@@ -66,4 +47,57 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (applied int, err error) {
 		return 0, fmt.Errorf("applying migrations: %w", err)
 	}
 	return len(results), nil
+}
+
+// ensureSchema creates the schema if it is missing, under the migration lock,
+// and gives the connection back: goose looks for its version table in the
+// schema before it takes any lock (Provider.Up calls HasPending first).
+func ensureSchema(ctx context.Context, pool *pgxpool.Pool) (err error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquiring connection for migration lock: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, sqlMigrationLock, migrationLockKey); err != nil {
+		return fmt.Errorf("taking migration lock: %w", err)
+	}
+	defer func() {
+		if _, uerr := conn.Exec(context.WithoutCancel(ctx), sqlMigrationUnlock, migrationLockKey); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("releasing migration lock: %w", uerr))
+		}
+	}()
+	// Look first: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on
+	// the database even when the schema exists, and a least-privilege worker
+	// role must be able to run Migrate when there is nothing to do.
+	var exists bool
+	if err := conn.QueryRow(ctx, sqlSchemaExists, Schema).Scan(&exists); err != nil {
+		return fmt.Errorf("looking up schema %s: %w", Schema, err)
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, sqlCreateSchema); err != nil {
+			return fmt.Errorf("creating schema %s: %w", Schema, err)
+		}
+	}
+	return nil
+}
+
+// migrationLocker is goose's session lock, taken on the connection goose
+// migrates with. It waits in pg_advisory_lock for as long as ctx allows
+// (goose's own Postgres locker polls every five seconds instead).
+type migrationLocker struct{}
+
+var _ lock.SessionLocker = migrationLocker{}
+
+func (migrationLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
+	if _, err := conn.ExecContext(ctx, sqlMigrationLock, migrationLockKey); err != nil {
+		return fmt.Errorf("taking migration lock: %w", err)
+	}
+	return nil
+}
+
+func (migrationLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
+	if _, err := conn.ExecContext(ctx, sqlMigrationUnlock, migrationLockKey); err != nil {
+		return fmt.Errorf("releasing migration lock: %w", err)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -65,6 +66,32 @@ func TestMigrate_TwiceAndConcurrently(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, again)
 	require.Equal(t, first, schemaSnapshot(t, dsn))
+}
+
+// TestMigrate_PoolOfOneConnection: a caller whose pool has a single connection
+// (a worker started with one connection, say) migrates instead of waiting
+// forever for a second one.
+func TestMigrate_PoolOfOneConnection(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewEmptyDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pool, err := ledger.Open(ctx, dsn, 1)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.EqualValues(t, 1, pool.Config().MaxConns)
+
+	applied, err := ledger.Migrate(ctx, pool)
+	require.NoError(t, err, "migrating through a pool of one connection")
+	require.Equal(t, 1, applied)
+	require.Contains(t, schemaSnapshot(t, dsn), ledger.BusinessKeyIndex+":i")
+
+	again, err := ledger.Migrate(ctx, pool)
+	require.NoError(t, err)
+	require.Zero(t, again)
+	// The lock went back with the connection: the pool's one connection holds
+	// no advisory lock any more.
+	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`))
 }
 
 // TestMigrate_LeastPrivilegeRole: a worker role that may write the ledger but

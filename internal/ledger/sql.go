@@ -191,3 +191,12 @@ CROSS JOIN LATERAL (
     WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
     LIMIT 1
 ) AS h`
+
+// Migrate's statements. The advisory lock is session-level: goose runs each
+// migration in a transaction of its own, all under the one lock.
+const (
+	sqlMigrationLock   = `SELECT pg_advisory_lock($1)`
+	sqlMigrationUnlock = `SELECT pg_advisory_unlock($1)`
+	sqlSchemaExists    = `SELECT to_regnamespace($1) IS NOT NULL`
+	sqlCreateSchema    = `CREATE SCHEMA IF NOT EXISTS ` + Schema
+)
