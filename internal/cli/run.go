@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -327,8 +326,7 @@ func exitFor(err error) error {
 	if err, rejected := explainRejection(err); rejected {
 		return badInput(err)
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && pgErr.Code[:2] == "42" { // insufficient privilege, undefined object
+	if ledger.IsConfigurationError(err) { // e.g. a missing privilege or object
 		return badInput(err)
 	}
 	return &ExitError{Code: ExitFailed, Err: err}

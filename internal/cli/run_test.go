@@ -2,12 +2,17 @@ package cli
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/worker"
 )
 
 func TestSelectShards(t *testing.T) {
@@ -96,4 +101,38 @@ func TestRedactExitKeepsTheCode(t *testing.T) {
 	require.ErrorAs(t, redactExit(plain, secrets), &same)
 	require.Same(t, plain, same, "untouched without a secret")
 	require.NoError(t, redactExit(nil, secrets))
+}
+
+// TestExitForPreparationErrors: what PostgreSQL says while the ledger is
+// migrated and the query and effect checked decides the exit code; the
+// SQLSTATEs themselves are ledger's to interpret.
+func TestExitForPreparationErrors(t *testing.T) {
+	t.Parallel()
+	pg := func(code, routine string) error {
+		return fmt.Errorf("applying migrations: %w", &pgconn.PgError{Code: code, Routine: routine, Message: "m"})
+	}
+	for _, tt := range []struct {
+		name string
+		err  error
+		want int
+		says string
+	}{
+		{"permission denied to create the schema", pg("42501", "aclcheck_error"), ExitBadInput, ""},
+		{"undefined table", pg("42P01", ""), ExitBadInput, ""},
+		{"invalid schema name", pg("3F000", ""), ExitBadInput, ""},
+		{"feature not supported", pg("0A000", ""), ExitBadInput, ""},
+		{"bad query", &worker.InputError{Where: "batch.query", Msg: "is empty"}, ExitBadInput, "batch.query is empty"},
+		{"wrong password", pg("28P01", ""), ExitBadInput, "rejected the connection string's credentials"},
+		{"no such database", pg("3D000", ""), ExitBadInput, "does not exist"},
+		{"row refused by row-level security", pg("42501", "ExecWithCheckOptions"), ExitFailed, ""},
+		{"unreachable", fmt.Errorf("migrating the ledger: %w", io.ErrUnexpectedEOF), ExitFailed, ""},
+		{"serialization failure", pg("40001", ""), ExitFailed, ""},
+		{"already decided", &ExitError{Code: ExitFailed, Err: pg("42601", "")}, ExitFailed, ""},
+	} {
+		var exit *ExitError
+		require.ErrorAs(t, exitFor(tt.err), &exit, tt.name)
+		require.Equal(t, tt.want, exit.Code, "%s: exitFor(%v)", tt.name, tt.err)
+		require.Contains(t, exit.Error(), tt.says, tt.name)
+		require.ErrorContains(t, exit, tt.err.Error(), "%s: the cause is kept", tt.name)
+	}
 }

@@ -41,6 +41,11 @@ const (
 	sqlstateInvalidCatalogName        = "3D000" // no such database
 	// 42501: a missing privilege, or a row refused by a row-level security policy.
 	sqlstateInsufficientPrivilege = "42501"
+
+	sqlstateClassSyntaxOrAccessRule      = "42"
+	sqlstateClassFeatureNotSupported     = "0A"
+	sqlstateClassInvalidSchemaName       = "3F"
+	sqlstateClassInvalidTransactionState = "25"
 )
 
 // IsExpectedBusinessKeyConflict reports whether err is, anywhere in its wrapped
@@ -132,25 +137,59 @@ func ConnectionRejected(err error) (why string, rejected bool) {
 	return why, why != ""
 }
 
-// isStatementLevel reports whether err condemns a statement regardless of which
-// items it carried (a syntax error in the effect, a missing table, a missing
-// privilege): isolating items one by one cannot help, every item fails alike.
-// A row refused by a row-level security policy is not: it depends on the row.
-func isStatementLevel(err error) bool {
+// IsConfigurationError reports whether err is PostgreSQL refusing a statement
+// for what it says rather than for the data it met: a syntax error, a missing
+// table, column or privilege (class 42, but not a row refused by a row-level
+// security policy: that depends on the row), a missing schema (3F), a feature
+// PostgreSQL lacks (0A). Only changing the query, the effect or the role's
+// grants helps, so it is bad input (exit code 2) and never retried.
+func IsConfigurationError(err error) bool {
 	return anyInChain(err, func(e error) bool {
 		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		if !ok || len(pgErr.Code) != 5 || isRowSecurityCheck(pgErr) {
+		if !ok || isRowSecurityCheck(pgErr) {
 			return false
 		}
-		switch pgErr.Code[:2] {
-		case "42", // syntax error or access rule violation
-			"0A", // feature not supported
-			"3F", // invalid schema name
-			"25": // invalid transaction state
+		switch sqlstateClass(pgErr.Code) {
+		case sqlstateClassSyntaxOrAccessRule, sqlstateClassFeatureNotSupported, sqlstateClassInvalidSchemaName:
 			return true
 		}
 		return false
 	})
+}
+
+// RefusedStatement returns the PostgreSQL error in err's chain when the server
+// refused the statement for good, and false when there is none or err is
+// retryable or the end of a context: after those the statement may well be
+// fine.
+func RefusedStatement(err error) (*pgconn.PgError, bool) {
+	if IsRetryable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return nil, false
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return nil, false
+	}
+	return pgErr, true
+}
+
+// isStatementLevel reports whether err condemns a statement regardless of which
+// items it carried (a syntax error in the effect, a missing table, a missing
+// privilege, a write in a read-only transaction): isolating items one by one
+// cannot help, every item fails alike.
+func isStatementLevel(err error) bool {
+	return IsConfigurationError(err) || anyInChain(err, func(e error) bool {
+		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
+		return ok && sqlstateClass(pgErr.Code) == sqlstateClassInvalidTransactionState
+	})
+}
+
+// sqlstateClass is the class of a SQLSTATE: its first two characters, or ""
+// for anything that is not a SQLSTATE.
+func sqlstateClass(code string) string {
+	if len(code) != 5 {
+		return ""
+	}
+	return code[:2]
 }
 
 // isRowSecurityCheck reports whether pgErr is a row refused by a row-level

@@ -310,6 +310,119 @@ CREATE TABLE invoices (account text REFERENCES accounts)`, role))
 	}
 }
 
+// TestIsConfigurationError: errors only a change of the query, the effect or
+// the role's grants can cure (exit code 2 in the CLI) against errors of the
+// data, of the moment or of the connection. Built errors first, then errors of
+// the real engine.
+func TestIsConfigurationError(t *testing.T) {
+	t.Parallel()
+	pg := func(code, routine string) error { return &pgconn.PgError{Code: code, Routine: routine} }
+	built := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"syntax error", pg("42601", "scanner_yyerror"), true},
+		{"undefined table, wrapped", wrap(pg("42P01", "parserOpenTable"), 2), true},
+		{"undefined column in a custom wrapper", layer{pg("42703", "")}, true},
+		{"permission denied", pg("42501", "aclcheck_error"), true},
+		{"inside a join", errors.Join(io.EOF, pg("42883", "")), true},
+		{"row-level security WITH CHECK", wrap(pg("42501", "ExecWithCheckOptions"), 2), false},
+		{"feature not supported", pg("0A000", ""), true},
+		{"invalid schema name", multiWrap{[]error{errors.New("x"), pg("3F000", "")}}, true},
+		{"read-only transaction", pg("25006", ""), false},
+		{"foreign key", pg("23503", "ri_ReportViolation"), false},
+		{"malformed json", pg("22P02", ""), false},
+		{"wrong password", pg("28P01", ""), false},
+		{"no such database", pg("3D000", ""), false},
+		{"statement_timeout", pg("57014", ""), false},
+		{"not a SQLSTATE", pg("42", ""), false},
+		{"bare error mentioning 42601", errors.New("SQLSTATE 42601"), false},
+		{"nil", nil, false},
+	}
+	for _, tt := range built {
+		require.Equal(t, tt.want, ledger.IsConfigurationError(tt.err), "built %s: IsConfigurationError(%v)", tt.name, tt.err)
+	}
+
+	pool := newPool(t)
+	db := pool.Config().ConnConfig.Database
+	role := "conf_" + db[strings.LastIndex(db, "_")+1:] + fmt.Sprint(len(db))
+	mustExec(t, pool, fmt.Sprintf(`
+CREATE ROLE %[1]s;
+CREATE TABLE notes (account text NOT NULL);
+ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
+CREATE POLICY notes_known ON notes USING (true) WITH CHECK (account NOT LIKE 'nobody-%%');
+GRANT SELECT, INSERT ON notes TO %[1]s;
+CREATE TABLE secrets (a text);
+CREATE TABLE accounts (id text PRIMARY KEY);
+CREATE TABLE invoices (account text REFERENCES accounts)`, role))
+	engine := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"syntax error", engineError(t, pool, `SELEC 1`), true},
+		{"undefined table", engineError(t, pool, `SELECT * FROM nope`), true},
+		{"undefined column", engineError(t, pool, `SELECT nope FROM notes`), true},
+		{"undefined function", engineError(t, pool, `SELECT nope(1)`), true},
+		{"permission denied for table", engineErrorAsRole(t, pool, role, `SELECT * FROM secrets`), true},
+		{"invalid schema name", engineError(t, pool, `CREATE TABLE nope.t (a int)`), true},
+		{"feature not supported", engineError(t, pool, `SELECT count(*) FROM notes FOR UPDATE`), true},
+		{"row-level security WITH CHECK", engineErrorAsRole(t, pool, role, `INSERT INTO notes VALUES ('nobody-1')`), false},
+		{"read-only transaction", engineErrorIn(t, pool, []string{`SET TRANSACTION READ ONLY`}, `INSERT INTO notes VALUES ('a')`), false},
+		{"foreign key", engineError(t, pool, `INSERT INTO invoices VALUES ('nobody')`), false},
+		{"malformed json", engineError(t, pool, `SELECT '{'::jsonb`), false},
+		{"division by zero", engineError(t, pool, `SELECT 1/0`), false},
+		{"statement_timeout", engineErrorIn(t, pool, []string{`SET LOCAL statement_timeout = '50ms'`}, `SELECT pg_sleep(10)`), false},
+	}
+	for _, tt := range engine {
+		require.Equal(t, tt.want, ledger.IsConfigurationError(tt.err), "engine %s: IsConfigurationError(%v)", tt.name, tt.err)
+	}
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, engine[5].err, &pgErr)
+	require.Equal(t, "3F000", pgErr.Code, "a missing schema's SQLSTATE")
+	require.ErrorAs(t, engine[6].err, &pgErr)
+	require.Equal(t, "0A000", pgErr.Code, "FOR UPDATE with an aggregate's SQLSTATE")
+}
+
+// TestRefusedStatement: the server's own error comes back for a statement it
+// refused for good, whatever the class; nothing for an error after which the
+// statement may be fine (retryable, the end of a context) or one without a
+// PostgreSQL cause.
+func TestRefusedStatement(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) *pgconn.PgError { return &pgconn.PgError{Code: code, Message: "m"} }
+	syntax, divide := pg("42601"), pg("22012")
+	tests := []struct {
+		name string
+		err  error
+		want *pgconn.PgError // nil: not refused
+	}{
+		{"syntax error", wrap(syntax, 2), syntax},
+		{"division by zero", layer{divide}, divide},
+		{"serialization failure", pg("40001"), nil},
+		{"statement_timeout", wrap(pg("57014"), 1), nil},
+		{"connection lost", errors.Join(io.EOF, pg("08006")), nil},
+		{"the caller cancelled", errors.Join(context.Canceled, pg("42601")), nil},
+		{"the caller's deadline", errors.Join(context.DeadlineExceeded, pg("42601")), nil},
+		{"bare error", errors.New("syntax error"), nil},
+		{"nil", nil, nil},
+	}
+	for _, tt := range tests {
+		got, ok := ledger.RefusedStatement(tt.err)
+		require.Equal(t, tt.want != nil, ok, "%s: RefusedStatement(%v)", tt.name, tt.err)
+		require.Same(t, tt.want, got, tt.name)
+	}
+
+	pool := newPool(t)
+	got, ok := ledger.RefusedStatement(engineError(t, pool, `SELECT * FROM nope`))
+	require.True(t, ok, "a missing table is refused")
+	require.Equal(t, "42P01", got.Code)
+	require.Contains(t, got.Message, `relation "nope" does not exist`)
+	_, ok = ledger.RefusedStatement(engineErrorIn(t, pool, []string{`SET LOCAL statement_timeout = '50ms'`}, `SELECT pg_sleep(10)`))
+	require.False(t, ok, "a statement_timeout is not a refusal")
+}
+
 // TestConnectionRejected_BuiltErrors: credentials (class 28) and a missing
 // database (3D000) are rejections, each with its own words; nothing else is.
 func TestConnectionRejected_BuiltErrors(t *testing.T) {

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -95,14 +93,10 @@ func (q *QuerySource) Check(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// queryError makes err an InputError unless it is a retryable or context
-// error (then the query may well be fine).
+// queryError makes err an InputError when PostgreSQL refused the statement for
+// good; a retryable or context error passes through (the query may well be fine).
 func queryError(where string, err error) error {
-	if ledger.IsRetryable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
+	if pgErr, refused := ledger.RefusedStatement(err); refused {
 		msg := pgErr.Message
 		if pgErr.Detail != "" {
 			msg += " (" + pgErr.Detail + ")"
