@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -65,9 +66,9 @@ func finishedCondition(st *v1alpha1.ProcessingRunStatus) *metav1.Condition {
 	return nil
 }
 
-// shardCount is spec.workers, at least 1.
+// shardCount is spec.workers, or its default if unset (a run built in Go).
 func shardCount(run *v1alpha1.ProcessingRun) int32 {
-	return max(run.Spec.Workers, 1)
+	return cmp.Or(run.Spec.Workers, v1alpha1.DefaultWorkers)
 }
 
 // sumCounts adds the shards' counts. While the run is not finished, no total

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -184,7 +185,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	wg.Go(func() { s.reporter.Run(repCtx) })
 	s.stopRep = func() { cancelRep(); wg.Wait() }
 
-	if shards := max(int(run.Spec.Workers), 1); shards != s.env.Shards {
+	if shards := cmp.Or(int(run.Spec.Workers), v1alpha1.DefaultWorkers); shards != s.env.Shards {
 		return worker.Report{}, maxFailed, badInput(fmt.Errorf("%s is %d but the run has spec.workers %d", v1alpha1.EnvShards, s.env.Shards, shards))
 	}
 	plan, err := worker.NewPlan(ctx, run, worker.ConfigMapData(c, run.Namespace), worker.Limits{})

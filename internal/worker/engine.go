@@ -9,14 +9,14 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
 )
 
-// Defaults of a shard.
-const (
-	DefaultChunkSize    = 500
-	DefaultDrainTimeout = 10 * time.Second
-)
+// DefaultDrainTimeout is how long the chunk in flight may still take once the
+// shard is told to stop. (The chunk size's default is the API's:
+// v1alpha1.DefaultChunkSize.)
+const DefaultDrainTimeout = 10 * time.Second
 
 // ShardConfig is everything one shard needs.
 type ShardConfig struct {
@@ -53,7 +53,7 @@ func (c ShardConfig) withDefaults() ShardConfig {
 		c.Shards = 1
 	}
 	if c.ChunkSize <= 0 {
-		c.ChunkSize = DefaultChunkSize
+		c.ChunkSize = v1alpha1.DefaultChunkSize
 	}
 	if c.Budget == nil {
 		c.Budget = NewFailureBudget(c.MaxFailedItems)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/pgtest"
 	"github.com/runledger/runledger/internal/worker"
@@ -179,6 +180,23 @@ CREATE TABLE invoices (
 
 const invoiceEffect = `INSERT INTO invoices (account, period, amount)
 SELECT entity, occurrence, (payload->>'amount')::numeric FROM claimed`
+
+// TestShardChunkSizeDefaultsToTheAPIs: a shard configured without a chunk
+// size takes chunks of spec.chunkSize's default, the one the CRD applies.
+func TestShardChunkSizeDefaultsToTheAPIs(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const n = 2*v1alpha1.DefaultChunkSize + 1
+	var completed []int64
+	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-default-chunk"),
+		Source:   worker.NewStaticSource("items", keyItems("acct", n)),
+		Progress: func(r worker.Report) { completed = append(completed, r.Completed) }})
+	require.NoError(t, rep.Err)
+	require.True(t, rep.Done)
+	require.Equal(t, []int64{0, v1alpha1.DefaultChunkSize, 2 * v1alpha1.DefaultChunkSize, n}, completed,
+		"the start, then one report per chunk of %d", v1alpha1.DefaultChunkSize)
+	require.EqualValues(t, n, f.committed(t))
+}
 
 // TestEffectForeignKeyFailures: items whose effect violates a foreign key fail
 // with that error, each on its own; the others commit with their effect,
