@@ -4,53 +4,55 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/runledger/runledger/internal/redact"
 )
 
 // Open parses dsn and opens a pool on it (maxConns 0 keeps pgx's default).
-// Errors never contain the DSN or its password.
+// Errors never contain the DSN's secrets.
 func Open(ctx context.Context, dsn string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("parsing database URL: %w", redact(err, dsn))
+		return nil, fmt.Errorf("parsing database URL: %w", parseError(err, dsn))
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("opening database pool: %w", redact(err, dsn))
+		return nil, fmt.Errorf("opening database pool: %w", redact.New(dsn).Error(err))
 	}
 	return pool, nil
 }
 
-// redact returns err with every occurrence of the DSN and of its password
-// replaced, keeping the rest of the message; the result no longer wraps err
-// (a wrapped cause could still print the secret).
-func redact(err error, dsn string) error {
-	msg := err.Error()
-	for _, secret := range secretsOf(dsn) {
-		msg = strings.ReplaceAll(msg, secret, "[redacted]")
+// parseError returns pgx's error for a DSN it cannot parse with the DSN
+// masked by redact.DSN instead of pgx's own best-effort mask, which shows the
+// rest of a quoted password after an escaped quote (password='a\' b'). The
+// result no longer wraps err: its chain prints pgx's form.
+func parseError(err error, dsn string) error {
+	r := redact.New(dsn)
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return r.Error(err)
 	}
-	return errors.New(msg)
-}
-
-// secretsOf lists the strings of dsn that must never be printed: the DSN
-// itself and its password, in URL or keyword/value form.
-func secretsOf(dsn string) []string {
-	out := []string{dsn}
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			out = append(out, p, url.QueryEscape(p), u.User.String())
-		}
+	// pgx's text is "cannot parse `DSN`: what (cause)"; its what and cause
+	// never hold the DSN.
+	msg := pe.Error()
+	cause := errors.Unwrap(pe)
+	if cause != nil {
+		msg = strings.TrimSuffix(msg, " ("+cause.Error()+")")
 	}
-	for _, f := range strings.Fields(dsn) {
-		if p, ok := strings.CutPrefix(f, "password="); ok && p != "" {
-			out = append(out, strings.Trim(p, "'"))
-		}
+	what := "invalid connection string"
+	if i := strings.LastIndex(msg, "`: "); i >= 0 {
+		what = msg[i+len("`: "):]
 	}
-	return out
+	out := fmt.Sprintf("cannot parse `%s`: %s", redact.DSN(pe.ConnString), what)
+	if cause != nil {
+		out += " (" + cause.Error() + ")"
+	}
+	return errors.New(r.String(out))
 }

@@ -1,0 +1,70 @@
+package ledger_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+)
+
+// TestOpenMasksTheDSNItCannotParse: pgx echoes a DSN it cannot parse; the
+// error shows it with its secrets masked, whatever their quoting, and what
+// pgx found wrong.
+func TestOpenMasksTheDSNItCannotParse(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		dsn, want string
+		never     []string
+	}{
+		{
+			dsn:   `host=db port=notaport user=app password='open\' sesame' dbname=ledger`,
+			want:  "parsing database URL: cannot parse `host=db port=notaport user=app password=xxxxx dbname=ledger`: invalid port",
+			never: []string{"sesame", "open"},
+		},
+		{
+			dsn:   `host=db password='never closed dbname=ledger`,
+			want:  "parsing database URL: cannot parse `host=db password=xxxxx`: failed to parse as keyword/value (unterminated quoted string in connection info string)",
+			never: []string{"never", "closed"},
+		},
+		{
+			dsn:   "postgres://runledger:runledger@db:notaport/runledger?sslpassword=runledger",
+			want:  "parsing database URL: cannot parse `postgres://runledger:xxxxx@db:notaport/runledger?sslpassword=xxxxx`: invalid port",
+			never: []string{":runledger@", "=runledger"},
+		},
+		{
+			dsn:   "postgres://app:p@ss:w@db/ledger",
+			want:  "parsing database URL: cannot parse `postgres://app:xxxxx@db/ledger`: invalid port",
+			never: []string{"ss:", ":w"},
+		},
+	}
+	for _, tt := range tests {
+		_, err := ledger.Open(context.Background(), tt.dsn, 1)
+		require.Error(t, err, tt.dsn)
+		require.Equal(t, tt.want, err.Error())
+		for _, n := range tt.never {
+			require.NotContains(t, err.Error(), n)
+		}
+	}
+}
+
+// TestWrongPasswordErrorHoldsNoPassword: what the server's refusal of a
+// password looks like through pgx: the user and database, never the
+// password, so that nothing needs masking there.
+func TestWrongPasswordErrorHoldsNoPassword(t *testing.T) {
+	t.Parallel()
+	const wrong = "Wr0ng-pw-never-printed"
+	dsn := pgtest.PasswordDSN(t, pgtest.NewEmptyDatabase(t), wrong)
+	pool, err := ledger.Open(context.Background(), dsn, 1)
+	require.NoError(t, err, "the pool connects lazily")
+	defer pool.Close()
+	err = pool.Ping(context.Background())
+	require.Error(t, err)
+	reason, rejected := ledger.ConnectionRejected(err)
+	require.True(t, rejected, "%s: %v", reason, err)
+	require.Contains(t, err.Error(), "password authentication failed for user \""+pgtest.PasswordUser+"\"")
+	require.Contains(t, err.Error(), "user="+pgtest.PasswordUser+" database=")
+	require.NotContains(t, err.Error(), wrong)
+}
