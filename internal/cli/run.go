@@ -29,6 +29,7 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/admission"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -125,9 +126,9 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 	}
 	o.stdin = cmd.InOrStdin()
 	dsn, _ := databaseURL(cmd) // checked in execute, with the JSON output
-	secrets := worker.Secrets(dsn)
-	stderr := worker.NewRedactingWriter(cmd.ErrOrStderr(), secrets)
-	stdout := worker.NewRedactingWriter(cmd.OutOrStdout(), secrets)
+	secrets := redact.New(dsn)
+	stderr := secrets.Writer(cmd.ErrOrStderr())
+	stdout := secrets.Writer(cmd.OutOrStdout())
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -158,6 +159,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 	}
 	if o.output == "json" {
 		enc := json.NewEncoder(stdout)
+		enc.SetEscapeHTML(false) // a DSN's & stays &, as the redactor reads a URL's query
 		if werr := enc.Encode(sum); werr != nil {
 			return errors.Join(err, fmt.Errorf("writing the result: %w", werr))
 		}
@@ -294,22 +296,22 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	return sum, nil
 }
 
-// redactExit returns err with every secret removed from its message,
+// redactExit returns err with the DSN's secrets masked in its message,
 // keeping its exit code.
-func redactExit(err error, secrets []string) error {
+func redactExit(err error, secrets *redact.Redactor) error {
 	if err == nil {
 		return nil
 	}
 	msg := err.Error()
-	red := worker.Redact(msg, secrets)
-	if red == msg {
+	masked := secrets.String(msg)
+	if masked == msg {
 		return err
 	}
 	var exit *ExitError
 	if errors.As(err, &exit) {
-		return &ExitError{Code: exit.Code, Err: errors.New(red)}
+		return &ExitError{Code: exit.Code, Err: errors.New(masked)}
 	}
-	return errors.New(red)
+	return errors.New(masked)
 }
 
 // exitFor maps an error of the preparation steps to its exit code: bad input

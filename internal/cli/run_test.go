@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -89,8 +90,8 @@ status:
 
 func TestRedactExitKeepsTheCode(t *testing.T) {
 	t.Parallel()
-	secrets := []string{"hunter2"}
-	err := redactExit(badInput(errors.New("connecting with password hunter2")), secrets)
+	secrets := redact.New("host=db password=hunter2")
+	err := redactExit(badInput(errors.New("connecting with host=db password=hunter2")), secrets)
 	require.NotContains(t, err.Error(), "hunter2")
 	var exit *ExitError
 	require.ErrorAs(t, err, &exit)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -85,10 +86,10 @@ var workerScheme = func() *runtime.Scheme {
 
 func (o *workerOptions) run(cmd *cobra.Command) error {
 	env, envErr := worker.PodEnvFrom(os.Getenv)
-	secrets := worker.Secrets(env.DSN)
+	secrets := redact.New(env.DSN)
 	// JSON lines on stderr (kubectl logs, log collectors), every one of them
-	// redacted of the DSN and its password.
-	out := worker.NewRedactingWriter(cmd.ErrOrStderr(), secrets)
+	// with the DSN's secrets masked.
+	out := secrets.Writer(cmd.ErrOrStderr())
 	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(out, obj) }, funcr.Options{LogTimestamp: true, TimestampFormat: time.RFC3339Nano}).
 		WithValues("run", env.Namespace+"/"+env.Name, "attempt", env.Attempt)
 	engineLog := log // the engine adds "shard" itself
@@ -112,7 +113,7 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 	badIn := err != nil && (worker.IsInputError(err) || exitCode(err) == ExitBadInput) ||
 		rep.Err != nil && (rejected || worker.IsInputError(rep.Err)) // e.g. the query failed when it ran
 	err = redactExit(err, secrets)
-	rep.Err = worker.RedactError(rep.Err, secrets)
+	rep.Err = secrets.Error(rep.Err)
 	if err != nil && rep.Err == nil {
 		rep.Err = err
 	}

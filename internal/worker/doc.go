@@ -16,6 +16,5 @@
 // Files: shard.go (the pinned shard function, in Go and in SQL), item.go
 // (validation), source.go (inline and JSON Lines), query.go (the SQL source),
 // engine.go (the chunk loop), retry.go (back-off), report.go (counts and
-// failures), progress.go (human progress), redact.go (secrets out of output),
-// kube.go (pod mode).
+// failures), progress.go (human progress), kube.go (pod mode).
 package worker

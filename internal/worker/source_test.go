@@ -104,19 +104,3 @@ func TestValidateItems(t *testing.T) {
 	}
 	require.Error(t, worker.ValidateItems(nil, where, worker.Limits{}), "an empty batch is an error")
 }
-
-func TestSecretsAndRedact(t *testing.T) {
-	t.Parallel()
-	tests := []struct{ dsn, secret string }{
-		{"postgres://app:s3cr%40t@db:5432/ledger", "s3cr@t"},
-		{"postgres://app:s3cr%40t@db:5432/ledger", "s3cr%40t"},
-		{"host=db user=app password=hunter2 dbname=ledger", "hunter2"},
-		{"host=db user=app password='correct horse' dbname=ledger", "correct horse"},
-	}
-	for _, tt := range tests {
-		msg := "connecting with " + tt.dsn + " failed; password " + tt.secret
-		red := worker.Redact(msg, worker.Secrets(tt.dsn))
-		require.NotContains(t, red, tt.secret, "redacted message %q", red)
-		require.Contains(t, red, "[redacted]")
-	}
-}
