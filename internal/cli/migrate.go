@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/redact"
 )
 
 func newMigrateCommand() *cobra.Command {
@@ -18,6 +19,7 @@ func newMigrateCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			secrets := redact.New(dsn)
 			pool, err := ledger.Open(cmd.Context(), dsn, 2)
 			if err != nil {
 				return badInput(err)
@@ -25,12 +27,12 @@ func newMigrateCommand() *cobra.Command {
 			defer pool.Close()
 			n, err := ledger.Migrate(cmd.Context(), pool)
 			if err != nil {
-				return &ExitError{Code: ExitFailed, Err: err}
+				return &ExitError{Code: ExitFailed, Err: secrets.Error(err)}
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "migrations applied: %d\n", n)
 			return nil
 		},
 	}
-	cmd.Flags().String(flagDatabaseURL, "", "PostgreSQL connection string (default $"+envDatabaseURL+")")
+	addDatabaseFlags(cmd, "PostgreSQL connection string")
 	return cmd
 }

@@ -4,9 +4,13 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/runledger/runledger/internal/redact"
 )
 
 // Exit codes shared by the subcommands.
@@ -16,6 +20,7 @@ const (
 	ExitBadInput    = 2 // bad input or configuration: nothing was attempted
 	envDatabaseURL  = "RUNLEDGER_DATABASE_URL"
 	flagDatabaseURL = "dsn"
+	flagDSNFile     = "dsn-file"
 )
 
 // ExitError carries a process exit code through cobra.
@@ -61,13 +66,51 @@ func Execute() int {
 	return ExitBadInput
 }
 
-// databaseURL returns the DSN from the flag or the environment.
+// addDatabaseFlags adds --dsn and --dsn-file.
+func addDatabaseFlags(cmd *cobra.Command, what string) {
+	cmd.Flags().String(flagDatabaseURL, "", what+" (default $"+envDatabaseURL+"); a password here is visible to every user of the machine (ps): prefer --"+flagDSNFile+", $"+envDatabaseURL+" or a .pgpass file")
+	cmd.Flags().String(flagDSNFile, "", "read the connection string from this file (e.g. a Kubernetes Secret mounted as a file); a trailing newline is ignored")
+}
+
+// databaseURL returns the DSN from --dsn, --dsn-file or the environment, in
+// that order. A --dsn that holds a password gets a notice on stderr.
 func databaseURL(cmd *cobra.Command) (string, error) {
-	if dsn, _ := cmd.Flags().GetString(flagDatabaseURL); dsn != "" {
+	dsn, _ := cmd.Flags().GetString(flagDatabaseURL)
+	file, _ := cmd.Flags().GetString(flagDSNFile)
+	switch {
+	case dsn != "" && file != "":
+		return "", badInput(fmt.Errorf("both --%s and --%s are set: pass one", flagDatabaseURL, flagDSNFile))
+	case file != "":
+		return readDSNFile(file)
+	case dsn != "":
+		warnDSNFlag(cmd.ErrOrStderr(), dsn)
 		return dsn, nil
 	}
 	if dsn := os.Getenv(envDatabaseURL); dsn != "" {
 		return dsn, nil
 	}
-	return "", badInput(fmt.Errorf("no database: pass --%s or set %s", flagDatabaseURL, envDatabaseURL))
+	return "", badInput(fmt.Errorf("no database: pass --%s or set %s (or pass --%s FILE)", flagDatabaseURL, envDatabaseURL, flagDSNFile))
+}
+
+// readDSNFile reads a DSN file. Its errors never hold its content.
+func readDSNFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", badInput(fmt.Errorf("reading --%s: %w", flagDSNFile, err))
+	}
+	// A file written by echo or an editor ends with a newline; a Secret's
+	// value usually does not.
+	dsn := strings.TrimRight(string(b), "\r\n")
+	if strings.TrimSpace(dsn) == "" {
+		return "", badInput(fmt.Errorf("--%s %s is empty: want a connection string", flagDSNFile, path))
+	}
+	return dsn, nil
+}
+
+// warnDSNFlag tells that a --dsn with a password shows it to ps.
+func warnDSNFlag(w io.Writer, dsn string) {
+	if redact.DSN(dsn) != dsn {
+		fmt.Fprintf(w, "runledger: note: --%s holds a password, which other users of this machine can read (ps); prefer --%s, $%s or a .pgpass file\n",
+			flagDatabaseURL, flagDSNFile, envDatabaseURL)
+	}
 }

@@ -38,8 +38,10 @@ same engine as the worker pods, writing to the same ledger.
 
 The manifest is checked as a cluster checks it (the CRD's schema, validation
 rules and defaults), so a manifest runledger run accepts is one kubectl apply
-accepts. Its spec.database is ignored: the ledger is the database of --dsn
-(or $RUNLEDGER_DATABASE_URL). For a batch.configMapRef, the JSON Lines come
+accepts. Its spec.database is ignored: the ledger is the database of
+$RUNLEDGER_DATABASE_URL, --dsn-file (a file holding the connection string) or
+--dsn (visible to other users in ps: for a connection string without a
+password, the password then coming from ~/.pgpass or $PGPASSFILE). For a batch.configMapRef, the JSON Lines come
 from --from-file, or else from a ConfigMap of that name in the same
 (multi-document) YAML file. Without --shard, every shard (spec.workers) runs
 concurrently in this process; with --shard I/N only shard I of N does, so N
@@ -84,10 +86,11 @@ type runOptions struct {
 func newRunCommand() *cobra.Command {
 	var o runOptions
 	cmd := &cobra.Command{
-		Use:   "run -f RUN.yaml [--dsn DSN] [--shard I/N] [--output json]",
+		Use:   "run -f RUN.yaml [--dsn-file FILE] [--shard I/N] [--output json]",
 		Short: "Process a ProcessingRun manifest locally, without Kubernetes",
 		Long:  runLong,
-		Example: `  runledger run -f invoices.yaml --dsn postgres://app@localhost/billing
+		Example: `  runledger run -f invoices.yaml --dsn postgres://app@localhost/billing   # password from ~/.pgpass
+  runledger run -f invoices.yaml --dsn-file /run/secrets/ledger-dsn
   runledger run -f invoices.yaml --shard 0/4 --output json
   kubectl get prun june-invoices -o yaml | runledger run -f - --skip-migrate`,
 		Args: cobra.NoArgs,
@@ -95,7 +98,7 @@ func newRunCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVarP(&o.file, "filename", "f", "", "the ProcessingRun manifest (YAML or JSON; - for stdin)")
-	f.String(flagDatabaseURL, "", "PostgreSQL connection string of the ledger (default $"+envDatabaseURL+")")
+	addDatabaseFlags(cmd, "PostgreSQL connection string of the ledger")
 	f.StringVar(&o.shard, "shard", "", "process only shard I of N (N must equal spec.workers), e.g. 0/4")
 	f.StringVarP(&o.output, "output", "o", "text", "result format on stdout: text or json")
 	f.StringVar(&o.fromFile, "from-file", "", "JSON Lines file with the items of a batch.configMapRef (default: the ConfigMap in the manifest)")

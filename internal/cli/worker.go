@@ -44,6 +44,7 @@ Exit status: 0 shard done (failed items within maxFailedItems), 1 failed
 configuration (not retried).`
 
 type workerOptions struct {
+	dsnFile        string
 	terminationLog string
 	skipMigrate    bool
 	drainTimeout   time.Duration
@@ -62,6 +63,7 @@ func newWorkerCommand() *cobra.Command {
 		RunE:  func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
 	}
 	f := cmd.Flags()
+	f.StringVar(&o.dsnFile, flagDSNFile, "", "read the connection string from this file (a Secret mounted as a file) instead of $"+v1alpha1.EnvDatabaseURL)
 	f.StringVar(&o.terminationLog, "termination-log", v1alpha1.TerminationMessagePath, "where to write the final report (the pod's terminationMessagePath)")
 	f.BoolVar(&o.skipMigrate, "skip-migrate", false, "do not apply the ledger's migrations at start")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", worker.DefaultDrainTimeout, "on SIGTERM, how long the chunk in flight may still take to commit")
@@ -85,7 +87,7 @@ var workerScheme = func() *runtime.Scheme {
 }()
 
 func (o *workerOptions) run(cmd *cobra.Command) error {
-	env, envErr := worker.PodEnvFrom(os.Getenv)
+	env, envErr := o.podEnv()
 	secrets := redact.New(env.DSN)
 	// JSON lines on stderr (kubectl logs, log collectors), every one of them
 	// with the DSN's secrets masked.
@@ -135,6 +137,25 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 		err = errors.New(message)
 	}
 	return &ExitError{Code: code, Err: err}
+}
+
+// podEnv reads the pod's environment, the DSN from --dsn-file when set.
+func (o *workerOptions) podEnv() (worker.PodEnv, error) {
+	if o.dsnFile == "" {
+		return worker.PodEnvFrom(os.Getenv)
+	}
+	dsn, err := readDSNFile(o.dsnFile)
+	if err != nil {
+		env, _ := worker.PodEnvFrom(os.Getenv) // for the logs and the report
+		env.DSN = ""
+		return env, err
+	}
+	return worker.PodEnvFrom(func(name string) string {
+		if name == v1alpha1.EnvDatabaseURL {
+			return dsn
+		}
+		return os.Getenv(name)
+	})
 }
 
 type workerRun struct {

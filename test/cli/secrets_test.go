@@ -123,3 +123,49 @@ func TestMalformedDSNEchoedMasked(t *testing.T) {
 		})
 	}
 }
+
+// TestDSNFile: run and migrate read the DSN from --dsn-file (no password on
+// the command line, hence no notice about ps); a file that cannot be used is
+// bad input, exit 2, with nothing committed and its content never echoed.
+func TestDSNFile(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	file := commonWordRun(t)
+	dsnFile := writeFile(t, "dsn", d.dsn+"\n")
+
+	r := runCLI(t, "", "migrate", "--dsn-file", dsnFile)
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Contains(t, r.stdout, "migrations applied: ")
+
+	r = runCLI(t, "", "run", "-f", file, "--dsn-file", dsnFile, "--output", "json")
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 2, Completed: 2}, r.summary(t).counts())
+	require.NotContains(t, r.stderr, "ps)", "no notice: the password is not on the command line")
+	require.EqualValues(t, 2, d.committed(t))
+
+	// The same DSN in --dsn: the notice.
+	r = runCLI(t, "", "run", "-f", file, "--dsn", d.dsn)
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Contains(t, r.stderr, "runledger: note: --dsn holds a password, which other users of this machine can read (ps); prefer --dsn-file, $RUNLEDGER_DATABASE_URL or a .pgpass file")
+
+	// A malformed DSN in the file is masked as one given in --dsn is.
+	badDSN := writeFile(t, "bad", "host=127.0.0.1 port=notaport password='"+password+"'\n")
+	missing := writeFile(t, "x", "") + ".missing"
+	for _, tt := range []struct {
+		name, file, want string
+	}{
+		{"missing", missing, "reading --dsn-file: open " + missing + ": no such file or directory"},
+		{"empty", writeFile(t, "empty", "\n"), "is empty: want a connection string"},
+		{"malformed", badDSN, "cannot parse `host=127.0.0.1 port=notaport password=xxxxx`: invalid port"},
+	} {
+		for _, args := range [][]string{{"run", "-f", file, "--output", "json"}, {"migrate"}} {
+			r := runCLI(t, "", append(args, "--dsn-file", tt.file)...)
+			require.Equal(t, 2, r.code, "%s %s: stderr:\n%s", tt.name, args[0], r.stderr)
+			require.Contains(t, r.stderr, tt.want, "%s %s", tt.name, args[0])
+			if args[0] == "run" {
+				require.Contains(t, r.summary(t).Error, tt.want)
+			}
+		}
+	}
+	require.EqualValues(t, 2, d.committed(t), "nothing committed twice")
+}

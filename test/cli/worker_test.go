@@ -156,6 +156,56 @@ func TestWorkerInPod(t *testing.T) {
 		require.EqualValues(t, 1000, shardEntry(t, k.getRun(t, run.Name), 0).Completed)
 	})
 
+	// A wrong password that is a common word, the run's name holding the
+	// word: the JSON logs, the status entry and the termination message keep
+	// the name readable and never hold the password as the DSN's secret.
+	t.Run("common-word password", func(t *testing.T) {
+		t.Parallel()
+		d := newDB(t)
+		run := k.createRun(t, "runledger-words", 1, inlineBatch(3))
+		wrong := &db{dsn: pgtest.PasswordDSN(t, d.dsn, "runledger"), pool: d.pool}
+		tl := filepath.Join(t.TempDir(), "t")
+		r := runWorker(t, k, wrong, run, 0, 0, "--termination-log", tl, "--retry-timeout", "5s")
+		require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
+		raw, err := os.ReadFile(tl)
+		require.NoError(t, err)
+		e := shardEntry(t, k.getRun(t, run.Name), 0)
+		for _, out := range []string{r.stderr, string(raw), e.Message} {
+			require.Contains(t, out, "rejected the connection string's credentials")
+			require.NotContains(t, out, "password=runledger")
+			require.NotContains(t, out, "xxxxx", "nothing to mask:\n%s", out)
+			require.NotContains(t, out, "[redacted]", "nothing to mask:\n%s", out)
+		}
+		require.Contains(t, r.stderr, `"run":"default/runledger-words"`)
+		require.Zero(t, d.committed(t))
+	})
+
+	// The DSN from a file (a Secret mounted as a file), with
+	// RUNLEDGER_DATABASE_URL unset; a DSN file that cannot be read is bad
+	// configuration, said so without retries.
+	t.Run("DSN file", func(t *testing.T) {
+		t.Parallel()
+		d := newDB(t)
+		run := k.createRun(t, "dsn-file", 1, inlineBatch(10))
+		noEnv := &db{pool: d.pool}
+		file := writeFile(t, "dsn", d.dsn+"\n")
+		r := runWorker(t, k, noEnv, run, 0, 0, "--dsn-file", file, "--termination-log", filepath.Join(t.TempDir(), "t"))
+		require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+		require.EqualValues(t, 10, shardEntry(t, k.getRun(t, run.Name), 0).Completed)
+		require.EqualValues(t, 10, d.committed(t))
+
+		tl := filepath.Join(t.TempDir(), "t")
+		missing := filepath.Join(t.TempDir(), "nope")
+		r = runWorker(t, k, noEnv, run, 0, 1, "--dsn-file", missing, "--termination-log", tl)
+		require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
+		require.Contains(t, r.stderr, "reading --dsn-file: open "+missing+": no such file or directory")
+		require.NotContains(t, r.stderr, "RUNLEDGER_DATABASE_URL is not set", "the file is the DSN's source")
+		raw, err := os.ReadFile(tl)
+		require.NoError(t, err)
+		require.Contains(t, string(raw), "reading --dsn-file")
+		require.EqualValues(t, 10, d.committed(t), "nothing committed twice")
+	})
+
 	// `runledger worker` as the controller starts it: two shard processes of a
 	// run, then one of a ConfigMap run, then bad configurations.
 	t.Run("worker processes", func(t *testing.T) {
