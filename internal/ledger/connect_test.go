@@ -2,6 +2,9 @@ package ledger_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -67,4 +70,31 @@ func TestWrongPasswordErrorHoldsNoPassword(t *testing.T) {
 	require.Contains(t, err.Error(), "password authentication failed for user \""+pgtest.PasswordUser+"\"")
 	require.Contains(t, err.Error(), "user="+pgtest.PasswordUser+" database=")
 	require.NotContains(t, err.Error(), wrong)
+}
+
+// TestPasswordFromPassfile: a DSN without a password takes it from a
+// .pgpass file (here passfile=; ~/.pgpass and $PGPASSFILE work the same), as
+// the README recommends over a password on the command line.
+func TestPasswordFromPassfile(t *testing.T) {
+	t.Parallel()
+	withPassword := pgtest.PasswordDSN(t, pgtest.NewEmptyDatabase(t), "x")
+	noPassword := strings.TrimSuffix(withPassword, " password=x")
+	require.NotEqual(t, withPassword, noPassword)
+	for _, tt := range []struct {
+		password string
+		ok       bool
+	}{{pgtest.PasswordUserPassword, true}, {"wrong", false}} {
+		passfile := filepath.Join(t.TempDir(), "pgpass")
+		require.NoError(t, os.WriteFile(passfile, []byte("*:*:*:"+pgtest.PasswordUser+":"+tt.password+"\n"), 0o600))
+		pool, err := ledger.Open(context.Background(), noPassword+" passfile="+passfile, 1)
+		require.NoError(t, err)
+		err = pool.Ping(context.Background())
+		pool.Close()
+		if tt.ok {
+			require.NoError(t, err, "the password comes from the passfile")
+			continue
+		}
+		_, rejected := ledger.ConnectionRejected(err)
+		require.True(t, rejected, "the passfile's password is the one sent: %v", err)
+	}
 }
