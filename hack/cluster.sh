@@ -36,7 +36,8 @@
 # Pods get ${POD_CIDR}, Services ${SERVICE_CIDR}; there is no cluster DNS.
 #
 # State lives in .cluster/run (removed by `down`), logs in .cluster/logs
-# (kept after `down`, rotated to .cluster/logs.prev by the next `up`).
+# (kept after `down`, rotated to .cluster/logs.prev by the next `up`;
+# RUNLEDGER_CLUSTER_LOGS=DIR puts them in DIR instead, as hack/e2e.sh does).
 # Binaries are built once from the Go module proxy (hack/k8s-bins.sh, cached
 # in bin/k8s/); containerd, runc, the CNI plugins and iptables come from
 # Debian packages, installed if missing.
@@ -46,7 +47,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 CONF="${ROOT}/hack/cluster"
 STATE="${ROOT}/.cluster"
 RUN="${STATE}/run"
-LOGS="${STATE}/logs"
+LOGS="${RUNLEDGER_CLUSTER_LOGS:-${STATE}/logs}"
 PIDS="${RUN}/pids"
 HOSTSAVE="${RUN}/host" # what the host looked like before `up`
 
@@ -488,8 +489,8 @@ cmd_up() {
   netns_exists && die "network namespace ${NETNS} exists but ${RUN} does not: remove it (ip netns delete ${NETNS}) or run hack/cluster.sh down"
 
   if [[ -d "${LOGS}" ]]; then
-    rm -rf "${STATE}/logs.prev"
-    mv "${LOGS}" "${STATE}/logs.prev"
+    rm -rf "${LOGS}.prev"
+    mv "${LOGS}" "${LOGS}.prev"
   fi
   mkdir -p "${LOGS}"
   ensure_packages

@@ -3,6 +3,13 @@
 #
 # Usage: hack/e2e.sh [GO TEST ARGS...]     e.g. hack/e2e.sh -run TestHappyPath
 #
+#   0. a copy of the working tree (tracked and untracked files, not ignored
+#      ones: your uncommitted changes are tested) inside a fresh 0700
+#      directory, as a root user's home is; everything below runs from the
+#      copy, so state the cluster keeps in the checkout that a non-root user
+#      (postgres) must reach fails here. The copy shares bin/k8s/ (the
+#      Kubernetes binaries) and .cluster/logs/ with this checkout and is
+#      removed at the end
 #   1. prerequisites: Debian packages, Kubernetes binaries (hack/demo.sh
 #      prereqs; the first time builds from the Go module proxy)
 #   2. a snapshot of the host (hack/host-check.sh); a cluster that is already
@@ -11,7 +18,7 @@
 #      kubectl apply -k config/default and a kustomize image override
 #      (hack/demo.sh install)
 #   4. go test -tags e2e ./test/e2e/... -v -count=1 -timeout 40m
-#      (output also in .cluster/logs/e2e.log)
+#      (output also in .cluster/logs/e2e.log of this checkout)
 #   5. always: hack/cluster.sh down, then hack/host-check.sh compare: no
 #      process, mount, network namespace, interface, iptables rule, sysctl,
 #      cgroup or path left behind
@@ -28,7 +35,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 CLUSTER="${ROOT}/hack/cluster.sh"
 HOSTCHECK="${ROOT}/hack/host-check.sh"
-LOG="${ROOT}/.cluster/logs/e2e.log"
+# Set in the copy (step 0): the checkout it was made from.
+CHECKOUT="${RUNLEDGER_E2E_CHECKOUT:-}"
 
 T0="${SECONDS}"
 clock() { local s=$((SECONDS - T0)); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
@@ -48,6 +56,47 @@ unshare --net ip link add rl-probe0 type veth peer name rl-probe1 2>/dev/null ||
 [[ -f /sys/fs/cgroup/pids/cgroup.procs ]] ||
   skip "no cgroup v1 pids hierarchy at /sys/fs/cgroup/pids (hack/cluster.sh tracks its processes there)"
 command -v go >/dev/null || die "Go is not installed"
+
+# existing: of the NUL-separated paths on stdin, those that exist (a tracked
+# file deleted in the working tree is left out, as it is in the tree).
+existing() {
+  local f
+  while IFS= read -r -d '' f; do
+    if [[ -e "${f}" || -L "${f}" ]]; then printf '%s\0' "${f}"; fi
+  done
+}
+
+# run_from_copy ARGS...: step 0; runs this script in the copy and exits with
+# its status.
+run_from_copy() {
+  command -v git >/dev/null || die "git is not installed"
+  git -C "${ROOT}" rev-parse --is-inside-work-tree >/dev/null 2>&1 ||
+    die "${ROOT} is not a git checkout (the working tree is copied with git ls-files)"
+  # A cluster this checkout started (make demo) is taken down here, the
+  # tests get a fresh one.
+  if [[ -d "${ROOT}/.cluster/run" ]]; then
+    say "a cluster is running: taking it down, the tests get a fresh one"
+    "${CLUSTER}" down
+  fi
+  local parent copy rc=0
+  parent="$(mktemp -d)"
+  chmod 700 "${parent}" # what mktemp does anyway: the mode is the point
+  copy="${parent}/runledger"
+  trap 'rm -rf --one-file-system "${parent}"' EXIT
+  say "copy of the working tree in ${copy} (the directory above it has mode 0700)"
+  mkdir -p "${copy}/bin" "${ROOT}/bin/k8s" "${ROOT}/.cluster/logs"
+  (cd "${ROOT}" && git ls-files -z --cached --others --exclude-standard | existing | tar --null -T - -cf -) |
+    tar -xf - -C "${copy}"
+  # The Kubernetes binaries take long to build: one cache, this checkout's.
+  ln -s "${ROOT}/bin/k8s" "${copy}/bin/k8s"
+  RUNLEDGER_E2E_CHECKOUT="${ROOT}" "${copy}/hack/e2e.sh" "$@" || rc=$?
+  exit "${rc}"
+}
+if [[ -z "${CHECKOUT}" ]]; then run_from_copy "$@"; fi
+
+# The logs (the cluster's and the tests') go to the checkout, they outlive the copy.
+export RUNLEDGER_CLUSTER_LOGS="${CHECKOUT}/.cluster/logs"
+LOG="${RUNLEDGER_CLUSTER_LOGS}/e2e.log"
 
 say "prerequisites"
 "${ROOT}/hack/demo.sh" prereqs
@@ -81,7 +130,7 @@ finish() {
     echo "e2e: FAILED before the tests ran (exit ${rc}) [$(clock)]"
     [[ "${rc}" != 0 ]] || rc=1
   elif [[ "${TEST_RC}" != 0 ]]; then
-    echo "e2e: tests FAILED (go test exit ${TEST_RC}; log: ${LOG#"${ROOT}/"}) [$(clock)]"
+    echo "e2e: tests FAILED (go test exit ${TEST_RC}; log: ${LOG#"${CHECKOUT}/"}) [$(clock)]"
     rc="${TEST_RC}"
   else
     echo "e2e: tests passed [$(clock)]"
