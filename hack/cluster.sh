@@ -7,6 +7,7 @@
 #   up                  start the cluster (idempotent: reuses a healthy one)
 #   down                stop it and leave the host as it was found
 #   status              what runs, node state, addresses
+#   state-dir           print the directory of the cluster's state
 #   kubeconfig          print the admin kubeconfig path:
 #                         export KUBECONFIG="$(hack/cluster.sh kubeconfig)"
 #   env                 print shell exports (KUBECONFIG, KUBECACHEDIR, PATH,
@@ -35,9 +36,15 @@
 # from pods; nothing listens on or targets the host's other interfaces.
 # Pods get ${POD_CIDR}, Services ${SERVICE_CIDR}; there is no cluster DNS.
 #
-# State lives in .cluster/run (removed by `down`), logs in .cluster/logs
-# (kept after `down`, rotated to .cluster/logs.prev by the next `up`;
-# RUNLEDGER_CLUSTER_LOGS=DIR puts them in DIR instead, as hack/e2e.sh does).
+# State (etcd, containerd, kubelet, PostgreSQL, certificates) lives in
+# ${RUN} (removed by `down`), outside the checkout:
+# PostgreSQL runs as user postgres, who cannot enter a checkout under a 0700
+# directory such as root's home. There is one cluster per machine (one
+# netns, fixed addresses), so one state directory: `down` from any checkout
+# stops the cluster.
+# Logs go to .cluster/logs of the checkout (kept after `down`, rotated to
+# .cluster/logs.prev by the next `up`; RUNLEDGER_CLUSTER_LOGS=DIR puts them
+# in DIR instead, as hack/e2e.sh does).
 # Binaries are built once from the Go module proxy (hack/k8s-bins.sh, cached
 # in bin/k8s/); containerd, runc, the CNI plugins and iptables come from
 # Debian packages, installed if missing.
@@ -45,8 +52,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 CONF="${ROOT}/hack/cluster"
-STATE="${ROOT}/.cluster"
-RUN="${STATE}/run"
+STATE="${ROOT}/.cluster" # this checkout's: logs and the lock
+RUN=/var/lib/runledger-cluster
 LOGS="${RUNLEDGER_CLUSTER_LOGS:-${STATE}/logs}"
 PIDS="${RUN}/pids"
 HOSTSAVE="${RUN}/host" # what the host looked like before `up`
@@ -103,7 +110,7 @@ T0="$(now_ms)"
 usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//' |
     sed -e "s|\${NETNS}|${NETNS}|; s|\${HOST_IP}|${HOST_IP}|; s|\${NODE_IP}|${NODE_IP}|g" \
-      -e "s|\${POD_CIDR}|${POD_CIDR}|; s|\${SERVICE_CIDR}|${SERVICE_CIDR}|" >&2
+      -e "s|\${POD_CIDR}|${POD_CIDR}|; s|\${SERVICE_CIDR}|${SERVICE_CIDR}|; s|\${RUN}|${RUN}|" >&2
   exit "${1:-2}"
 }
 
@@ -506,7 +513,9 @@ cmd_up() {
   build_tool image
   build_tool pause
 
-  mkdir -p "${RUN}"
+  # 0755 whatever the umask: user postgres must get through it.
+  install -d -m 0755 "${RUN}"
+  echo "${ROOT}" >"${RUN}/checkout"
   # From here on a failure (or Ctrl-C) tears down whatever was started.
   trap 'up_exit $?' EXIT
   trap 'exit 130' INT TERM
@@ -641,6 +650,8 @@ start_postgres_fresh() {
   mkdir -p "${pgdir}/data" "${pgdir}/run"
   chown -R postgres:postgres "${pgdir}"
   chmod 700 "${pgdir}/data"
+  as_postgres test -w "${pgdir}/data" -a -w "${pgdir}/run" ||
+    die "user postgres cannot reach ${pgdir}: every directory above it must be searchable by others"
   as_postgres "${pg}/initdb" -D "${pgdir}/data" -U postgres -E UTF8 --locale=C \
     --auth-local=peer --auth-host=reject --no-sync >>"${LOGS}/postgres.log" 2>&1
   # Password (scram) logins of the runledger role from pods and from the host,
@@ -831,7 +842,7 @@ cmd_down() {
   if [[ -n "$(awk -v d="${RUN}" 'index($5, d) == 1' /proc/self/mountinfo)" ]]; then
     die "mounts remain under ${RUN}; not removing it"
   fi
-  [[ "${RUN}" == "${ROOT}/.cluster/run" ]] && rm -rf "${RUN}"
+  rm -rf --one-file-system "${RUN}"
   step "cluster down (logs kept in ${LOGS})"
 }
 
@@ -852,6 +863,7 @@ cmd_status() {
       rc=1
     fi
   done
+  echo "  state      ${RUN} (started from $(cat "${RUN}/checkout" 2>/dev/null || echo '?'))"
   echo "  apiserver  https://${NODE_IP}:6443   kubeconfig ${RUN}/admin.kubeconfig"
   echo "  postgres   ${NODE_IP}:${PG_PORT}   (hack/cluster.sh dsn)"
   if [[ -n "${BIN_DIR:-}" ]]; then
@@ -1039,6 +1051,7 @@ main() {
   case "${cmd}" in
     -h | --help | help) usage 0 ;;
     kubeconfig) echo "${RUN}/admin.kubeconfig"; return 0 ;;
+    state-dir) echo "${RUN}"; return 0 ;;
     dsn) cat "${RUN}/postgres.dsn" 2>/dev/null || die "the cluster is not up"; return 0 ;;
   esac
   [[ "$(id -u)" == 0 ]] || die "must run as root (network namespaces, mounts, cgroups)"

@@ -72,12 +72,6 @@ run_from_copy() {
   command -v git >/dev/null || die "git is not installed"
   git -C "${ROOT}" rev-parse --is-inside-work-tree >/dev/null 2>&1 ||
     die "${ROOT} is not a git checkout (the working tree is copied with git ls-files)"
-  # A cluster this checkout started (make demo) is taken down here, the
-  # tests get a fresh one.
-  if [[ -d "${ROOT}/.cluster/run" ]]; then
-    say "a cluster is running: taking it down, the tests get a fresh one"
-    "${CLUSTER}" down
-  fi
   local parent copy rc=0
   parent="$(mktemp -d)"
   chmod 700 "${parent}" # what mktemp does anyway: the mode is the point
@@ -101,11 +95,12 @@ LOG="${RUNLEDGER_CLUSTER_LOGS}/e2e.log"
 say "prerequisites"
 "${ROOT}/hack/demo.sh" prereqs
 
-if [[ -d "${ROOT}/.cluster/run" ]]; then
-  say "a cluster is running: taking it down, the tests get a fresh one"
+STATE_DIR="$("${CLUSTER}" state-dir)"
+if [[ -d "${STATE_DIR}" ]]; then
+  say "a cluster is running (make demo?): taking it down, the tests get a fresh one"
   "${CLUSTER}" down
 elif [[ -e /run/netns/runledger ]]; then
-  die "network namespace runledger exists but ${ROOT}/.cluster/run does not: a cluster of another checkout is running; stop it there (make demo-down) first"
+  die "network namespace runledger exists but ${STATE_DIR} does not: a cluster hack/cluster.sh did not start (or an older version of it, which kept its state in .cluster/run of its checkout) is running; stop it first"
 fi
 
 SNAPSHOT="$(mktemp /tmp/runledger-host.XXXXXX)"

@@ -9,7 +9,7 @@
 # What is compared (each a section of FILE):
 #   processes  cluster processes (containerd and its shims, runc, kubelet,
 #              kube-proxy, kube-scheduler, kube-controller-manager,
-#              etcd/kube-apiserver/postgres started from .cluster/run) and
+#              etcd/kube-apiserver/postgres of the cluster's state directory) and
 #              any process in a network namespace other than the host's
 #              (pods, the cluster's daemons); only processes that did not
 #              exist at the snapshot (PID and start time) count as left over,
@@ -37,10 +37,13 @@ usage() {
 # Sysctls whose values change by themselves (counters, random values).
 VOLATILE_SYSCTLS='^(fs\.(dentry-state|file-nr|inode-nr|inode-state|aio-nr|quota\.)|kernel\.(ns_last_pid|random\.|pty\.nr)|net\.netfilter\.nf_conntrack_count|kernel\.sched_domain)'
 
+# The cluster's state directory (/var/lib/runledger-cluster), which `down` removes.
+CLUSTER_STATE="$("${ROOT}/hack/cluster.sh" state-dir)"
+
 # Host paths that container software (containerd, kubelet, CNI plugins)
 # creates; hack/cluster.sh must remove those it created.
 HOST_PATHS=(/run/containerd /var/lib/containerd /run/runc /var/lib/kubelet /var/lib/cni /etc/cni /opt/cni
-  /var/log/containers /var/log/pods /run/netns /run/flannel "${ROOT}/.cluster/run")
+  /var/log/containers /var/log/pods /run/netns /run/flannel "${CLUSTER_STATE}")
 
 # Names (comm, 15 characters at most) of processes that only the cluster
 # runs. (Pods, the runledger manager and workers among them, run in network
@@ -64,7 +67,7 @@ processes() {
     cmd="$({ tr '\0' ' ' <"${d}/cmdline"; } 2>/dev/null | cut -c1-160)" || continue
     [[ -n "${cmd}" ]] || continue # kernel threads, and zombies (exited; their parent reaps them)
     ns="$(readlink "${d}/ns/net" 2>/dev/null || true)"
-    if [[ "${comm}" =~ ${CLUSTER_COMMS} || "${cmd}" == *"/.cluster/run"* ||
+    if [[ "${comm}" =~ ${CLUSTER_COMMS} || "${cmd}" == *"${CLUSTER_STATE}/"* ||
       (-n "${ns}" && -n "${host_netns}" && "${ns}" != "${host_netns}") ]]; then
       printf '%s %s %s %s\n' "${pid}" "${start}" "${comm}" "${cmd}"
     fi
