@@ -81,7 +81,7 @@ state() {
   # mount point, fs type, source (field 5, and the two after " - ").
   awk '{ for (i = 7; i <= NF; i++) if ($i == "-") break; print $5, $(i + 1), $(i + 2) }' /proc/self/mountinfo | sort
   echo "## netns"
-  ls -1 /run/netns 2>/dev/null | sort || true
+  find /run/netns -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort || true
   echo "## links"
   ip -o link show 2>/dev/null | awk '{ sub(/@.*/, "", $2); print "link", $2 }' | sort
   ip -o addr show 2>/dev/null | awk '{ print "addr", $2, $3, $4 }' | sort
@@ -121,14 +121,14 @@ compare() {
     <(section "${before}" processes) <(section "${now}" processes))"
   if [[ -n "${d}" ]]; then
     echo "host-check: processes left behind (PID START COMM CMDLINE):" >&2
-    sed 's/^/  /' <<<"${d}" >&2
+    printf '%s\n' "${d}" | sed 's/^/  /' >&2
     bad=1
   fi
   for s in mounts netns links iptables sysctls cgroups paths; do
     d="$(diff <(section "${before}" "${s}") <(section "${now}" "${s}") | grep '^[<>]' || true)"
     if [[ -n "${d}" ]]; then
       echo "host-check: ${s} differ (< before, > now):" >&2
-      sed 's/^/  /' <<<"${d}" >&2
+      printf '%s\n' "${d}" | sed 's/^/  /' >&2
       bad=1
     fi
   done
