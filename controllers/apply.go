@@ -10,8 +10,7 @@ import (
 // statusApplyConfiguration is the controller's server-side apply of a run's
 // status: every field it owns, and nothing of the workers' except the counts
 // of finished shards (restored from the final report when the worker's last
-// write was lost). The UID makes the write fail rather than land on another
-// run created under the same name.
+// write was lost). applyStatus pins it to the run it was built for.
 func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.ProcessingRunStatus, shards []shardDecision) *acv1alpha1.ProcessingRunApplyConfiguration {
 	status := acv1alpha1.ProcessingRunStatus().
 		WithObservedGeneration(st.ObservedGeneration).

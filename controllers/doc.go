@@ -20,7 +20,9 @@
 //     (suspended or finished run).
 //   - writeStatus: rebuilds the status (buildStatus, pure) and writes it by
 //     server-side apply of the controller's fields only, and only when it
-//     changed (count-only changes at most every StatusInterval).
+//     changed (count-only changes at most every StatusInterval). The write
+//     lands on the run the pass read or nowhere: a live read checks the UID
+//     and the apply carries its resourceVersion.
 //
 // # One live pod per shard
 //

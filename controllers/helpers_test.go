@@ -79,6 +79,7 @@ type managerConfig struct {
 
 type testManager struct {
 	mgr     ctrl.Manager
+	r       *Reconciler
 	stop    func()
 	stopped chan struct{}
 }
@@ -122,7 +123,7 @@ func startManager(t *testing.T, env *envtestutil.Env, ns string, mc managerConfi
 	}
 	require.NoError(t, r.SetupWithManager(mgr, controller.Options{}))
 	ctx, cancel := context.WithCancel(context.Background())
-	tm := &testManager{mgr: mgr, stopped: make(chan struct{})}
+	tm := &testManager{mgr: mgr, r: r, stopped: make(chan struct{})}
 	go func() {
 		defer close(tm.stopped)
 		if err := mgr.Start(ctx); err != nil {
