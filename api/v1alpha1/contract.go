@@ -92,7 +92,18 @@ const (
 	// column, an unusable DSN). Retrying cannot help: the controller fails the
 	// run at once with the report's message.
 	ExitBadInput = 2
+	// ExitShardBusy: the shard's lock stayed taken for the whole lock wait:
+	// another process (an earlier pod the controller replaced, still
+	// finishing) runs the shard. Nothing was processed. The controller
+	// retries after a back-off and does not count it against backoffLimit.
+	// While it waits, the worker's status message starts with
+	// ShardBusyMessage.
+	ExitShardBusy = 3
 )
+
+// ShardBusyMessage starts the worker's status message (and final report's
+// message) while, or because, another process holds the shard's lock.
+const ShardBusyMessage = "waiting for the shard's lock"
 
 // Labels on worker pods.
 const (

@@ -114,6 +114,7 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 	rep.Err, rejected = explainRejection(rep.Err) // e.g. --skip-migrate: the shard connects first
 	badIn := err != nil && (worker.IsInputError(err) || exitCode(err) == ExitBadInput) ||
 		rep.Err != nil && (rejected || worker.IsInputError(rep.Err)) // e.g. the query failed when it ran
+	busy := errors.Is(rep.Err, worker.ErrShardBusy) // before redaction, which may drop the wrapping
 	err = redactExit(err, secrets)
 	rep.Err = secrets.Error(rep.Err)
 	if err != nil && rep.Err == nil {
@@ -123,6 +124,10 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 	switch {
 	case badIn:
 		code = ExitBadInput
+	case busy:
+		// Not a failure of the shard: the controller retries without
+		// counting it against backoffLimit.
+		code = v1alpha1.ExitShardBusy
 	case err != nil, rep.Err != nil, rep.Interrupted, !rep.Done, rep.TooManyFailures, rep.Failed > int64(maxFailed):
 		code = ExitFailed
 	}

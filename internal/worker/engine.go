@@ -116,9 +116,15 @@ func (s *shardRun) run(ctx context.Context) {
 	// own completed ones (see ErrShardBusy).
 	lock := newShardLock(s.store.Pool(), s.cfg.Run.UID, s.cfg.Run.Shard)
 	defer lock.release()
-	if err := s.cfg.Retry.Do(ctx, "taking the shard's lock", s.onRetry("lock"), func(int) error {
-		return lock.acquire(ctx, s.cfg.LockWait)
-	}); err != nil {
+	err := s.cfg.Retry.Do(ctx, "taking the shard's lock", s.onRetry("lock"), func(int) error {
+		return lock.acquire(ctx, s.cfg.LockWait, func() {
+			// Say so: the controller and kubectl see why nothing moves.
+			s.rep.WaitingForLock = true
+			s.progress()
+		})
+	})
+	s.rep.WaitingForLock = false
+	if err != nil {
 		s.fail(ctx, fmt.Errorf("shard %d of run %s/%s: %w", s.cfg.Run.Shard, s.cfg.Run.Namespace, s.cfg.Run.Name, err))
 		return
 	}

@@ -3,8 +3,10 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -365,4 +367,43 @@ func TestOneProcessPerShard(t *testing.T) {
 	again := worker.RunShard(context.Background(), f.store, cfg)
 	require.NoError(t, again.Err)
 	require.Equal(t, rep.Counts, again.Counts)
+}
+
+// TestShardWaitsForTheLockAndSaysSo: a replacement pod whose predecessor
+// still holds the shard's lock reports that it waits for the lock (the
+// status message the controller and kubectl show), and when the lock stays
+// taken it gives up with ErrShardBusy, having processed nothing: the worker
+// exits ExitShardBusy, which the controller does not count as a failure.
+func TestShardWaitsForTheLockAndSaysSo(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	cfg := worker.ShardConfig{Run: run("uid-wait"), Source: worker.NewStaticSource("items", keyItems("acct", 50)), ChunkSize: 10}
+	var waiting []worker.Report
+	var second worker.Report
+	calls := 0
+	first := cfg
+	first.Progress = func(worker.Report) {
+		if calls++; calls != 2 {
+			return
+		}
+		replacement := cfg
+		replacement.LockWait = 1500 * time.Millisecond
+		replacement.Progress = func(r worker.Report) { waiting = append(waiting, r) }
+		second = worker.RunShard(context.Background(), f.store, replacement)
+	}
+	rep := worker.RunShard(context.Background(), f.store, first)
+	require.NoError(t, rep.Err)
+	require.True(t, rep.Done)
+
+	require.Len(t, waiting, 1, "one report when the wait begins")
+	require.True(t, waiting[0].WaitingForLock)
+	require.True(t, strings.HasPrefix(worker.ShardMessage(waiting[0], 0), v1alpha1.ShardBusyMessage+": "),
+		"message %q", worker.ShardMessage(waiting[0], 0))
+	require.ErrorIs(t, second.Err, worker.ErrShardBusy)
+	require.False(t, second.WaitingForLock, "no longer waiting once it gave up")
+	require.Zero(t, second.Processed(), "nothing processed")
+	require.True(t, strings.HasPrefix(worker.ShardMessage(second, 0), v1alpha1.ShardBusyMessage+": gave up"),
+		"message %q", worker.ShardMessage(second, 0))
+	require.Equal(t, int64(50), rep.Completed, "the first process committed everything, once")
+	require.EqualValues(t, 50, f.committed(t))
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -113,6 +114,10 @@ func ShardMessage(r Report, maxFailed int) string {
 		first = fmt.Sprintf("; first: %s/%s: %s", f.Entity, f.Occurrence, f.Error)
 	}
 	switch {
+	case r.WaitingForLock:
+		return v1alpha1.ShardBusyMessage + ": another process still runs this shard (an earlier pod finishing its chunk)"
+	case errors.Is(r.Err, ErrShardBusy):
+		return v1alpha1.ShardBusyMessage + ": gave up, " + r.Err.Error()
 	case r.Err != nil:
 		return r.Err.Error()
 	case r.Interrupted:

@@ -33,16 +33,20 @@ func newShardLock(pool *pgxpool.Pool, runUID string, shard int) *shardLock {
 }
 
 // acquire takes the lock, waiting up to wait (polling every second) while
-// another session holds it. It returns ErrShardBusy when it stays taken.
-func (l *shardLock) acquire(ctx context.Context, wait time.Duration) error {
+// another session holds it; onBusy is called once, when the wait begins. It
+// returns ErrShardBusy when the lock stays taken.
+func (l *shardLock) acquire(ctx context.Context, wait time.Duration, onBusy func()) error {
 	deadline := time.Now().Add(wait)
-	for {
+	for first := true; ; first = false {
 		ok, err := l.try(ctx)
 		if err != nil || ok {
 			return err
 		}
 		if time.Now().After(deadline) {
 			return ErrShardBusy
+		}
+		if first && onBusy != nil {
+			onBusy()
 		}
 		select {
 		case <-ctx.Done():

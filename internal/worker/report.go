@@ -53,6 +53,9 @@ type Report struct {
 	// TooManyFailures: more items failed than maxFailedItems allows; the shard
 	// stopped taking chunks.
 	TooManyFailures bool
+	// WaitingForLock: another process holds the shard's lock (an earlier
+	// pod still finishing) and the shard waits for it.
+	WaitingForLock bool
 	// Err is why the shard could not go on (the database stayed unreachable,
 	// the source broke), not an item's failure.
 	Err error
