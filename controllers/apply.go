@@ -37,6 +37,12 @@ func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.Processi
 		if e.Pod != "" {
 			sh.WithPod(e.Pod)
 		}
+		if e.FailedAttempts > 0 {
+			sh.WithFailedAttempts(e.FailedAttempts)
+		}
+		if e.LastFailedAttempt != nil {
+			sh.WithLastFailedAttempt(*e.LastFailedAttempt)
+		}
 		if final[e.Index] {
 			sh.WithAttempt(e.Attempt).WithTotal(e.Total).WithCompleted(e.Completed).
 				WithAlreadyHandled(e.AlreadyHandled).WithFailed(e.Failed)

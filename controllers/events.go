@@ -40,6 +40,11 @@ func (r *Reconciler) transitionEvents(ctx context.Context, s *scope, old, cur *v
 		// A failed attempt is announced once: when the status still shows
 		// its pod as pending or running.
 		was, ok := oldEntries[d.index]
+		if d.busyPod != "" && ok && was.Pod == d.busyPod && was.Phase != v1alpha1.ShardRetrying {
+			r.event(run, nil, corev1.EventTypeNormal, "ShardBusy", "Retry", fmt.Sprintf(
+				"Shard %d attempt %d found the shard's lock taken (an earlier pod still finishing); retrying, not counted against backoffLimit",
+				d.index, d.busyAttempt))
+		}
 		if d.failedPod == "" || !ok || was.Pod != d.failedPod ||
 			was.Phase == v1alpha1.ShardRetrying || was.Phase == v1alpha1.ShardFailed {
 			continue

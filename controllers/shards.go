@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 )
@@ -42,6 +43,12 @@ type podInfo struct {
 	// a missing Secret key), empty when there is none.
 	startProblem string
 	running      bool
+	// busy: the worker exited ExitShardBusy (another process held the
+	// shard's lock); not a failure of the shard.
+	busy bool
+	// lingering: the worker container terminated but another container (an
+	// injected sidecar) keeps the pod running.
+	lingering bool
 }
 
 // reasons a container waits that need someone to act.
@@ -76,26 +83,42 @@ func observePod(pod *corev1.Pod, shard int32) (podInfo, bool) {
 		info.state = podLive
 		info.running = pod.Status.Phase == corev1.PodRunning
 	}
-	for i := range pod.Status.ContainerStatuses {
-		cs := &pod.Status.ContainerStatuses[i]
-		if cs.Name != v1alpha1.WorkerContainerName {
-			continue
-		}
+	if cs := workerStatus(pod); cs != nil {
 		if t := cs.State.Terminated; t != nil {
 			info.exitCode = &t.ExitCode
 			info.finishedAt = t.FinishedAt.Time
 			if r, err := v1alpha1.ParseShardReport(t.Message); err == nil && r.Shard == shard && r.Attempt == info.attempt {
 				info.report = &r
 			}
+			if info.state == podLive {
+				// The shard is done when its worker is (restartPolicy Never),
+				// whatever keeps the pod running.
+				info.state, info.running, info.lingering = podFailed, false, true
+				if t.ExitCode == v1alpha1.ExitSucceeded {
+					info.state = podSucceeded
+				}
+			}
 		}
 		if w := cs.State.Waiting; w != nil && stuckWaitingReasons[w.Reason] && info.state == podLive {
 			info.startProblem = fmt.Sprintf("pod %s: %s: %s", pod.Name, w.Reason, w.Message)
 		}
 	}
+	info.busy = info.state == podFailed && info.exitCode != nil && *info.exitCode == v1alpha1.ExitShardBusy
 	if info.state != podLive && info.finishedAt.IsZero() {
 		info.finishedAt = podFinishTime(pod)
 	}
 	return info, true
+}
+
+// workerStatus is the status of a pod's worker container, nil before the
+// kubelet reports one.
+func workerStatus(pod *corev1.Pod) *corev1.ContainerStatus {
+	for i := range pod.Status.ContainerStatuses {
+		if pod.Status.ContainerStatuses[i].Name == v1alpha1.WorkerContainerName {
+			return &pod.Status.ContainerStatuses[i]
+		}
+	}
+	return nil
 }
 
 // podFinishTime guesses when a pod without a terminated container ended
@@ -190,12 +213,19 @@ type shardDecision struct {
 	// failure is set when the shard failed for good.
 	failure *shardFailure
 	// failures is the number of failed attempts counted against
-	// backoffLimit; lastFailure describes the latest.
-	failures    int32
-	lastFailure string
+	// backoffLimit, the status's count plus the failed pods it does not
+	// count yet; lastFailedAttempt is the latest counted attempt, nil before
+	// the first; lastFailure describes the latest.
+	failures          int32
+	lastFailedAttempt *int32
+	lastFailure       string
 	// failedPod and failedAttempt are the latest failed attempt's.
 	failedPod     string
 	failedAttempt int32
+	// busyPod is the latest pod that found the shard's lock taken (exit
+	// ExitShardBusy), busyAttempt its attempt.
+	busyPod     string
+	busyAttempt int32
 
 	// create, when set, is the attempt to create now, with createFloor as
 	// its counts floor.
@@ -231,6 +261,42 @@ func backoff(n int32, base, maxDelay time.Duration) time.Duration {
 // and which pod to create or delete. It never asks for a pod while another
 // pod of the shard may still run.
 func decideShard(in shardInput, p shardPolicy, now time.Time) shardDecision {
+	d := decidePods(in, p, now)
+	d.deletePods = append(d.deletePods, lingeringToStop(in, p, d)...)
+	return d
+}
+
+// lingeringToStop are the pods whose worker finished while another
+// container (a service mesh's sidecar) keeps them running, and holding
+// quota, forever. They go once the status holds what they tell (their
+// outcome, their counted failure) and nothing still needs them: a later
+// attempt exists or is created now, or the shard or run is done.
+func lingeringToStop(in shardInput, p shardPolicy, d shardDecision) []*corev1.Pod {
+	var out []*corev1.Pod
+	current := attemptOfPodName(d.pod, in.index)
+	for _, pi := range in.pods {
+		if !pi.lingering || pi.deleting {
+			continue
+		}
+		var recorded bool
+		switch {
+		case pi.state == podSucceeded:
+			recorded = in.entry != nil && in.entry.Pod == pi.pod.Name && in.entry.Phase == v1alpha1.ShardSucceeded
+		case pi.busy:
+			recorded = true // nothing to count
+		default:
+			recorded = in.entry != nil && in.entry.LastFailedAttempt != nil && *in.entry.LastFailedAttempt >= pi.attempt
+		}
+		needed := pi.attempt >= current && !d.final && d.create == nil && !p.suspended && !p.stopped
+		if recorded && !needed {
+			out = append(out, pi.pod)
+		}
+	}
+	return out
+}
+
+// decidePods is decideShard without the lingering pods to stop.
+func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 	d := shardDecision{index: in.index, phase: v1alpha1.ShardPending}
 	pods := append([]podInfo(nil), in.pods...)
 	sort.Slice(pods, func(i, j int) bool { return pods[i].attempt < pods[j].attempt })
@@ -262,6 +328,16 @@ func decideShard(in shardInput, p shardPolicy, now time.Time) shardDecision {
 	}
 	entryCurrent := in.entry != nil && latestAttempt >= 0 && in.entry.Attempt == latestAttempt
 
+	// Failures are durable, as a Job's status.failed: the status counts
+	// them, so deleting a failed pod does not give the shard more retries.
+	counted := int32(-1)
+	if in.entry != nil {
+		d.failures = in.entry.FailedAttempts
+		if in.entry.LastFailedAttempt != nil {
+			counted = *in.entry.LastFailedAttempt
+			d.lastFailedAttempt = ptr.To(counted)
+		}
+	}
 	for _, pi := range pods {
 		switch {
 		case pi.state == podLive:
@@ -271,8 +347,13 @@ func decideShard(in shardInput, p shardPolicy, now time.Time) shardDecision {
 					d.deletePods = append(d.deletePods, pi.pod)
 				}
 			}
+		case pi.state == podFailed && !pi.deleting && pi.busy:
+			d.busyPod, d.busyAttempt = pi.pod.Name, pi.attempt
 		case pi.state == podFailed && !pi.deleting:
-			d.failures++
+			if pi.attempt > counted {
+				d.failures++
+				d.lastFailedAttempt = ptr.To(pi.attempt)
+			}
 			d.lastFailure = describeFailure(pi)
 			d.failedPod, d.failedAttempt = pi.pod.Name, pi.attempt
 		}
@@ -343,7 +424,7 @@ func decideShard(in shardInput, p shardPolicy, now time.Time) shardDecision {
 				"shard %d: bad input or configuration, not retried: %s", in.index, d.lastFailure)}
 			return d
 		}
-		if d.failures > p.backoffLimit {
+		if !latest.busy && d.failures > p.backoffLimit {
 			d.phase = v1alpha1.ShardFailed
 			d.final, d.report, d.counts = true, latest.report, last
 			d.failure = &shardFailure{reason: ReasonBackoffLimitExceeded, message: fmt.Sprintf(

@@ -26,6 +26,8 @@ type fakePod struct {
 	waiting  string
 	deleting bool
 	finished time.Time
+	// sidecar: another container runs on in the pod.
+	sidecar bool
 }
 
 func (f fakePod) pod() *corev1.Pod {
@@ -57,6 +59,10 @@ func (f fakePod) pod() *corev1.Pod {
 		cs.State.Waiting = &corev1.ContainerStateWaiting{Reason: f.waiting, Message: "pulling failed"}
 	}
 	p.Status.ContainerStatuses = []corev1.ContainerStatus{cs}
+	if f.sidecar {
+		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: "istio-proxy",
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(t0)}}})
+	}
 	return p
 }
 
@@ -81,6 +87,14 @@ func report(attempt int32, c counts, msg string) *v1alpha1.ShardReport {
 func entry(pod string, phase v1alpha1.ShardPhase, attempt int32, c counts) *v1alpha1.ShardStatus {
 	return &v1alpha1.ShardStatus{Index: 0, Pod: pod, Phase: phase, Attempt: attempt,
 		Total: c.Total, Completed: c.Completed, AlreadyHandled: c.AlreadyHandled, Failed: c.Failed}
+}
+
+// failedEntry is a shard entry whose status counts failures, the latest
+// being attempt last.
+func failedEntry(pod string, phase v1alpha1.ShardPhase, failures, last int32) *v1alpha1.ShardStatus {
+	e := entry(pod, phase, attemptOfPodName(pod, 0), counts{})
+	e.FailedAttempts, e.LastFailedAttempt = failures, &last
+	return e
 }
 
 func TestDecideShard(t *testing.T) {
@@ -321,6 +335,98 @@ func TestDecideShard(t *testing.T) {
 			check: func(t *testing.T, d shardDecision) {
 				require.Nil(t, d.create)
 				require.Equal(t, v1alpha1.ShardRetrying, d.phase)
+			},
+		},
+		{
+			name:  "failures are durable: a deleted failed pod still counts",
+			entry: failedEntry("r-0-0", v1alpha1.ShardRetrying, 1, 0),
+			gone:  true,
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(1), d.failures)
+				require.Equal(t, ptr.To[int32](0), d.lastFailedAttempt)
+				require.Equal(t, int32(1), *d.create)
+			},
+		},
+		{
+			name: "failures are durable: the status's count plus the new failure exceed backoffLimit",
+			pods: []fakePod{{attempt: 2, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)}},
+			// Attempts 0 and 1 failed; their pods were deleted.
+			entry: failedEntry("r-0-2", v1alpha1.ShardRunning, 2, 1),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardFailed, d.phase)
+				require.Equal(t, int32(3), d.failures)
+				require.Equal(t, ptr.To[int32](2), d.lastFailedAttempt)
+				require.Equal(t, ReasonBackoffLimitExceeded, d.failure.reason)
+				require.Nil(t, d.create)
+			},
+		},
+		{
+			name:  "a failure already counted is not counted again",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-5 * time.Second)}},
+			entry: failedEntry("r-0-0", v1alpha1.ShardRetrying, 1, 0),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(1), d.failures)
+				require.Equal(t, v1alpha1.ShardRetrying, d.phase)
+			},
+		},
+		{
+			name: "lock taken (exit 3): retried after a back-off, not counted",
+			pods: []fakePod{
+				{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
+				{attempt: 1, phase: corev1.PodFailed, exit: exit(v1alpha1.ExitShardBusy), finished: now.Add(-5 * time.Second)},
+			},
+			entry:  failedEntry("r-0-1", v1alpha1.ShardRunning, 1, 0),
+			policy: func(p *shardPolicy) { p.backoffLimit = 0 },
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(1), d.failures, "only attempt 0")
+				require.Nil(t, d.failure, "backoffLimit 0 is not exceeded by a busy lock")
+				require.Equal(t, v1alpha1.ShardRetrying, d.phase)
+				require.Equal(t, now.Add(5*time.Second), d.retryAt)
+				require.Equal(t, "r-0-1", d.busyPod)
+				require.Equal(t, "r-0-0", d.failedPod)
+			},
+		},
+		{
+			name: "worker finished, a sidecar keeps the pod Running: succeeded",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning, exit: exit(0), sidecar: true,
+				report: report(0, counts{Total: 4, Completed: 4}, "")}},
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, counts{Total: 4, Completed: 2}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
+				require.True(t, d.final)
+				require.Equal(t, 0, d.live)
+				require.Equal(t, counts{Total: 4, Completed: 4}, d.counts)
+				require.Empty(t, d.deletePods, "kept until the status says Succeeded")
+			},
+		},
+		{
+			name: "worker finished, a sidecar keeps the pod Running, the status says Succeeded: the pod is deleted",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning, exit: exit(0), sidecar: true,
+				report: report(0, counts{Total: 4, Completed: 4}, "")}},
+			entry: entry("r-0-0", v1alpha1.ShardSucceeded, 0, counts{Total: 4, Completed: 4}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
+				require.Len(t, d.deletePods, 1)
+				require.Equal(t, "r-0-0", d.deletePods[0].Name)
+			},
+		},
+		{
+			name: "worker failed, a sidecar keeps the pod Running: retried, the pod is kept for the back-off",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning, exit: exit(1), sidecar: true, finished: now.Add(-5 * time.Second)}},
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardRetrying, d.phase)
+				require.Equal(t, int32(1), d.failures)
+				require.Nil(t, d.create)
+				require.Empty(t, d.deletePods)
+			},
+		},
+		{
+			name:  "worker failed, a sidecar keeps the pod Running, failure recorded, back-off over: deleted as the retry starts",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodRunning, exit: exit(1), sidecar: true, finished: now.Add(-time.Minute)}},
+			entry: failedEntry("r-0-0", v1alpha1.ShardRetrying, 1, 0),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(1), *d.create)
+				require.Len(t, d.deletePods, 1)
 			},
 		},
 	}

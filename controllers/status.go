@@ -171,6 +171,8 @@ func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.Processin
 		e.Index = d.index
 		e.Pod = d.pod
 		e.Phase = d.phase
+		e.FailedAttempts = d.failures
+		e.LastFailedAttempt = d.lastFailedAttempt
 		if o.finished && d.phase == v1alpha1.ShardRetrying {
 			// No retry comes after the run is finished.
 			e.Phase = v1alpha1.ShardFailed

@@ -323,7 +323,10 @@ func (r *Reconciler) deletePod(ctx context.Context, s *scope, pod *corev1.Pod) e
 		return fmt.Errorf("delete pod %s: %w", pod.Name, err)
 	}
 	why := "the run is suspended"
-	if s.outcome.finished {
+	switch cs := workerStatus(pod); {
+	case cs != nil && cs.State.Terminated != nil:
+		why = "its worker container finished, another container kept the pod running"
+	case s.outcome.finished:
 		why = "the run is finished"
 	}
 	r.event(s.run, pod, corev1.EventTypeNormal, "PodDeleted", "DeletePod", fmt.Sprintf("Deleted pod %s: %s", pod.Name, why))

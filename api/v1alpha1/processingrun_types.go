@@ -320,7 +320,8 @@ const (
 // fields of shards[], which the worker of that shard
 // (WorkerFieldManager(index)) owns: attempt, total, completed,
 // alreadyHandled, failed, message and lastReportTime. The controller owns
-// shards[].pod and shards[].phase.
+// shards[].pod, shards[].phase, shards[].failedAttempts and
+// shards[].lastFailedAttempt.
 type ProcessingRunStatus struct {
 	// observedGeneration is the metadata.generation this status describes.
 	// +optional
@@ -389,6 +390,18 @@ type ShardStatus struct {
 	// phase of the shard (written by the controller).
 	// +optional
 	Phase ShardPhase `json:"phase,omitempty"`
+	// failedAttempts is the number of this shard's attempts that failed and
+	// count against spec.backoffLimit, as a Job's status.failed counts pods
+	// (written by the controller). It never goes down: deleting failed pods
+	// does not reset it.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	FailedAttempts int32 `json:"failedAttempts,omitempty"`
+	// lastFailedAttempt is the attempt of the latest failure counted in
+	// failedAttempts (written by the controller).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	LastFailedAttempt *int32 `json:"lastFailedAttempt,omitempty"`
 
 	// attempt that wrote the counts below, 0 for the first pod (written by
 	// the worker).

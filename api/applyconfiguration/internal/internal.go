@@ -207,7 +207,13 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: failed
       type:
         scalar: numeric
+    - name: failedAttempts
+      type:
+        scalar: numeric
     - name: index
+      type:
+        scalar: numeric
+    - name: lastFailedAttempt
       type:
         scalar: numeric
     - name: lastReportTime

@@ -22,7 +22,8 @@ import (
 // fields of shards[], which the worker of that shard
 // (WorkerFieldManager(index)) owns: attempt, total, completed,
 // alreadyHandled, failed, message and lastReportTime. The controller owns
-// shards[].pod and shards[].phase.
+// shards[].pod, shards[].phase, shards[].failedAttempts and
+// shards[].lastFailedAttempt.
 type ProcessingRunStatusApplyConfiguration struct {
 	// observedGeneration is the metadata.generation this status describes.
 	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`

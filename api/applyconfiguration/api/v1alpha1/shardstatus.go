@@ -24,6 +24,14 @@ type ShardStatusApplyConfiguration struct {
 	Pod *string `json:"pod,omitempty"`
 	// phase of the shard (written by the controller).
 	Phase *apiv1alpha1.ShardPhase `json:"phase,omitempty"`
+	// failedAttempts is the number of this shard's attempts that failed and
+	// count against spec.backoffLimit, as a Job's status.failed counts pods
+	// (written by the controller). It never goes down: deleting failed pods
+	// does not reset it.
+	FailedAttempts *int32 `json:"failedAttempts,omitempty"`
+	// lastFailedAttempt is the attempt of the latest failure counted in
+	// failedAttempts (written by the controller).
+	LastFailedAttempt *int32 `json:"lastFailedAttempt,omitempty"`
 	// attempt that wrote the counts below, 0 for the first pod (written by
 	// the worker).
 	Attempt *int32 `json:"attempt,omitempty"`
@@ -70,6 +78,22 @@ func (b *ShardStatusApplyConfiguration) WithPod(value string) *ShardStatusApplyC
 // If called multiple times, the Phase field is set to the value of the last call.
 func (b *ShardStatusApplyConfiguration) WithPhase(value apiv1alpha1.ShardPhase) *ShardStatusApplyConfiguration {
 	b.Phase = &value
+	return b
+}
+
+// WithFailedAttempts sets the FailedAttempts field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the FailedAttempts field is set to the value of the last call.
+func (b *ShardStatusApplyConfiguration) WithFailedAttempts(value int32) *ShardStatusApplyConfiguration {
+	b.FailedAttempts = &value
+	return b
+}
+
+// WithLastFailedAttempt sets the LastFailedAttempt field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the LastFailedAttempt field is set to the value of the last call.
+func (b *ShardStatusApplyConfiguration) WithLastFailedAttempt(value int32) *ShardStatusApplyConfiguration {
+	b.LastFailedAttempt = &value
 	return b
 }
 
