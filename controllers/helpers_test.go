@@ -75,6 +75,10 @@ func setup(t *testing.T) (*envtestutil.Env, string) {
 type managerConfig struct {
 	name        string // user agent, hence the field manager of what it writes
 	leaderElect bool
+	// wrapClient, when set, wraps the reconciler's client.
+	wrapClient func(client.Client) client.Client
+	// restConfig, when set, replaces the admin config (e.g. to impersonate).
+	restConfig *rest.Config
 }
 
 type testManager struct {
@@ -92,6 +96,9 @@ func startManager(t *testing.T, env *envtestutil.Env, ns string, mc managerConfi
 		mc.name = "runledger-test-manager"
 	}
 	cfg := rest.CopyConfig(env.Config)
+	if mc.restConfig != nil {
+		cfg = rest.CopyConfig(mc.restConfig)
+	}
 	cfg.UserAgent = mc.name
 	cacheOpts := CacheOptions()
 	cacheOpts.DefaultNamespaces = map[string]cache.Config{ns: {}}
@@ -110,8 +117,12 @@ func startManager(t *testing.T, env *envtestutil.Env, ns string, mc managerConfi
 		Logger:                  testLogger().WithName(mc.name),
 	})
 	require.NoError(t, err)
+	c := mgr.GetClient()
+	if mc.wrapClient != nil {
+		c = mc.wrapClient(c)
+	}
 	r := &Reconciler{
-		Client:          mgr.GetClient(),
+		Client:          c,
 		APIReader:       mgr.GetAPIReader(),
 		Recorder:        mgr.GetEventRecorder("runledger-controller"),
 		Pods:            PodOptions{Image: "runledger:test", ServiceAccountName: "runledger-worker"},

@@ -130,6 +130,10 @@ type scope struct {
 	// stalled is what keeps the run from progressing, if anything.
 	stalled   *problem
 	startTime *metav1.Time
+	// createBlocked: a pod create was Forbidden or Invalid in this pass; no
+	// other pod is created in it. podsBlocked counts the creates skipped.
+	createBlocked bool
+	podsBlocked   int
 	// requeueAfter collects when the run wants to be looked at again.
 	requeueAfter time.Duration
 }

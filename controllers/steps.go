@@ -251,11 +251,19 @@ func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
 		if d.create == nil && !d.retryAt.IsZero() && s.now.Before(d.retryAt) && !s.outcome.finished {
 			s.requeueIn(d.retryAt.Sub(s.now))
 		}
+		if d.create != nil && s.createBlocked {
+			d.create = nil
+			s.podsBlocked++
+		}
 		if d.create != nil {
 			if err := r.createPod(ctx, s, d); err != nil {
 				return err
 			}
 		}
+	}
+	if s.createBlocked && s.stalled != nil {
+		s.stalled.message += fmt.Sprintf("; %d more pods wait (no more creates until the next try in %s)",
+			s.podsBlocked, r.DependencyRetry)
 	}
 	return nil
 }
@@ -281,8 +289,11 @@ func (r *Reconciler) createPod(ctx context.Context, s *scope, d *shardDecision) 
 		return nil
 	case apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsNotFound(err):
 		// Admission said no (quota, pod security, a missing service
-		// account, a terminating namespace): someone has to act.
+		// account, a terminating namespace): someone has to act, and the
+		// other shards' creates would fail the same way (as the Job
+		// controller, stop creating for this pass).
 		r.expectations.cancel(s.key, d.index)
+		s.createBlocked = true
 		s.stalled = &problem{reason: ReasonPodCreateFailed, message: fmt.Sprintf("cannot create pod %s: %v", pod.Name, err)}
 		s.requeueIn(r.DependencyRetry)
 		logger.Info("worker pod rejected", "error", err.Error())
