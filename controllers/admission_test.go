@@ -3,18 +3,24 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/yaml"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/envtestutil"
@@ -112,4 +118,71 @@ func TestRejectedPodCreateStopsThePass(t *testing.T) {
 	setPodQuota(t, env, ns, 4)
 	waitPods(t, env, ns, "quota", "quota-0-0", "quota-1-0", "quota-2-0", "quota-3-0")
 	waitRun(t, env, ns, "quota", "no longer Stalled", all(phaseIs(v1alpha1.RunRunning), noCondition(v1alpha1.ConditionStalled)))
+}
+
+// The manager's generated ClusterRole is enough on a cluster that enforces
+// owner references (OwnerReferencesPermissionEnforcement, on in envtest):
+// its pods' blockOwnerDeletion needs update on processingruns/finalizers.
+// Without that rule the same pods are Forbidden.
+func TestGeneratedRoleCreatesPodsThatBlockOwnerDeletion(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join(envtestutil.RepoRoot(), "config", "rbac", "role.yaml"))
+	require.NoError(t, err)
+	var generated rbacv1.ClusterRole
+	require.NoError(t, yaml.Unmarshal(b, &generated))
+	require.Equal(t, "runledger-manager", generated.Name)
+
+	for _, tc := range []struct {
+		name      string
+		finalizer bool
+	}{{"generated role", true}, {"without finalizers update", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env, ns := setup(t)
+			user := "system:serviceaccount:" + ns + ":runledger-manager"
+			var rules []rbacv1.PolicyRule
+			for _, rule := range generated.Rules {
+				if !tc.finalizer && slices.Contains(rule.Resources, "processingruns/finalizers") {
+					continue
+				}
+				rules = append(rules, rule)
+			}
+			bindClusterRole(t, env, ns, user, rules)
+			cfg := rest.CopyConfig(env.Config)
+			cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+			startManager(t, env, ns, managerConfig{restConfig: cfg})
+			create(t, env, newRun(ns, "owned", 1, 1))
+
+			if !tc.finalizer {
+				r := waitRun(t, env, ns, "owned", "Stalled", conditionIs(v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonPodCreateFailed))
+				require.Contains(t, condition(r, v1alpha1.ConditionStalled).Message, "blockOwnerDeletion")
+				stillPods(t, env, ns, "owned", 300*time.Millisecond)
+				return
+			}
+			pods := waitPods(t, env, ns, "owned", "owned-0-0")
+			ref := metav1.GetControllerOf(pods["owned-0-0"])
+			require.NotNil(t, ref)
+			require.True(t, *ref.BlockOwnerDeletion)
+			waitRun(t, env, ns, "owned", "Running", all(phaseIs(v1alpha1.RunRunning), noCondition(v1alpha1.ConditionStalled)))
+		})
+	}
+}
+
+// bindClusterRole gives user a ClusterRole of the given rules, both removed
+// when the test ends.
+func bindClusterRole(t *testing.T, env *envtestutil.Env, ns, user string, rules []rbacv1.PolicyRule) {
+	t.Helper()
+	ctx := context.Background()
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "runledger-manager-" + ns}, Rules: rules}
+	require.NoError(t, env.Client.Create(ctx, role))
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	}
+	require.NoError(t, env.Client.Create(ctx, binding))
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), binding)
+		_ = env.Client.Delete(context.Background(), role)
+	})
 }

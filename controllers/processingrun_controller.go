@@ -23,10 +23,13 @@ import (
 // The manager's permissions, least privilege (make manifests turns these
 // into config/rbac/role.yaml). Secrets: only get, and the controller asks
 // for metadata only (PartialObjectMetadata), so it never receives a DSN;
-// it only checks that the Secret exists before creating pods.
+// it only checks that the Secret exists before creating pods. Update on
+// processingruns/finalizers lets its pods' owner references set
+// blockOwnerDeletion where OwnerReferencesPermissionEnforcement is on.
 //
 // +kubebuilder:rbac:groups=processing.runledger.dev,resources=processingruns,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=processing.runledger.dev,resources=processingruns/status,verbs=get;patch
+// +kubebuilder:rbac:groups=processing.runledger.dev,resources=processingruns/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get

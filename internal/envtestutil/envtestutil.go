@@ -103,6 +103,9 @@ func Start() (*Env, error) {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
+	// As on clusters that enforce owner references: setting
+	// blockOwnerDeletion needs update on the owner's finalizers.
+	te.ControlPlane.GetAPIServer().Configure().Append("enable-admission-plugins", "OwnerReferencesPermissionEnforcement")
 	cfg, err := te.Start()
 	if err != nil {
 		return nil, fmt.Errorf("start envtest: %w", err)
