@@ -111,25 +111,12 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 	s := &workerRun{opts: o, env: env, log: log, engineLog: engineLog}
 	rep, maxFailed, err := s.work(ctx, envErr)
 	var rejected bool
-	rep.Err, rejected = explainRejection(rep.Err) // e.g. --skip-migrate: the shard connects first
-	badIn := err != nil && (worker.IsInputError(err) || exitCode(err) == ExitBadInput) ||
-		rep.Err != nil && (rejected || worker.IsInputError(rep.Err)) // e.g. the query failed when it ran
-	busy := errors.Is(rep.Err, worker.ErrShardBusy) // before redaction, which may drop the wrapping
+	rep.Err, rejected = explainRejection(rep.Err)         // e.g. --skip-migrate: the shard connects first
+	code := workerExitCode(rep, err, rejected, maxFailed) // before redaction, which may drop the errors' wrapping
 	err = redactExit(err, secrets)
 	rep.Err = secrets.Error(rep.Err)
 	if err != nil && rep.Err == nil {
 		rep.Err = err
-	}
-	code := ExitOK
-	switch {
-	case badIn:
-		code = ExitBadInput
-	case busy:
-		// Not a failure of the shard: the controller retries without
-		// counting it against backoffLimit.
-		code = v1alpha1.ExitShardBusy
-	case err != nil, rep.Err != nil, rep.Interrupted, !rep.Done, rep.TooManyFailures, rep.Failed > int64(maxFailed):
-		code = ExitFailed
 	}
 	message := worker.ShardMessage(rep, maxFailed)
 	s.finish(ctx, rep, message)
@@ -161,6 +148,24 @@ func (o *workerOptions) podEnv() (worker.PodEnv, error) {
 		}
 		return os.Getenv(name)
 	})
+}
+
+// workerExitCode is the worker's exit code (the contract's Exit* codes) for
+// how its shard ended: err kept the shard from running, rep is what it did,
+// rejected says the database refused the connection (explainRejection).
+func workerExitCode(rep worker.Report, err error, rejected bool, maxFailed int) int {
+	switch {
+	case err != nil && (worker.IsInputError(err) || exitCode(err) == ExitBadInput),
+		rep.Err != nil && (rejected || worker.IsInputError(rep.Err)): // e.g. the query failed when it ran
+		return ExitBadInput
+	case errors.Is(rep.Err, worker.ErrShardBusy):
+		// Not a failure of the shard: the controller retries without
+		// counting it against backoffLimit.
+		return v1alpha1.ExitShardBusy
+	case err != nil, rep.Err != nil, rep.Interrupted, !rep.Done, rep.TooManyFailures, rep.Failed > int64(maxFailed):
+		return ExitFailed
+	}
+	return ExitOK
 }
 
 type workerRun struct {

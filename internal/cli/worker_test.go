@@ -1,0 +1,38 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/worker"
+)
+
+func TestWorkerExitCode(t *testing.T) {
+	t.Parallel()
+	done := worker.Report{Done: true, Counts: worker.Counts{Total: 3, Completed: 3}}
+	for _, tt := range []struct {
+		name string
+		rep  worker.Report
+		err  error
+		// rejected: the database refused the connection.
+		rejected bool
+		want     int
+	}{
+		{"done", done, nil, false, ExitOK},
+		{"failed items within maxFailedItems", worker.Report{Done: true, Counts: worker.Counts{Total: 3, Completed: 2, Failed: 1}}, nil, false, ExitOK},
+		{"too many failed items", worker.Report{Done: true, Counts: worker.Counts{Total: 3, Completed: 1, Failed: 2}}, nil, false, ExitFailed},
+		{"interrupted", worker.Report{Interrupted: true}, nil, false, ExitFailed},
+		{"database unreachable", worker.Report{Err: errors.New("dial tcp: connection refused")}, nil, false, ExitFailed},
+		{"bad input", worker.Report{}, badInput(errors.New("line 1: entity is empty")), false, ExitBadInput},
+		{"connection rejected", worker.Report{Err: errors.New("password authentication failed")}, nil, true, ExitBadInput},
+		{"shard's lock stayed taken", worker.Report{Err: fmt.Errorf("shard 0 of run ns/r: %w", worker.ErrShardBusy)}, nil, false, v1alpha1.ExitShardBusy},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, workerExitCode(tt.rep, tt.err, tt.rejected, 1))
+		})
+	}
+}
