@@ -40,10 +40,23 @@
 // A failed attempt (exit 1, a crash, OOM, eviction) is replaced by attempt+1
 // after base·2^(failures-1) (capped), until the shard has failed
 // backoffLimit+1 times; then the run is Failed with a message naming the
-// shard and its last error. Exit 2 (bad input or configuration) fails the
-// run at once. Pods stopped by the controller (suspend) or deleted by
-// someone do not count as failures. Failed pods are kept for their logs and
+// shard and its last error. Failures are counted in the status
+// (shards[].failedAttempts, lastFailedAttempt), so deleting failed pods does
+// not reset them. Exit 2 (bad input or configuration) fails the run at
+// once. Exit 3 (the shard's lock stayed taken: an earlier pod still
+// finishing) is retried after a back-off and not counted. Pods stopped by
+// the controller (suspend) or deleted by someone before their failure was
+// counted do not count. Failed pods are kept for their logs and
 // termination messages until the run is deleted.
+//
+// A shard's attempt is over when its worker container terminated, whatever
+// the pod phase: an injected sidecar (a service mesh) may keep the pod
+// Running. Such a pod is deleted once the status holds its outcome and no
+// later decision needs it.
+//
+// A pod create that admission refuses (Forbidden or Invalid: a quota, pod
+// security) stalls the run with the reason and ends the pass's creates, as
+// the Job controller does; the run tries again every DependencyRetry.
 //
 // # Counts
 //
