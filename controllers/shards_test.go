@@ -26,8 +26,9 @@ type fakePod struct {
 	waiting  string
 	deleting bool
 	finished time.Time
-	// sidecar: another container runs on in the pod.
-	sidecar bool
+	// sidecar: another container runs on in the pod; nativeSidecar: an
+	// init container with restartPolicy Always does.
+	sidecar, nativeSidecar bool
 }
 
 func (f fakePod) pod() *corev1.Pod {
@@ -59,6 +60,11 @@ func (f fakePod) pod() *corev1.Pod {
 		cs.State.Waiting = &corev1.ContainerStateWaiting{Reason: f.waiting, Message: "pulling failed"}
 	}
 	p.Status.ContainerStatuses = []corev1.ContainerStatus{cs}
+	if f.nativeSidecar {
+		p.Spec.InitContainers = []corev1.Container{{Name: "proxy", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)}}
+		p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "proxy",
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(t0)}}}}
+	}
 	if f.sidecar {
 		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: "istio-proxy",
 			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(t0)}}})
@@ -408,6 +414,15 @@ func TestDecideShard(t *testing.T) {
 				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
 				require.Len(t, d.deletePods, 1)
 				require.Equal(t, "r-0-0", d.deletePods[0].Name)
+			},
+		},
+		{
+			name: "worker finished, a native sidecar (restartPolicy Always) still runs: succeeded",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning, exit: exit(0), nativeSidecar: true,
+				report: report(0, counts{Total: 4, Completed: 4}, "")}},
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
+				require.Equal(t, counts{Total: 4, Completed: 4}, d.counts)
 			},
 		},
 		{
