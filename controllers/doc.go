@@ -21,8 +21,8 @@
 //   - writeStatus: rebuilds the status (buildStatus, pure) and writes it by
 //     server-side apply of the controller's fields only, and only when it
 //     changed (count-only changes at most every StatusInterval). The write
-//     lands on the run the pass read or nowhere: a live read checks the UID
-//     and the apply carries its resourceVersion.
+//     lands on the run as the pass read it or nowhere: the apply carries its
+//     resourceVersion, and a Conflict waits for the next pass.
 //
 // # One live pod per shard
 //

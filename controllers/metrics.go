@@ -30,12 +30,16 @@ var (
 		Name: "runledger_shard_attempts_failed_total",
 		Help: "Failed shard attempts observed (each is retried until backoffLimit).",
 	})
+	statusConflicts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "runledger_status_conflicts_total",
+		Help: "Status writes refused because the run changed since the pass read it (a worker's report, or a run created again under its name); the next pass writes.",
+	})
 	runsDesc = prometheus.NewDesc("runledger_runs",
 		"ProcessingRuns by phase, as the controller's cache holds them.", []string{"phase"}, nil)
 )
 
 func init() {
-	crmetrics.Registry.MustRegister(itemsTotal, reconcileErrors, podsCreated, attemptsFailed)
+	crmetrics.Registry.MustRegister(itemsTotal, reconcileErrors, podsCreated, attemptsFailed, statusConflicts)
 	for _, o := range []string{"completed", "alreadyHandled", "failed"} {
 		itemsTotal.WithLabelValues(o)
 	}

@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -372,8 +371,8 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 		return err
 	}
 	if !applied {
-		// The run this pass read is gone (maybe replaced under its name).
-		s.requeueAfter = 0
+		// The watch brings the newer run; this is only a safety net.
+		s.requeueIn(cacheWaitRequeue)
 		return nil
 	}
 	r.lastWrites.Store(s.key, lastWrite{uid: run.UID, at: s.now})
@@ -382,42 +381,28 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 	return nil
 }
 
-// applyStatus writes the controller's status fields onto the run this pass
-// read and onto no other: it reads the run live, drops the write when the
-// UID differs (a run deleted and created again under the same name), and
-// pins the apply to the resourceVersion it read, so that a run replaced
-// between the read and the write rejects it with a Conflict (the status
-// subresource ignores metadata.uid in an apply). It reports whether the
+// applyStatus writes the controller's status fields onto the run as this
+// pass read it, or not at all: the apply carries the resourceVersion read,
+// so the API server answers Conflict when the run changed since, whether
+// its status moved on (a stale view must never undo a counted failure) or
+// it is another run created under the same name (the status subresource
+// ignores metadata.uid in an apply). A refused write is not an error: the
+// newer version's watch event brings another pass. It reports whether the
 // status was written.
 func (r *Reconciler) applyStatus(ctx context.Context, run *v1alpha1.ProcessingRun, ac *acv1alpha1.ProcessingRunApplyConfiguration) (bool, error) {
-	applied := false
-	// Workers write the status too: on a Conflict read it again and retry.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		live := &metav1.PartialObjectMetadata{}
-		live.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("ProcessingRun"))
-		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(run), live); err != nil {
-			return err
-		}
-		if live.UID != run.UID || live.DeletionTimestamp != nil {
-			return nil
-		}
-		ac.WithResourceVersion(live.ResourceVersion)
-		if err := r.Client.Status().Apply(ctx, ac, client.FieldOwner(v1alpha1.ControllerFieldManager), client.ForceOwnership); err != nil {
-			return err
-		}
-		applied = true
-		return nil
-	})
+	ac.WithResourceVersion(run.ResourceVersion)
+	err := r.Client.Status().Apply(ctx, ac, client.FieldOwner(v1alpha1.ControllerFieldManager), client.ForceOwnership)
 	switch {
 	case apierrors.IsNotFound(err):
 		return false, nil // deleted meanwhile
+	case apierrors.IsConflict(err):
+		statusConflicts.Inc()
+		log.FromContext(ctx).V(1).Info("status not written: the run changed since it was read")
+		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("apply status: %w", err)
 	}
-	if !applied {
-		log.FromContext(ctx).Info("status not written: the run was deleted or replaced since it was read")
-	}
-	return applied, nil
+	return true, nil
 }
 
 // countsOnlyChange reports whether two statuses differ only in the run's
