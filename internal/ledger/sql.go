@@ -200,3 +200,125 @@ const (
 	sqlSchemaExists    = `SELECT to_regnamespace($1) IS NOT NULL`
 	sqlCreateSchema    = `CREATE SCHEMA IF NOT EXISTS ` + Schema
 )
+
+// A run's batch (migrations/00002_batch.sql): what a query source returned,
+// fixed once per run. The first shard to start materialises it under
+// sqlLockBatch, in two steps on one session: the user's query runs in a READ
+// ONLY transaction (so it still cannot write) into the session's temporary
+// table batch_stage, then one statement writes the header and the rows
+// (sqlFixQueryBatch). Each shard then reads its rows by position.
+const (
+	// sqlLockBatch serialises the materialisers of one run, so that shards
+	// starting together run the query once; the header's primary key, not
+	// this lock, keeps the batch from being written twice.
+	sqlLockBatch   = `SELECT pg_advisory_lock(hashtextextended('runledger.batch/' || $1, 0))`
+	sqlUnlockBatch = `SELECT pg_advisory_unlock(hashtextextended('runledger.batch/' || $1, 0))`
+
+	sqlBatchHeader = `
+SELECT source, shards, items, coalesce(digest, ''), created_at, pruned_at
+FROM runledger.batch_run WHERE run_uid = $1`
+
+	// Temporary tables may be written in a READ ONLY transaction; creating
+	// or truncating one may not, hence this step before it.
+	sqlCreateBatchStage = `CREATE TEMP TABLE IF NOT EXISTS batch_stage (
+    shard      integer NOT NULL,
+    seq        bigint  NOT NULL,
+    row_n      bigint  NOT NULL,
+    entity     text,
+    occurrence text,
+    payload    text
+); TRUNCATE pg_temp.batch_stage`
+	sqlDropBatchStage = `DROP TABLE IF EXISTS pg_temp.batch_stage`
+	// sqlStageWorkMem gives the batch's one sort room to stay in memory,
+	// for the staging transaction only.
+	sqlStageWorkMem = `SET LOCAL work_mem = '64MB'`
+
+	// sqlFixQueryBatch writes the header and, only if this statement wrote it,
+	// the staged rows: a second materialiser blocks on the header's primary
+	// key until the first commits, then writes nothing (and if the first
+	// rolled back, it writes the batch itself). $1 run uid, $2 namespace,
+	// $3 name, $4 shards.
+	sqlFixQueryBatch = `
+WITH hdr AS (
+    INSERT INTO runledger.batch_run (run_uid, run_namespace, run_name, source, shards, items)
+    SELECT $1, $2, $3, 'query', $4, count(*) FROM pg_temp.batch_stage
+    ON CONFLICT (run_uid) DO NOTHING
+    RETURNING run_uid
+)
+INSERT INTO runledger.batch (run_uid, shard, seq, row_n, entity, occurrence, payload)
+SELECT $1, s.shard, s.seq, s.row_n, s.entity, s.occurrence, s.payload
+FROM pg_temp.batch_stage AS s
+WHERE EXISTS (SELECT FROM hdr)`
+
+	// sqlFixStaticBatch records a static batch's size and digest the first
+	// time; its items are not copied (the spec, ConfigMap or file holds them).
+	// $1 run uid, $2 namespace, $3 name, $4 shards, $5 items, $6 digest.
+	sqlFixStaticBatch = `
+INSERT INTO runledger.batch_run (run_uid, run_namespace, run_name, source, shards, items, digest)
+VALUES ($1, $2, $3, 'static', $4, $5, $6)
+ON CONFLICT (run_uid) DO NOTHING`
+
+	// sqlBatchShardSize counts a shard's rows (a range of the primary key).
+	sqlBatchShardSize = `SELECT count(*) FROM runledger.batch WHERE run_uid = $1 AND shard = $2`
+
+	// sqlReadBatch is one page of a shard's rows after position $3, with the
+	// run holding each key, if any (the preload, one probe of the rule's
+	// index per row as in sqlHolders). A short statement per page: a lost
+	// connection costs nothing but the page, and the reader resumes after
+	// the last seq it was given.
+	sqlReadBatch = `
+SELECT b.seq, b.row_n, b.entity, b.occurrence, b.payload, h.run_uid
+FROM runledger.batch AS b
+LEFT JOIN LATERAL (
+    SELECT l.run_uid
+    FROM runledger.ledger AS l
+    WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
+    LIMIT 1
+) AS h ON true
+WHERE b.run_uid = $1 AND b.shard = $2 AND b.seq > $3
+ORDER BY b.seq
+LIMIT $4`
+
+	// sqlPruneBatches deletes the rows of the batches created before $1 and
+	// keeps their headers as tombstones (pruned_at), so that a worker of a
+	// pruned run fails instead of materialising its batch again.
+	sqlPruneBatches = `
+WITH old AS (
+    UPDATE runledger.batch_run SET pruned_at = now()
+    WHERE created_at < $1 AND pruned_at IS NULL
+    RETURNING run_uid
+), gone AS (
+    DELETE FROM runledger.batch AS b USING old WHERE b.run_uid = old.run_uid
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM old), (SELECT count(*) FROM gone)`
+)
+
+// sqlBatchRows is the user's query as the batch's rows, each with its shard
+// (shardOf over the key's text; rows with a NULL key part go to shard 0), its
+// seq and its row number in the query's output. seq orders the batch by
+// (shard, entity, occurrence, row number), keys in byte order. Column names
+// are prefixed rl_ so as not to collide with the user's.
+func sqlBatchRows(query string, hasPayload bool, shardOf func(entity, occurrence string) string) string {
+	payload := "NULL::text"
+	if hasPayload {
+		payload = "q.payload::text"
+	}
+	return `SELECT s.rl_shard, row_number() OVER (ORDER BY s.rl_shard, s.rl_e COLLATE "C" NULLS FIRST, s.rl_o COLLATE "C" NULLS FIRST, s.rl_n),
+       s.rl_n, s.rl_e, s.rl_o, s.rl_p
+FROM (
+    SELECT coalesce(` + shardOf("r.rl_e", "r.rl_o") + `, 0) AS rl_shard, r.*
+    FROM (
+        SELECT q.entity::text AS rl_e, q.occurrence::text AS rl_o, ` + payload + ` AS rl_p, row_number() OVER () AS rl_n
+        FROM (
+` + query + `
+        ) AS q
+    ) AS r
+) AS s`
+}
+
+// sqlStageBatch runs sqlBatchRows into the session's batch_stage.
+func sqlStageBatch(query string, hasPayload bool, shardOf func(entity, occurrence string) string) string {
+	return "INSERT INTO pg_temp.batch_stage (shard, seq, row_n, entity, occurrence, payload)\n" +
+		sqlBatchRows(query, hasPayload, shardOf)
+}

@@ -128,8 +128,8 @@ func (s *shardRun) run(ctx context.Context) {
 		s.fail(ctx, fmt.Errorf("shard %d of run %s/%s: %w", s.cfg.Run.Shard, s.cfg.Run.Namespace, s.cfg.Run.Name, err))
 		return
 	}
-	st, err := s.cfg.Source.open(ctx, s.store.Pool(), s.cfg.Run.Shard, s.cfg.Shards, streamOptions{
-		runUID:    s.cfg.Run.UID,
+	st, err := s.cfg.Source.open(ctx, s.store, s.cfg.Run.Shard, s.cfg.Shards, streamOptions{
+		run:       s.cfg.Run,
 		fetchSize: s.cfg.ChunkSize,
 		retry:     s.cfg.Retry,
 		limits:    s.cfg.Limits,

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -15,22 +16,26 @@ import (
 )
 
 // QuerySource is an SQL SELECT returning the columns entity, occurrence and,
-// optionally, payload. It runs in a READ ONLY, REPEATABLE READ transaction
-// (one consistent snapshot; the query cannot write) through a server-side
-// cursor, so a shard holds one fetch of rows at a time, whatever the size of
-// the batch. The shard counts its rows when it opens the cursor, so its
-// total is known from the start.
+// optionally, payload. A run's batch is what the query returned once: the
+// first shard of the run to start materialises every row of the query, with
+// its shard and position, in the ledger database (runledger.batch, see
+// ledger.Store.FixQueryBatch); every shard, attempt and resumption of the run
+// then reads its own rows from there. The query itself still runs in a READ
+// ONLY transaction (it cannot write); its rows go through a temporary table.
 //
-// The query also joins the ledger: each row arrives with the run that holds
-// its key, if any, so a chunk needs no separate preload round trip, and a
-// batch that is already handled costs one set-based join and no write.
+// A shard reads its rows by position, a page at a time with one short
+// statement each (so it holds one page whatever the size of the batch), and
+// every page comes with the run holding each key, if any: a chunk needs no
+// separate preload round trip, and a batch that is already handled costs
+// index probes and no write. When the connection is lost mid-stream the
+// shard resumes after the last row it read. Every attempt reads the shard
+// from its first row, so its total is the same on every attempt, and the
+// rows an earlier attempt committed count as completed again: a finished
+// shard's completed equals the ledger's committed rows of its run and shard.
 //
-// Each shard reads only its rows: the shard filter (ShardOf, as SQL) runs in
-// PostgreSQL. Rows come sorted by key (byte order), which gives two things
+// Rows are in key order (byte order) within a shard, which gives two things
 // with O(1) memory: repeats of a key are adjacent, so in-batch duplicates are
-// recognised across chunks; and the order is deterministic, so when the
-// connection is lost mid-stream the shard reopens the cursor at the row where
-// it stopped (OFFSET) instead of starting over.
+// recognised across chunks; and chunks are sorted for the insert path.
 //
 // A row that cannot become an item (NULL or empty key part, payload that is
 // not JSON or too large) is a failed item naming its row number in the
@@ -86,8 +91,9 @@ func (q *QuerySource) Check(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	q.hasPayload = cols["payload"]
-	// The shard query itself, as it will run.
-	if _, err := tx.Prepare(ctx, "", q.shardQuery(0, 2, 0)); err != nil {
+	// The rows as they will be materialised (the query then runs in a READ
+	// ONLY transaction too, into a temporary table).
+	if _, err := tx.Prepare(ctx, "", ledger.BatchQuerySQL(q.batchQuery(2))); err != nil {
 		return queryError("batch.query", err)
 	}
 	return nil
@@ -109,91 +115,64 @@ func queryError(where string, err error) error {
 	return err
 }
 
-// shardQuery is the user's query restricted to one shard, sorted by key,
-// starting after the first offset rows. Column names are prefixed rl_ so as
-// not to collide with the user's.
-func (q *QuerySource) shardQuery(shard, shards int, offset int64) string {
-	payload := "NULL::text"
-	if q.hasPayload {
-		payload = "s.rl_p::text" // cast after the shard filter: only this shard's rows pay
-	}
-	var b strings.Builder
-	// The LEFT JOIN is the preload, set-based inside the query: the run_uid of
-	// the committed row holding each key (at most one: the unique rule), as of
-	// the query's snapshot. Like any preload it may be stale by the time the
-	// chunk commits; it only decides what need not be sent to the insert path.
-	fmt.Fprintf(&b, "SELECT s.rl_e, s.rl_o, %s, s.rl_n, l.run_uid FROM (\n", payload)
-	b.WriteString("  SELECT q.entity::text AS rl_e, q.occurrence::text AS rl_o, ")
-	if q.hasPayload {
-		b.WriteString("q.payload AS rl_p, ")
-	}
-	b.WriteString("row_number() OVER () AS rl_n\n  FROM (\n")
-	b.WriteString(q.sql)
-	b.WriteString("\n  ) AS q\n) AS s\n")
-	b.WriteString("LEFT JOIN runledger.ledger AS l ON l.entity = s.rl_e AND l.occurrence = s.rl_o AND l.state = 'committed'\n")
-	if shards > 1 {
-		// Rows with a NULL key part have no shard; shard 0 reports them.
-		fmt.Fprintf(&b, "WHERE coalesce(%s, 0) = %d\n", shardSQL("s.rl_e", "s.rl_o", shards), shard)
-	}
-	b.WriteString(`ORDER BY s.rl_e COLLATE "C" NULLS FIRST, s.rl_o COLLATE "C" NULLS FIRST, s.rl_n` + "\n")
-	if offset > 0 {
-		b.WriteString("OFFSET " + strconv.FormatInt(offset, 10) + "\n")
-	}
-	return b.String()
+// batchQuery is the query as the ledger materialises it for shards shards.
+func (q *QuerySource) batchQuery(shards int) ledger.BatchQuery {
+	return ledger.BatchQuery{SQL: q.sql, HasPayload: q.hasPayload, Shards: shards, ShardOf: func(e, o string) string {
+		if shards <= 1 {
+			return "0"
+		}
+		return shardSQL(e, o, shards)
+	}}
 }
 
-func (q *QuerySource) open(ctx context.Context, pool *pgxpool.Pool, shard, shards int, opt streamOptions) (stream, error) {
-	s := &queryStream{q: q, pool: pool, shard: shard, shards: shards, opt: opt}
+func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shards int, opt streamOptions) (stream, error) {
+	s := &queryStream{store: store, shard: shard, opt: opt}
 	if opt.fetchSize <= 0 {
 		s.opt.fetchSize = 1000
 	}
-	// The first fetch runs the query (sort included): errors in the query
-	// itself show up here, before anything is committed.
-	if err := s.fill(ctx); err != nil {
-		s.close()
+	onRetry := func(attempt int, wait time.Duration, err error) {
+		opt.log.Info("fixing the batch failed, trying again", "retry", attempt, "wait", wait.Round(time.Millisecond), "error", err.Error())
+	}
+	var h *ledger.BatchHeader
+	err := s.opt.retry.Do(ctx, "fixing the batch", onRetry, func(int) error {
+		var err error
+		if h, err = store.FixQueryBatch(ctx, opt.run, q.batchQuery(shards)); err != nil {
+			return err
+		}
+		if bad := batchMismatch(opt.run, h, ledger.BatchSourceQuery, shards, ""); bad != nil {
+			return bad
+		}
+		s.rows, err = store.BatchShardSize(ctx, opt.run.UID, shard)
+		return err
+	})
+	if errors.Is(err, ledger.ErrBatchQuery) {
+		// The query's own errors surface here, before anything is committed.
+		return nil, queryError("batch.query", err)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// cursorName is the server-side cursor of a query stream.
-const cursorName = "runledger_source"
-
-// sourceWorkMem is the work_mem of a query stream's transaction.
-const sourceWorkMem = "64MB"
-
+// queryStream reads one shard of a materialised batch.
 type queryStream struct {
-	q             *QuerySource
-	pool          *pgxpool.Pool
-	shard, shards int
-	opt           streamOptions
+	store *ledger.Store
+	shard int
+	opt   streamOptions
 
-	tx       pgx.Tx  // nil when not open
+	rows     int64   // rows of the shard
 	buf      []entry // fetched, not yet yielded
-	consumed int64   // rows yielded (and rows of the sorted stream to skip on reopen)
+	last     int64   // seq of the last row fetched (0: none)
+	consumed int64   // rows yielded
 	eof      bool
-	rows     int64 // rows of the shard, once counted
-	counted  bool
 	prev     ledger.Key // key of the last row yielded, for repeats
 	hasPrev  bool
 }
 
-func (s *queryStream) total() (int64, bool) {
-	if s.counted {
-		return s.rows, true
-	}
-	return s.consumed + int64(len(s.buf)), s.eof
-}
+func (s *queryStream) total() (int64, bool) { return s.rows, true }
 
-func (s *queryStream) close() {
-	if s.tx != nil {
-		// Rolling back a read-only transaction: nothing is lost either way.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = s.tx.Rollback(ctx)
-		cancel()
-		s.tx = nil
-	}
-}
+func (s *queryStream) close() {}
 
 func (s *queryStream) next(ctx context.Context) (entry, error) {
 	if len(s.buf) == 0 && !s.eof {
@@ -214,95 +193,51 @@ func (s *queryStream) next(ctx context.Context) (entry, error) {
 	return e, nil
 }
 
-// fill fetches the next rows, reopening the cursor after a lost connection.
+// fill fetches the next page of the shard, after the last row fetched.
 func (s *queryStream) fill(ctx context.Context) error {
 	onRetry := func(attempt int, wait time.Duration, err error) {
-		s.close()
-		s.opt.log.Info("reading the query failed, reopening it where it stopped", "retry", attempt, "atRow", s.consumed,
+		s.opt.log.Info("reading the batch failed, reading again where it stopped", "retry", attempt, "atRow", s.consumed,
 			"wait", wait.Round(time.Millisecond), "error", err.Error())
 	}
-	err := s.opt.retry.Do(ctx, "reading the query", onRetry, func(int) error {
-		if s.tx == nil {
-			if err := s.openCursor(ctx); err != nil {
-				return err
-			}
-		}
-		return s.fetch(ctx)
+	var page []ledger.BatchRow
+	err := s.opt.retry.Do(ctx, "reading the batch", onRetry, func(int) error {
+		var err error
+		page, err = s.store.ReadBatch(ctx, s.opt.run.UID, s.shard, s.last, s.opt.fetchSize)
+		return err
 	})
 	if err != nil {
-		s.close()
-		if s.consumed == 0 {
-			return queryError("batch.query", err)
-		}
 		return err
 	}
-	return nil
-}
-
-func (s *queryStream) openCursor(ctx context.Context) error {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return fmt.Errorf("beginning read-only transaction: %w", err)
-	}
-	// The shard's rows are sorted (and joined) in the server: give the sort
-	// room to stay in memory, for this transaction only.
-	if _, err := tx.Exec(ctx, "SET LOCAL work_mem = '"+sourceWorkMem+"'"); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return fmt.Errorf("setting work_mem: %w", err)
-	}
-	// Rows to skip: those already yielded (the buffer was dropped on error).
-	// SCROLL, to count the rows (MOVE to the end, then back): the sort has
-	// materialised them anyway, and the count makes the shard's total exact
-	// from the start (and gives progress an ETA).
-	if _, err := tx.Exec(ctx, "DECLARE "+cursorName+" SCROLL CURSOR FOR "+s.q.shardQuery(s.shard, s.shards, s.consumed)); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return fmt.Errorf("opening cursor: %w", err)
-	}
-	tag, err := tx.Exec(ctx, "MOVE FORWARD ALL IN "+cursorName)
-	if err == nil {
-		_, err = tx.Exec(ctx, "MOVE ABSOLUTE 0 IN "+cursorName)
-	}
-	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return fmt.Errorf("counting rows: %w", err)
-	}
-	s.rows, s.counted = s.consumed+tag.RowsAffected(), true
-	s.tx = tx
-	return nil
-}
-
-func (s *queryStream) fetch(ctx context.Context) error {
-	rows, err := s.tx.Query(ctx, "FETCH FORWARD "+strconv.Itoa(s.opt.fetchSize)+" FROM "+cursorName)
-	if err != nil {
-		s.close()
-		return fmt.Errorf("fetching rows: %w", err)
-	}
-	var e, o, p, holder *string
-	var n int64
-	buf := make([]entry, 0, s.opt.fetchSize)
-	_, err = pgx.ForEachRow(rows, []any{&e, &o, &p, &n, &holder}, func() error {
-		en := s.rowEntry(e, o, p, n)
-		en.checked = true
-		switch {
-		case holder == nil:
-		case *holder == s.opt.runUID:
-			en.holder = ledger.HolderSameRun
-		default:
-			en.holder = ledger.HolderOtherRun
-		}
+	buf := make([]entry, 0, len(page))
+	for _, r := range page {
+		en := s.rowEntry(r.Entity, r.Occurrence, r.Payload, r.RowN)
+		en.checked, en.holder = true, r.Holder
 		buf = append(buf, en)
-		return nil
-	})
-	if err != nil {
-		s.close()
-		return fmt.Errorf("fetching rows: %w", err)
 	}
 	s.buf = buf
-	if len(buf) < s.opt.fetchSize {
+	if len(page) > 0 {
+		s.last = page[len(page)-1].Seq
+	}
+	if len(page) < s.opt.fetchSize {
 		s.eof = true
-		s.close()
+		if got := s.consumed + int64(len(page)); got != s.rows {
+			return s.shortBatch(ctx, got)
+		}
 	}
 	return nil
+}
+
+// shortBatch explains a shard that ended before its count: its rows were
+// pruned meanwhile (or deleted by hand).
+func (s *queryStream) shortBatch(ctx context.Context, got int64) error {
+	h, err := s.store.BatchHeader(ctx, s.opt.run.UID)
+	if err != nil {
+		return err
+	}
+	if bad := batchMismatch(s.opt.run, h, ledger.BatchSourceQuery, 0, ""); bad != nil {
+		return bad
+	}
+	return fmt.Errorf("shard %d of the batch of run %s has %d rows, %d were read: rows were deleted from runledger.batch while it ran", s.shard, s.opt.run.UID, s.rows, got)
 }
 
 func (s *queryStream) rowEntry(e, o, p *string, n int64) entry {

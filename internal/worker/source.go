@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/go-logr/logr"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
@@ -22,13 +21,15 @@ import (
 type Source interface {
 	// open starts reading the items of shard (of shards) in an order where
 	// every repeat of a key directly follows its first copy.
-	open(ctx context.Context, pool *pgxpool.Pool, shard, shards int, opt streamOptions) (stream, error)
+	// The batch is fixed in the ledger database the first time a shard of
+	// the run opens it; later opens read that same batch, or fail.
+	open(ctx context.Context, store *ledger.Store, shard, shards int, opt streamOptions) (stream, error)
 	// describe names the source for logs and errors.
 	describe() string
 }
 
 type streamOptions struct {
-	runUID    string // to tell this run's rows from others' (HolderSameRun)
+	run       ledger.Run // UID tells this run's rows from others' (HolderSameRun)
 	fetchSize int
 	retry     Backoff
 	limits    Limits
@@ -78,7 +79,10 @@ func (s *StaticSource) Items() []ledger.Item { return s.items }
 
 func (s *StaticSource) describe() string { return s.name }
 
-func (s *StaticSource) open(_ context.Context, _ *pgxpool.Pool, shard, shards int, _ streamOptions) (stream, error) {
+func (s *StaticSource) open(ctx context.Context, store *ledger.Store, shard, shards int, opt streamOptions) (stream, error) {
+	if err := fixStaticBatch(ctx, store, opt, shards, s.items); err != nil {
+		return nil, err
+	}
 	return &sliceStream{entries: groupRepeats(s.items, shard, shards)}, nil
 }
 

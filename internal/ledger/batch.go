@@ -1,0 +1,215 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Batch sources, as batch_run.source records them.
+const (
+	BatchSourceQuery  = "query"
+	BatchSourceStatic = "static"
+)
+
+// ErrBatchQuery marks an error of the user's query itself while the batch
+// was materialised (as opposed to an error writing the batch).
+var ErrBatchQuery = errors.New("the batch's query failed")
+
+// BatchHeader is what the ledger database records about a run's batch the
+// first time a shard of the run starts (runledger.batch_run).
+type BatchHeader struct {
+	Source  string // BatchSourceQuery or BatchSourceStatic
+	Shards  int    // the shard count the batch was fixed for
+	Items   int64  // items of the whole batch
+	Digest  string // static sources: sha256 of the items
+	Created time.Time
+	Pruned  *time.Time // set once `runledger prune` deleted the rows
+}
+
+// BatchQuery is a query source to materialise: the user's query (with the
+// columns entity, occurrence and, if HasPayload, payload), and the shard
+// function as SQL over two text expressions.
+type BatchQuery struct {
+	SQL        string
+	HasPayload bool
+	Shards     int
+	ShardOf    func(entity, occurrence string) string
+}
+
+// BatchQuerySQL is the SELECT that materialises q, for describing it in a
+// READ ONLY transaction before anything runs.
+func BatchQuerySQL(q BatchQuery) string {
+	return sqlBatchRows(q.SQL, q.HasPayload, q.ShardOf)
+}
+
+// BatchRow is one row of a materialised batch. A key part is nil when the
+// query returned NULL for it; Holder says who holds the key's committed row
+// as of the read (relative to the reading run).
+type BatchRow struct {
+	Seq        int64
+	RowN       int64
+	Entity     *string
+	Occurrence *string
+	Payload    *string
+	Holder     Holder // HolderNone, HolderSameRun or HolderOtherRun
+}
+
+// BatchHeader returns the header of run's batch, or nil if there is none.
+func (s *Store) BatchHeader(ctx context.Context, runUID string) (*BatchHeader, error) {
+	return batchHeader(ctx, s.pool, runUID)
+}
+
+func batchHeader(ctx context.Context, db DBTX, runUID string) (*BatchHeader, error) {
+	var h BatchHeader
+	err := db.QueryRow(ctx, sqlBatchHeader, runUID).Scan(&h.Source, &h.Shards, &h.Items, &h.Digest, &h.Created, &h.Pruned)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the batch header of run %s: %w", runUID, err)
+	}
+	return &h, nil
+}
+
+// FixQueryBatch returns the header of run's batch, materialising the batch
+// from q first if the run has none: the query runs once, in a READ ONLY
+// transaction, into a temporary table of the session, and one statement then
+// writes the header and the rows. Concurrent callers for one run wait for
+// each other (an advisory lock) and find the header there; the header's
+// primary key keeps the batch from being written twice even without the lock.
+// An existing header is returned as it is, even one of another source or
+// shard count, or a pruned one: the caller decides. An error of the user's
+// query is returned as PostgreSQL gave it.
+func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*BatchHeader, error) {
+	if h, err := batchHeader(ctx, s.pool, run.UID); err != nil || h != nil {
+		return h, err
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquiring a connection to materialise the batch: %w", err)
+	}
+	// A session that fails mid-way is closed, not reused: it may still hold
+	// the lock or the staged rows.
+	ok := false
+	defer func() {
+		if !ok {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = conn.Conn().Close(ctx)
+			cancel()
+		}
+		conn.Release()
+	}()
+	if _, err := conn.Exec(ctx, sqlLockBatch, run.UID); err != nil {
+		return nil, fmt.Errorf("taking the batch lock of run %s: %w", run.UID, err)
+	}
+	h, err := batchHeader(ctx, conn, run.UID)
+	if err == nil && h == nil {
+		err = s.materialise(ctx, conn.Conn(), run, q)
+		if err == nil {
+			h, err = batchHeader(ctx, conn, run.UID)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, sqlUnlockBatch, run.UID); err != nil {
+		return nil, fmt.Errorf("releasing the batch lock of run %s: %w", run.UID, err)
+	}
+	ok = true
+	return h, nil
+}
+
+func (s *Store) materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) error {
+	if _, err := conn.Exec(ctx, sqlCreateBatchStage); err != nil {
+		return fmt.Errorf("creating the batch's staging table: %w", err)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("beginning read-only transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, sqlStageWorkMem); err != nil {
+		return fmt.Errorf("setting work_mem: %w", err)
+	}
+	if _, err := tx.Exec(ctx, sqlStageBatch(q.SQL, q.HasPayload, q.ShardOf)); err != nil {
+		return fmt.Errorf("%w: %w", ErrBatchQuery, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("running the batch's query: %w", err)
+	}
+	if _, err := conn.Exec(ctx, sqlFixQueryBatch, run.UID, run.Namespace, run.Name, q.Shards); err != nil {
+		return fmt.Errorf("writing the batch of run %s: %w", run.UID, err)
+	}
+	if _, err := conn.Exec(ctx, sqlDropBatchStage); err != nil {
+		return fmt.Errorf("dropping the batch's staging table: %w", err)
+	}
+	return nil
+}
+
+// FixStaticBatch records the size and digest of run's static batch if the
+// run has no header yet, and returns the header the run has.
+func (s *Store) FixStaticBatch(ctx context.Context, run Run, shards int, items int64, digest string) (*BatchHeader, error) {
+	// Two statements: after waiting on a concurrent insert of the header, the
+	// insert's own snapshot would not see it; the SELECT's does.
+	if _, err := s.pool.Exec(ctx, sqlFixStaticBatch, run.UID, run.Namespace, run.Name, shards, items, digest); err != nil {
+		return nil, fmt.Errorf("recording the batch of run %s: %w", run.UID, err)
+	}
+	h, err := batchHeader(ctx, s.pool, run.UID)
+	if err == nil && h == nil {
+		err = fmt.Errorf("the batch header of run %s vanished after it was written", run.UID)
+	}
+	return h, err
+}
+
+// BatchShardSize is the number of rows of shard in run's materialised batch.
+func (s *Store) BatchShardSize(ctx context.Context, runUID string, shard int) (int64, error) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, sqlBatchShardSize, runUID, shard).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting the rows of shard %d: %w", shard, err)
+	}
+	return n, nil
+}
+
+// ReadBatch returns up to limit rows of shard of run's batch after position
+// after (0: from the start), in order, each with the holder of its key
+// relative to runUID. It runs in one read-only transaction that probes the
+// rule's index only (sqlIndexProbesOnly), its four statements one pipeline.
+func (s *Store) ReadBatch(ctx context.Context, runUID string, shard int, after int64, limit int) ([]BatchRow, error) {
+	out := make([]BatchRow, 0, limit)
+	b := &pgx.Batch{}
+	b.Queue(sqlBeginReadOnly)
+	b.Queue(sqlIndexProbesOnly)
+	b.Queue(sqlReadBatch, runUID, shard, after, limit).Query(func(rows pgx.Rows) error {
+		var r BatchRow
+		var uid []byte
+		_, err := pgx.ForEachRow(rows, []any{&r.Seq, &r.RowN, &r.Entity, &r.Occurrence, &r.Payload, &uid}, func() error {
+			r.Holder = HolderNone
+			if uid != nil {
+				r.Holder = holderOf(uid, runUID)
+			}
+			out = append(out, r)
+			r = BatchRow{}
+			return nil
+		})
+		return err
+	})
+	b.Queue(sqlCommit)
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("reading shard %d of the batch after position %d: %w", shard, after, err)
+	}
+	return out, nil
+}
+
+// PruneBatches deletes the rows of every batch created before cutoff and
+// marks its header pruned (the header stays, a tombstone). It returns the
+// number of batches pruned and of rows deleted.
+func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (batches, rows int64, err error) {
+	if err := s.pool.QueryRow(ctx, sqlPruneBatches, cutoff).Scan(&batches, &rows); err != nil {
+		return 0, 0, fmt.Errorf("pruning batches created before %s: %w", cutoff.Format(time.RFC3339), err)
+	}
+	return batches, rows, nil
+}

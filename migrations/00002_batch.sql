@@ -1,0 +1,43 @@
+-- +goose Up
+-- A run's batch, fixed once per run (issue #10). A query source's rows are
+-- materialised here by the first shard that starts, in one transaction; every
+-- shard, attempt and resumption then reads its part by position, so the batch
+-- is what the query returned once, whatever the query returns later.
+--
+-- batch_run is the header, one row per run: the shard count the rows were
+-- split for, the item count, and for a static source (inline items, a
+-- ConfigMap, a file), whose items are not copied, a digest of its items so a
+-- later attempt over different items fails instead of counting another batch.
+-- `runledger prune batches` deletes a run's rows and keeps its header as a
+-- tombstone (pruned_at), so a pruned batch is never silently materialised again.
+CREATE TABLE runledger.batch_run (
+    run_uid       text        PRIMARY KEY,
+    run_namespace text        NOT NULL,
+    run_name      text        NOT NULL,
+    source        text        NOT NULL CHECK (source IN ('query', 'static')),
+    shards        integer     NOT NULL CHECK (shards >= 1),
+    items         bigint      NOT NULL CHECK (items >= 0),
+    digest        text,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    pruned_at     timestamptz
+);
+
+-- The rows of a query source. seq orders the whole batch by (shard, key, row
+-- number in the query's output), so within a shard it is key order: repeats
+-- are adjacent and a shard resumes after the last seq it read. row_n is the
+-- row's position in the query's output, for error messages. A key part may be
+-- NULL (such a row is a failed item, in shard 0).
+CREATE TABLE runledger.batch (
+    run_uid    text    NOT NULL, -- no foreign key: a check per row would slow the one insert; the header is written by the same statement
+    shard      integer NOT NULL,
+    seq        bigint  NOT NULL,
+    row_n      bigint  NOT NULL,
+    entity     text,
+    occurrence text,
+    payload    text,
+    PRIMARY KEY (run_uid, shard, seq)
+);
+
+-- +goose Down
+DROP TABLE runledger.batch;
+DROP TABLE runledger.batch_run;
