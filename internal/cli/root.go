@@ -1,4 +1,4 @@
-// Package cli wires runledger's subcommands (manager, worker, run, migrate).
+// Package cli wires runledger's subcommands (manager, worker, run, migrate, prune).
 package cli
 
 import (
@@ -48,6 +48,7 @@ func NewRootCommand() *cobra.Command {
 		newManagerCommand(),
 		newWorkerCommand(),
 		newRunCommand(),
+		newPruneCommand(),
 	)
 	return root
 }

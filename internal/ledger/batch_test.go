@@ -1,0 +1,167 @@
+package ledger_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+// batchQuery is a query over table src split into 3 shards by entity's last
+// digit (the ledger takes any shard function as SQL).
+func batchQuery() ledger.BatchQuery {
+	return ledger.BatchQuery{SQL: `SELECT entity, occurrence, payload FROM src WHERE NOT done`, HasPayload: true, Shards: 3,
+		ShardOf: func(e, o string) string { return "(right(" + e + ", 1)::int % 3)" }}
+}
+
+const batchSource = `CREATE TABLE src (entity text, occurrence text, payload jsonb, done bool NOT NULL DEFAULT false);
+INSERT INTO src (entity, occurrence, payload) SELECT 'e' || i, 'o', jsonb_build_object('i', i) FROM generate_series(1, 1000) i;`
+
+// TestFixQueryBatch_OnceWhenShardsStartTogether: four shards fix the batch
+// at once; it is written once, and later calls return it as it was even
+// though the query now returns nothing.
+func TestFixQueryBatch_OnceWhenShardsStartTogether(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	mustExec(t, pool, batchSource)
+	s := ledger.NewStore(pool)
+	run := runNamed("fix-once")
+	headers := make([]*ledger.BatchHeader, 4)
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range headers {
+		wg.Go(func() { headers[i], errs[i] = s.FixQueryBatch(context.Background(), run, batchQuery()) })
+	}
+	wg.Wait()
+	for i := range headers {
+		require.NoError(t, errs[i], "caller %d", i)
+		require.Equal(t, headers[0], headers[i], "caller %d sees the same header", i)
+	}
+	require.Equal(t, ledger.BatchSourceQuery, headers[0].Source)
+	require.Equal(t, 3, headers[0].Shards)
+	require.EqualValues(t, 1000, headers[0].Items)
+	require.Nil(t, headers[0].Pruned)
+	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE run_uid = 'fix-once'`), "written once")
+	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(DISTINCT seq) FROM runledger.batch WHERE run_uid = 'fix-once'`))
+
+	mustExec(t, pool, `UPDATE src SET done = true`)
+	h, err := s.FixQueryBatch(context.Background(), run, batchQuery())
+	require.NoError(t, err)
+	require.Equal(t, headers[0], h)
+	var total int64
+	for shard := range 3 {
+		n, err := s.BatchShardSize(context.Background(), run.UID, shard)
+		require.NoError(t, err)
+		total += n
+	}
+	require.EqualValues(t, 1000, total, "the batch is what the query returned the first time")
+}
+
+// TestReadBatch_PagesInKeyOrderWithHolders: a shard reads its rows page by
+// page after the last position, keys in byte order, each with the run
+// holding its key.
+func TestReadBatch_PagesInKeyOrderWithHolders(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	mustExec(t, pool, batchSource)
+	mustExec(t, pool, `INSERT INTO src (entity, occurrence) VALUES ('e3', 'o'), (NULL, 'o')`) // a repeat; a NULL key part
+	s := ledger.NewStore(pool)
+	run := runNamed("read")
+	_, err := s.FixQueryBatch(context.Background(), run, batchQuery())
+	require.NoError(t, err)
+	commit(t, s, run, []ledger.Item{{Key: ledger.Key{Entity: "e3", Occurrence: "o"}}}, ledger.ChunkOptions{})
+	commit(t, s, runNamed("other"), []ledger.Item{{Key: ledger.Key{Entity: "e6", Occurrence: "o"}}}, ledger.ChunkOptions{})
+
+	for shard := range 3 {
+		size, err := s.BatchShardSize(context.Background(), run.UID, shard)
+		require.NoError(t, err)
+		var got []ledger.BatchRow
+		var after int64
+		for {
+			page, err := s.ReadBatch(context.Background(), run.UID, shard, after, 7)
+			require.NoError(t, err)
+			got = append(got, page...)
+			if len(page) < 7 {
+				break
+			}
+			after = page[len(page)-1].Seq
+		}
+		require.EqualValues(t, size, len(got), "shard %d: every row once", shard)
+		for i, r := range got {
+			if i > 0 {
+				require.Greater(t, r.Seq, got[i-1].Seq)
+				if got[i-1].Entity != nil {
+					require.LessOrEqual(t, *got[i-1].Entity, *r.Entity, "shard %d: key order", shard)
+				}
+			}
+			switch {
+			case r.Entity == nil:
+				require.Zero(t, shard, "a NULL key part goes to shard 0")
+				require.EqualValues(t, 1002, r.RowN, "its row number in the query's output")
+			case *r.Entity == "e3":
+				require.Equal(t, ledger.HolderSameRun, r.Holder)
+			case *r.Entity == "e6":
+				require.Equal(t, ledger.HolderOtherRun, r.Holder)
+			default:
+				require.Equal(t, ledger.HolderNone, r.Holder)
+			}
+		}
+	}
+}
+
+// TestFixQueryBatch_QueryStaysReadOnly: the query runs in a READ ONLY
+// transaction: a function that writes is refused, nothing is written, and
+// the error is marked as the query's own.
+func TestFixQueryBatch_QueryStaysReadOnly(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	mustExec(t, pool, batchSource+`CREATE FUNCTION zap() RETURNS int LANGUAGE sql AS $$ DELETE FROM src; SELECT 1 $$;`)
+	s := ledger.NewStore(pool)
+	q := batchQuery()
+	q.SQL = `SELECT entity, occurrence, payload, zap() FROM src`
+	_, err := s.FixQueryBatch(context.Background(), runNamed("zap"), q)
+	require.ErrorIs(t, err, ledger.ErrBatchQuery)
+	require.ErrorContains(t, err, "cannot execute DELETE in a read-only transaction")
+	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(*) FROM src`), "nothing deleted")
+	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch_run`), "no header")
+	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch`))
+}
+
+// TestPruneBatches: the rows of batches older than the cutoff go, their
+// headers stay as tombstones, and a pruned batch is never materialised again.
+func TestPruneBatches(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	mustExec(t, pool, batchSource)
+	s := ledger.NewStore(pool)
+	ctx := context.Background()
+	for _, uid := range []string{"old", "new"} {
+		_, err := s.FixQueryBatch(ctx, runNamed(uid), batchQuery())
+		require.NoError(t, err)
+	}
+	_, err := s.FixStaticBatch(ctx, runNamed("old-static"), 1, 3, "digest")
+	require.NoError(t, err)
+	mustExec(t, pool, `UPDATE runledger.batch_run SET created_at = now() - interval '2 days' WHERE run_uid IN ('old', 'old-static')`)
+
+	batches, rows, err := s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	require.NoError(t, err)
+	require.EqualValues(t, 2, batches)
+	require.EqualValues(t, 1000, rows)
+	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE run_uid = 'old'`))
+	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE run_uid = 'new'`), "a newer batch is kept")
+
+	h, err := s.FixQueryBatch(ctx, runNamed("old"), batchQuery())
+	require.NoError(t, err)
+	require.NotNil(t, h.Pruned, "the tombstone says pruned")
+	require.EqualValues(t, 1000, h.Items, "and what the batch was")
+	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE run_uid = 'old'`), "not materialised again")
+
+	batches, rows, err = s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	require.NoError(t, err)
+	require.Zero(t, batches, "pruning again finds nothing")
+	require.Zero(t, rows)
+}
