@@ -3,9 +3,11 @@ package worker_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -24,10 +26,11 @@ func ledgerRows(t *testing.T, f *fixture, uid string, shard int) int64 {
 }
 
 // killOtherBackends terminates every other client session of the test's
-// database (the source's included): a lost connection, as in a failover.
+// database (the source's included) and waits until they are gone (their
+// locks released): a lost connection, as in a failover.
 func killOtherBackends(t *testing.T, f *fixture) int64 {
 	t.Helper()
-	return queryInt(t, f.pool, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+	return queryInt(t, f.pool, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
 	  WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()) k`)
 }
 
@@ -101,4 +104,119 @@ func TestQueryBatchIsTheSameOnEveryAttempt(t *testing.T) {
 	}
 	require.EqualValues(t, 200, f.committed(t))
 	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM todo WHERE NOT done`))
+}
+
+// TestPrunedBatchFailsClearly: once `runledger prune` deleted a run's batch,
+// a worker of that run fails at once with a clear error (bad input, not
+// retried) instead of running the query again; nothing is committed.
+func TestPrunedBatchFailsClearly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, todoTable)
+	src := worker.NewQuerySource(todoQuery)
+	require.NoError(t, src.Check(context.Background(), f.pool))
+	cfg := worker.ShardConfig{Run: run("uid-pruned"), Shards: 2, Source: src, Effect: todoEffect}
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg.Progress = func(worker.Report) { cancel() } // the batch is fixed, nothing committed
+	rep := worker.RunShard(ctx, f.store, cfg)
+	require.True(t, rep.Interrupted)
+	require.Zero(t, f.committed(t))
+	mustExec(t, f.pool, `UPDATE runledger.batch_run SET created_at = now() - interval '1 hour'`)
+	n, rows, err := f.store.PruneBatches(context.Background(), time.Now())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.EqualValues(t, 200, rows)
+
+	cfg.Progress = nil
+	start := time.Now()
+	for shard := range 2 {
+		cfg.Run.Shard = shard
+		rep = worker.RunShard(context.Background(), f.store, cfg)
+		require.Error(t, rep.Err, "shard %d", shard)
+		require.True(t, worker.IsInputError(rep.Err), "bad input: %v", rep.Err)
+		require.Contains(t, rep.Err.Error(), "the batch of run default/run-uid-pruned (uid uid-pruned) was pruned at ")
+		require.Zero(t, rep.Processed())
+	}
+	require.Less(t, time.Since(start), 5*time.Second, "not retried")
+	require.Zero(t, f.committed(t), "nothing committed")
+	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM runledger.batch`), "not materialised again")
+}
+
+// TestPrunedWhileRunning: a batch pruned under a running shard ends the
+// shard with the pruned error, not with a short count.
+func TestPrunedWhileRunning(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, todoTable)
+	src := worker.NewQuerySource(todoQuery)
+	require.NoError(t, src.Check(context.Background(), f.pool))
+	calls := 0
+	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-pruned-live"), Source: src, ChunkSize: 50,
+		Progress: func(worker.Report) {
+			if calls++; calls == 2 {
+				_, _, err := f.store.PruneBatches(context.Background(), time.Now().Add(time.Hour))
+				require.NoError(t, err)
+			}
+		}})
+	require.Error(t, rep.Err)
+	require.True(t, worker.IsInputError(rep.Err), "bad input: %v", rep.Err)
+	require.Contains(t, rep.Err.Error(), "was pruned at ")
+	require.False(t, rep.Done)
+	require.EqualValues(t, 50, ledgerRows(t, f, "uid-pruned-live", 0))
+}
+
+// TestBatchShardCountIsFixed: a run's batch is split for the shard count it
+// started with; a worker with another count fails before committing.
+func TestBatchShardCountIsFixed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, todoTable)
+	src := worker.NewQuerySource(todoQuery)
+	require.NoError(t, src.Check(context.Background(), f.pool))
+	cfg := worker.ShardConfig{Run: run("uid-shards"), Shards: 2, Source: src}
+	_, sum := runShards(t, f, cfg)
+	require.EqualValues(t, 200, sum.Completed)
+
+	cfg.Shards = 3
+	rep := worker.RunShard(context.Background(), f.store, cfg)
+	require.Error(t, rep.Err)
+	require.True(t, worker.IsInputError(rep.Err), "bad input: %v", rep.Err)
+	require.Contains(t, rep.Err.Error(), "was fixed for 2 shards when the run started; this worker runs 3")
+	require.Zero(t, rep.Processed())
+	require.EqualValues(t, 200, f.committed(t))
+}
+
+// TestStaticBatchThatChangedFailsClearly: a ConfigMap or file read again by
+// a later attempt of the same run holds other items: the attempt fails
+// instead of counting another batch; the same items run again are fine.
+func TestStaticBatchThatChangedFailsClearly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	items := keyItems("acct", 100)
+	cfg := worker.ShardConfig{Run: run("uid-static"), Shards: 2, Source: worker.NewStaticSource("configmap june/items.jsonl", items)}
+	_, first := runShards(t, f, cfg)
+	require.Equal(t, worker.Counts{Total: 100, Completed: 100}, first)
+	_, again := runShards(t, f, cfg)
+	require.Equal(t, first, again, "the same items: the same counts")
+
+	for name, changed := range map[string][]ledger.Item{
+		"an item more":        keyItems("acct", 101),
+		"an item less":        keyItems("acct", 99),
+		"another payload":     append(keyItems("acct", 99), ledger.Item{Key: items[99].Key, Payload: []byte(`{"amount": 0}`)}),
+		"another key":         append(keyItems("acct", 99), ledger.Item{Key: ledger.Key{Entity: "acct-x", Occurrence: "2024-06"}}),
+		"the same, reordered": append(keyItems("acct", 100)[1:], items[0]),
+	} {
+		c := cfg
+		c.Source = worker.NewStaticSource("configmap june/items.jsonl", changed)
+		for shard := range 2 {
+			c.Run.Shard = shard
+			rep := worker.RunShard(context.Background(), f.store, c)
+			require.Error(t, rep.Err, "%s: shard %d", name, shard)
+			require.True(t, worker.IsInputError(rep.Err), "%s: bad input: %v", name, rep.Err)
+			require.Contains(t, rep.Err.Error(), "has changed since the run started", name)
+			require.Zero(t, rep.Processed(), name)
+		}
+	}
+	require.EqualValues(t, 100, f.committed(t), "nothing more committed")
+	require.EqualValues(t, 100, ledgerRows(t, f, "uid-static", 0)+ledgerRows(t, f, "uid-static", 1))
 }
