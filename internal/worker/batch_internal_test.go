@@ -1,0 +1,56 @@
+package worker
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+func TestBatchMismatch(t *testing.T) {
+	t.Parallel()
+	run := ledger.Run{Namespace: "billing", Name: "june", UID: "u1"}
+	pruned := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	query := &ledger.BatchHeader{Source: ledger.BatchSourceQuery, Shards: 4, Items: 10}
+	static := &ledger.BatchHeader{Source: ledger.BatchSourceStatic, Shards: 2, Items: 3, Digest: "d1"}
+	for _, tt := range []struct {
+		name   string
+		h      *ledger.BatchHeader
+		source string
+		shards int
+		digest string
+		want   string // "" : fits
+	}{
+		{"query fits", query, ledger.BatchSourceQuery, 4, "", ""},
+		{"shard count not checked", query, ledger.BatchSourceQuery, 0, "", ""},
+		{"static fits", static, ledger.BatchSourceStatic, 2, "d1", ""},
+		{"no header", nil, ledger.BatchSourceQuery, 4, "", "the batch of run billing/june (uid u1) has no header"},
+		{"pruned", &ledger.BatchHeader{Source: ledger.BatchSourceQuery, Shards: 4, Pruned: &pruned}, ledger.BatchSourceQuery, 4, "",
+			"the batch of run billing/june (uid u1) was pruned at 2026-01-02T03:04:05Z (`runledger prune`)"},
+		{"pruned wins over a mismatch", &ledger.BatchHeader{Source: ledger.BatchSourceStatic, Shards: 1, Pruned: &pruned}, ledger.BatchSourceQuery, 4, "", "was pruned at"},
+		{"other source", static, ledger.BatchSourceQuery, 2, "", "was fixed from a static source when the run started; this worker reads a query source"},
+		{"other shard count", query, ledger.BatchSourceQuery, 3, "", "was fixed for 4 shards when the run started; this worker runs 3"},
+		{"other items", static, ledger.BatchSourceStatic, 2, "d2", "has changed since the run started"},
+	} {
+		got := batchMismatch(run, tt.h, tt.source, tt.shards, tt.digest)
+		if tt.want == "" {
+			require.Nil(t, got, tt.name)
+			continue
+		}
+		require.NotNil(t, got, tt.name)
+		require.Contains(t, got.Error(), tt.want, tt.name)
+	}
+}
+
+func TestItemsDigest(t *testing.T) {
+	t.Parallel()
+	a := []ledger.Item{{Key: ledger.Key{Entity: "ab", Occurrence: "c"}}}
+	b := []ledger.Item{{Key: ledger.Key{Entity: "a", Occurrence: "bc"}}}
+	require.NotEqual(t, itemsDigest(a), itemsDigest(b), "bytes shifted between fields")
+	require.Equal(t, itemsDigest(a), itemsDigest([]ledger.Item{{Key: ledger.Key{Entity: "ab", Occurrence: "c"}}}), "deterministic")
+	withPayload := []ledger.Item{{Key: a[0].Key, Payload: []byte(`{}`)}}
+	require.NotEqual(t, itemsDigest(a), itemsDigest(withPayload))
+	require.Len(t, itemsDigest(nil), 64)
+}
