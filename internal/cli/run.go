@@ -205,7 +205,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	retry := worker.DefaultBackoff
 	retry.MaxElapsed = o.retryTimeout
 
-	// Three connections per shard: the source's cursor, the commits and the
+	// Three connections per shard: the source's reads, the commits and the
 	// shard's lock; one more for the start.
 	pool, err := ledger.Open(ctx, dsn, int32(3*parallel+1))
 	if err != nil {

@@ -229,7 +229,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	}
 	retry := worker.DefaultBackoff
 	retry.MaxElapsed = s.opts.retryTimeout
-	pool, err := ledger.Open(ctx, s.env.DSN, 4) // cursor, commits, shard lock, start
+	pool, err := ledger.Open(ctx, s.env.DSN, 4) // source, commits, shard lock, start
 	if err != nil {
 		return worker.Report{}, maxFailed, badInput(err)
 	}

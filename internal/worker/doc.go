@@ -1,6 +1,7 @@
 // Package worker turns a declared batch into exact counts: it reads one
 // shard's items from a source (inline items, JSON Lines, or an SQL query
-// streamed in a READ ONLY transaction), validates them, skips what the ledger
+// run once per run in a READ ONLY transaction and fixed in the ledger
+// database, see query.go), validates them, skips what the ledger
 // already holds (the preload), commits the rest through the ledger's one
 // insert path (ledger.Store.CommitChunk), and reports
 //
@@ -14,7 +15,7 @@
 // engine (RunShard) from a manifest on a laptop.
 //
 // Files: shard.go (the pinned shard function, in Go and in SQL), item.go
-// (validation), source.go (inline and JSON Lines), query.go (the SQL source),
+// (validation), source.go (inline and JSON Lines), query.go (the SQL source), batch.go (the run's fixed batch),
 // engine.go (the chunk loop), retry.go (back-off), report.go (counts and
 // failures), progress.go (human progress), kube.go (pod mode).
 package worker
