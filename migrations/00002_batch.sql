@@ -1,6 +1,6 @@
 -- +goose Up
 -- A run's batch, fixed once per run (issue #10). A query source's rows are
--- materialised here by the first shard that starts, in one transaction; every
+-- materialised here by the first shard that starts, in one statement; every
 -- shard, attempt and resumption then reads its part by position, so the batch
 -- is what the query returned once, whatever the query returns later.
 --
@@ -8,10 +8,12 @@
 -- split for, the item count, and for a static source (inline items, a
 -- ConfigMap, a file), whose items are not copied, a digest of its items so a
 -- later attempt over different items fails instead of counting another batch.
--- `runledger prune batches` deletes a run's rows and keeps its header as a
+-- `runledger prune` deletes a run's rows and keeps its header as a
 -- tombstone (pruned_at), so a pruned batch is never silently materialised again.
 CREATE TABLE runledger.batch_run (
     run_uid       text        PRIMARY KEY,
+    -- The rows' key: 8 bytes a row instead of the run's 36-byte UID.
+    id            bigint      GENERATED ALWAYS AS IDENTITY UNIQUE,
     run_namespace text        NOT NULL,
     run_name      text        NOT NULL,
     source        text        NOT NULL CHECK (source IN ('query', 'static')),
@@ -28,14 +30,14 @@ CREATE TABLE runledger.batch_run (
 -- row's position in the query's output, for error messages. A key part may be
 -- NULL (such a row is a failed item, in shard 0).
 CREATE TABLE runledger.batch (
-    run_uid    text    NOT NULL, -- no foreign key: a check per row would slow the one insert; the header is written by the same statement
+    batch_id   bigint  NOT NULL, -- batch_run.id; no foreign key: a check per row would slow the one insert, and the same statement writes the header
     shard      integer NOT NULL,
     seq        bigint  NOT NULL,
     row_n      bigint  NOT NULL,
     entity     text,
     occurrence text,
     payload    text,
-    PRIMARY KEY (run_uid, shard, seq)
+    PRIMARY KEY (batch_id, shard, seq)
 );
 
 -- +goose Down

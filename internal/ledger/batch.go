@@ -22,6 +22,7 @@ var ErrBatchQuery = errors.New("the batch's query failed")
 // BatchHeader is what the ledger database records about a run's batch the
 // first time a shard of the run starts (runledger.batch_run).
 type BatchHeader struct {
+	ID      int64  // the key of its rows in runledger.batch
 	Source  string // BatchSourceQuery or BatchSourceStatic
 	Shards  int    // the shard count the batch was fixed for
 	Items   int64  // items of the whole batch
@@ -65,7 +66,7 @@ func (s *Store) BatchHeader(ctx context.Context, runUID string) (*BatchHeader, e
 
 func batchHeader(ctx context.Context, db DBTX, runUID string) (*BatchHeader, error) {
 	var h BatchHeader
-	err := db.QueryRow(ctx, sqlBatchHeader, runUID).Scan(&h.Source, &h.Shards, &h.Items, &h.Digest, &h.Created, &h.Pruned)
+	err := db.QueryRow(ctx, sqlBatchHeader, runUID).Scan(&h.ID, &h.Source, &h.Shards, &h.Items, &h.Digest, &h.Created, &h.Pruned)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -75,15 +76,27 @@ func batchHeader(ctx context.Context, db DBTX, runUID string) (*BatchHeader, err
 	return &h, nil
 }
 
+// ForeignWriteError: the batch's query wrote to a table (a function it
+// called did); the materialising transaction was rolled back.
+type ForeignWriteError struct {
+	Table                      string
+	Inserted, Updated, Deleted int64
+}
+
+func (e *ForeignWriteError) Error() string {
+	return fmt.Sprintf("the batch's query wrote to %s (%d rows inserted, %d updated, %d deleted)", e.Table, e.Inserted, e.Updated, e.Deleted)
+}
+
 // FixQueryBatch returns the header of run's batch, materialising the batch
-// from q first if the run has none: the query runs once, in a READ ONLY
-// transaction, into a temporary table of the session, and one statement then
+// from q first if the run has none: one statement runs the query once and
 // writes the header and the rows. Concurrent callers for one run wait for
 // each other (an advisory lock) and find the header there; the header's
-// primary key keeps the batch from being written twice even without the lock.
-// An existing header is returned as it is, even one of another source or
-// shard count, or a pruned one: the caller decides. An error of the user's
-// query is returned as PostgreSQL gave it.
+// primary key keeps the batch from being written twice even without the
+// lock. The query runs in a read-write transaction (it feeds the insert), so
+// a transaction in which it wrote anything else is rolled back
+// (*ForeignWriteError). An existing header is returned as it is, even one of
+// another source or shard count, or a pruned one: the caller decides. An
+// error of the user's query is marked ErrBatchQuery.
 func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*BatchHeader, error) {
 	if h, err := batchHeader(ctx, s.pool, run.UID); err != nil || h != nil {
 		return h, err
@@ -93,7 +106,7 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 		return nil, fmt.Errorf("acquiring a connection to materialise the batch: %w", err)
 	}
 	// A session that fails mid-way is closed, not reused: it may still hold
-	// the lock or the staged rows.
+	// the lock.
 	ok := false
 	defer func() {
 		if !ok {
@@ -108,7 +121,7 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 	}
 	h, err := batchHeader(ctx, conn, run.UID)
 	if err == nil && h == nil {
-		err = s.materialise(ctx, conn.Conn(), run, q)
+		err = materialise(ctx, conn.Conn(), run, q)
 		if err == nil {
 			h, err = batchHeader(ctx, conn, run.UID)
 		}
@@ -123,31 +136,72 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 	return h, nil
 }
 
-func (s *Store) materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) error {
-	if _, err := conn.Exec(ctx, sqlCreateBatchStage); err != nil {
-		return fmt.Errorf("creating the batch's staging table: %w", err)
-	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) error {
+	tx, err := conn.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("beginning read-only transaction: %w", err)
+		return fmt.Errorf("beginning the batch's transaction: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, sqlStageWorkMem); err != nil {
+	if _, err := tx.Exec(ctx, sqlBatchWorkMem); err != nil {
 		return fmt.Errorf("setting work_mem: %w", err)
 	}
-	if _, err := tx.Exec(ctx, sqlStageBatch(q.SQL, q.HasPayload, q.ShardOf)); err != nil {
+	before, err := tableWrites(ctx, tx)
+	if err != nil {
+		return err
+	}
+	tag, err := tx.Exec(ctx, sqlFixQueryBatch(q.SQL, q.HasPayload, q.ShardOf), run.UID, run.Namespace, run.Name, q.Shards)
+	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBatchQuery, err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("running the batch's query: %w", err)
+	after, err := tableWrites(ctx, tx)
+	if err != nil {
+		return err
 	}
-	if _, err := conn.Exec(ctx, sqlFixQueryBatch, run.UID, run.Namespace, run.Name, q.Shards); err != nil {
+	if w := foreignWrite(before, after); w != nil {
+		return fmt.Errorf("%w: %w", ErrBatchQuery, w)
+	}
+	if rows := tag.RowsAffected(); rows > 0 {
+		if _, err := tx.Exec(ctx, sqlSetBatchItems, run.UID, rows); err != nil {
+			return fmt.Errorf("counting the batch of run %s: %w", run.UID, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("writing the batch of run %s: %w", run.UID, err)
 	}
-	if _, err := conn.Exec(ctx, sqlDropBatchStage); err != nil {
-		return fmt.Errorf("dropping the batch's staging table: %w", err)
-	}
 	return nil
+}
+
+// tableWrites reads sqlBatchWrites: rows written per table, by relid.
+func tableWrites(ctx context.Context, tx pgx.Tx) (map[int64]ForeignWriteError, error) {
+	rows, err := tx.Query(ctx, sqlBatchWrites)
+	if err != nil {
+		return nil, fmt.Errorf("reading what the session wrote: %w", err)
+	}
+	out := map[int64]ForeignWriteError{}
+	var relid int64
+	var w ForeignWriteError
+	_, err = pgx.ForEachRow(rows, []any{&relid, &w.Table, &w.Inserted, &w.Updated, &w.Deleted}, func() error {
+		out[relid] = w
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading what the session wrote: %w", err)
+	}
+	return out, nil
+}
+
+// foreignWrite returns the first table (by name) written between two
+// readings of tableWrites, with what was written in between, or nil.
+func foreignWrite(before, after map[int64]ForeignWriteError) *ForeignWriteError {
+	var first *ForeignWriteError
+	for relid, a := range after {
+		b := before[relid]
+		d := ForeignWriteError{Table: a.Table, Inserted: a.Inserted - b.Inserted, Updated: a.Updated - b.Updated, Deleted: a.Deleted - b.Deleted}
+		if d.Inserted+d.Updated+d.Deleted > 0 && (first == nil || d.Table < first.Table) {
+			first = &d
+		}
+	}
+	return first
 }
 
 // FixStaticBatch records the size and digest of run's static batch if the
@@ -165,25 +219,25 @@ func (s *Store) FixStaticBatch(ctx context.Context, run Run, shards int, items i
 	return h, err
 }
 
-// BatchShardSize is the number of rows of shard in run's materialised batch.
-func (s *Store) BatchShardSize(ctx context.Context, runUID string, shard int) (int64, error) {
+// BatchShardSize is the number of rows of shard in the materialised batch h.
+func (s *Store) BatchShardSize(ctx context.Context, h *BatchHeader, shard int) (int64, error) {
 	var n int64
-	if err := s.pool.QueryRow(ctx, sqlBatchShardSize, runUID, shard).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(ctx, sqlBatchShardSize, h.ID, shard).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting the rows of shard %d: %w", shard, err)
 	}
 	return n, nil
 }
 
-// ReadBatch returns up to limit rows of shard of run's batch after position
-// after (0: from the start), in order, each with the holder of its key
-// relative to runUID. It runs in one read-only transaction that probes the
+// ReadBatch returns up to limit rows of shard of the materialised batch h
+// after position after (0: from the start), in order, each with the holder
+// of its key relative to runUID. It runs in one read-only transaction that probes the
 // rule's index only (sqlIndexProbesOnly), its four statements one pipeline.
-func (s *Store) ReadBatch(ctx context.Context, runUID string, shard int, after int64, limit int) ([]BatchRow, error) {
+func (s *Store) ReadBatch(ctx context.Context, h *BatchHeader, runUID string, shard int, after int64, limit int) ([]BatchRow, error) {
 	out := make([]BatchRow, 0, limit)
 	b := &pgx.Batch{}
 	b.Queue(sqlBeginReadOnly)
 	b.Queue(sqlIndexProbesOnly)
-	b.Queue(sqlReadBatch, runUID, shard, after, limit).Query(func(rows pgx.Rows) error {
+	b.Queue(sqlReadBatch, h.ID, shard, after, limit).Query(func(rows pgx.Rows) error {
 		var r BatchRow
 		var uid []byte
 		_, err := pgx.ForEachRow(rows, []any{&r.Seq, &r.RowN, &r.Entity, &r.Occurrence, &r.Payload, &uid}, func() error {

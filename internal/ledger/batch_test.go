@@ -45,8 +45,8 @@ func TestFixQueryBatch_OnceWhenShardsStartTogether(t *testing.T) {
 	require.Equal(t, 3, headers[0].Shards)
 	require.EqualValues(t, 1000, headers[0].Items)
 	require.Nil(t, headers[0].Pruned)
-	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE run_uid = 'fix-once'`), "written once")
-	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(DISTINCT seq) FROM runledger.batch WHERE run_uid = 'fix-once'`))
+	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'fix-once')`), "written once")
+	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(DISTINCT seq) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'fix-once')`))
 
 	mustExec(t, pool, `UPDATE src SET done = true`)
 	h, err := s.FixQueryBatch(context.Background(), run, batchQuery())
@@ -54,7 +54,7 @@ func TestFixQueryBatch_OnceWhenShardsStartTogether(t *testing.T) {
 	require.Equal(t, headers[0], h)
 	var total int64
 	for shard := range 3 {
-		n, err := s.BatchShardSize(context.Background(), run.UID, shard)
+		n, err := s.BatchShardSize(context.Background(), h, shard)
 		require.NoError(t, err)
 		total += n
 	}
@@ -71,18 +71,18 @@ func TestReadBatch_PagesInKeyOrderWithHolders(t *testing.T) {
 	mustExec(t, pool, `INSERT INTO src (entity, occurrence) VALUES ('e3', 'o'), (NULL, 'o')`) // a repeat; a NULL key part
 	s := ledger.NewStore(pool)
 	run := runNamed("read")
-	_, err := s.FixQueryBatch(context.Background(), run, batchQuery())
+	h, err := s.FixQueryBatch(context.Background(), run, batchQuery())
 	require.NoError(t, err)
 	commit(t, s, run, []ledger.Item{{Key: ledger.Key{Entity: "e3", Occurrence: "o"}}}, ledger.ChunkOptions{})
 	commit(t, s, runNamed("other"), []ledger.Item{{Key: ledger.Key{Entity: "e6", Occurrence: "o"}}}, ledger.ChunkOptions{})
 
 	for shard := range 3 {
-		size, err := s.BatchShardSize(context.Background(), run.UID, shard)
+		size, err := s.BatchShardSize(context.Background(), h, shard)
 		require.NoError(t, err)
 		var got []ledger.BatchRow
 		var after int64
 		for {
-			page, err := s.ReadBatch(context.Background(), run.UID, shard, after, 7)
+			page, err := s.ReadBatch(context.Background(), h, run.UID, shard, after, 7)
 			require.NoError(t, err)
 			got = append(got, page...)
 			if len(page) < 7 {
@@ -113,20 +113,27 @@ func TestReadBatch_PagesInKeyOrderWithHolders(t *testing.T) {
 	}
 }
 
-// TestFixQueryBatch_QueryStaysReadOnly: the query runs in a READ ONLY
-// transaction: a function that writes is refused, nothing is written, and
-// the error is marked as the query's own.
-func TestFixQueryBatch_QueryStaysReadOnly(t *testing.T) {
+// TestFixQueryBatch_QueryCannotWrite: a query whose function writes (rows,
+// or DDL) has its transaction rolled back: nothing is deleted or created, no
+// batch is written, and the error names the table.
+func TestFixQueryBatch_QueryCannotWrite(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
-	mustExec(t, pool, batchSource+`CREATE FUNCTION zap() RETURNS int LANGUAGE sql AS $$ DELETE FROM src; SELECT 1 $$;`)
+	mustExec(t, pool, batchSource+`
+CREATE FUNCTION zap() RETURNS int LANGUAGE sql AS $$ DELETE FROM src; SELECT 1 $$;
+CREATE FUNCTION mk() RETURNS int LANGUAGE plpgsql AS $$ BEGIN CREATE TABLE IF NOT EXISTS made (x int); RETURN 1; END $$;`)
 	s := ledger.NewStore(pool)
-	q := batchQuery()
-	q.SQL = `SELECT entity, occurrence, payload, zap() FROM src`
-	_, err := s.FixQueryBatch(context.Background(), runNamed("zap"), q)
-	require.ErrorIs(t, err, ledger.ErrBatchQuery)
-	require.ErrorContains(t, err, "cannot execute DELETE in a read-only transaction")
+	for fn, table := range map[string]string{"zap()": "public.src (0 rows inserted, 0 updated, 1000 deleted)", "mk()": "pg_catalog.pg_"} {
+		q := batchQuery()
+		q.SQL = `SELECT entity, occurrence, payload, ` + fn + ` FROM src`
+		_, err := s.FixQueryBatch(context.Background(), runNamed("w"), q)
+		require.ErrorIs(t, err, ledger.ErrBatchQuery, fn)
+		var w *ledger.ForeignWriteError
+		require.ErrorAs(t, err, &w, fn)
+		require.ErrorContains(t, err, "the batch's query wrote to "+table, fn)
+	}
 	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(*) FROM src`), "nothing deleted")
+	require.False(t, scalar[bool](t, pool, `SELECT to_regclass('made') IS NOT NULL`), "nothing created")
 	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch_run`), "no header")
 	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch`))
 }
@@ -151,14 +158,14 @@ func TestPruneBatches(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, batches)
 	require.EqualValues(t, 1000, rows)
-	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE run_uid = 'old'`))
-	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE run_uid = 'new'`), "a newer batch is kept")
+	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'old')`))
+	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'new')`), "a newer batch is kept")
 
 	h, err := s.FixQueryBatch(ctx, runNamed("old"), batchQuery())
 	require.NoError(t, err)
 	require.NotNil(t, h.Pruned, "the tombstone says pruned")
 	require.EqualValues(t, 1000, h.Items, "and what the batch was")
-	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE run_uid = 'old'`), "not materialised again")
+	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'old')`), "not materialised again")
 
 	batches, rows, err = s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
 	require.NoError(t, err)

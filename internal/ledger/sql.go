@@ -203,10 +203,9 @@ const (
 
 // A run's batch (migrations/00002_batch.sql): what a query source returned,
 // fixed once per run. The first shard to start materialises it under
-// sqlLockBatch, in two steps on one session: the user's query runs in a READ
-// ONLY transaction (so it still cannot write) into the session's temporary
-// table batch_stage, then one statement writes the header and the rows
-// (sqlFixQueryBatch). Each shard then reads its rows by position.
+// sqlLockBatch with one statement (sqlFixQueryBatch) that runs the user's
+// query and writes the header and the rows; each shard then reads its rows by
+// position (sqlReadBatch).
 const (
 	// sqlLockBatch serialises the materialisers of one run, so that shards
 	// starting together run the query once; the header's primary key, not
@@ -215,40 +214,29 @@ const (
 	sqlUnlockBatch = `SELECT pg_advisory_unlock(hashtextextended('runledger.batch/' || $1, 0))`
 
 	sqlBatchHeader = `
-SELECT source, shards, items, coalesce(digest, ''), created_at, pruned_at
+SELECT id, source, shards, items, coalesce(digest, ''), created_at, pruned_at
 FROM runledger.batch_run WHERE run_uid = $1`
 
-	// Temporary tables may be written in a READ ONLY transaction; creating
-	// or truncating one may not, hence this step before it.
-	sqlCreateBatchStage = `CREATE TEMP TABLE IF NOT EXISTS batch_stage (
-    shard      integer NOT NULL,
-    seq        bigint  NOT NULL,
-    row_n      bigint  NOT NULL,
-    entity     text,
-    occurrence text,
-    payload    text
-); TRUNCATE pg_temp.batch_stage`
-	sqlDropBatchStage = `DROP TABLE IF EXISTS pg_temp.batch_stage`
-	// sqlStageWorkMem gives the batch's one sort room to stay in memory,
-	// for the staging transaction only.
-	sqlStageWorkMem = `SET LOCAL work_mem = '64MB'`
+	// sqlBatchWorkMem gives the batch's one sort (all shards' rows at once)
+	// room to stay in memory, for the materialising transaction only.
+	sqlBatchWorkMem = `SET LOCAL work_mem = '256MB'`
 
-	// sqlFixQueryBatch writes the header and, only if this statement wrote it,
-	// the staged rows: a second materialiser blocks on the header's primary
-	// key until the first commits, then writes nothing (and if the first
-	// rolled back, it writes the batch itself). $1 run uid, $2 namespace,
-	// $3 name, $4 shards.
-	sqlFixQueryBatch = `
-WITH hdr AS (
-    INSERT INTO runledger.batch_run (run_uid, run_namespace, run_name, source, shards, items)
-    SELECT $1, $2, $3, 'query', $4, count(*) FROM pg_temp.batch_stage
-    ON CONFLICT (run_uid) DO NOTHING
-    RETURNING run_uid
-)
-INSERT INTO runledger.batch (run_uid, shard, seq, row_n, entity, occurrence, payload)
-SELECT $1, s.shard, s.seq, s.row_n, s.entity, s.occurrence, s.payload
-FROM pg_temp.batch_stage AS s
-WHERE EXISTS (SELECT FROM hdr)`
+	// sqlBatchWrites lists the rows the session has written per table and
+	// not yet reported to the statistics system, the batch's own tables
+	// excepted: catalogs included, so DDL shows too. Read before and after
+	// the batch's statement, the difference is what the user's query wrote
+	// (a function it called): the query runs in a read-write transaction (it
+	// feeds the batch's insert), and this is how "a batch query cannot write"
+	// still holds. (Sequences are not tables: a nextval() goes unnoticed.)
+	sqlBatchWrites = `
+SELECT s.relid::bigint, s.schemaname || '.' || s.relname, s.n_tup_ins, s.n_tup_upd, s.n_tup_del
+FROM pg_stat_xact_all_tables AS s
+WHERE s.n_tup_ins + s.n_tup_upd + s.n_tup_del > 0
+  AND s.relid NOT IN (
+    SELECT c.oid FROM pg_class AS c WHERE c.oid IN ('runledger.batch'::regclass, 'runledger.batch_run'::regclass)
+    UNION ALL
+    SELECT c.reltoastrelid FROM pg_class AS c WHERE c.oid IN ('runledger.batch'::regclass, 'runledger.batch_run'::regclass)
+  )`
 
 	// sqlFixStaticBatch records a static batch's size and digest the first
 	// time; its items are not copied (the spec, ConfigMap or file holds them).
@@ -259,13 +247,13 @@ VALUES ($1, $2, $3, 'static', $4, $5, $6)
 ON CONFLICT (run_uid) DO NOTHING`
 
 	// sqlBatchShardSize counts a shard's rows (a range of the primary key).
-	sqlBatchShardSize = `SELECT count(*) FROM runledger.batch WHERE run_uid = $1 AND shard = $2`
+	sqlBatchShardSize = `SELECT count(*) FROM runledger.batch WHERE batch_id = $1 AND shard = $2`
 
 	// sqlReadBatch is one page of a shard's rows after position $3, with the
 	// run holding each key, if any (the preload, one probe of the rule's
 	// index per row as in sqlHolders). A short statement per page: a lost
 	// connection costs nothing but the page, and the reader resumes after
-	// the last seq it was given.
+	// the last seq it was given. $1 batch id, $2 shard, $4 page size.
 	sqlReadBatch = `
 SELECT b.seq, b.row_n, b.entity, b.occurrence, b.payload, h.run_uid
 FROM runledger.batch AS b
@@ -275,7 +263,7 @@ LEFT JOIN LATERAL (
     WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
     LIMIT 1
 ) AS h ON true
-WHERE b.run_uid = $1 AND b.shard = $2 AND b.seq > $3
+WHERE b.batch_id = $1 AND b.shard = $2 AND b.seq > $3
 ORDER BY b.seq
 LIMIT $4`
 
@@ -286,13 +274,37 @@ LIMIT $4`
 WITH old AS (
     UPDATE runledger.batch_run SET pruned_at = now()
     WHERE created_at < $1 AND pruned_at IS NULL
-    RETURNING run_uid
+    RETURNING id
 ), gone AS (
-    DELETE FROM runledger.batch AS b USING old WHERE b.run_uid = old.run_uid
+    DELETE FROM runledger.batch AS b USING old WHERE b.batch_id = old.id
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM old), (SELECT count(*) FROM gone)`
 )
+
+// sqlFixQueryBatch writes the header and, only if this statement wrote it,
+// the query's rows (sqlBatchRows): a second materialiser blocks on the
+// header's primary key until the first commits, then writes nothing (and if
+// the first rolled back, it writes the batch itself). Rows are written only
+// under a header this statement wrote, so a non-zero row count (the command
+// tag's) goes into that header (sqlSetBatchItems) in the same transaction.
+// $1 run uid, $2 namespace, $3 name, $4 shards.
+func sqlFixQueryBatch(query string, hasPayload bool, shardOf func(entity, occurrence string) string) string {
+	return `
+WITH hdr AS (
+    INSERT INTO runledger.batch_run (run_uid, run_namespace, run_name, source, shards, items)
+    VALUES ($1, $2, $3, 'query', $4, 0)
+    ON CONFLICT (run_uid) DO NOTHING
+    RETURNING id
+)
+INSERT INTO runledger.batch (batch_id, shard, seq, row_n, entity, occurrence, payload)
+SELECT hdr.id, r.* FROM hdr CROSS JOIN (
+` + sqlBatchRows(query, hasPayload, shardOf) + `
+) AS r`
+}
+
+// sqlSetBatchItems records the item count of the batch just written.
+const sqlSetBatchItems = `UPDATE runledger.batch_run SET items = $2 WHERE run_uid = $1`
 
 // sqlBatchRows is the user's query as the batch's rows, each with its shard
 // (shardOf over the key's text; rows with a NULL key part go to shard 0), its
@@ -315,10 +327,4 @@ FROM (
         ) AS q
     ) AS r
 ) AS s`
-}
-
-// sqlStageBatch runs sqlBatchRows into the session's batch_stage.
-func sqlStageBatch(query string, hasPayload bool, shardOf func(entity, occurrence string) string) string {
-	return "INSERT INTO pg_temp.batch_stage (shard, seq, row_n, entity, occurrence, payload)\n" +
-		sqlBatchRows(query, hasPayload, shardOf)
 }

@@ -1,7 +1,7 @@
 // Package worker turns a declared batch into exact counts: it reads one
 // shard's items from a source (inline items, JSON Lines, or an SQL query
-// run once per run in a READ ONLY transaction and fixed in the ledger
-// database, see query.go), validates them, skips what the ledger
+// run once per run and fixed in the ledger database, see query.go),
+// validates them, skips what the ledger
 // already holds (the preload), commits the rest through the ledger's one
 // insert path (ledger.Store.CommitChunk), and reports
 //

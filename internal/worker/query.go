@@ -20,8 +20,10 @@ import (
 // first shard of the run to start materialises every row of the query, with
 // its shard and position, in the ledger database (runledger.batch, see
 // ledger.Store.FixQueryBatch); every shard, attempt and resumption of the run
-// then reads its own rows from there. The query itself still runs in a READ
-// ONLY transaction (it cannot write); its rows go through a temporary table.
+// then reads its own rows from there. The query runs in the statement that
+// writes the batch, so no longer in a READ ONLY transaction; a transaction in
+// which it wrote anything else is rolled back, and the run fails as bad input.
+// (Check still describes it in a READ ONLY transaction.)
 //
 // A shard reads its rows by position, a page at a time with one short
 // statement each (so it holds one page whatever the size of the batch), and
@@ -91,8 +93,9 @@ func (q *QuerySource) Check(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	q.hasPayload = cols["payload"]
-	// The rows as they will be materialised (the query then runs in a READ
-	// ONLY transaction too, into a temporary table).
+	// The rows as they will be materialised (a query that writes is refused
+	// here already; one that hides its writes in a function is rolled back
+	// when the batch is fixed).
 	if _, err := tx.Prepare(ctx, "", ledger.BatchQuerySQL(q.batchQuery(2))); err != nil {
 		return queryError("batch.query", err)
 	}
@@ -133,6 +136,7 @@ func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shar
 	onRetry := func(attempt int, wait time.Duration, err error) {
 		opt.log.Info("fixing the batch failed, trying again", "retry", attempt, "wait", wait.Round(time.Millisecond), "error", err.Error())
 	}
+	start := time.Now()
 	var h *ledger.BatchHeader
 	err := s.opt.retry.Do(ctx, "fixing the batch", onRetry, func(int) error {
 		var err error
@@ -142,9 +146,13 @@ func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shar
 		if bad := batchMismatch(opt.run, h, ledger.BatchSourceQuery, shards, ""); bad != nil {
 			return bad
 		}
-		s.rows, err = store.BatchShardSize(ctx, opt.run.UID, shard)
+		s.batch = h
+		s.rows, err = store.BatchShardSize(ctx, h, shard)
 		return err
 	})
+	if w := (*ledger.ForeignWriteError)(nil); errors.As(err, &w) {
+		return nil, &InputError{Where: "batch.query", Msg: "writes: " + w.Error() + "; a batch query must only read, and nothing it did was kept"}
+	}
 	if errors.Is(err, ledger.ErrBatchQuery) {
 		// The query's own errors surface here, before anything is committed.
 		return nil, queryError("batch.query", err)
@@ -152,12 +160,14 @@ func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shar
 	if err != nil {
 		return nil, err
 	}
+	opt.log.Info("batch fixed", "items", h.Items, "shardItems", s.rows, "fixedAt", h.Created.UTC().Format(time.RFC3339), "elapsed", time.Since(start).Round(time.Millisecond).String())
 	return s, nil
 }
 
 // queryStream reads one shard of a materialised batch.
 type queryStream struct {
 	store *ledger.Store
+	batch *ledger.BatchHeader
 	shard int
 	opt   streamOptions
 
@@ -202,7 +212,7 @@ func (s *queryStream) fill(ctx context.Context) error {
 	var page []ledger.BatchRow
 	err := s.opt.retry.Do(ctx, "reading the batch", onRetry, func(int) error {
 		var err error
-		page, err = s.store.ReadBatch(ctx, s.opt.run.UID, s.shard, s.last, s.opt.fetchSize)
+		page, err = s.store.ReadBatch(ctx, s.batch, s.opt.run.UID, s.shard, s.last, s.opt.fetchSize)
 		return err
 	})
 	if err != nil {

@@ -107,8 +107,10 @@ func TestQuerySourceCheck(t *testing.T) {
 	require.NoError(t, worker.NewQuerySource("SELECT account AS entity, period AS occurrence FROM src -- all of them\n;").Check(context.Background(), f.pool))
 }
 
-// TestQuerySourceWritesAreRefused: the query runs in a READ ONLY transaction:
-// even a function that writes is stopped, before anything is committed.
+// TestQuerySourceWritesAreRefused: a query that writes (even through a
+// function) is refused: its transaction is rolled back before anything is
+// committed. (It runs in the statement that fixes the batch, so no longer in
+// a READ ONLY transaction: the refusal names what it wrote instead.)
 func TestQuerySourceWritesAreRefused(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -118,7 +120,7 @@ CREATE FUNCTION zap() RETURNS int LANGUAGE sql AS $$ DELETE FROM src; SELECT 1 $
 	require.NoError(t, src.Check(context.Background(), f.pool), "describing the query does not run it")
 	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-ro"), Source: src})
 	require.Error(t, rep.Err, "a writing query is refused")
-	require.Contains(t, rep.Err.Error(), "cannot execute DELETE in a read-only transaction")
+	require.Contains(t, rep.Err.Error(), "batch.query writes: the batch's query wrote to public.src (0 rows inserted, 0 updated, 1 deleted)")
 	require.True(t, worker.IsInputError(rep.Err), "as bad input: %v", rep.Err)
 	require.EqualValues(t, 1, queryInt(t, f.pool, `SELECT count(*) FROM src`), "nothing deleted")
 	require.Zero(t, f.committed(t))
