@@ -24,9 +24,16 @@ const Schema = "runledger"
 // this constant and the migration cannot drift apart.
 const BusinessKeyIndex = "ledger_business_key_uq"
 
+// AppendOnlyRule names the refusal of migrations/00003_append_only.sql's
+// trigger: a DELETE, TRUNCATE or UPDATE of a ledger row other than committed
+// -> superseded. PostgreSQL reports it as a restrict_violation (23001) with
+// this constraint name.
+const AppendOnlyRule = "ledger_append_only"
+
 // SQLSTATE codes the classifiers look at.
 const (
 	sqlstateUniqueViolation      = "23505"
+	sqlstateRestrictViolation    = "23001"
 	sqlstateSerializationFailure = "40001"
 	sqlstateDeadlockDetected     = "40P01"
 	sqlstateAdminShutdown        = "57P01"
@@ -65,6 +72,19 @@ func IsExpectedBusinessKeyConflict(err error) bool {
 			pgErr.ConstraintName == BusinessKeyIndex &&
 			// PostgreSQL reports the schema of the violated table; an index of
 			// the same name on a table in another schema is another rule.
+			(pgErr.SchemaName == "" || pgErr.SchemaName == Schema)
+	})
+}
+
+// IsAppendOnlyViolation reports whether err is, anywhere in its chain, the
+// ledger refusing to change or delete a row (AppendOnlyRule): an effect or a
+// login tried what the protocol never does. It is a failure of the items
+// whose statement tried it: not "already handled", not retryable, and not
+// statement-level (which rows the statement touched may depend on the items).
+func IsAppendOnlyViolation(err error) bool {
+	return anyInChain(err, func(e error) bool {
+		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
+		return ok && pgErr.Code == sqlstateRestrictViolation && pgErr.ConstraintName == AppendOnlyRule &&
 			(pgErr.SchemaName == "" || pgErr.SchemaName == Schema)
 	})
 }

@@ -162,6 +162,42 @@ func TestIsExpectedBusinessKeyConflict_RealEngine(t *testing.T) {
 	require.Equal(t, 1, countRows(t, pool, "acct-1", "2026-11", "committed"))
 }
 
+// TestIsAppendOnlyViolation: the append-only trigger's refusal, as the real
+// engine reports it, and nothing else; it is an item's failure, never
+// "already handled", retryable or statement-level.
+func TestIsAppendOnlyViolation(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	mustExec(t, pool, directInsert, "acct-1", "2026-11", "committed")
+	mustExec(t, pool, `CREATE TABLE accounts (id text PRIMARY KEY); CREATE TABLE invoices (account text REFERENCES accounts ON DELETE RESTRICT);
+INSERT INTO accounts VALUES ('a'); INSERT INTO invoices VALUES ('a')`)
+	refused := engineError(t, pool, `DELETE FROM runledger.ledger`)
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"DELETE", refused, true},
+		{"DELETE, wrapped", wrap(refused, 3), true},
+		{"UPDATE of the key", engineError(t, pool, `UPDATE runledger.ledger SET entity = 'x'`), true},
+		{"TRUNCATE", engineError(t, pool, `TRUNCATE runledger.ledger`), true},
+		{"another restrict violation", engineError(t, pool, `DELETE FROM accounts`), false},
+		{"the rule's name in another schema", &pgconn.PgError{Code: "23001", ConstraintName: ledger.AppendOnlyRule, SchemaName: "billing"}, false},
+		{"business-key conflict", engineError(t, pool, directInsert, "acct-1", "2026-11", "committed"), false},
+		{"nil", nil, false},
+	}
+	for _, tt := range tests {
+		require.Equal(t, tt.want, ledger.IsAppendOnlyViolation(tt.err), "%s: IsAppendOnlyViolation(%v)", tt.name, tt.err)
+		if tt.want {
+			require.False(t, ledger.IsExpectedBusinessKeyConflict(tt.err), tt.name)
+			require.False(t, ledger.IsRetryable(tt.err), tt.name)
+			require.False(t, ledger.IsStatementLevel(tt.err), tt.name)
+			require.False(t, ledger.IsConfigurationError(tt.err), tt.name)
+		}
+	}
+	require.Equal(t, 1, countRows(t, pool, "acct-1", "2026-11", "committed"), "the row is still there")
+}
+
 func TestIsRetryable(t *testing.T) {
 	t.Parallel()
 	pg := func(code string) error { return &pgconn.PgError{Code: code} }
@@ -180,6 +216,7 @@ func TestIsRetryable(t *testing.T) {
 		{"lock timeout", wrap(pg("55P03"), 2), true},
 		{"statement timeout", pg("57014"), true},
 		{"business-key conflict", pg("23505"), false},
+		{"append-only ledger", &pgconn.PgError{Code: "23001", ConstraintName: ledger.AppendOnlyRule}, false},
 		{"foreign key", pg("23503"), false},
 		{"syntax error", pg("42601"), false},
 		{"row-level security", pg("42501"), false},
