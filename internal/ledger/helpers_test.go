@@ -93,3 +93,21 @@ func requireOneCommittedPerKey(t *testing.T, pool *pgxpool.Pool, wantKeys int) {
 	require.EqualValues(t, wantKeys, scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed'`),
 		"committed rows == distinct keys")
 }
+
+// workerRole creates a login role (the server trusts it) that owns nothing,
+// gives it a worker's privileges the way `runledger migrate --grant-to` does,
+// and returns a pool of that role on the database of owner, and its name.
+func workerRole(t *testing.T, owner *pgxpool.Pool) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx := context.Background()
+	db := owner.Config().ConnConfig.Database
+	role := "worker_" + db
+	mustExec(t, owner, `CREATE ROLE `+role+` LOGIN`)
+	t.Cleanup(func() {
+		_, _ = owner.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = owner.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	require.NoError(t, ledger.GrantWorker(ctx, owner, role))
+	cfg := owner.Config().ConnConfig
+	return pgtest.Pool(t, fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, role, db)), role
+}

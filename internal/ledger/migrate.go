@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -98,6 +99,24 @@ func (migrationLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 func (migrationLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
 	if _, err := conn.ExecContext(ctx, sqlMigrationUnlock, migrationLockKey); err != nil {
 		return fmt.Errorf("releasing migration lock: %w", err)
+	}
+	return nil
+}
+
+// GrantWorker gives the login role exactly the privileges a worker needs on
+// the migrated schema (sqlGrantWorker), taking back any others it had on
+// runledger's tables. The caller must own the schema (it just migrated it).
+func GrantWorker(ctx context.Context, pool *pgxpool.Pool, role string) error {
+	if role == "" {
+		return errors.New("granting worker privileges: the role name is empty")
+	}
+	var db string
+	if err := pool.QueryRow(ctx, sqlCurrentDatabase).Scan(&db); err != nil {
+		return fmt.Errorf("granting worker privileges to %s: naming the database: %w", role, err)
+	}
+	// One simple query: PostgreSQL runs its statements as one transaction.
+	if _, err := pool.Exec(ctx, sqlGrantWorker(pgx.Identifier{role}.Sanitize(), pgx.Identifier{db}.Sanitize())); err != nil {
+		return fmt.Errorf("granting worker privileges to %s: %w", role, err)
 	}
 	return nil
 }

@@ -104,35 +104,79 @@ func TestMigrate_PoolOfOneConnection(t *testing.T) {
 	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`))
 }
 
-// TestMigrate_LeastPrivilegeRole: a worker role that may write the ledger but
-// not create anything in the database runs Migrate as a no-op once the schema
-// is there.
+// TestMigrate_LeastPrivilegeRole: a worker login granted by GrantWorker, on a
+// database where it may create nothing, runs Migrate as a no-op once the
+// schema is up to date, and commits through the insert path. With a
+// migration pending, its Migrate fails with a configuration error (it may
+// not apply it) and changes nothing; the owner's applies it.
 func TestMigrate_LeastPrivilegeRole(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.NewDatabase(t) // migrated
-	admin := pgtest.Pool(t, dsn)
+	owner := newPool(t) // migrated
 	ctx := context.Background()
-	role := "worker_" + scalar[string](t, admin, `SELECT current_database()`)
-	mustExec(t, admin, `CREATE ROLE `+role+` LOGIN`)
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
-		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
-	})
-	mustExec(t, admin, `REVOKE CREATE ON DATABASE `+scalar[string](t, admin, `SELECT current_database()`)+` FROM PUBLIC`)
-	mustExec(t, admin, `GRANT USAGE ON SCHEMA runledger TO `+role)
-	mustExec(t, admin, `GRANT SELECT, INSERT, UPDATE ON runledger.ledger TO `+role)
-	mustExec(t, admin, `GRANT SELECT ON runledger.goose_db_version TO `+role)
-
-	cfg := admin.Config().ConnConfig.Copy()
-	cfg.User = role
-	pool, err := ledger.Open(ctx, cfg.ConnString()+" user="+role, 2)
-	require.NoError(t, err)
-	defer pool.Close()
+	mustExec(t, owner, `REVOKE CREATE, TEMPORARY ON DATABASE `+scalar[string](t, owner, `SELECT current_database()`)+` FROM PUBLIC`)
+	pool, _ := workerRole(t, owner)
 	applied, err := ledger.Migrate(ctx, pool)
 	require.NoError(t, err, "nothing to migrate needs no CREATE privilege")
 	require.Zero(t, applied)
-	// And the role can commit through the insert path.
-	res, err := ledger.NewStore(pool).CommitChunk(ctx, runNamed("least"), items("acct", 0, 3), ledger.ChunkOptions{})
+	// And the role can commit through the insert path, with an effect (its
+	// temporary table needs TEMP, which the database no longer gives PUBLIC).
+	res, err := ledger.NewStore(pool).CommitChunk(ctx, runNamed("least"), items("acct", 0, 3), ledger.ChunkOptions{Effect: `SELECT count(*) FROM claimed`})
 	require.NoError(t, err)
 	require.Equal(t, tally{completed: 3}, count(res))
+
+	// The database as the previous release left it: 00003 not applied.
+	mustExec(t, owner, `DROP TRIGGER ledger_append_only_truncate ON runledger.ledger;
+DROP TRIGGER ledger_append_only ON runledger.ledger;
+DROP FUNCTION runledger.ledger_append_only();
+DELETE FROM runledger.goose_db_version WHERE version_id = 3`)
+	before := schemaSnapshot(t, owner.Config().ConnString())
+	_, err = ledger.Migrate(ctx, pool)
+	require.Error(t, err)
+	require.True(t, ledger.IsConfigurationError(err), "a role that may not migrate is a configuration error: %v", err)
+	require.ErrorContains(t, err, "permission denied for schema runledger")
+	require.Equal(t, before, schemaSnapshot(t, owner.Config().ConnString()), "nothing applied")
+	require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'ledger_append_only%'`))
+	applied, err = ledger.Migrate(ctx, owner)
+	require.NoError(t, err)
+	require.Equal(t, 1, applied, "the owner applies it")
+}
+
+// TestGrantWorker: the privileges a worker login gets, exactly, read back
+// from the catalog; what it had before on runledger's tables is taken back;
+// a missing role is a clear error.
+func TestGrantWorker(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	ctx := context.Background()
+	_, role := workerRole(t, owner)
+	mustExec(t, owner, `GRANT ALL ON ALL TABLES IN SCHEMA runledger TO `+role)
+	require.NoError(t, ledger.GrantWorker(ctx, owner, role), "granting again")
+
+	rows, err := owner.Query(ctx, `
+SELECT table_name || ':' || privilege_type FROM information_schema.role_table_grants
+WHERE grantee = $1 AND table_schema = 'runledger'
+UNION ALL
+SELECT table_name || '.' || column_name || ':' || privilege_type FROM information_schema.column_privileges
+WHERE grantee = $1 AND table_schema = 'runledger' AND privilege_type = 'UPDATE'
+ORDER BY 1`, role)
+	require.NoError(t, err)
+	var got []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		got = append(got, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{
+		"batch:INSERT", "batch:SELECT",
+		"batch_run.items:UPDATE", "batch_run:INSERT", "batch_run:SELECT",
+		"goose_db_version:SELECT",
+		"ledger.state:UPDATE", "ledger.superseded_at:UPDATE", "ledger:INSERT", "ledger:SELECT",
+	}, got)
+	require.True(t, scalar[bool](t, owner, `SELECT has_database_privilege($1, current_database(), 'TEMP')`, role))
+	require.False(t, scalar[bool](t, owner, `SELECT has_database_privilege($1, current_database(), 'CREATE')`, role))
+
+	err = ledger.GrantWorker(ctx, owner, `no "such" role`)
+	require.ErrorContains(t, err, `granting worker privileges to no "such" role: ERROR: role "no "such" role" does not exist (SQLSTATE 42704)`)
+	require.True(t, ledger.IsConfigurationError(err))
 }

@@ -1,30 +1,12 @@
 package ledger_test
 
 import (
-	"fmt"
-	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
-	"github.com/runledger/runledger/internal/pgtest"
 )
-
-// appRole creates a login role (the server trusts it) that owns nothing and
-// may use the ledger, and returns a pool of that role on the database of pool.
-func appRole(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
-	t.Helper()
-	db := pool.Config().ConnConfig.Database
-	role := "app_" + db[strings.LastIndex(db, "_")+1:] + fmt.Sprint(len(db))
-	mustExec(t, pool, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN;
-GRANT USAGE ON SCHEMA runledger TO %[1]s;
-GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA runledger TO %[1]s;
-GRANT USAGE ON ALL SEQUENCES IN SCHEMA runledger TO %[1]s`, role))
-	cfg := pool.Config().ConnConfig
-	return pgtest.Pool(t, fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, role, db))
-}
 
 // TestCommitChunk_RowLevelSecurityIsIsolated: a row-level security policy's
 // WITH CHECK refuses some rows (SQLSTATE 42501, like a missing privilege, but
@@ -38,7 +20,7 @@ CREATE TABLE notes (account text NOT NULL, occurrence text PRIMARY KEY);
 ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
 CREATE POLICY notes_known ON notes FOR ALL USING (true) WITH CHECK (account NOT LIKE 'nobody-%');
 CREATE TABLE secrets (account text, occurrence text)`)
-	app := appRole(t, pool)
+	app, _ := workerRole(t, pool)
 	mustExec(t, pool, `GRANT SELECT, INSERT ON notes TO `+app.Config().ConnConfig.User)
 	s := ledger.NewStore(app)
 

@@ -328,3 +328,32 @@ FROM (
     ) AS r
 ) AS s`
 }
+
+// sqlGrantWorker gives role (an identifier, already quoted) exactly what a
+// worker's protocol needs, after taking back whatever it had on runledger's
+// tables, in one transaction (`runledger migrate --grant-to`):
+//   - the schema, and goose's version table read-only: a worker's Migrate
+//     finds nothing to apply without any CREATE privilege;
+//   - the ledger: read, insert, and change state and superseded_at only
+//     (supersede); no DELETE, no TRUNCATE (the append-only trigger refuses
+//     those to everyone anyway);
+//   - the batch: read and write a run's batch once, set its header's item
+//     count; pruning (DELETE, pruned_at) is the owner's;
+//   - TEMP on the database (db, quoted), for the effect's table "claimed"
+//     (PostgreSQL grants it to PUBLIC by default; granted here so that a
+//     database that revoked it still works).
+//
+// Identity columns draw their values without any sequence privilege.
+func sqlGrantWorker(role, db string) string {
+	return `REVOKE ALL ON ALL TABLES IN SCHEMA ` + Schema + ` FROM ` + role + `;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA ` + Schema + ` FROM ` + role + `;
+GRANT USAGE ON SCHEMA ` + Schema + ` TO ` + role + `;
+GRANT SELECT ON ` + versionTable + ` TO ` + role + `;
+GRANT SELECT, INSERT, UPDATE (state, superseded_at) ON ` + Schema + `.ledger TO ` + role + `;
+GRANT SELECT, INSERT, UPDATE (items) ON ` + Schema + `.batch_run TO ` + role + `;
+GRANT SELECT, INSERT ON ` + Schema + `.batch TO ` + role + `;
+GRANT TEMPORARY ON DATABASE ` + db + ` TO ` + role
+}
+
+// sqlCurrentDatabase names the database to grant TEMP on.
+const sqlCurrentDatabase = `SELECT current_database()`
