@@ -44,6 +44,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 		return 0, fmt.Errorf("loading migrations: %w", err)
 	}
 	results, err := provider.Up(ctx)
+	if IsConfigurationError(err) { // e.g. a worker login, which may create nothing
+		return 0, fmt.Errorf("applying migrations: this login may not apply them; run runledger migrate as the schema's owner first: %w", err)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("applying migrations: %w", err)
 	}
