@@ -1,56 +1,95 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/redact"
 )
 
-const pruneLong = `Delete the materialised batches (runledger.batch) of runs whose batch was
-fixed more than --older-than ago. A query source's rows are copied into the
-ledger database once per run, when its first shard starts; they are what every
-shard, retry and resumption of the run reads, so prune only runs that are over.
+const pruneLong = `Delete what finished runs leave behind, as the role that owns the schema.
 
-Each pruned run keeps its header (runledger.batch_run, with pruned_at set) as a
-tombstone: a worker of a pruned run fails with a clear error instead of running
-the query again and processing a different batch under the same run. The
-ledger's own rows are never touched.`
+--older-than deletes the materialised batches (runledger.batch) of runs
+whose batch was fixed more than DURATION ago. A query source's rows are
+copied into the ledger database once per run, when its first shard starts;
+they are what every shard, retry and resumption of the run reads, so prune
+only runs that are over. Each pruned run keeps its header
+(runledger.batch_run, with pruned_at set) as a tombstone: a worker of a
+pruned run fails with a clear error instead of running the query again and
+processing a different batch under the same run.
+
+--superseded-older-than deletes the ledger's superseded rows (history:
+rows that onExisting: Supersede retired) retired more than DURATION ago.
+Committed rows are never deleted: the ledger is append-only for every role
+(a trigger), and only a member of the ledger's owner role may delete a
+superseded row; a worker login may not.`
 
 func newPruneCommand() *cobra.Command {
-	var olderThan time.Duration
+	var olderThan, supersededOlderThan time.Duration
 	cmd := &cobra.Command{
-		Use:     "prune --older-than DURATION",
-		Short:   "Delete the materialised batches of runs older than a duration (keeps a tombstone)",
-		Long:    pruneLong,
-		Example: `  runledger prune --older-than 720h --dsn postgres://admin@localhost/billing`,
-		Args:    cobra.NoArgs,
+		Use:   "prune (--older-than DURATION | --superseded-older-than DURATION)",
+		Short: "Delete old runs' materialised batches (keeps a tombstone) or the ledger's old superseded rows",
+		Long:  pruneLong,
+		Example: `  runledger prune --older-than 720h --dsn-file owner.dsn
+  runledger prune --superseded-older-than 2160h --dsn-file owner.dsn`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if olderThan <= 0 {
+			batches, history := cmd.Flags().Changed("older-than"), cmd.Flags().Changed("superseded-older-than")
+			switch {
+			case !batches && !history:
+				return badInput(errors.New("nothing to prune: pass --older-than (batches) or --superseded-older-than (superseded ledger rows)"))
+			case batches && olderThan <= 0:
 				return badInput(fmt.Errorf("--older-than must be a positive duration (e.g. 720h), not %s", olderThan))
+			case history && supersededOlderThan <= 0:
+				return badInput(fmt.Errorf("--superseded-older-than must be a positive duration (e.g. 2160h), not %s", supersededOlderThan))
 			}
 			dsn, err := databaseURL(cmd)
 			if err != nil {
 				return err
 			}
+			secrets := redact.New(dsn)
 			pool, err := ledger.Open(cmd.Context(), dsn, 2)
 			if err != nil {
 				return badInput(err)
 			}
 			defer pool.Close()
-			cutoff := time.Now().Add(-olderThan)
-			batches, rows, err := ledger.NewStore(pool).PruneBatches(cmd.Context(), cutoff)
-			if err != nil {
-				return &ExitError{Code: ExitFailed, Err: err}
+			store := ledger.NewStore(pool)
+			if batches {
+				cutoff := time.Now().Add(-olderThan)
+				n, rows, err := store.PruneBatches(cmd.Context(), cutoff)
+				if err != nil {
+					return redactExit(pruneExit(err), secrets)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "batches pruned: %d (%d rows deleted), fixed before %s\n", n, rows, cutoff.UTC().Format(time.RFC3339))
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "batches pruned: %d (%d rows deleted), fixed before %s\n", batches, rows, cutoff.UTC().Format(time.RFC3339))
+			if history {
+				cutoff := time.Now().Add(-supersededOlderThan)
+				n, err := store.PruneSuperseded(cmd.Context(), cutoff)
+				if err != nil {
+					return redactExit(pruneExit(err), secrets)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "superseded ledger rows pruned: %d, superseded before %s\n", n, cutoff.UTC().Format(time.RFC3339))
+			}
 			return nil
 		},
 	}
-	cmd.Flags().String(flagDatabaseURL, "", "PostgreSQL connection string (default $"+envDatabaseURL+")")
+	addDatabaseFlags(cmd, "PostgreSQL connection string of the schema's owner")
 	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "prune the batches of runs that started more than this long ago (e.g. 720h)")
-	_ = cmd.MarkFlagRequired("older-than")
+	cmd.Flags().DurationVar(&supersededOlderThan, "superseded-older-than", 0, "prune the ledger rows superseded more than this long ago (e.g. 2160h)")
 	return cmd
+}
+
+// pruneExit: a login that may not prune (a worker's) is bad input, exit 2.
+func pruneExit(err error) error {
+	if ledger.IsAppendOnlyViolation(err) {
+		return badInput(fmt.Errorf("only the schema's owner may prune: %w", err))
+	}
+	if ledger.IsConfigurationError(err) {
+		return badInput(fmt.Errorf("prune as the schema's owner: %w", err))
+	}
+	return exitFor(err)
 }

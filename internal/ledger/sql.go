@@ -282,6 +282,11 @@ WITH old AS (
 SELECT (SELECT count(*) FROM old), (SELECT count(*) FROM gone)`
 )
 
+// sqlPruneSuperseded deletes the superseded ledger rows retired before $1:
+// history that no rule reads. Only a member of the ledger's owner role may
+// (the append-only trigger); committed rows are never deleted.
+const sqlPruneSuperseded = `DELETE FROM runledger.ledger WHERE state = 'superseded' AND superseded_at < $1`
+
 // sqlFixQueryBatch writes the header and, only if this statement wrote it,
 // the query's rows (sqlBatchRows): a second materialiser blocks on the
 // header's primary key until the first commits, then writes nothing (and if

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -196,4 +197,16 @@ func holderOf(uid []byte, runUID string) Holder {
 		return HolderSameRun
 	}
 	return HolderOtherRun
+}
+
+// PruneSuperseded deletes the superseded ledger rows retired before cutoff
+// and returns how many. The pool's login must be a member of the ledger's
+// owner role: for anyone else the append-only trigger refuses (and a worker
+// login has no DELETE privilege at all).
+func (s *Store) PruneSuperseded(ctx context.Context, cutoff time.Time) (int64, error) {
+	tag, err := s.pool.Exec(ctx, sqlPruneSuperseded, cutoff)
+	if err != nil {
+		return 0, fmt.Errorf("pruning ledger rows superseded before %s: %w", cutoff.Format(time.RFC3339), err)
+	}
+	return tag.RowsAffected(), nil
 }
