@@ -67,7 +67,43 @@ CREATE TRIGGER ledger_append_only_truncate
     BEFORE TRUNCATE ON runledger.ledger
     FOR EACH STATEMENT EXECUTE FUNCTION runledger.ledger_append_only();
 
+-- Superseding is how a key is reprocessed, never how it is forgotten: the
+-- insert path supersedes a key's committed row only to commit a new one for
+-- it in the same transaction. A key whose row was superseded must therefore
+-- have a committed row when the transaction ends, or an effect (any login
+-- that may supersede) could make a later run redo what a committed row
+-- records. Deferred, because the new row is inserted after the old one is
+-- superseded; the chunk checks it right after the effect (sqlAfterEffect).
+-- +goose StatementBegin
+CREATE FUNCTION runledger.ledger_superseded_replaced() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog
+AS $$
+BEGIN
+    PERFORM FROM runledger.ledger AS l
+    WHERE l.entity = NEW.entity AND l.occurrence = NEW.occurrence AND l.state = 'committed';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'runledger.ledger is append-only: the committed row % (%/% of run %) was superseded and no committed row replaces it',
+                NEW.id, NEW.entity, NEW.occurrence, NEW.run_uid
+            USING ERRCODE = 'restrict_violation', CONSTRAINT = 'ledger_append_only',
+                  SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+                  DETAIL = 'A key is superseded only to commit a new row for it in the same transaction (onExisting: Supersede).';
+    END IF;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE CONSTRAINT TRIGGER ledger_superseded_replaced
+    AFTER UPDATE ON runledger.ledger
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (OLD.state = 'committed' AND NEW.state = 'superseded')
+    EXECUTE FUNCTION runledger.ledger_superseded_replaced();
+
 -- +goose Down
+DROP TRIGGER ledger_superseded_replaced ON runledger.ledger;
+DROP FUNCTION runledger.ledger_superseded_replaced();
 DROP TRIGGER ledger_append_only_truncate ON runledger.ledger;
 DROP TRIGGER ledger_append_only ON runledger.ledger;
 DROP FUNCTION runledger.ledger_append_only();

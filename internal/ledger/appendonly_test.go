@@ -68,6 +68,7 @@ var hostileEffects = []struct {
 	{"re-key a committed row", `UPDATE runledger.ledger SET entity = 'moved' WHERE run_uid = 'victim'`, "42501"},
 	{"move a committed row to another run", `UPDATE runledger.ledger SET run_uid = 'mine' WHERE run_uid = 'victim'`, "42501"},
 	{"supersede and rewrite the payload", `UPDATE runledger.ledger SET state = 'superseded', superseded_at = now(), payload = '{}' WHERE run_uid = 'victim'`, "42501"},
+	{"supersede another run's rows", `UPDATE runledger.ledger SET state = 'superseded', superseded_at = now() WHERE run_uid = 'victim'`, "23001"},
 	{"resurrect a superseded row", `UPDATE runledger.ledger SET state = 'committed', superseded_at = NULL WHERE state = 'superseded'`, "23001"},
 	{"rewrite a superseded row's time", `UPDATE runledger.ledger SET superseded_at = now() - interval '1 day' WHERE state = 'superseded'`, "23001"},
 	{"truncate the ledger", `TRUNCATE runledger.ledger`, "42501"},
@@ -181,16 +182,33 @@ func TestAppendOnly_DirectStatements(t *testing.T) {
 	requireOneCommittedPerKey(t, owner, 11)
 }
 
-// TestAppendOnly_SupersedeStillWorks: the one change the trigger allows is
-// the insert path's own supersede, through a worker login.
+// TestAppendOnly_SupersedeStillWorks: the one change the triggers allow is
+// the insert path's own supersede, through a worker login, also when bad
+// items are isolated.
 func TestAppendOnly_SupersedeStillWorks(t *testing.T) {
 	t.Parallel()
 	owner := newPool(t)
-	worker, _ := workerRole(t, owner)
+	worker, role := workerRole(t, owner)
 	s := ledger.NewStore(worker)
 	require.Equal(t, tally{completed: 5}, count(commit(t, s, runNamed("a"), items("acct", 0, 5), ledger.ChunkOptions{})))
 	res := commit(t, s, runNamed("b"), items("acct", 0, 5), ledger.ChunkOptions{OnExisting: ledger.Supersede, Effect: `SELECT 1`})
 	require.Equal(t, tally{completed: 5, superseded: 5}, count(res))
 	require.EqualValues(t, 5, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE state = 'superseded' AND run_uid = 'a'`))
 	requireOneCommittedPerKey(t, owner, 5)
+
+	// With items the effect refuses: isolating them supersedes and inserts
+	// under one savepoint after another in one transaction, each checked
+	// right after its effect.
+	mustExec(t, owner, `CREATE TABLE notes (account text NOT NULL CHECK (account NOT LIKE 'nobody-%'), occurrence text PRIMARY KEY);
+GRANT INSERT ON notes TO `+role)
+	chunk := noteItems(10, 3, 7)
+	require.Equal(t, tally{completed: 10}, count(commit(t, s, runNamed("c"), chunk, ledger.ChunkOptions{})))
+	res = commit(t, s, runNamed("d"), chunk, ledger.ChunkOptions{OnExisting: ledger.Supersede, Effect: noteEffect})
+	require.Equal(t, tally{completed: 8, superseded: 8, failed: 2}, count(res))
+	for _, i := range []int{3, 7} {
+		require.ErrorContains(t, res[i].Err, `violates check constraint "notes_account_check"`)
+		require.Equal(t, 1, countRows(t, owner, chunk[i].Entity, chunk[i].Occurrence, "committed"), "run c's row still holds a failed item's key")
+	}
+	require.EqualValues(t, 8, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed' AND run_uid = 'd'`))
+	requireOneCommittedPerKey(t, owner, 15)
 }

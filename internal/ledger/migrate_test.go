@@ -128,6 +128,8 @@ func TestMigrate_LeastPrivilegeRole(t *testing.T) {
 	mustExec(t, owner, `DROP TRIGGER ledger_append_only_truncate ON runledger.ledger;
 DROP TRIGGER ledger_append_only ON runledger.ledger;
 DROP FUNCTION runledger.ledger_append_only();
+DROP TRIGGER ledger_superseded_replaced ON runledger.ledger;
+DROP FUNCTION runledger.ledger_superseded_replaced();
 DELETE FROM runledger.goose_db_version WHERE version_id = 3`)
 	before := schemaSnapshot(t, owner.Config().ConnString())
 	_, err = ledger.Migrate(ctx, pool)
@@ -136,7 +138,7 @@ DELETE FROM runledger.goose_db_version WHERE version_id = 3`)
 	require.ErrorContains(t, err, "this login may not apply them; run runledger migrate as the schema's owner first")
 	require.ErrorContains(t, err, "permission denied for schema runledger")
 	require.Equal(t, before, schemaSnapshot(t, owner.Config().ConnString()), "nothing applied")
-	require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'ledger_append_only%'`))
+	require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'ledger_%'`))
 	applied, err = ledger.Migrate(ctx, owner)
 	require.NoError(t, err)
 	require.Equal(t, 1, applied, "the owner applies it")

@@ -121,8 +121,11 @@ const (
 // DEFERRABLE INITIALLY DEFERRED foreign key, a deferred constraint trigger)
 // now, inside the chunk's savepoint, where a violation can be pinned on its
 // items, instead of at COMMIT, where it would fail the whole chunk every time.
-// The ledger's own constraints are immediate: only the effect defers checks.
-const sqlAfterEffect = `SET CONSTRAINTS ALL IMMEDIATE; ` + sqlIndexProbesOnly
+// The ledger's one deferred check, that a superseded key has a committed row
+// again (migrations/00003_append_only.sql), fires here too, so an effect that
+// supersedes rows fails its items; it is deferred again at once, since a
+// later claim in the same transaction (isolate) supersedes before it inserts.
+const sqlAfterEffect = `SET CONSTRAINTS ALL IMMEDIATE; SET CONSTRAINTS ` + Schema + `.ledger_superseded_replaced DEFERRED; ` + sqlIndexProbesOnly
 
 // How the ledger's transactions begin, each in one round trip. A chunk's
 // transaction begins with its planner setting (and, for an effect, the table

@@ -57,7 +57,7 @@ func (d *db) snapshot(t *testing.T) string {
 
 // TestTwoRoles_MigrateGrantToAndRun: `runledger migrate --grant-to` as the
 // owner, then runs as the worker login: a query batch and an effect work,
-// and effects that delete, re-key, resurrect or truncate ledger rows fail
+// and effects that delete, re-key, rewrite, truncate or supersede ledger rows fail
 // their items with PostgreSQL's error, leave every ledger row as it was, and
 // a later run still counts those keys as already handled.
 func TestTwoRoles_MigrateGrantToAndRun(t *testing.T) {
@@ -87,6 +87,7 @@ GRANT SELECT ON src TO `+d.role+`; GRANT INSERT ON sink TO `+d.role)
 		{"rekey", `UPDATE runledger.ledger SET entity = 'moved' WHERE run_name = 'june'`, "permission denied for table ledger"},
 		{"rewrite-state", `UPDATE runledger.ledger SET state = 'committed', superseded_at = NULL WHERE run_name = 'june'`, "runledger.ledger is append-only: UPDATE of the committed row"},
 		{"truncate", `TRUNCATE runledger.ledger`, "permission denied for table ledger"},
+		{"supersede", `UPDATE runledger.ledger SET state = 'superseded', superseded_at = now() WHERE run_name = 'june'`, "was superseded and no committed row replaces it"},
 	} {
 		t.Run(effect.name, func(t *testing.T) {
 			hostile := manifest("hostile-"+effect.name, inlineItems([2]string{"mal-1", "x"}, [2]string{"mal-2", "x"}, [2]string{"mal-3", "x"}),
@@ -168,6 +169,8 @@ func TestTwoRoles_BadInput(t *testing.T) {
 	d.owner.exec(t, `DROP TRIGGER ledger_append_only_truncate ON runledger.ledger;
 DROP TRIGGER ledger_append_only ON runledger.ledger;
 DROP FUNCTION runledger.ledger_append_only();
+DROP TRIGGER ledger_superseded_replaced ON runledger.ledger;
+DROP FUNCTION runledger.ledger_superseded_replaced();
 DELETE FROM runledger.goose_db_version WHERE version_id = 3`)
 	before = d.owner.snapshot(t)
 	r = runCLI(t, "", "run", "-f", writeFile(t, "run.yaml", manifest("pending", inlineItems([2]string{"acct-9", "x"}))), "--dsn", d.worker.dsn, "--output", "json")
