@@ -24,16 +24,16 @@ CREATE TABLE runledger.batch_run (
     pruned_at     timestamptz
 );
 
--- The rows of a query source. seq orders the whole batch by (shard, key, row
--- number in the query's output), so within a shard it is key order: repeats
--- are adjacent and a shard resumes after the last seq it read. row_n is the
--- row's position in the query's output, for error messages. A key part may be
--- NULL (such a row is a failed item, in shard 0).
+-- The rows of a query source. seq is the row's position in the query's
+-- output (from 1), so the rows are written as the query returns them, with no
+-- sort: within a shard seq still ascends, and it names the row in error
+-- messages. A shard reads its rows in key order (entity, occurrence, seq) by
+-- sorting its own part when it reads. A key part may be NULL (such a row is a
+-- failed item, in shard 0).
 CREATE TABLE runledger.batch (
     batch_id   bigint  NOT NULL, -- batch_run.id; no foreign key: a check per row would slow the one insert, and the same statement writes the header
     shard      integer NOT NULL,
     seq        bigint  NOT NULL,
-    row_n      bigint  NOT NULL,
     entity     text,
     occurrence text,
     payload    text,

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Batch sources, as batch_run.source records them.
@@ -47,12 +48,12 @@ func BatchQuerySQL(q BatchQuery) string {
 	return sqlBatchRows(q.SQL, q.HasPayload, q.ShardOf)
 }
 
-// BatchRow is one row of a materialised batch. A key part is nil when the
-// query returned NULL for it; Holder says who holds the key's committed row
-// as of the read (relative to the reading run).
+// BatchRow is one row of a materialised batch. Seq is its row number in the
+// query's output. A key part is nil when the query returned NULL for it;
+// Holder says who holds the key's committed row as of the cursor's open
+// (relative to the reading run).
 type BatchRow struct {
 	Seq        int64
-	RowN       int64
 	Entity     *string
 	Occurrence *string
 	Payload    *string
@@ -65,8 +66,13 @@ func (s *Store) BatchHeader(ctx context.Context, runUID string) (*BatchHeader, e
 }
 
 func batchHeader(ctx context.Context, db DBTX, runUID string) (*BatchHeader, error) {
+	return scanBatchHeader(db.QueryRow(ctx, sqlBatchHeader, runUID), runUID)
+}
+
+// scanBatchHeader reads sqlBatchHeader's answer: nil if there is no header.
+func scanBatchHeader(row pgx.Row, runUID string) (*BatchHeader, error) {
 	var h BatchHeader
-	err := db.QueryRow(ctx, sqlBatchHeader, runUID).Scan(&h.ID, &h.Source, &h.Shards, &h.Items, &h.Digest, &h.Created, &h.Pruned)
+	err := row.Scan(&h.ID, &h.Source, &h.Shards, &h.Items, &h.Digest, &h.Created, &h.Pruned)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -228,22 +234,53 @@ func (s *Store) BatchShardSize(ctx context.Context, h *BatchHeader, shard int) (
 	return n, nil
 }
 
-// ReadBatch returns up to limit rows of shard of the materialised batch h
-// after position after (0: from the start), in order, each with the holder
-// of its key relative to runUID. It runs in one read-only transaction that probes the
-// rule's index only (sqlIndexProbesOnly), its four statements one pipeline.
-func (s *Store) ReadBatch(ctx context.Context, h *BatchHeader, runUID string, shard int, after int64, limit int) ([]BatchRow, error) {
-	out := make([]BatchRow, 0, limit)
+// BatchCursor reads one shard of a materialised batch in key order: byte
+// order of (entity, occurrence), NULL key parts first, repeats of a key
+// adjacent in query order. It holds one pooled connection, in a read-only
+// transaction, until Close.
+type BatchCursor struct {
+	conn   *pgxpool.Conn
+	runUID string
+	shard  int
+}
+
+// OpenBatch opens a cursor over shard of the materialised batch h that skips
+// the first skip rows of the shard's key order (to resume where a lost
+// connection stopped: the order is the same on every open). Each row comes
+// with the holder of its key relative to runUID, the run whose batch h is.
+// The shard's rows are sorted by the first Fetch, in this cursor's backend.
+func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, shard int, skip int64) (*BatchCursor, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquiring a connection to read shard %d of the batch: %w", shard, err)
+	}
 	b := &pgx.Batch{}
-	b.Queue(sqlBeginReadOnly)
+	b.Queue(sqlBeginBatchCursor)
+	b.Queue(sqlBatchCursorWorkMem)
 	b.Queue(sqlIndexProbesOnly)
-	b.Queue(sqlReadBatch, h.ID, shard, after, limit).Query(func(rows pgx.Rows) error {
+	b.Queue(sqlDeclareBatchCursor, h.ID, shard, skip)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		conn.Release() // a connection left in a transaction is closed, not reused
+		return nil, fmt.Errorf("opening shard %d of the batch at row %d of its key order: %w", shard, skip, err)
+	}
+	return &BatchCursor{conn: conn, runUID: runUID, shard: shard}, nil
+}
+
+// Fetch returns the cursor's next rows, up to n (fewer only at the shard's
+// end), and the run's batch header as it is now (nil if it was deleted): the
+// cursor reads the batch as of its open, so a `runledger prune` since shows
+// in the header only. Both come in one round trip.
+func (c *BatchCursor) Fetch(ctx context.Context, n int) ([]BatchRow, *BatchHeader, error) {
+	out := make([]BatchRow, 0, n)
+	var h *BatchHeader
+	b := &pgx.Batch{}
+	b.Queue(sqlFetchBatch(n)).Query(func(rows pgx.Rows) error {
 		var r BatchRow
 		var uid []byte
-		_, err := pgx.ForEachRow(rows, []any{&r.Seq, &r.RowN, &r.Entity, &r.Occurrence, &r.Payload, &uid}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&r.Seq, &r.Entity, &r.Occurrence, &r.Payload, &uid}, func() error {
 			r.Holder = HolderNone
 			if uid != nil {
-				r.Holder = holderOf(uid, runUID)
+				r.Holder = holderOf(uid, c.runUID)
 			}
 			out = append(out, r)
 			r = BatchRow{}
@@ -251,11 +288,25 @@ func (s *Store) ReadBatch(ctx context.Context, h *BatchHeader, runUID string, sh
 		})
 		return err
 	})
-	b.Queue(sqlCommit)
-	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("reading shard %d of the batch after position %d: %w", shard, after, err)
+	b.Queue(sqlBatchHeader, c.runUID).QueryRow(func(row pgx.Row) error {
+		var err error
+		h, err = scanBatchHeader(row, c.runUID)
+		return err
+	})
+	if err := c.conn.SendBatch(ctx, b).Close(); err != nil {
+		return nil, nil, fmt.Errorf("reading shard %d of the batch: %w", c.shard, err)
 	}
-	return out, nil
+	return out, h, nil
+}
+
+// Close ends the cursor's transaction and returns its connection to the
+// pool (or closes it, if the transaction could not be ended).
+func (c *BatchCursor) Close() {
+	// Read only: ending the transaction either way loses nothing.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, _ = c.conn.Exec(ctx, sqlCommit)
+	cancel()
+	c.conn.Release()
 }
 
 // PruneBatches deletes the rows of every batch created before cutoff and

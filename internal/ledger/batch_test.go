@@ -61,14 +61,52 @@ func TestFixQueryBatch_OnceWhenShardsStartTogether(t *testing.T) {
 	require.EqualValues(t, 1000, total, "the batch is what the query returned the first time")
 }
 
-// TestReadBatch_PagesInKeyOrderWithHolders: a shard reads its rows page by
-// page after the last position, keys in byte order, each with the run
-// holding its key.
-func TestReadBatch_PagesInKeyOrderWithHolders(t *testing.T) {
+// readShard reads shard of batch h through a cursor opened at skip, in
+// fetches of 7, and checks that every fetch comes with the run's header.
+func readShard(t *testing.T, s *ledger.Store, h *ledger.BatchHeader, runUID string, shard int, skip int64) []ledger.BatchRow {
+	t.Helper()
+	cur, err := s.OpenBatch(context.Background(), h, runUID, shard, skip)
+	require.NoError(t, err)
+	defer cur.Close()
+	got := []ledger.BatchRow{}
+	for {
+		page, now, err := cur.Fetch(context.Background(), 7)
+		require.NoError(t, err)
+		require.Equal(t, h, now, "the header as it is now")
+		got = append(got, page...)
+		if len(page) < 7 {
+			return got
+		}
+	}
+}
+
+// keyBefore: a sorts before b in a shard's key order (byte order, a NULL key
+// part first, ties by seq).
+func keyBefore(a, b ledger.BatchRow) bool {
+	for _, p := range [][2]*string{{a.Entity, b.Entity}, {a.Occurrence, b.Occurrence}} {
+		switch x, y := p[0], p[1]; {
+		case x == nil && y != nil:
+			return true
+		case x != nil && y == nil:
+			return false
+		case x != nil && *x != *y:
+			return *x < *y
+		}
+	}
+	return a.Seq < b.Seq
+}
+
+// TestBatchCursor_KeyOrderWithHolders: a shard reads its rows through a
+// cursor in key order (byte order, NULL key parts first, repeats adjacent),
+// each row once with its row number in the query's output and the run
+// holding its key; a cursor reopened after n rows reads exactly the rest.
+func TestBatchCursor_KeyOrderWithHolders(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	mustExec(t, pool, batchSource)
-	mustExec(t, pool, `INSERT INTO src (entity, occurrence) VALUES ('e3', 'o'), (NULL, 'o')`) // a repeat; a NULL key part
+	// A repeat (rows 1001 and 3), a NULL key part (row 1002), and keys that
+	// byte order and a linguistic collation sort differently.
+	mustExec(t, pool, `INSERT INTO src (entity, occurrence) VALUES ('e3', 'o'), (NULL, 'o'), ('E9', 'o'), ('e-9', 'o'), ('e_9', 'o'), ('e9', 'O')`)
 	s := ledger.NewStore(pool)
 	run := runNamed("read")
 	h, err := s.FixQueryBatch(context.Background(), run, batchQuery())
@@ -76,41 +114,80 @@ func TestReadBatch_PagesInKeyOrderWithHolders(t *testing.T) {
 	commit(t, s, run, []ledger.Item{{Key: ledger.Key{Entity: "e3", Occurrence: "o"}}}, ledger.ChunkOptions{})
 	commit(t, s, runNamed("other"), []ledger.Item{{Key: ledger.Key{Entity: "e6", Occurrence: "o"}}}, ledger.ChunkOptions{})
 
+	seqs := map[int64]bool{}
 	for shard := range 3 {
 		size, err := s.BatchShardSize(context.Background(), h, shard)
 		require.NoError(t, err)
-		var got []ledger.BatchRow
-		var after int64
-		for {
-			page, err := s.ReadBatch(context.Background(), h, run.UID, shard, after, 7)
-			require.NoError(t, err)
-			got = append(got, page...)
-			if len(page) < 7 {
-				break
-			}
-			after = page[len(page)-1].Seq
-		}
+		got := readShard(t, s, h, run.UID, shard, 0)
 		require.EqualValues(t, size, len(got), "shard %d: every row once", shard)
+		var e3 []int
 		for i, r := range got {
+			require.False(t, seqs[r.Seq], "seq %d read twice", r.Seq)
+			seqs[r.Seq] = true
 			if i > 0 {
-				require.Greater(t, r.Seq, got[i-1].Seq)
-				if got[i-1].Entity != nil {
-					require.LessOrEqual(t, *got[i-1].Entity, *r.Entity, "shard %d: key order", shard)
-				}
+				require.True(t, keyBefore(got[i-1], r), "shard %d: key order at %d: %+v then %+v", shard, i, got[i-1], r)
 			}
 			switch {
 			case r.Entity == nil:
 				require.Zero(t, shard, "a NULL key part goes to shard 0")
-				require.EqualValues(t, 1002, r.RowN, "its row number in the query's output")
+				require.Zero(t, i, "and sorts first")
+				require.EqualValues(t, 1002, r.Seq, "its row number in the query's output")
+				require.Equal(t, ledger.HolderNone, r.Holder)
 			case *r.Entity == "e3":
 				require.Equal(t, ledger.HolderSameRun, r.Holder)
+				e3 = append(e3, i)
 			case *r.Entity == "e6":
 				require.Equal(t, ledger.HolderOtherRun, r.Holder)
 			default:
 				require.Equal(t, ledger.HolderNone, r.Holder)
 			}
 		}
+		if len(e3) > 0 {
+			require.Len(t, e3, 2, "both copies of e3 in one shard")
+			require.Equal(t, e3[0]+1, e3[1], "repeats are adjacent")
+			require.EqualValues(t, []int64{3, 1001}, []int64{got[e3[0]].Seq, got[e3[1]].Seq}, "in query order")
+		}
+		for _, skip := range []int{1, 7, len(got) / 2, len(got)} {
+			require.Equal(t, got[skip:], readShard(t, s, h, run.UID, shard, int64(skip)), "shard %d: reopened after %d rows", shard, skip)
+		}
 	}
+	require.Len(t, seqs, 1006, "every row of the batch")
+	for seq := int64(1); seq <= 1006; seq++ {
+		require.True(t, seqs[seq], "seq %d: seq is the row number in the query's output", seq)
+	}
+}
+
+// TestBatchCursor_SeesAPrune: a cursor reads the batch as of its open, and
+// every fetch says what the header is now: a prune since shows there.
+func TestBatchCursor_SeesAPrune(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	mustExec(t, pool, batchSource)
+	s := ledger.NewStore(pool)
+	ctx := context.Background()
+	h, err := s.FixQueryBatch(ctx, runNamed("pruned"), batchQuery())
+	require.NoError(t, err)
+	cur, err := s.OpenBatch(ctx, h, "pruned", 0, 0)
+	require.NoError(t, err)
+	defer cur.Close()
+	first, now, err := cur.Fetch(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, first, 10)
+	require.Nil(t, now.Pruned)
+
+	n, rows, err := s.PruneBatches(ctx, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.EqualValues(t, 1000, rows)
+	next, now, err := cur.Fetch(ctx, 10)
+	require.NoError(t, err)
+	require.NotNil(t, now.Pruned, "the header says pruned")
+	require.Len(t, next, 10, "while the cursor still reads its snapshot")
+
+	mustExec(t, pool, `DELETE FROM runledger.batch_run`)
+	_, now, err = cur.Fetch(ctx, 10)
+	require.NoError(t, err)
+	require.Nil(t, now, "no header: deleted by hand")
 }
 
 // TestFixQueryBatch_QueryCannotWrite: a query whose function writes (rows,

@@ -6,6 +6,8 @@ var (
 	SQLClaim           = sqlClaim
 	SQLHolders         = sqlHolders
 	SQLSupersede       = sqlSupersede
+	SQLFixQueryBatch   = sqlFixQueryBatch
+	SQLBatchCursor     = sqlBatchCursorQuery
 	SQLIndexProbesOnly = sqlIndexProbesOnly
 	ForEachSkipped     = forEachSkipped
 	ForEachKey         = forEachKey

@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -71,4 +72,52 @@ FROM generate_series(1, $1) AS i`, ledgerRows)
 			}
 		})
 	}
+}
+
+// TestFixQueryBatch_SortsNothing: materialising a batch writes the query's
+// rows in the order the query returns them. One backend sorting every
+// shard's rows by key was most of an already-handled run; each shard's
+// reader sorts its own part instead (TestBatchCursor_SortsItsShardOnly).
+func TestFixQueryBatch_SortsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	mustExec(t, pool, batchSource+` ANALYZE src;`)
+	q := batchQuery()
+	rows, err := pool.Query(ctx, "EXPLAIN "+ledger.SQLFixQueryBatch(q.SQL, q.HasPayload, q.ShardOf), "uid", "default", "run-uid", q.Shards)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	require.NotContains(t, plan, "Sort", "the batch's rows are written unsorted:\n%s", plan)
+}
+
+// TestBatchCursor_SortsItsShardOnly: a shard's reader sorts its own rows
+// (a range of the batch's primary key) beneath the holder probes, so it
+// probes the rule's index for the rows it fetches only, never for the rows a
+// reopened cursor skips.
+func TestBatchCursor_SortsItsShardOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	mustExec(t, pool, batchSource)
+	h, err := ledger.NewStore(pool).FixQueryBatch(ctx, runNamed("uid"), batchQuery())
+	require.NoError(t, err)
+	mustExec(t, pool, `ANALYZE runledger.batch`)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	// As the cursor runs: sequential scans off, and no parallel plan (a
+	// cursor never gets one).
+	_, err = tx.Exec(ctx, ledger.SQLIndexProbesOnly+`; SET LOCAL max_parallel_workers_per_gather = 0`)
+	require.NoError(t, err)
+	rows, err := tx.Query(ctx, "EXPLAIN "+ledger.SQLBatchCursor, h.ID, 1, 10)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	require.True(t, strings.HasPrefix(plan, "Nested Loop Left Join"), "the probes are the top node, above the sort and the offset:\n%s", plan)
+	require.Equal(t, 1, strings.Count(plan, "Sort Key:"), "one sort:\n%s", plan)
+	require.Contains(t, plan, "Index Cond: ((batch_id = '"+strconv.FormatInt(h.ID, 10)+"'::bigint) AND (shard = 1))", "of the shard's rows only:\n%s", plan)
+	require.Contains(t, plan, "Index Scan using "+ledger.BusinessKeyIndex, "probing the rule's index:\n%s", plan)
 }

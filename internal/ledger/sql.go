@@ -1,5 +1,7 @@
 package ledger
 
+import "strconv"
+
 // All SQL of the ledger lives here. Arrays travel as text[]; payloads are cast
 // to jsonb by the server, so a malformed payload fails in PostgreSQL (22P02)
 // and is isolated like any other bad item.
@@ -207,8 +209,8 @@ const (
 // A run's batch (migrations/00002_batch.sql): what a query source returned,
 // fixed once per run. The first shard to start materialises it under
 // sqlLockBatch with one statement (sqlFixQueryBatch) that runs the user's
-// query and writes the header and the rows; each shard then reads its rows by
-// position (sqlReadBatch).
+// query and writes the header and the rows; each shard then reads its rows in
+// key order through a cursor (sqlDeclareBatchCursor).
 const (
 	// sqlLockBatch serialises the materialisers of one run, so that shards
 	// starting together run the query once; the header's primary key, not
@@ -220,8 +222,9 @@ const (
 SELECT id, source, shards, items, coalesce(digest, ''), created_at, pruned_at
 FROM runledger.batch_run WHERE run_uid = $1`
 
-	// sqlBatchWorkMem gives the batch's one sort (all shards' rows at once)
-	// room to stay in memory, for the materialising transaction only.
+	// sqlBatchWorkMem gives the user's query (its own ORDER BY, a hash
+	// join) room to stay in memory, for the materialising transaction only;
+	// the batch's statement itself sorts nothing.
 	sqlBatchWorkMem = `SET LOCAL work_mem = '256MB'`
 
 	// sqlBatchWrites lists the rows the session has written per table and
@@ -252,23 +255,43 @@ ON CONFLICT (run_uid) DO NOTHING`
 	// sqlBatchShardSize counts a shard's rows (a range of the primary key).
 	sqlBatchShardSize = `SELECT count(*) FROM runledger.batch WHERE batch_id = $1 AND shard = $2`
 
-	// sqlReadBatch is one page of a shard's rows after position $3, with the
-	// run holding each key, if any (the preload, one probe of the rule's
-	// index per row as in sqlHolders). A short statement per page: a lost
-	// connection costs nothing but the page, and the reader resumes after
-	// the last seq it was given. $1 batch id, $2 shard, $4 page size.
-	sqlReadBatch = `
-SELECT b.seq, b.row_n, b.entity, b.occurrence, b.payload, h.run_uid
-FROM runledger.batch AS b
+	// A shard's reader: a cursor over its rows in key order, in a READ
+	// ONLY, READ COMMITTED transaction (sqlBeginBatchCursor): the cursor
+	// reads the snapshot of its DECLARE, while the header read beside each
+	// FETCH (sqlBatchHeader) sees a prune committed since. Each shard sorts
+	// only its own rows, in its own backend, with room to stay in memory
+	// (sqlBatchCursorWorkMem); its lookups must probe the rule's index
+	// (sqlIndexProbesOnly).
+	sqlBeginBatchCursor   = `BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY`
+	sqlBatchCursorWorkMem = `SET LOCAL work_mem = '64MB'`
+
+	// sqlDeclareBatchCursor declares the cursor over shard $2 of batch $1:
+	// rows in key order (byte order, NULL key parts first, repeats of a key
+	// in query order), after the first $3, each with the run holding its key
+	// if any (the preload, one probe of the rule's index per row as in
+	// sqlHolders). The batch is fixed and seq breaks every tie, so the order
+	// is the same on every open and OFFSET resumes exactly where a lost
+	// connection stopped. The sort and the OFFSET sit in a subquery so that
+	// rows are probed as they are fetched, skipped rows never; the outer
+	// ORDER BY is the subquery's, which the planner keeps without sorting
+	// again.
+	sqlDeclareBatchCursor = `DECLARE ` + batchCursor + ` NO SCROLL CURSOR FOR ` + sqlBatchCursorQuery
+	sqlBatchCursorQuery   = `
+SELECT b.seq, b.entity, b.occurrence, b.payload, h.run_uid
+FROM (
+    SELECT seq, entity, occurrence, payload
+    FROM runledger.batch
+    WHERE batch_id = $1 AND shard = $2
+    ORDER BY entity COLLATE "C" NULLS FIRST, occurrence COLLATE "C" NULLS FIRST, seq
+    OFFSET $3
+) AS b
 LEFT JOIN LATERAL (
     SELECT l.run_uid
     FROM runledger.ledger AS l
     WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
     LIMIT 1
 ) AS h ON true
-WHERE b.batch_id = $1 AND b.shard = $2 AND b.seq > $3
-ORDER BY b.seq
-LIMIT $4`
+ORDER BY b.entity COLLATE "C" NULLS FIRST, b.occurrence COLLATE "C" NULLS FIRST, b.seq`
 
 	// sqlPruneBatches deletes the rows of the batches created before $1 and
 	// keeps their headers as tombstones (pruned_at), so that a worker of a
@@ -305,7 +328,7 @@ WITH hdr AS (
     ON CONFLICT (run_uid) DO NOTHING
     RETURNING id
 )
-INSERT INTO runledger.batch (batch_id, shard, seq, row_n, entity, occurrence, payload)
+INSERT INTO runledger.batch (batch_id, shard, seq, entity, occurrence, payload)
 SELECT hdr.id, r.* FROM hdr CROSS JOIN (
 ` + sqlBatchRows(query, hasPayload, shardOf) + `
 ) AS r`
@@ -314,27 +337,34 @@ SELECT hdr.id, r.* FROM hdr CROSS JOIN (
 // sqlSetBatchItems records the item count of the batch just written.
 const sqlSetBatchItems = `UPDATE runledger.batch_run SET items = $2 WHERE run_uid = $1`
 
+// batchCursor is the name of a shard reader's cursor.
+const batchCursor = "runledger_batch"
+
+// sqlFetchBatch fetches the next n rows of the reader's cursor (FETCH takes
+// no parameter for its count).
+func sqlFetchBatch(n int) string {
+	return "FETCH FORWARD " + strconv.Itoa(n) + " FROM " + batchCursor
+}
+
 // sqlBatchRows is the user's query as the batch's rows, each with its shard
-// (shardOf over the key's text; rows with a NULL key part go to shard 0), its
-// seq and its row number in the query's output. seq orders the batch by
-// (shard, entity, occurrence, row number), keys in byte order. Column names
-// are prefixed rl_ so as not to collide with the user's.
+// (shardOf over the key's text; rows with a NULL key part go to shard 0) and
+// its seq, its row number in the query's output. Rows are not sorted: a
+// shard sorts its own part when it reads (sqlDeclareBatchCursor), in
+// parallel with the others, instead of one backend sorting every shard's
+// rows here. Column names are prefixed rl_ so as not to collide with the
+// user's.
 func sqlBatchRows(query string, hasPayload bool, shardOf func(entity, occurrence string) string) string {
 	payload := "NULL::text"
 	if hasPayload {
 		payload = "q.payload::text"
 	}
-	return `SELECT s.rl_shard, row_number() OVER (ORDER BY s.rl_shard, s.rl_e COLLATE "C" NULLS FIRST, s.rl_o COLLATE "C" NULLS FIRST, s.rl_n),
-       s.rl_n, s.rl_e, s.rl_o, s.rl_p
+	return `SELECT coalesce(` + shardOf("r.rl_e", "r.rl_o") + `, 0), r.rl_n, r.rl_e, r.rl_o, r.rl_p
 FROM (
-    SELECT coalesce(` + shardOf("r.rl_e", "r.rl_o") + `, 0) AS rl_shard, r.*
+    SELECT q.entity::text AS rl_e, q.occurrence::text AS rl_o, ` + payload + ` AS rl_p, row_number() OVER () AS rl_n
     FROM (
-        SELECT q.entity::text AS rl_e, q.occurrence::text AS rl_o, ` + payload + ` AS rl_p, row_number() OVER () AS rl_n
-        FROM (
 ` + query + `
-        ) AS q
-    ) AS r
-) AS s`
+    ) AS q
+) AS r`
 }
 
 // sqlGrantWorker gives role (an identifier, already quoted) exactly what a

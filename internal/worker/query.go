@@ -25,15 +25,17 @@ import (
 // which it wrote anything else is rolled back, and the run fails as bad input.
 // (Check still describes it in a READ ONLY transaction.)
 //
-// A shard reads its rows by position, a page at a time with one short
-// statement each (so it holds one page whatever the size of the batch), and
-// every page comes with the run holding each key, if any: a chunk needs no
-// separate preload round trip, and a batch that is already handled costs
-// index probes and no write. When the connection is lost mid-stream the
-// shard resumes after the last row it read. Every attempt reads the shard
-// from its first row, so its total is the same on every attempt, and the
-// rows an earlier attempt committed count as completed again: a finished
-// shard's completed equals the ledger's committed rows of its run and shard.
+// A shard reads its rows through a cursor (ledger.BatchCursor) that sorts
+// them by key in the shard's own backend, a fetch at a time (so it holds one
+// fetch whatever the size of the batch), and every row comes with the run
+// holding its key, if any: a chunk needs no separate preload round trip, and
+// a batch that is already handled costs index probes and no write. When the
+// connection is lost mid-stream the shard reopens the cursor at the row
+// where it stopped (the order is the same on every open). Every attempt reads
+// the shard from its first row, so its total is the same on every attempt,
+// and the rows an earlier attempt committed count as completed again: a
+// finished shard's completed equals the ledger's committed rows of its run
+// and shard.
 //
 // Rows are in key order (byte order) within a shard, which gives two things
 // with O(1) memory: repeats of a key are adjacent, so in-batch duplicates are
@@ -171,10 +173,10 @@ type queryStream struct {
 	shard int
 	opt   streamOptions
 
-	rows     int64   // rows of the shard
-	buf      []entry // fetched, not yet yielded
-	last     int64   // seq of the last row fetched (0: none)
-	consumed int64   // rows yielded
+	rows     int64               // rows of the shard
+	cur      *ledger.BatchCursor // nil when not open
+	buf      []entry             // fetched, not yet yielded
+	consumed int64               // rows yielded (the rows a reopened cursor skips)
 	eof      bool
 	prev     ledger.Key // key of the last row yielded, for repeats
 	hasPrev  bool
@@ -182,7 +184,12 @@ type queryStream struct {
 
 func (s *queryStream) total() (int64, bool) { return s.rows, true }
 
-func (s *queryStream) close() {}
+func (s *queryStream) close() {
+	if s.cur != nil {
+		s.cur.Close()
+		s.cur = nil
+	}
+}
 
 func (s *queryStream) next(ctx context.Context) (entry, error) {
 	if len(s.buf) == 0 && !s.eof {
@@ -203,33 +210,50 @@ func (s *queryStream) next(ctx context.Context) (entry, error) {
 	return e, nil
 }
 
-// fill fetches the next page of the shard, after the last row fetched.
+// fill fetches the shard's next rows, reopening the cursor where it stopped
+// after a lost connection. (It runs once the buffer is empty, so every row
+// fetched has been yielded.)
 func (s *queryStream) fill(ctx context.Context) error {
 	onRetry := func(attempt int, wait time.Duration, err error) {
+		s.close()
 		s.opt.log.Info("reading the batch failed, reading again where it stopped", "retry", attempt, "atRow", s.consumed,
 			"wait", wait.Round(time.Millisecond), "error", err.Error())
 	}
 	var page []ledger.BatchRow
 	err := s.opt.retry.Do(ctx, "reading the batch", onRetry, func(int) error {
-		var err error
-		page, err = s.store.ReadBatch(ctx, s.batch, s.opt.run.UID, s.shard, s.last, s.opt.fetchSize)
-		return err
+		if s.cur == nil {
+			cur, err := s.store.OpenBatch(ctx, s.batch, s.opt.run.UID, s.shard, s.consumed)
+			if err != nil {
+				return err
+			}
+			s.cur = cur
+		}
+		rows, h, err := s.cur.Fetch(ctx, s.opt.fetchSize)
+		if err != nil {
+			return err
+		}
+		// The cursor reads the batch as it was at its open; a prune since
+		// shows in the header.
+		if bad := batchMismatch(s.opt.run, h, ledger.BatchSourceQuery, 0, ""); bad != nil {
+			return bad
+		}
+		page = rows
+		return nil
 	})
 	if err != nil {
+		s.close()
 		return err
 	}
 	buf := make([]entry, 0, len(page))
 	for _, r := range page {
-		en := s.rowEntry(r.Entity, r.Occurrence, r.Payload, r.RowN)
+		en := s.rowEntry(r.Entity, r.Occurrence, r.Payload, r.Seq)
 		en.checked, en.holder = true, r.Holder
 		buf = append(buf, en)
 	}
 	s.buf = buf
-	if len(page) > 0 {
-		s.last = page[len(page)-1].Seq
-	}
 	if len(page) < s.opt.fetchSize {
 		s.eof = true
+		s.close()
 		if got := s.consumed + int64(len(page)); got != s.rows {
 			return s.shortBatch(ctx, got)
 		}
