@@ -257,6 +257,7 @@ func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, sh
 	b := &pgx.Batch{}
 	b.Queue(sqlBeginBatchCursor)
 	b.Queue(sqlBatchCursorWorkMem)
+	b.Queue(sqlBatchCursorNoJIT)
 	b.Queue(sqlIndexProbesOnly)
 	b.Queue(sqlDeclareBatchCursor, h.ID, shard, skip)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
