@@ -252,7 +252,7 @@ INSERT INTO runledger.batch_run (run_uid, run_namespace, run_name, source, shard
 VALUES ($1, $2, $3, 'static', $4, $5, $6)
 ON CONFLICT (run_uid) DO NOTHING`
 
-	// sqlBatchShardSize counts a shard's rows (a range of the primary key).
+	// sqlBatchShardSize counts a shard's rows.
 	sqlBatchShardSize = `SELECT count(*) FROM runledger.batch WHERE batch_id = $1 AND shard = $2`
 
 	// A shard's reader: a cursor over its rows in key order, in a READ
