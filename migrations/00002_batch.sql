@@ -1,7 +1,7 @@
 -- +goose Up
 -- A run's batch, fixed once per run (issue #10). A query source's rows are
 -- materialised here by the first shard that starts, in one statement; every
--- shard, attempt and resumption then reads its part by position, so the batch
+-- shard, attempt and resumption then reads its part from there, so the batch
 -- is what the query returned once, whatever the query returns later.
 --
 -- batch_run is the header, one row per run: the shard count the rows were
