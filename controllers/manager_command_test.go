@@ -22,6 +22,7 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/cli"
 	"github.com/runledger/runledger/internal/envtestutil"
+	"github.com/runledger/runledger/internal/version"
 )
 
 func freePort(t *testing.T) int {
@@ -150,6 +151,7 @@ func TestManagerCommand(t *testing.T) {
 		}
 		return nil
 	})
+	build := version.Get()
 	eventually(t, "metrics", func() error {
 		body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
 		if err != nil {
@@ -160,6 +162,7 @@ func TestManagerCommand(t *testing.T) {
 			`runledger_worker_pods_created_total`,
 			`runledger_items_total{outcome="completed"}`,
 			`controller_runtime_reconcile_total{controller="processingrun"`,
+			`runledger_build_info{commit="` + build.Commit + `",goversion="` + build.GoVersion + `",version="` + build.Version + `"} 1`,
 		} {
 			if !strings.Contains(body, want) {
 				return fmt.Errorf("no %q in the metrics", want)

@@ -17,11 +17,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/controllers"
+	"github.com/runledger/runledger/internal/version"
 )
 
 type managerOptions struct {
@@ -141,6 +143,10 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	if err := controllers.RegisterRunsMetric(mgr.GetCache()); err != nil {
 		return fmt.Errorf("register metrics: %w", err)
 	}
+	build := version.Get()
+	if err := crmetrics.Registry.Register(build.Collector()); err != nil {
+		return fmt.Errorf("register build info metric: %w", err)
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("add health check: %w", err)
 	}
@@ -152,7 +158,7 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	// election it hands the Lease over on the way out.
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	log.Info("starting manager", "leaderElect", o.leaderElect, "workerImage", o.workerImage,
+	log.Info("starting manager", "version", build.Version, "commit", build.Commit, "leaderElect", o.leaderElect, "workerImage", o.workerImage,
 		"workerServiceAccount", o.workerServiceAccount)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/internal/redact"
+	"github.com/runledger/runledger/internal/version"
 )
 
 // Exit codes shared by the subcommands.
@@ -42,8 +43,12 @@ func NewRootCommand() *cobra.Command {
 		Short:         "Exactly-once batch processing on Kubernetes, guaranteed by a PostgreSQL unique rule",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version.Get().Version,
 	}
+	// --version prints what `runledger version` prints.
+	root.SetVersionTemplate(version.Get().String())
 	root.AddCommand(
+		newVersionCommand(),
 		newMigrateCommand(),
 		newManagerCommand(),
 		newWorkerCommand(),
