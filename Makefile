@@ -20,9 +20,16 @@ all: build
 
 ##@ Build
 
+# The build's identity, stamped into the binary (runledger version, the
+# runledger_build_info metric). Override both when building outside git.
+VERSION ?= $(shell git -C $(ROOT) describe --always --dirty 2>/dev/null || echo unknown)
+COMMIT ?= $(shell git -C $(ROOT) rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X github.com/runledger/runledger/internal/version.version=$(VERSION) \
+	-X github.com/runledger/runledger/internal/version.commit=$(COMMIT)
+
 .PHONY: build
-build: ## Build bin/runledger.
-	CGO_ENABLED=0 go build -trimpath -o $(BIN)/runledger .
+build: ## Build bin/runledger (static; VERSION and COMMIT default to git describe and the HEAD commit).
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/runledger .
 
 ##@ Test
 

@@ -83,6 +83,10 @@ run_from_copy() {
     tar -xf - -C "${copy}"
   # The Kubernetes binaries take long to build: one cache, this checkout's.
   ln -s "${ROOT}/bin/k8s" "${copy}/bin/k8s"
+  # The copy has no .git: the Makefile stamps the checkout's version instead.
+  VERSION="$(git -C "${ROOT}" describe --always --dirty)"
+  COMMIT="$(git -C "${ROOT}" rev-parse HEAD)"
+  export VERSION COMMIT
   RUNLEDGER_E2E_CHECKOUT="${ROOT}" "${copy}/hack/e2e.sh" "$@" || rc=$?
   exit "${rc}"
 }
