@@ -80,6 +80,17 @@ func TestManagerCommand(t *testing.T) {
 	require.NoError(t, env.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: ns},
 		StringData: map[string]string{"dsn": "postgres://db/ledger"}}))
 	require.NoError(t, env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "runledger-worker", Namespace: ns}}))
+	// The manager's own Pod, as the kubelet reports it: the workers get its
+	// image by digest, with no --worker-image (config/manager passes none).
+	const digest = "sha256:3b5a0b2e9b4c0d6a1f3e8c7d2b9a4f6e5c1d0b8a7e6f5d4c3b2a1908f7e6d5c4"
+	self := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "runledger-manager-0", Namespace: ns},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "manager", Image: "registry.example/runledger:e2e"}}}}
+	require.NoError(t, env.Client.Create(ctx, self))
+	self.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "manager", Image: "registry.example/runledger:e2e",
+		ImageID: "registry.example/runledger@" + digest}}
+	require.NoError(t, env.Client.Status().Update(ctx, self))
+	t.Setenv("POD_NAME", self.Name)
+	t.Setenv("POD_NAMESPACE", ns)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	require.NoError(t, os.WriteFile(kubeconfig, env.KubeConfig, 0o600))
 
@@ -91,7 +102,6 @@ func TestManagerCommand(t *testing.T) {
 		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probes),
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metrics),
 		"--metrics-secure=false",
-		"--worker-image", "registry.example/runledger:e2e",
 		"--zap-log-level", "error",
 	})
 	cmdCtx, cancel := context.WithCancel(ctx)
@@ -141,11 +151,17 @@ func TestManagerCommand(t *testing.T) {
 		if err := env.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
 			return err
 		}
-		if len(pods.Items) != 2 {
-			return fmt.Errorf("%d pods", len(pods.Items))
-		}
+		var workers []corev1.Pod
 		for _, p := range pods.Items {
-			if img := p.Spec.Containers[0].Image; img != "registry.example/runledger:e2e" {
+			if p.Name != self.Name {
+				workers = append(workers, p)
+			}
+		}
+		if len(workers) != 2 {
+			return fmt.Errorf("%d worker pods", len(workers))
+		}
+		for _, p := range workers {
+			if img := p.Spec.Containers[0].Image; img != "registry.example/runledger@"+digest {
 				return fmt.Errorf("pod %s image %s", p.Name, img)
 			}
 		}

@@ -124,26 +124,8 @@ eval "$("${CLUSTER}" env)"
 say "5/7 install the operator: kubectl apply -k config/default (image override to ${IMAGE})"
 overlay="$(mktemp -d)"
 trap 'rm -rf "${overlay}"' EXIT
-# The manager's args name the worker image too (config/manager/manager.yaml).
-cat >"${overlay}/worker-image.yaml" <<EOF
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: runledger-manager
-  namespace: ${SYSTEM_NS}
-spec:
-  template:
-    spec:
-      containers:
-      - name: manager
-        args:
-        - manager
-        - --leader-elect
-        - --worker-image=${IMAGE}
-        - --metrics-bind-address=:8443
-        - --health-probe-bind-address=:8081
-EOF
-"${CLUSTER}" apply-k "${ROOT}/config/default" --patch "${overlay}/worker-image.yaml" "runledger:dev=${IMAGE}"
+# One image setting: the workers run the manager's own image.
+"${CLUSTER}" apply-k "${ROOT}/config/default" "runledger:dev=${IMAGE}"
 kubectl -n "${SYSTEM_NS}" rollout status deployment/runledger-manager --timeout=180s
 for _ in $(seq 60); do
   holder="$(kubectl -n "${SYSTEM_NS}" get lease "${LEASE}" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"

@@ -64,7 +64,7 @@ run; only the leader acts.`,
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", `address of the Prometheus metrics endpoint ("0" disables it)`)
 	f.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS, to clients authorized by the API server (TokenReview and SubjectAccessReview)")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
-	f.StringVar(&o.workerImage, "worker-image", "", "image of the worker pods (runs `runledger worker`); spec.workerTemplate.image overrides it per run")
+	f.StringVar(&o.workerImage, "worker-image", "", "image of the worker pods (runs `runledger worker`); default: the manager's own image, by digest, read from its Pod ($"+envPodName+", $"+envPodNamespace+"); spec.workerTemplate.image overrides it per run")
 	f.StringVar(&o.workerServiceAccount, "worker-service-account", "runledger-worker", "service account of the worker pods, in each run's namespace; spec.workerTemplate.serviceAccountName overrides it")
 	f.StringVar(&o.workerPullPolicy, "worker-image-pull-policy", "", "imagePullPolicy of the worker container: Always, IfNotPresent or Never (default: Kubernetes' default for the tag)")
 	f.DurationVar(&o.backoffBase, "retry-backoff", controllers.DefaultBackoffBase, "back-off before a failed shard's first retry; it doubles with each failure")
@@ -88,9 +88,6 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
 	default:
 		return badInput(fmt.Errorf("--worker-image-pull-policy %q: want Always, IfNotPresent or Never", o.workerPullPolicy))
-	}
-	if o.workerImage == "" {
-		log.Info("no --worker-image: runs without spec.workerTemplate.image will stall until one is set")
 	}
 
 	scheme := runtime.NewScheme()
@@ -124,12 +121,21 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 		return fmt.Errorf("create manager: %w", err)
 	}
 
+	// SIGTERM (the kubelet) or Ctrl-C stops the manager; with leader
+	// election it hands the Lease over on the way out.
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	workerImage, err := workerImageFor(ctx, log, mgr.GetAPIReader(), o.workerImage)
+	if err != nil {
+		return err
+	}
+
 	r := &controllers.Reconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
 		Recorder:  mgr.GetEventRecorder("runledger-controller"),
 		Pods: controllers.PodOptions{
-			Image:              o.workerImage,
+			Image:              workerImage,
 			ServiceAccountName: o.workerServiceAccount,
 			ImagePullPolicy:    corev1.PullPolicy(o.workerPullPolicy),
 		},
@@ -154,11 +160,7 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 		return fmt.Errorf("add readiness check: %w", err)
 	}
 
-	// SIGTERM (the kubelet) or Ctrl-C stops the manager; with leader
-	// election it hands the Lease over on the way out.
-	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	log.Info("starting manager", "version", build.Version, "commit", build.Commit, "leaderElect", o.leaderElect, "workerImage", o.workerImage,
+	log.Info("starting manager", "version", build.Version, "commit", build.Commit, "leaderElect", o.leaderElect, "workerImage", workerImage,
 		"workerServiceAccount", o.workerServiceAccount)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)

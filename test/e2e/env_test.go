@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,7 +40,6 @@ type env struct {
 	adminDSN  string // the cluster's PostgreSQL, database runledger
 	kubectl   string
 	clusterSh string // hack/cluster.sh, for `postgres restart`
-	workerImg string // the manager's --worker-image
 }
 
 var (
@@ -116,11 +114,6 @@ func newEnv() (*env, error) {
 	}
 	if dep.Status.AvailableReplicas < 1 {
 		return nil, fmt.Errorf("deployment %s/%s has no available replica", systemNamespace, managerName)
-	}
-	for _, a := range dep.Spec.Template.Spec.Containers[0].Args {
-		if v, ok := strings.CutPrefix(a, "--worker-image="); ok {
-			e.workerImg = v
-		}
 	}
 	if _, err := e.sql(ctx, dsn, "SELECT 1"); err != nil {
 		return nil, fmt.Errorf("PostgreSQL (%s): %w", redactDSN(dsn), err)

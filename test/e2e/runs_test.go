@@ -53,6 +53,20 @@ func TestHappyPath(t *testing.T) {
 
 	pods := f.runPods(run)
 	require.Len(t, pods, 3, "one pod per shard, none replaced")
+	// One image setting: the workers run the very image the manager runs.
+	mgrs, err := f.managerPods(f.ctx)
+	require.NoError(t, err)
+	require.NotEmpty(t, mgrs)
+	for _, m := range mgrs {
+		for _, a := range m.Spec.Containers[0].Args {
+			require.NotContains(t, a, "--worker-image", "config/default sets the image once")
+		}
+		require.Len(t, m.Status.ContainerStatuses, 1)
+		for _, p := range pods {
+			require.Equal(t, m.Status.ContainerStatuses[0].ImageID, p.Status.ContainerStatuses[0].ImageID,
+				"worker %s (image %s) runs the manager's image %s", p.Name, p.Spec.Containers[0].Image, m.Spec.Containers[0].Image)
+		}
+	}
 	for i, p := range pods {
 		require.Equal(t, v1alpha1.PodName(run.Name, int32(i), 0), p.Name)
 		require.Equal(t, corev1.PodSucceeded, p.Status.Phase, "pod %s", p.Name)
