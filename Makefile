@@ -31,11 +31,41 @@ LDFLAGS := -s -w -X github.com/runledger/runledger/internal/version.version=$(VE
 build: ## Build bin/runledger (static; VERSION and COMMIT default to git describe and the HEAD commit).
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/runledger .
 
+##@ Image
+
+# make image: an OCI image layout in bin/image (an index of one image per
+# platform), built without a daemon by hack/tools/image; make push sends it.
+PLATFORMS ?= linux/amd64 linux/arm64
+IMG ?=
+SOURCE_URL ?= https://github.com/runledger/runledger
+IMAGE_TOOL := $(BIN)/cluster-tools/image
+IMAGE_LAYOUT := $(BIN)/image
+
+.PHONY: image
+image: ## Build the runledger image into bin/image (OCI layout, no daemon): static binaries for PLATFORMS, no shell, user 65532, OCI labels; same commit, same digest.
+	@mkdir -p $(dir $(IMAGE_TOOL))
+	cd $(ROOT)/hack/tools/image && GOWORK=off CGO_ENABLED=0 go build -trimpath -o $(IMAGE_TOOL) .
+	bins=(); for p in $(PLATFORMS); do \
+		out=$(BIN)/platforms/$${p//\//_}/runledger; \
+		CGO_ENABLED=0 GOOS=$${p%%/*} GOARCH=$${p#*/} go build -trimpath -ldflags "$(LDFLAGS)" -o $$out $(ROOT); \
+		bins+=(-binary "$$p=$$out"); \
+	done; \
+	$(IMAGE_TOOL) build -o $(IMAGE_LAYOUT) "$${bins[@]}" -path /runledger \
+		-label org.opencontainers.image.source=$(SOURCE_URL) \
+		-label org.opencontainers.image.version=$(VERSION) \
+		-label org.opencontainers.image.revision=$(COMMIT)
+
+.PHONY: push
+push: image ## Push the image: make push IMG=registry.example/runledger:TAG (credentials of ~/.docker/config.json; INSECURE=1 for plain HTTP); prints REPOSITORY@DIGEST.
+	@[ -n "$(IMG)" ] || { echo "make push: set IMG=REGISTRY/REPOSITORY:TAG"; exit 1; }
+	$(IMAGE_TOOL) push $(if $(INSECURE),-insecure) $(IMAGE_LAYOUT) $(IMG)
+
 ##@ Test
 
 .PHONY: test
 test: envtest-assets ## Run every test: unit, PostgreSQL integration, envtest (starts its own PostgreSQL and kube-apiserver).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(GO_TEST_FLAGS) ./...
+	cd $(ROOT)/hack/tools/image && GOWORK=off go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: envtest-assets
 envtest-assets: ## Build (once, cached under bin/k8s/) kube-apiserver, etcd and kubectl for envtest.

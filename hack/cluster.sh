@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes cluster on this machine, for `make demo` and
-# `make e2e`: no Docker, no registry, no systemd.
+# `make e2e`: no Docker, no systemd; images come from the cluster's own OCI
+# registry, as they come from a registry in any cluster.
 #
 # Usage: hack/cluster.sh COMMAND [ARGS]
 #
@@ -14,16 +15,18 @@
 #                       RUNLEDGER_DATABASE_URL):
 #                         eval "$(hack/cluster.sh env)"
 #   dsn                 print the PostgreSQL DSN, valid from the host and pods
-#   load TAG BIN [ARG...]
+#   registry            print the address of the cluster's registry
+#                       (${REGISTRY}, plain HTTP; containerd pulls from it):
+#                         make push IMG="$(hack/cluster.sh registry)/runledger:dev" INSECURE=1
+#   push NAME:TAG BIN [ARG...]
 #                       build an image from the static binary BIN (entrypoint
-#                       /<name of BIN>, default args ARG..., user 65532) and
-#                       import it into the cluster's containerd as TAG
-#   import TARBALL...   import image tarballs (docker save format)
-#   apply-k DIR [--patch FILE]... [IMAGE=NEWIMAGE[:TAG]]...
+#                       /<name of BIN>, default args ARG..., user 65532), push
+#                       it to the registry as ${REGISTRY}/NAME:TAG and print
+#                       its reference by digest
+#   apply-k DIR [--patch FILE]... [IMAGE=NEWIMAGE[:TAG|@DIGEST]]...
 #                       kubectl apply -k DIR through a generated overlay that
-#                       substitutes local images (kustomize images:), sets
-#                       imagePullPolicy IfNotPresent on Deployments and adds
-#                       the given (strategic merge) patches
+#                       substitutes images (kustomize images:) and adds the
+#                       given (strategic merge) patches
 #   postgres stop|start|restart
 #                       stop/start the cluster's PostgreSQL (tests of outages)
 #   smoke               run pods that show the cluster works: a local image
@@ -31,12 +34,13 @@
 #
 # Everything runs as root inside a network namespace this script creates
 # (${NETNS}), joined to the host by a veth pair: the host is ${HOST_IP}, the
-# node ${NODE_IP}. The apiserver (https://${NODE_IP}:6443) and PostgreSQL
-# (${NODE_IP}:5432) listen on the node address, reachable from the host and
-# from pods; nothing listens on or targets the host's other interfaces.
+# node ${NODE_IP}. The apiserver (https://${NODE_IP}:6443), PostgreSQL
+# (${NODE_IP}:5432) and the registry (http://${REGISTRY}) listen on the node
+# address, reachable from the host and from pods; nothing listens on or
+# targets the host's other interfaces.
 # Pods get ${POD_CIDR}, Services ${SERVICE_CIDR}; there is no cluster DNS.
 #
-# State (etcd, containerd, kubelet, PostgreSQL, certificates) lives in
+# State (etcd, containerd, kubelet, PostgreSQL, registry, certificates) lives in
 # ${RUN} (removed by `down`), outside the checkout:
 # PostgreSQL runs as user postgres, who cannot enter a checkout under a 0700
 # directory such as root's home. There is one cluster per machine (one
@@ -72,15 +76,16 @@ PG_PORT=5432
 PG_USER=runledger
 PG_DB=runledger
 
-IMAGE_CACHE="${ROOT}/bin/images"
+IMAGE_LAYOUTS="${ROOT}/bin/images" # OCI layouts of the images pushed by push_image
 TOOLS="${ROOT}/bin/cluster-tools"
-PAUSE_IMAGE=runledger.local/pause:dev
-SMOKE_IMAGE=runledger.local/smoke:dev
+REGISTRY="${NODE_IP}:5000"
+PAUSE_IMAGE="${REGISTRY}/pause:dev"
+SMOKE_IMAGE="${REGISTRY}/smoke:dev"
 
 CGROUP_ROOT=runledger              # kubelet's cgroupRoot (pods), in every v1 hierarchy
 DAEMON_CGROUP=runledger-daemons    # pids hierarchy: every daemon and shim, to prove none is left
 K8S_COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
-DAEMONS=(containerd postgres etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet)
+DAEMONS=(registry containerd postgres etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet)
 
 # Host sysctls that kubelet (vm.*, kernel.*) or kube-proxy and the CNI bridge
 # plugin (net.*; those run in the netns, but the host values are checked too)
@@ -110,7 +115,8 @@ T0="$(now_ms)"
 usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//' |
     sed -e "s|\${NETNS}|${NETNS}|; s|\${HOST_IP}|${HOST_IP}|; s|\${NODE_IP}|${NODE_IP}|g" \
-      -e "s|\${POD_CIDR}|${POD_CIDR}|; s|\${SERVICE_CIDR}|${SERVICE_CIDR}|; s|\${RUN}|${RUN}|" >&2
+      -e "s|\${POD_CIDR}|${POD_CIDR}|; s|\${SERVICE_CIDR}|${SERVICE_CIDR}|; s|\${RUN}|${RUN}|" \
+      -e "s|\${REGISTRY}|${REGISTRY}|g" >&2
   exit "${1:-2}"
 }
 
@@ -146,7 +152,8 @@ wait_for() {
 # render TEMPLATE OUT: fill in @WORDS@ of a hack/cluster/ template.
 render() {
   sed -e "s|@RUN@|${RUN}|g" -e "s|@NODE_IP@|${NODE_IP}|g" -e "s|@NODE_NAME@|${NODE_NAME}|g" \
-    -e "s|@POD_CIDR@|${POD_CIDR}|g" -e "s|@PAUSE_IMAGE@|${PAUSE_IMAGE}|g" "${CONF}/$1" >"$2"
+    -e "s|@POD_CIDR@|${POD_CIDR}|g" -e "s|@PAUSE_IMAGE@|${PAUSE_IMAGE}|g" -e "s|@REGISTRY@|${REGISTRY}|g" \
+    "${CONF}/$1" >"$2"
   if grep -q '@[A-Z_]*@' "$2"; then die "unfilled placeholder in $2"; fi
 }
 
@@ -396,24 +403,19 @@ build_tool() {
     die "building hack/tools/$1 failed"
 }
 
-# build_image TAG BIN ARG...: write bin/images/<name>.tar for TAG; print its path.
-build_image() {
-  local tag="$1" bin="$2"
+# push_image NAME:TAG BIN ARG...: build an image of BIN for this machine's
+# platform (bin/images/NAME, an OCI layout) and push it to the registry as
+# ${REGISTRY}/NAME:TAG; print its reference by digest.
+push_image() {
+  local ref="${REGISTRY}/$1" bin="$2"
   shift 2
   [[ -x "${TOOLS}/image" ]] || build_tool image
-  local base args=() a
-  base="$(basename "${bin}")"
+  local args=() a layout
   for a in "$@"; do args+=(-arg "${a}"); done
-  local out
-  out="${IMAGE_CACHE}/$(echo "${tag}" | tr '/:' '__').tar"
-  "${TOOLS}/image" -tag "${tag}" -o "${out}" -file "${bin}=/${base}" -entrypoint "/${base}" \
-    ${args[@]+"${args[@]}"} >&2
-  echo "${out}"
-}
-
-import_image() {
-  ctr_ images import "$1" >/dev/null ||
-    die "ctr images import $1 failed"
+  layout="${IMAGE_LAYOUTS}/$(echo "${ref%:*}" | tr '/:' '__')"
+  "${TOOLS}/image" build -o "${layout}" -binary "linux/$(go env GOARCH)=${bin}" ${args[@]+"${args[@]}"} >&2 ||
+    die "building the image of ${bin} failed"
+  "${TOOLS}/image" push -insecure "${layout}" "${ref}" || die "pushing ${ref} failed"
 }
 
 # --- network namespace ---------------------------------------------------------------
@@ -512,6 +514,7 @@ cmd_up() {
   k8s_bin_dir --build
   build_tool image
   build_tool pause
+  build_tool registry
 
   # 0755 whatever the umask: user postgres must get through it.
   install -d -m 0755 "${RUN}"
@@ -530,6 +533,8 @@ cmd_up() {
   chmod 700 "${RUN}/etcd"
   : >"${RUN}/resolv.conf"
   render containerd.toml "${RUN}/containerd.toml"
+  mkdir -p "${RUN}/containerd/certs.d/${REGISTRY}"
+  render hosts.toml "${RUN}/containerd/certs.d/${REGISTRY}/hosts.toml"
   render cni.conflist "${RUN}/cni/net.d/10-runledger.conflist"
   render kubelet.yaml "${RUN}/kubelet.yaml"
   render kube-proxy.yaml "${RUN}/kube-proxy.yaml"
@@ -537,6 +542,7 @@ cmd_up() {
   # PostgreSQL (initdb is slow on a busy disk) comes up alongside the rest.
   start_postgres_fresh &
   PG_JOB=$!
+  start_registry
   start_containerd
   start_control_plane
   start_node
@@ -572,12 +578,21 @@ up_exit() {
   exit "$1"
 }
 
+# The registry comes first: containerd pulls every image from it, the
+# sandbox (pause) image too.
+start_registry() {
+  step "registry http://${REGISTRY}"
+  start_daemon registry "${TOOLS}/registry" -addr "${REGISTRY}" -dir "${RUN}/registry"
+  WATCH=registry wait_for "the registry" 30 curl -fsS "http://${REGISTRY}/v2/"
+  local ref
+  ref="$(push_image "${PAUSE_IMAGE#"${REGISTRY}/"}" "${TOOLS}/pause")"
+  step "pause image ${ref}"
+}
+
 start_containerd() {
   step "containerd"
   start_daemon containerd containerd --config "${RUN}/containerd.toml"
   WATCH=containerd wait_for "containerd" 30 ctr_ version
-  step "pause image ${PAUSE_IMAGE}"
-  import_image "$(build_image "${PAUSE_IMAGE}" "${TOOLS}/pause")"
 }
 
 start_control_plane() {
@@ -775,6 +790,7 @@ cmd_down() {
   stop_daemon kube-apiserver
   stop_daemon etcd
   stop_daemon containerd
+  stop_daemon registry
   stop_daemon postgres INT 30
 
   # Shims exit once their tasks are gone; whatever is still in our cgroup was
@@ -866,6 +882,7 @@ cmd_status() {
   echo "  state      ${RUN} (started from $(cat "${RUN}/checkout" 2>/dev/null || echo '?'))"
   echo "  apiserver  https://${NODE_IP}:6443   kubeconfig ${RUN}/admin.kubeconfig"
   echo "  postgres   ${NODE_IP}:${PG_PORT}   (hack/cluster.sh dsn)"
+  echo "  registry   http://${REGISTRY}"
   if [[ -n "${BIN_DIR:-}" ]]; then
     kubectl_ get nodes -o wide 2>&1 | sed 's/^/  /' || rc=1
   fi
@@ -892,35 +909,23 @@ cmd_env() {
   echo "export PATH='${BIN_DIR}':\"\${PATH}\""
 }
 
-cmd_load() {
+cmd_push() {
   [[ $# -ge 2 ]] || usage
   [[ -d "${RUN}" ]] || die "the cluster is not up"
-  local tag="$1" bin="$2"
+  local ref="$1" bin="$2"
   shift 2
+  [[ "${ref}" == *:* && "${ref}" != */* ]] || die "${ref}: want NAME:TAG (pushed to ${REGISTRY}/NAME:TAG)"
   [[ -f "${bin}" ]] || die "${bin}: no such file"
   if command -v file >/dev/null && file -b "${bin}" | grep -q 'dynamically linked'; then
     die "${bin} is dynamically linked; build it with CGO_ENABLED=0 (the image has no libc)"
   fi
-  import_image "$(build_image "${tag}" "${bin}" "$@")"
-  step "imported ${tag}"
+  push_image "${ref}" "${bin}" "$@"
 }
 
-cmd_import() {
-  [[ $# -ge 1 ]] || usage
-  [[ -d "${RUN}" ]] || die "the cluster is not up"
-  local t
-  for t in "$@"; do
-    import_image "${t}"
-    step "imported ${t}"
-  done
-}
-
-# apply-k DIR [--patch FILE]... [IMAGE=NEWIMAGE[:TAG]]...: `kubectl apply -k`
-# of DIR, the way users install, through a generated overlay that substitutes
-# the locally built images (kustomize `images:`), sets imagePullPolicy
-# IfNotPresent on the first container of every Deployment (there is no
-# registry to pull from) and adds the given kustomize patches (strategic merge
-# patches, e.g. for an image named in container args).
+# apply-k DIR [--patch FILE]... [IMAGE=NEWIMAGE[:TAG|@DIGEST]]...: `kubectl
+# apply -k` of DIR, the way users install, through a generated overlay that
+# substitutes images (kustomize `images:`; the cluster pulls them from its
+# registry) and adds the given kustomize patches (strategic merge patches).
 cmd_apply_k() {
   [[ $# -ge 1 ]] || usage
   [[ -d "${RUN}" ]] || die "the cluster is not up"
@@ -936,7 +941,7 @@ cmd_apply_k() {
         shift 2
         ;;
       *=*) images+=("$1"); shift ;;
-      *) die "bad argument ${1}: want --patch FILE or IMAGE=NEWIMAGE[:TAG]" ;;
+      *) die "bad argument ${1}: want --patch FILE or IMAGE=NEWIMAGE[:TAG|@DIGEST]" ;;
     esac
   done
   [[ -f "${dir}/kustomization.yaml" || -f "${dir}/kustomization.yml" || -f "${dir}/Kustomization" ]] ||
@@ -945,9 +950,9 @@ cmd_apply_k() {
   overlay="${RUN}/overlays/$(basename "$(realpath "${dir}")")"
   rm -rf "${overlay}"
   mkdir -p "${overlay}"
-  local spec name new tag
+  local spec name new tag digest
   {
-    echo "# Generated by hack/cluster.sh apply-k: ${dir} with local images."
+    echo "# Generated by hack/cluster.sh apply-k: ${dir} with the cluster's images."
     echo "apiVersion: kustomize.config.k8s.io/v1beta1"
     echo "kind: Kustomization"
     echo "resources:"
@@ -956,22 +961,20 @@ cmd_apply_k() {
     for spec in ${images[@]+"${images[@]}"}; do
       name="${spec%%=*}"
       new="${spec#*=}"
-      tag=""
-      if [[ "${new##*/}" == *:* ]]; then
+      tag="" digest=""
+      if [[ "${new}" == *@* ]]; then
+        digest="${new#*@}"
+        new="${new%%@*}"
+      elif [[ "${new##*/}" == *:* ]]; then
         tag="${new##*:}"
         new="${new%:*}"
       fi
       echo "- name: ${name}"
       echo "  newName: ${new}"
       if [[ -n "${tag}" ]]; then echo "  newTag: \"${tag}\""; fi
+      if [[ -n "${digest}" ]]; then echo "  digest: ${digest}"; fi
     done
-    echo "patches:"
-    echo "- target:"
-    echo "    kind: Deployment"
-    echo "  patch: |-"
-    echo "    - op: add"
-    echo "      path: /spec/template/spec/containers/0/imagePullPolicy"
-    echo "      value: IfNotPresent"
+    if [[ ${#patches[@]} -gt 0 ]]; then echo "patches:"; fi
     local i=0 p
     for p in ${patches[@]+"${patches[@]}"}; do
       i=$((i + 1))
@@ -984,7 +987,7 @@ cmd_apply_k() {
   kubectl_ apply -k "${overlay}"
 }
 
-# smoke: three pods from a locally built image: one prints and exits, one
+# smoke: three pods from an image pushed to the registry: one prints and exits, one
 # calls the apiserver through its ClusterIP with its service account token,
 # one logs in to PostgreSQL with the DSN from a Secret. Each must reach
 # Succeeded; their logs are shown.
@@ -993,8 +996,9 @@ cmd_smoke() {
   k8s_bin_dir
   build_tool image
   build_tool smoke
-  step "image ${SMOKE_IMAGE}"
-  import_image "$(build_image "${SMOKE_IMAGE}" "${TOOLS}/smoke")"
+  local ref
+  ref="$(push_image "${SMOKE_IMAGE#"${REGISTRY}/"}" "${TOOLS}/smoke")"
+  step "image ${ref}"
   local ns=runledger-smoke
   kubectl_ delete namespace "${ns}" --ignore-not-found --wait=true >/dev/null
   kubectl_ create namespace "${ns}" >/dev/null
@@ -1012,7 +1016,7 @@ spec:
   containers:
   - name: probe
     image: ${SMOKE_IMAGE}
-    imagePullPolicy: Never
+    imagePullPolicy: Always
     args: [${probe}]
     env:
     - name: DATABASE_URL
@@ -1053,6 +1057,7 @@ main() {
     kubeconfig) echo "${RUN}/admin.kubeconfig"; return 0 ;;
     state-dir) echo "${RUN}"; return 0 ;;
     dsn) cat "${RUN}/postgres.dsn" 2>/dev/null || die "the cluster is not up"; return 0 ;;
+    registry) echo "${REGISTRY}"; return 0 ;;
   esac
   [[ "$(id -u)" == 0 ]] || die "must run as root (network namespaces, mounts, cgroups)"
   mkdir -p "${STATE}"
@@ -1064,8 +1069,7 @@ main() {
     down) cmd_down "$@" ;;
     status) cmd_status "$@" ;;
     env) cmd_env "$@" ;;
-    load) cmd_load "$@" ;;
-    import) cmd_import "$@" ;;
+    push) cmd_push "$@" ;;
     postgres) cmd_postgres "$@" ;;
     smoke) cmd_smoke "$@" ;;
     apply-k) cmd_apply_k "$@" ;;

@@ -15,13 +15,13 @@
 #      postgresql (apt-get, ~1 min the first time)
 #   2. Kubernetes binaries built from the Go module proxy (hack/k8s-bins.sh;
 #      the first time ~15 min on 2 cores, cached in bin/k8s/ afterwards)
-#   3. bin/runledger and its image (no Docker, no registry: a tarball
-#      imported into the cluster's containerd)
-#   4. the cluster and PostgreSQL, in network namespace `runledger`
-#      (hack/cluster.sh up)
+#   3. the runledger image (make image: no Docker daemon)
+#   4. the cluster, its registry and PostgreSQL, in network namespace
+#      `runledger` (hack/cluster.sh up); make push to the cluster's registry
 #   5. the operator, the way users install it: kubectl apply -k config/default
-#      with a kustomize image override to the local image; waits for the
-#      rollout and the leader election
+#      with a kustomize image override to the pushed image, by digest (the
+#      cluster pulls it from its registry); waits for the rollout and the
+#      leader election
 #   6. the sample run (config/samples, its Secret pointed at the cluster's
 #      PostgreSQL), kubectl wait --for=condition=Complete, kubectl get
 #      processingruns
@@ -34,7 +34,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 CLUSTER="${ROOT}/hack/cluster.sh"
 NS=runledger-demo
 SYSTEM_NS=runledger-system
-IMAGE_REPO=runledger.local/runledger
 LEASE=runledger-manager.processing.runledger.dev
 
 T0="${SECONDS}"
@@ -106,19 +105,18 @@ fi
 if [[ "${MODE}" == prereqs ]]; then exit 0; fi
 
 # --- 3. runledger ------------------------------------------------------------------
-say "3/7 runledger binary"
-make -s -C "${ROOT}" build
-# The tag is the binary's hash: a rebuilt binary is a new image, so the
-# Deployment rolls out again when you change the code and rerun the demo.
-TAG="$(sha256sum "${ROOT}/bin/runledger" | cut -c1-12)"
-IMAGE="${IMAGE_REPO}:${TAG}"
-info "bin/runledger -> image ${IMAGE}"
+say "3/7 runledger image (make image; the first time also compiles for arm64)"
+make -s -C "${ROOT}" image | sed 's/^/    /'
 
 # --- 4. cluster --------------------------------------------------------------------
-say "4/7 Kubernetes cluster and PostgreSQL (hack/cluster.sh up)"
+say "4/7 Kubernetes cluster, registry and PostgreSQL (hack/cluster.sh up); make push"
 "${CLUSTER}" up
 eval "$("${CLUSTER}" env)"
-"${CLUSTER}" load "${IMAGE}" "${ROOT}/bin/runledger"
+# Installed by digest: a rebuilt image is a new digest, so the Deployment
+# rolls out again when you change the code and rerun the demo.
+IMAGE="$(make -s -C "${ROOT}" push IMG="$("${CLUSTER}" registry)/runledger:dev" INSECURE=1 | tail -1)"
+[[ "${IMAGE}" == *@sha256:* ]] || die "make push printed no digest: ${IMAGE}"
+info "pushed ${IMAGE}"
 
 # --- 5. operator -------------------------------------------------------------------
 say "5/7 install the operator: kubectl apply -k config/default (image override to ${IMAGE})"

@@ -9,7 +9,8 @@
 # What is compared (each a section of FILE):
 #   processes  cluster processes (containerd and its shims, runc, kubelet,
 #              kube-proxy, kube-scheduler, kube-controller-manager,
-#              etcd/kube-apiserver/postgres of the cluster's state directory) and
+#              etcd/kube-apiserver/postgres/registry of the cluster's state
+#              directory) and
 #              any process in a network namespace other than the host's
 #              (pods, the cluster's daemons); only processes that did not
 #              exist at the snapshot (PID and start time) count as left over,
@@ -46,7 +47,8 @@ HOST_PATHS=(/run/containerd /var/lib/containerd /run/runc /var/lib/kubelet /var/
   /var/log/containers /var/log/pods /run/netns /run/flannel "${CLUSTER_STATE}")
 
 # Names (comm, 15 characters at most) of processes that only the cluster
-# runs. (Pods, the runledger manager and workers among them, run in network
+# runs; the cluster's registry (bin/cluster-tools/registry) is known by its
+# -dir under the state directory and its network namespace. (Pods, the runledger manager and workers among them, run in network
 # namespaces of their own; `runledger run` and envtest's kube-apiserver and
 # etcd, which other work on this machine runs, are not the cluster's.)
 CLUSTER_COMMS='^(containerd|containerd-shim.*|runc|runc:.*|kubelet|kube-proxy|kube-scheduler|kube-controller)$'

@@ -62,7 +62,9 @@ func TestHappyPath(t *testing.T) {
 			require.NotContains(t, a, "--worker-image", "config/default sets the image once")
 		}
 		require.Len(t, m.Status.ContainerStatuses, 1)
+		require.Contains(t, m.Spec.Containers[0].Image, "@sha256:", "installed by digest, pulled from the cluster's registry")
 		for _, p := range pods {
+			require.Equal(t, m.Spec.Containers[0].Image, p.Spec.Containers[0].Image, "worker %s", p.Name)
 			require.Equal(t, m.Status.ContainerStatuses[0].ImageID, p.Status.ContainerStatuses[0].ImageID,
 				"worker %s (image %s) runs the manager's image %s", p.Name, p.Spec.Containers[0].Image, m.Spec.Containers[0].Image)
 		}

@@ -1,38 +1,47 @@
-// Command image writes a container image tarball from local files: an empty
-// base plus one layer holding the given files (typically one static
-// CGO_ENABLED=0 binary), with an entrypoint, arguments and user, tagged with a
-// local name. The tarball is in the `docker save` format, which
-// `ctr -n k8s.io images import` understands, so the local cluster
-// (hack/cluster.sh) needs neither a registry nor Docker.
+// Command image builds and pushes container images from local static
+// binaries, with no daemon: an empty base plus one layer holding the binary
+// (and /etc/passwd, /etc/group, /tmp), an entrypoint, arguments, a numeric
+// non-root user and labels; no shell. `build` writes an OCI image layout
+// (an image index with one image per platform), `push` sends it to any OCI
+// registry with the credentials of the usual docker config.
 //
-//	image -tag runledger.local/runledger:dev -o bin/images/runledger.tar \
-//	  -file bin/runledger=/runledger -entrypoint /runledger -user 65532:65532
+//	image build -o bin/image -binary linux/amd64=bin/platforms/linux_amd64/runledger \
+//	  -binary linux/arm64=bin/platforms/linux_arm64/runledger -path /runledger \
+//	  -label org.opencontainers.image.version=v0.1.0
+//	image push bin/image registry.example/runledger:v0.1.0
+//	image ref bin/image registry.example/runledger:v0.1.0   # registry.example/runledger@sha256:...
 //
-// The output is reproducible: the same inputs give the same image digest
-// (file times and the creation time are the Unix epoch, owners are root).
+// The output is reproducible: the same binaries and flags give the same
+// index digest (file times and the creation time are the Unix epoch, owners
+// are root, compression is fixed).
 package main
 
 import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // listFlag is a repeatable string flag.
@@ -42,57 +51,126 @@ func (l *listFlag) String() string     { return strings.Join(*l, " ") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
-	fs := flag.NewFlagSet("image", flag.ContinueOnError)
-	var (
-		tag        = fs.String("tag", "", "image reference to tag the image with, e.g. runledger.local/runledger:dev (required)")
-		out        = fs.String("o", "", "output tarball path (required)")
-		user       = fs.String("user", "65532:65532", "user[:group] the image runs as; numeric, so runAsNonRoot can verify it")
-		workdir    = fs.String("workdir", "/", "working directory")
-		arch       = fs.String("arch", runtime.GOARCH, "image architecture (must match the binaries)")
-		files      listFlag
-		entrypoint listFlag
-		cmd        listFlag
-		env        listFlag
-	)
-	fs.Var(&files, "file", "SRC=DST: add local file SRC at absolute path DST in the image (repeatable); DST keeps SRC's executable bit")
-	fs.Var(&entrypoint, "entrypoint", "an entrypoint element (repeatable, in order)")
-	fs.Var(&cmd, "arg", "a default argument, the image's Cmd (repeatable, in order)")
-	fs.Var(&env, "env", "KEY=VALUE environment variable (repeatable)")
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: image -tag REF -o OUT.tar -file SRC=DST... [-entrypoint E]... [-arg A]... [-user U] [-env K=V]...")
-		fs.PrintDefaults()
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("usage: image build|push|ref ...")
 	}
+	switch args[0] {
+	case "build":
+		return runBuild(args[1:], stdout)
+	case "push":
+		return runPush(ctx, args[1:], stdout)
+	case "ref":
+		return runRef(args[1:], stdout)
+	}
+	return fmt.Errorf("unknown command %q: want build, push or ref", args[0])
+}
+
+func runBuild(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("image build", flag.ContinueOnError)
+	var (
+		out      = fs.String("o", "", "output directory: an OCI image layout, replaced (required)")
+		dst      = fs.String("path", "", "absolute path of the binary in the image, also the entrypoint (default /<name of the binary>)")
+		user     = fs.String("user", "65532:65532", "user[:group] the image runs as; numeric, so runAsNonRoot can verify it")
+		binaries listFlag
+		cmd      listFlag
+		labels   listFlag
+	)
+	fs.Var(&binaries, "binary", "OS/ARCH=FILE: the static binary of one platform (repeatable, one per platform)")
+	fs.Var(&cmd, "arg", "a default argument, the image's Cmd (repeatable, in order)")
+	fs.Var(&labels, "label", "KEY=VALUE: an image label, also an annotation of the index (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *tag == "" || *out == "" || len(files) == 0 || fs.NArg() > 0 {
-		fs.Usage()
-		return errors.New("-tag, -o and at least one -file are required, and no positional arguments")
+	if *out == "" || len(binaries) == 0 || fs.NArg() > 0 {
+		return errors.New("image build: -o and at least one -binary are required, and no positional arguments")
 	}
-	ref, err := name.NewTag(*tag, name.WeakValidation)
-	if err != nil {
-		return fmt.Errorf("bad -tag: %w", err)
+	lbls := map[string]string{}
+	for _, l := range labels {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("bad -label %q: want KEY=VALUE", l)
+		}
+		lbls[k] = v
 	}
-
-	layerTar, dsts, err := buildLayer(files)
+	spec := imageSpec{path: *dst, user: *user, cmd: cmd, labels: lbls}
+	idx, err := buildIndex(binaries, spec)
 	if err != nil {
 		return err
 	}
+	if err := writeLayout(*out, idx); err != nil {
+		return err
+	}
+	d, err := idx.Digest()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s %s\n", *out, d)
+	return nil
+}
+
+// imageSpec is what every platform's image shares.
+type imageSpec struct {
+	path   string
+	user   string
+	cmd    []string
+	labels map[string]string
+}
+
+// buildIndex returns an OCI image index with one image per OS/ARCH=FILE binary.
+func buildIndex(binaries []string, spec imageSpec) (v1.ImageIndex, error) {
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	seen := map[string]bool{}
+	for _, b := range binaries {
+		platform, file, ok := strings.Cut(b, "=")
+		osName, arch, ok2 := strings.Cut(platform, "/")
+		if !ok || !ok2 || osName == "" || arch == "" || file == "" {
+			return nil, fmt.Errorf("bad -binary %q: want OS/ARCH=FILE", b)
+		}
+		if seen[platform] {
+			return nil, fmt.Errorf("-binary: platform %s given twice", platform)
+		}
+		seen[platform] = true
+		img, err := buildImage(file, osName, arch, spec)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", platform, err)
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{
+			Add:        img,
+			Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: osName, Architecture: arch}},
+		})
+	}
+	if len(spec.labels) > 0 {
+		idx = mutate.Annotations(idx, spec.labels).(v1.ImageIndex)
+	}
+	return idx, nil
+}
+
+func buildImage(bin, osName, arch string, spec imageSpec) (v1.Image, error) {
+	dst := spec.path
+	if dst == "" {
+		dst = "/" + filepath.Base(bin)
+	}
+	layerTar, dsts, err := buildLayer([]string{bin + "=" + dst})
+	if err != nil {
+		return nil, err
+	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	}, tarball.WithCompressionLevel(gzip.BestSpeed))
+	}, tarball.WithCompressionLevel(gzip.BestSpeed), tarball.WithMediaType(types.OCILayer))
 	if err != nil {
-		return fmt.Errorf("layer: %w", err)
+		return nil, fmt.Errorf("layer: %w", err)
 	}
-
-	img, err := mutate.Append(empty.Image, mutate.Addendum{
+	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
+	img, err := mutate.Append(base, mutate.Addendum{
 		Layer: layer,
 		// Destination paths only: the source paths are local and would make
 		// the digest depend on where the repository is checked out.
@@ -102,48 +180,101 @@ func run(args []string) error {
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("append layer: %w", err)
+		return nil, fmt.Errorf("append layer: %w", err)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cf = cf.DeepCopy()
-	cf.OS = "linux"
-	cf.Architecture = *arch
+	cf.OS = osName
+	cf.Architecture = arch
 	cf.Created = v1.Time{Time: time.Unix(0, 0).UTC()}
-	cf.Config.Entrypoint = entrypoint
-	cf.Config.Cmd = cmd
-	cf.Config.User = *user
-	cf.Config.WorkingDir = *workdir
-	cf.Config.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, env...)
+	cf.Config.Entrypoint = []string{dsts[0]}
+	cf.Config.Cmd = spec.cmd
+	cf.Config.User = spec.user
+	cf.Config.WorkingDir = "/"
+	cf.Config.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+	cf.Config.Labels = spec.labels
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
-		return fmt.Errorf("config: %w", err)
+		return nil, fmt.Errorf("config: %w", err)
 	}
+	return img, nil
+}
 
-	// Write next to the destination and rename: an interrupted run never
-	// leaves a truncated tarball that looks complete.
-	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+// writeLayout writes idx as an OCI image layout in dir, through a sibling
+// directory renamed into place: an interrupted build never leaves a layout
+// that looks complete.
+func writeLayout(dir string, idx v1.ImageIndex) error {
+	dir = filepath.Clean(dir)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return err
 	}
-	tmp := *out + ".tmp"
-	if err := tarball.WriteToFile(tmp, ref, img); err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", *out, err)
-	}
-	if err := os.Rename(tmp, *out); err != nil {
+	tmp := dir + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
 		return err
 	}
-	digest, err := img.Digest()
+	p, err := layout.Write(tmp, mutate.IndexMediaType(empty.Index, types.OCIImageIndex))
+	if err != nil {
+		return fmt.Errorf("write layout %s: %w", dir, err)
+	}
+	if err := p.AppendIndex(idx); err != nil {
+		_ = os.RemoveAll(tmp)
+		return fmt.Errorf("write layout %s: %w", dir, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dir)
+}
+
+// readLayout returns the one image index of the layout in dir.
+func readLayout(dir string) (v1.ImageIndex, error) {
+	outer, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		return nil, fmt.Errorf("read layout %s (run image build first): %w", dir, err)
+	}
+	m, err := outer.IndexManifest()
+	if err != nil {
+		return nil, err
+	}
+	if len(m.Manifests) != 1 {
+		return nil, fmt.Errorf("layout %s holds %d manifests, want one image index", dir, len(m.Manifests))
+	}
+	return outer.ImageIndex(m.Manifests[0].Digest)
+}
+
+func runPush(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("image push", flag.ContinueOnError)
+	insecure := fs.Bool("insecure", false, "allow a registry over plain HTTP (a local one)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		return errors.New("usage: image push [-insecure] LAYOUT_DIR REGISTRY/REPOSITORY:TAG")
+	}
+	var opts []name.Option
+	if *insecure {
+		opts = append(opts, name.Insecure)
+	}
+	ref, err := name.NewTag(fs.Arg(1), opts...)
+	if err != nil {
+		return fmt.Errorf("bad image reference %q (want REGISTRY/REPOSITORY:TAG): %w", fs.Arg(1), err)
+	}
+	idx, err := readLayout(fs.Arg(0))
 	if err != nil {
 		return err
 	}
-	cfgName, err := img.ConfigName()
+	if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	d, err := idx.Digest()
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s %s digest=%s id=%s\n", *out, ref.Name(), digest, cfgName)
+	// What a manifest pins: the repository and the digest.
+	fmt.Fprintf(stdout, "%s@%s\n", ref.Context().Name(), d)
 	return nil
 }
 
@@ -237,4 +368,27 @@ func buildLayer(specs []string) (layer []byte, dsts []string, err error) {
 		return nil, nil, err
 	}
 	return buf.Bytes(), dsts, nil
+}
+
+// runRef prints the reference by digest that a manifest pins: the
+// repository of IMAGE (its tag dropped) and the digest of the layout's
+// index, which push keeps.
+func runRef(args []string, stdout io.Writer) error {
+	if len(args) != 2 {
+		return errors.New("usage: image ref LAYOUT_DIR REGISTRY/REPOSITORY[:TAG]")
+	}
+	ref, err := name.ParseReference(args[1])
+	if err != nil {
+		return fmt.Errorf("bad image reference %q (want REGISTRY/REPOSITORY[:TAG]): %w", args[1], err)
+	}
+	idx, err := readLayout(args[0])
+	if err != nil {
+		return err
+	}
+	d, err := idx.Digest()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s@%s\n", ref.Context().Name(), d)
+	return nil
 }
