@@ -61,7 +61,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: image build|push|ref ...")
+		return errors.New("usage: image build|push|ref ARGS")
 	}
 	switch args[0] {
 	case "build":
