@@ -18,10 +18,10 @@
 #   3. the runledger image (make image: no Docker daemon)
 #   4. the cluster, its registry and PostgreSQL, in network namespace
 #      `runledger` (hack/cluster.sh up); make push to the cluster's registry
-#   5. the operator, the way users install it: kubectl apply -k config/default
-#      with a kustomize image override to the pushed image, by digest (the
-#      cluster pulls it from its registry); waits for the rollout and the
-#      leader election
+#   5. the operator, the way users install a release: make build-installer
+#      renders dist/install.yaml with the pushed image pinned by digest (the
+#      cluster pulls it from its registry), kubectl apply -f
+#      dist/install.yaml; waits for the rollout and the leader election
 #   6. the sample run (config/samples, its Secret pointed at the cluster's
 #      PostgreSQL), kubectl wait --for=condition=Complete, kubectl get
 #      processingruns
@@ -119,11 +119,13 @@ IMAGE="$(make -s -C "${ROOT}" push IMG="$("${CLUSTER}" registry)/runledger:dev" 
 info "pushed ${IMAGE}"
 
 # --- 5. operator -------------------------------------------------------------------
-say "5/7 install the operator: kubectl apply -k config/default (image override to ${IMAGE})"
+say "5/7 install the operator: make build-installer; kubectl apply -f dist/install.yaml"
+make -s -C "${ROOT}" build-installer IMG="$("${CLUSTER}" registry)/runledger:dev" | tail -1 | sed 's/^/    /'
+grep -qF "image: ${IMAGE}" "${ROOT}/dist/install.yaml" || die "dist/install.yaml does not pin the pushed image ${IMAGE}"
+# One image setting: the workers run the manager's own image.
+kubectl apply -f "${ROOT}/dist/install.yaml"
 overlay="$(mktemp -d)"
 trap 'rm -rf "${overlay}"' EXIT
-# One image setting: the workers run the manager's own image.
-"${CLUSTER}" apply-k "${ROOT}/config/default" "runledger:dev=${IMAGE}"
 kubectl -n "${SYSTEM_NS}" rollout status deployment/runledger-manager --timeout=180s
 for _ in $(seq 60); do
   holder="$(kubectl -n "${SYSTEM_NS}" get lease "${LEASE}" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
