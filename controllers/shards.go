@@ -93,7 +93,11 @@ func observePod(pod *corev1.Pod, shard int32) (podInfo, bool) {
 			if info.state == podLive {
 				// The shard is done when its worker is (restartPolicy Never),
 				// whatever keeps the pod running.
-				info.state, info.running, info.lingering = podFailed, false, true
+				info.state, info.running = podFailed, false
+				// Only a container still alive keeps the pod: without one,
+				// the kubelet is about to report the phase, and the pod stays
+				// (with its logs) like any finished worker pod.
+				info.lingering = otherContainerAlive(pod)
 				if t.ExitCode == v1alpha1.ExitSucceeded {
 					info.state = podSucceeded
 				}
@@ -119,6 +123,17 @@ func workerStatus(pod *corev1.Pod) *corev1.ContainerStatus {
 		}
 	}
 	return nil
+}
+
+// otherContainerAlive reports whether a regular container other than the
+// worker has not terminated (an injected sidecar).
+func otherContainerAlive(pod *corev1.Pod) bool {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name != v1alpha1.WorkerContainerName && cs.State.Terminated == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // podFinishTime guesses when a pod without a terminated container ended

@@ -417,6 +417,17 @@ func TestDecideShard(t *testing.T) {
 			},
 		},
 		{
+			name: "worker finished, no other container, the phase still Running, the status says Succeeded: finished, the pod is kept",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning, exit: exit(0),
+				report: report(0, counts{Total: 4, Completed: 4}, "")}},
+			entry: entry("r-0-0", v1alpha1.ShardSucceeded, 0, counts{Total: 4, Completed: 4}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
+				require.True(t, d.final)
+				require.Empty(t, d.deletePods, "the kubelet reports the phase; the pod and its logs stay like any finished pod")
+			},
+		},
+		{
 			name: "worker finished, a native sidecar (restartPolicy Always) still runs: succeeded",
 			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning, exit: exit(0), nativeSidecar: true,
 				report: report(0, counts{Total: 4, Completed: 4}, "")}},
