@@ -286,6 +286,26 @@ func (f *fixture) runPods(run *v1alpha1.ProcessingRun) []corev1.Pod {
 	return pods.Items
 }
 
+// waitPodsFinished waits until every pod of the run has a terminal phase and
+// returns them. A shard is finished when its worker container has
+// terminated, which the run may report a moment before the kubelet reports
+// the pod's phase.
+func (f *fixture) waitPodsFinished(run *v1alpha1.ProcessingRun, timeout time.Duration) []corev1.Pod {
+	f.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		pods := f.runPods(run)
+		done := true
+		for _, p := range pods {
+			done = done && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
+		}
+		if done || time.Now().After(deadline) {
+			return pods
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
 // events are the Events about an object of the test's namespace.
 func (f *fixture) events(name string) []corev1.Event {
 	f.t.Helper()

@@ -51,7 +51,7 @@ func TestHappyPath(t *testing.T) {
 	require.NotNil(t, run.Status.CompletionTime)
 	require.Equal(t, run.Generation, run.Status.ObservedGeneration)
 
-	pods := f.runPods(run)
+	pods := f.waitPodsFinished(run, 30*time.Second)
 	require.Len(t, pods, 3, "one pod per shard, none replaced")
 	// One image setting: the workers run the very image the manager runs.
 	mgrs, err := f.managerPods(f.ctx)
