@@ -6,7 +6,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/internal/ledger"
-	"github.com/runledger/runledger/internal/redact"
 )
 
 const migrateLong = `Apply the ledger's schema migrations (idempotent, safe to run concurrently).
@@ -34,14 +33,9 @@ func newMigrateCommand() *cobra.Command {
 			if cmd.Flags().Changed("grant-to") && grantTo == "" {
 				return badInput(fmt.Errorf("--grant-to is empty: name the worker's login role"))
 			}
-			dsn, err := databaseURL(cmd)
+			pool, secrets, err := openOwnerPool(cmd)
 			if err != nil {
 				return err
-			}
-			secrets := redact.New(dsn)
-			pool, err := ledger.Open(cmd.Context(), dsn, 2)
-			if err != nil {
-				return badInput(err)
 			}
 			defer pool.Close()
 			n, err := ledger.Migrate(cmd.Context(), pool)

@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/internal/ledger"
-	"github.com/runledger/runledger/internal/redact"
 )
 
 const pruneLong = `Delete what finished runs leave behind, as the role that owns the schema.
@@ -47,14 +46,9 @@ func newPruneCommand() *cobra.Command {
 			case history && supersededOlderThan <= 0:
 				return badInput(fmt.Errorf("--superseded-older-than must be a positive duration (e.g. 2160h), not %s", supersededOlderThan))
 			}
-			dsn, err := databaseURL(cmd)
+			pool, secrets, err := openOwnerPool(cmd)
 			if err != nil {
 				return err
-			}
-			secrets := redact.New(dsn)
-			pool, err := ledger.Open(cmd.Context(), dsn, 2)
-			if err != nil {
-				return badInput(err)
 			}
 			defer pool.Close()
 			store := ledger.NewStore(pool)

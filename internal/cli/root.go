@@ -8,8 +8,10 @@ import (
 	"os"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/version"
 )
@@ -76,6 +78,21 @@ func Execute() int {
 func addDatabaseFlags(cmd *cobra.Command, what string) {
 	cmd.Flags().String(flagDatabaseURL, "", what+" (default $"+envDatabaseURL+"); a password here is visible to every user of the machine (ps): prefer --"+flagDSNFile+", $"+envDatabaseURL+" or a .pgpass file")
 	cmd.Flags().String(flagDSNFile, "", "read the connection string from this file (e.g. a Kubernetes Secret mounted as a file); a trailing newline is ignored")
+}
+
+// openOwnerPool opens a small pool on the database the flags name, for the
+// owner's one-shot commands (migrate, prune), with the masker of its DSN.
+func openOwnerPool(cmd *cobra.Command) (*pgxpool.Pool, *redact.Redactor, error) {
+	dsn, err := databaseURL(cmd)
+	if err != nil {
+		return nil, nil, err
+	}
+	secrets := redact.New(dsn)
+	pool, err := ledger.Open(cmd.Context(), dsn, 2)
+	if err != nil {
+		return nil, nil, badInput(err)
+	}
+	return pool, secrets, nil
 }
 
 // databaseURL returns the DSN from --dsn, --dsn-file or the environment, in
