@@ -45,7 +45,7 @@ type BatchQuery struct {
 // BatchQuerySQL is the SELECT that materialises q, for describing it in a
 // READ ONLY transaction before anything runs.
 func BatchQuerySQL(q BatchQuery) string {
-	return sqlBatchRows(q.SQL, q.HasPayload, q.ShardOf)
+	return sqlBatchRows(q.SQL, q.HasPayload, q.Shards, q.ShardOf)
 }
 
 // BatchRow is one row of a materialised batch. Seq is its row number in the
@@ -155,7 +155,8 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 	if err != nil {
 		return err
 	}
-	tag, err := tx.Exec(ctx, sqlFixQueryBatch(q.SQL, q.HasPayload, q.ShardOf), run.UID, run.Namespace, run.Name, q.Shards)
+	var items int64
+	err = tx.QueryRow(ctx, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.ShardOf), run.UID, run.Namespace, run.Name, q.Shards).Scan(&items)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBatchQuery, err)
 	}
@@ -166,8 +167,8 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 	if w := foreignWrite(before, after); w != nil {
 		return fmt.Errorf("%w: %w", ErrBatchQuery, w)
 	}
-	if rows := tag.RowsAffected(); rows > 0 {
-		if _, err := tx.Exec(ctx, sqlSetBatchItems, run.UID, rows); err != nil {
+	if items > 0 {
+		if _, err := tx.Exec(ctx, sqlSetBatchItems, run.UID, items); err != nil {
 			return fmt.Errorf("counting the batch of run %s: %w", run.UID, err)
 		}
 	}
@@ -225,7 +226,7 @@ func (s *Store) FixStaticBatch(ctx context.Context, run Run, shards int, items i
 	return h, err
 }
 
-// BatchShardSize is the number of rows of shard in the materialised batch h.
+// BatchShardSize is the number of items of shard in the materialised batch h.
 func (s *Store) BatchShardSize(ctx context.Context, h *BatchHeader, shard int) (int64, error) {
 	var n int64
 	if err := s.pool.QueryRow(ctx, sqlBatchShardSize, h.ID, shard).Scan(&n); err != nil {
@@ -310,9 +311,9 @@ func (c *BatchCursor) Close() {
 	c.conn.Release()
 }
 
-// PruneBatches deletes the rows of every batch created before cutoff and
+// PruneBatches deletes the items of every batch created before cutoff and
 // marks its header pruned (the header stays, a tombstone). It returns the
-// number of batches pruned and of rows deleted.
+// number of batches pruned and of items (the query's rows) deleted.
 func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (batches, rows int64, err error) {
 	if err := s.pool.QueryRow(ctx, sqlPruneBatches, cutoff).Scan(&batches, &rows); err != nil {
 		return 0, 0, fmt.Errorf("pruning batches created before %s: %w", cutoff.Format(time.RFC3339), err)

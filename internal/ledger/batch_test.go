@@ -2,10 +2,12 @@ package ledger_test
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -45,8 +47,8 @@ func TestFixQueryBatch_OnceWhenShardsStartTogether(t *testing.T) {
 	require.Equal(t, 3, headers[0].Shards)
 	require.EqualValues(t, 1000, headers[0].Items)
 	require.Nil(t, headers[0].Pruned)
-	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'fix-once')`), "written once")
-	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(DISTINCT seq) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'fix-once')`))
+	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT sum(cardinality(seqs)) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'fix-once')`), "written once")
+	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(DISTINCT seq) FROM runledger.batch, unnest(seqs) AS seq WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'fix-once')`))
 
 	mustExec(t, pool, `UPDATE src SET done = true`)
 	h, err := s.FixQueryBatch(context.Background(), run, batchQuery())
@@ -236,7 +238,7 @@ func TestPruneBatches(t *testing.T) {
 	require.EqualValues(t, 2, batches)
 	require.EqualValues(t, 1000, rows)
 	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'old')`))
-	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'new')`), "a newer batch is kept")
+	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT sum(cardinality(seqs)) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'new')`), "a newer batch is kept")
 
 	h, err := s.FixQueryBatch(ctx, runNamed("old"), batchQuery())
 	require.NoError(t, err)
@@ -248,4 +250,59 @@ func TestPruneBatches(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, batches, "pruning again finds nothing")
 	require.Zero(t, rows)
+}
+
+// TestFixQueryBatch_BlocksBounded: the batch is packed in blocks, each of
+// one shard's items among 1000 seqs per shard, and cut earlier at 32 MiB of
+// text, so that large payloads never build an array near PostgreSQL's 1 GB
+// limit on a value; reading the shard gives every item back whole.
+func TestFixQueryBatch_BlocksBounded(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	// 2,500 small rows, then 40 payloads of 1 MiB (40 MiB in all).
+	mustExec(t, pool, `CREATE TABLE big AS
+SELECT i, 'e' || i AS entity, 'o' AS occurrence, CASE WHEN i > 2500 THEN repeat('x', 1 << 20) ELSE 'p' || i END AS payload
+FROM generate_series(1, 2540) i`)
+	s := ledger.NewStore(pool)
+	q := ledger.BatchQuery{SQL: `SELECT entity, occurrence, payload FROM big ORDER BY i`, HasPayload: true, Shards: 1,
+		ShardOf: func(string, string) string { return "0" }}
+	h, err := s.FixQueryBatch(context.Background(), runNamed("big"), q)
+	require.NoError(t, err)
+	require.EqualValues(t, 2540, h.Items)
+
+	type block struct {
+		Items, MinSeq, MaxSeq, Bytes int64
+	}
+	rows, err := pool.Query(context.Background(), `
+SELECT cardinality(seqs), (SELECT min(s) FROM unnest(seqs) s), (SELECT max(s) FROM unnest(seqs) s),
+       (SELECT coalesce(sum(octet_length(p)), 0) FROM unnest(payloads) p)
+FROM runledger.batch WHERE batch_id = $1 ORDER BY block`, h.ID)
+	require.NoError(t, err)
+	blocks, err := pgx.CollectRows(rows, pgx.RowToStructByPos[block])
+	require.NoError(t, err)
+	var items, big int64
+	for i, b := range blocks {
+		require.Less(t, b.MaxSeq-b.MinSeq, int64(1000), "block %d: seqs %d..%d, within 1000 seqs", i, b.MinSeq, b.MaxSeq)
+		require.LessOrEqual(t, b.Bytes, int64(33<<20), "block %d: about 32 MiB at most", i)
+		items += b.Items
+		if b.Bytes > 1<<20 {
+			big++
+		}
+	}
+	require.EqualValues(t, 2540, items)
+	require.GreaterOrEqual(t, big, int64(2), "40 MiB of payloads take two blocks or more: %+v", blocks)
+
+	got := readShard(t, s, h, "big", 0, 0)
+	require.Len(t, got, 2540)
+	seen := map[int64]bool{}
+	for _, r := range got {
+		require.False(t, seen[r.Seq], "seq %d read twice", r.Seq)
+		seen[r.Seq] = true
+		require.Equal(t, "e"+strconv.FormatInt(r.Seq, 10), *r.Entity, "its key")
+		if r.Seq > 2500 {
+			require.Len(t, *r.Payload, 1<<20, "seq %d: its payload whole", r.Seq)
+		} else {
+			require.Equal(t, "p"+strconv.FormatInt(r.Seq, 10), *r.Payload)
+		}
+	}
 }

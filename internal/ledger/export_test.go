@@ -8,6 +8,7 @@ var (
 	SQLSupersede       = sqlSupersede
 	SQLFixQueryBatch   = sqlFixQueryBatch
 	SQLBatchCursor     = sqlBatchCursorQuery
+	SQLBatchWorkMem    = sqlBatchWorkMem
 	SQLIndexProbesOnly = sqlIndexProbesOnly
 	ForEachSkipped     = forEachSkipped
 	ForEachKey         = forEachKey
