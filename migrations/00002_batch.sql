@@ -28,9 +28,9 @@ CREATE TABLE runledger.batch_run (
 -- the block's items as parallel arrays (seqs[i], entities[i], occurrences[i],
 -- payloads[i] are one item). seq is the item's position in the query's
 -- output (from 1) and names it in error messages. A block holds one shard's
--- items among 1000 consecutive seqs per shard of the batch (about 1000
--- items), cut earlier at 32 MiB of text (ledger.sqlBatchRows); the items are
--- written with no sort. A shard reads its own blocks only (the primary key's
+-- items among 4000 consecutive seqs, each of at most 16 KiB of text; a larger
+-- item is a block of its own (ledger.sqlBatchRows). The items are written
+-- with no sort. A shard reads its own blocks only (the primary key's
 -- range) and sorts their items in key order (entity, occurrence, seq) when it
 -- reads. A key part may be NULL (such an item is a failed item, in shard 0).
 --

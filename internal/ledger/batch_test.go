@@ -253,22 +253,23 @@ func TestPruneBatches(t *testing.T) {
 }
 
 // TestFixQueryBatch_BlocksBounded: the batch is packed in blocks, each of
-// one shard's items among 1000 seqs per shard, and cut earlier at 32 MiB of
-// text, so that large payloads never build an array near PostgreSQL's 1 GB
-// limit on a value; reading the shard gives every item back whole.
+// one shard's items among 4000 consecutive seqs, and an item of more than
+// 16 KiB of text is a block of its own, so that large payloads never build an
+// array near PostgreSQL's 1 GB limit on a value; reading the shard gives
+// every item back whole.
 func TestFixQueryBatch_BlocksBounded(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
-	// 2,500 small rows, then 40 payloads of 1 MiB (40 MiB in all).
+	// 9,000 small rows, then 40 payloads of 1 MiB (40 MiB in all).
 	mustExec(t, pool, `CREATE TABLE big AS
-SELECT i, 'e' || i AS entity, 'o' AS occurrence, CASE WHEN i > 2500 THEN repeat('x', 1 << 20) ELSE 'p' || i END AS payload
-FROM generate_series(1, 2540) i`)
+SELECT i, 'e' || i AS entity, 'o' AS occurrence, CASE WHEN i > 9000 THEN repeat('x', 1 << 20) ELSE 'p' || i END AS payload
+FROM generate_series(1, 9040) i`)
 	s := ledger.NewStore(pool)
 	q := ledger.BatchQuery{SQL: `SELECT entity, occurrence, payload FROM big ORDER BY i`, HasPayload: true, Shards: 1,
 		ShardOf: func(string, string) string { return "0" }}
 	h, err := s.FixQueryBatch(context.Background(), runNamed("big"), q)
 	require.NoError(t, err)
-	require.EqualValues(t, 2540, h.Items)
+	require.EqualValues(t, 9040, h.Items)
 
 	type block struct {
 		Items, MinSeq, MaxSeq, Bytes int64
@@ -280,26 +281,29 @@ FROM runledger.batch WHERE batch_id = $1 ORDER BY block`, h.ID)
 	require.NoError(t, err)
 	blocks, err := pgx.CollectRows(rows, pgx.RowToStructByPos[block])
 	require.NoError(t, err)
-	var items, big int64
+	var items, small int64
 	for i, b := range blocks {
-		require.Less(t, b.MaxSeq-b.MinSeq, int64(1000), "block %d: seqs %d..%d, within 1000 seqs", i, b.MinSeq, b.MaxSeq)
-		require.LessOrEqual(t, b.Bytes, int64(33<<20), "block %d: about 32 MiB at most", i)
 		items += b.Items
-		if b.Bytes > 1<<20 {
-			big++
+		if b.MaxSeq > 9000 {
+			require.EqualValues(t, 1, b.Items, "block %d: a large item is a block of its own", i)
+			require.EqualValues(t, 1<<20, b.Bytes)
+			continue
 		}
+		small++
+		require.Equal(t, b.MinSeq/4000, b.MaxSeq/4000, "block %d: seqs %d..%d, within one range of 4000 seqs", i, b.MinSeq, b.MaxSeq)
 	}
-	require.EqualValues(t, 2540, items)
-	require.GreaterOrEqual(t, big, int64(2), "40 MiB of payloads take two blocks or more: %+v", blocks)
+	require.EqualValues(t, 9040, items)
+	require.EqualValues(t, 3, small, "9,000 small items in blocks of 4000 seqs: %+v", blocks)
+	require.Len(t, blocks, 43)
 
 	got := readShard(t, s, h, "big", 0, 0)
-	require.Len(t, got, 2540)
+	require.Len(t, got, 9040)
 	seen := map[int64]bool{}
 	for _, r := range got {
 		require.False(t, seen[r.Seq], "seq %d read twice", r.Seq)
 		seen[r.Seq] = true
 		require.Equal(t, "e"+strconv.FormatInt(r.Seq, 10), *r.Entity, "its key")
-		if r.Seq > 2500 {
+		if r.Seq > 9000 {
 			require.Len(t, *r.Payload, 1<<20, "seq %d: its payload whole", r.Seq)
 		} else {
 			require.Equal(t, "p"+strconv.FormatInt(r.Seq, 10), *r.Payload)
