@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -50,4 +51,34 @@ WHERE n.nspname = $1 AND i.relname = $2`, ledger.Schema, ledger.BusinessKeyIndex
 	require.Equal(t,
 		"CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger USING btree (entity, occurrence) WHERE (state = 'committed'::text)",
 		def)
+}
+
+// TestBatchArraysStorage: the batch's arrays are compressed with lz4 when the
+// server has it and stored out of line uncompressed otherwise (never pglz,
+// which made writing a batch half as slow again), and carry no statistics
+// (ANALYZE would read every array).
+func TestBatchArraysStorage(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	lz4 := scalar[bool](t, pool, `SELECT EXISTS (SELECT FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY (enumvals))`)
+	rows, err := pool.Query(context.Background(), `
+SELECT attname, attcompression::text, attstorage::text, attstattarget::int
+FROM pg_attribute WHERE attrelid = 'runledger.batch'::regclass AND attnum > 0 AND NOT attisdropped AND atttypid <> 'bigint'::regtype AND atttypid <> 'integer'::regtype
+ORDER BY attnum`)
+	require.NoError(t, err)
+	type column struct {
+		Name, Compression, Storage string
+		Statistics                 int
+	}
+	columns, err := pgx.CollectRows(rows, pgx.RowToStructByPos[column])
+	require.NoError(t, err)
+	want := []column{}
+	for _, name := range []string{"seqs", "entities", "occurrences", "payloads"} {
+		if lz4 {
+			want = append(want, column{name, "l", "x", 0})
+		} else {
+			want = append(want, column{name, "", "e", 0})
+		}
+	}
+	require.Equal(t, want, columns, "lz4 on this server: %v", lz4)
 }
