@@ -287,33 +287,47 @@ func engineErrorAsRole(t *testing.T, pool *pgxpool.Pool, role, sql string) error
 	return engineErrorIn(t, pool, []string{`SET LOCAL ROLE ` + role}, sql)
 }
 
-// TestIsStatementLevel: errors that condemn the statement whatever its items
-// (every item fails alike, without bisection) against errors that depend on
-// the row (isolated item by item). Built errors first, then errors of the real
-// engine.
-func TestIsStatementLevel(t *testing.T) {
+// TestStatementLevelAndConfigurationErrors: IsStatementLevel (the error
+// condemns the statement whatever its items: every item fails alike, without
+// bisection) and IsConfigurationError (only a change of the query, the effect
+// or the role's grants can cure it: exit code 2 in the CLI), on one table.
+// A statement-level error is a configuration error or a transaction-state
+// error (class 25); a row refused by a row-level security policy is neither.
+// Built errors first, then errors of the real engine.
+func TestStatementLevelAndConfigurationErrors(t *testing.T) {
 	t.Parallel()
 	pg := func(code, routine string) error { return &pgconn.PgError{Code: code, Routine: routine} }
-	built := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"syntax error", pg("42601", "scanner_yyerror"), true},
-		{"undefined table", wrap(pg("42P01", "parserOpenTable"), 2), true},
-		{"permission denied", pg("42501", "aclcheck_error"), true},
-		{"row-level security WITH CHECK", wrap(pg("42501", "ExecWithCheckOptions"), 2), false},
-		{"feature not supported", pg("0A000", ""), true},
-		{"invalid schema name", pg("3F000", ""), true},
-		{"read-only transaction", pg("25006", ""), true},
-		{"foreign key", pg("23503", "ri_ReportViolation"), false},
-		{"malformed json", pg("22P02", ""), false},
-		{"bare error", errors.New("boom"), false},
-		{"nil", nil, false},
+	type row struct {
+		name                   string
+		err                    error
+		statementLevel, config bool
 	}
-	for _, tt := range built {
-		require.Equal(t, tt.want, ledger.IsStatementLevel(tt.err), "built %s: IsStatementLevel(%v)", tt.name, tt.err)
+	check := func(kind string, rows []row) {
+		t.Helper()
+		for _, tt := range rows {
+			require.Equal(t, tt.statementLevel, ledger.IsStatementLevel(tt.err), "%s %s: IsStatementLevel(%v)", kind, tt.name, tt.err)
+			require.Equal(t, tt.config, ledger.IsConfigurationError(tt.err), "%s %s: IsConfigurationError(%v)", kind, tt.name, tt.err)
+		}
 	}
+	check("built", []row{
+		{"syntax error", pg("42601", "scanner_yyerror"), true, true},
+		{"undefined table, wrapped", wrap(pg("42P01", "parserOpenTable"), 2), true, true},
+		{"undefined column in a custom wrapper", layer{pg("42703", "")}, true, true},
+		{"permission denied", pg("42501", "aclcheck_error"), true, true},
+		{"inside a join", errors.Join(io.EOF, pg("42883", "")), true, true},
+		{"row-level security WITH CHECK", wrap(pg("42501", "ExecWithCheckOptions"), 2), false, false},
+		{"feature not supported", pg("0A000", ""), true, true},
+		{"invalid schema name", multiWrap{[]error{errors.New("x"), pg("3F000", "")}}, true, true},
+		{"read-only transaction", pg("25006", ""), true, false},
+		{"foreign key", pg("23503", "ri_ReportViolation"), false, false},
+		{"malformed json", pg("22P02", ""), false, false},
+		{"wrong password", pg("28P01", ""), false, false},
+		{"no such database", pg("3D000", ""), false, false},
+		{"statement_timeout", pg("57014", ""), false, false},
+		{"not a SQLSTATE", pg("42", ""), false, false},
+		{"bare error mentioning 42601", errors.New("SQLSTATE 42601"), false, false},
+		{"nil", nil, false, false},
+	})
 
 	pool := newPool(t)
 	db := pool.Config().ConnConfig.Database
@@ -328,97 +342,29 @@ INSERT INTO notes VALUES ('acct-1'), ('hidden');
 CREATE TABLE secrets (a text);
 CREATE TABLE accounts (id text PRIMARY KEY);
 CREATE TABLE invoices (account text REFERENCES accounts)`, role))
-	engine := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"row-level security WITH CHECK on insert", engineErrorAsRole(t, pool, role, `INSERT INTO notes VALUES ('nobody-1')`), false},
-		{"row-level security WITH CHECK on update", engineErrorAsRole(t, pool, role, `UPDATE notes SET account = 'nobody-2'`), false},
-		{"permission denied for table", engineErrorAsRole(t, pool, role, `INSERT INTO secrets VALUES ('x')`), true},
-		{"permission denied to delete", engineErrorAsRole(t, pool, role, `DELETE FROM notes`), true},
-		{"syntax error", engineError(t, pool, `INSERT INTO notes VALUE ('x')`), true},
-		{"undefined table", engineError(t, pool, `INSERT INTO nope VALUES (1)`), true},
-		{"foreign key", engineError(t, pool, `INSERT INTO invoices VALUES ('nobody')`), false},
-		{"malformed json", engineError(t, pool, `SELECT '{'::jsonb`), false},
-	}
-	for _, tt := range engine {
-		require.Equal(t, tt.want, ledger.IsStatementLevel(tt.err), "engine %s: IsStatementLevel(%v)", tt.name, tt.err)
-	}
-}
-
-// TestIsConfigurationError: errors only a change of the query, the effect or
-// the role's grants can cure (exit code 2 in the CLI) against errors of the
-// data, of the moment or of the connection. Built errors first, then errors of
-// the real engine.
-func TestIsConfigurationError(t *testing.T) {
-	t.Parallel()
-	pg := func(code, routine string) error { return &pgconn.PgError{Code: code, Routine: routine} }
-	built := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"syntax error", pg("42601", "scanner_yyerror"), true},
-		{"undefined table, wrapped", wrap(pg("42P01", "parserOpenTable"), 2), true},
-		{"undefined column in a custom wrapper", layer{pg("42703", "")}, true},
-		{"permission denied", pg("42501", "aclcheck_error"), true},
-		{"inside a join", errors.Join(io.EOF, pg("42883", "")), true},
-		{"row-level security WITH CHECK", wrap(pg("42501", "ExecWithCheckOptions"), 2), false},
-		{"feature not supported", pg("0A000", ""), true},
-		{"invalid schema name", multiWrap{[]error{errors.New("x"), pg("3F000", "")}}, true},
-		{"read-only transaction", pg("25006", ""), false},
-		{"foreign key", pg("23503", "ri_ReportViolation"), false},
-		{"malformed json", pg("22P02", ""), false},
-		{"wrong password", pg("28P01", ""), false},
-		{"no such database", pg("3D000", ""), false},
-		{"statement_timeout", pg("57014", ""), false},
-		{"not a SQLSTATE", pg("42", ""), false},
-		{"bare error mentioning 42601", errors.New("SQLSTATE 42601"), false},
-		{"nil", nil, false},
-	}
-	for _, tt := range built {
-		require.Equal(t, tt.want, ledger.IsConfigurationError(tt.err), "built %s: IsConfigurationError(%v)", tt.name, tt.err)
-	}
-
-	pool := newPool(t)
-	db := pool.Config().ConnConfig.Database
-	role := "conf_" + db[strings.LastIndex(db, "_")+1:] + fmt.Sprint(len(db))
-	mustExec(t, pool, fmt.Sprintf(`
-CREATE ROLE %[1]s;
-CREATE TABLE notes (account text NOT NULL);
-ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
-CREATE POLICY notes_known ON notes USING (true) WITH CHECK (account NOT LIKE 'nobody-%%');
-GRANT SELECT, INSERT ON notes TO %[1]s;
-CREATE TABLE secrets (a text);
-CREATE TABLE accounts (id text PRIMARY KEY);
-CREATE TABLE invoices (account text REFERENCES accounts)`, role))
-	engine := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"syntax error", engineError(t, pool, `SELEC 1`), true},
-		{"undefined table", engineError(t, pool, `SELECT * FROM nope`), true},
-		{"undefined column", engineError(t, pool, `SELECT nope FROM notes`), true},
-		{"undefined function", engineError(t, pool, `SELECT nope(1)`), true},
-		{"permission denied for table", engineErrorAsRole(t, pool, role, `SELECT * FROM secrets`), true},
-		{"invalid schema name", engineError(t, pool, `CREATE TABLE nope.t (a int)`), true},
-		{"feature not supported", engineError(t, pool, `SELECT count(*) FROM notes FOR UPDATE`), true},
-		{"row-level security WITH CHECK", engineErrorAsRole(t, pool, role, `INSERT INTO notes VALUES ('nobody-1')`), false},
-		{"read-only transaction", engineErrorIn(t, pool, []string{`SET TRANSACTION READ ONLY`}, `INSERT INTO notes VALUES ('a')`), false},
-		{"foreign key", engineError(t, pool, `INSERT INTO invoices VALUES ('nobody')`), false},
-		{"malformed json", engineError(t, pool, `SELECT '{'::jsonb`), false},
-		{"division by zero", engineError(t, pool, `SELECT 1/0`), false},
-		{"statement_timeout", engineErrorIn(t, pool, []string{`SET LOCAL statement_timeout = '50ms'`}, `SELECT pg_sleep(10)`), false},
-	}
-	for _, tt := range engine {
-		require.Equal(t, tt.want, ledger.IsConfigurationError(tt.err), "engine %s: IsConfigurationError(%v)", tt.name, tt.err)
-	}
+	missingSchema := engineError(t, pool, `CREATE TABLE nope.t (a int)`)
+	lockedAggregate := engineError(t, pool, `SELECT count(*) FROM notes FOR UPDATE`)
+	check("engine", []row{
+		{"syntax error", engineError(t, pool, `INSERT INTO notes VALUE ('x')`), true, true},
+		{"undefined table", engineError(t, pool, `INSERT INTO nope VALUES (1)`), true, true},
+		{"undefined column", engineError(t, pool, `SELECT nope FROM notes`), true, true},
+		{"undefined function", engineError(t, pool, `SELECT nope(1)`), true, true},
+		{"permission denied for table", engineErrorAsRole(t, pool, role, `INSERT INTO secrets VALUES ('x')`), true, true},
+		{"permission denied to delete", engineErrorAsRole(t, pool, role, `DELETE FROM notes`), true, true},
+		{"invalid schema name", missingSchema, true, true},
+		{"feature not supported", lockedAggregate, true, true},
+		{"row-level security WITH CHECK on insert", engineErrorAsRole(t, pool, role, `INSERT INTO notes VALUES ('nobody-1')`), false, false},
+		{"row-level security WITH CHECK on update", engineErrorAsRole(t, pool, role, `UPDATE notes SET account = 'nobody-2'`), false, false},
+		{"read-only transaction", engineErrorIn(t, pool, []string{`SET TRANSACTION READ ONLY`}, `INSERT INTO notes VALUES ('a')`), true, false},
+		{"foreign key", engineError(t, pool, `INSERT INTO invoices VALUES ('nobody')`), false, false},
+		{"malformed json", engineError(t, pool, `SELECT '{'::jsonb`), false, false},
+		{"division by zero", engineError(t, pool, `SELECT 1/0`), false, false},
+		{"statement_timeout", engineErrorIn(t, pool, []string{`SET LOCAL statement_timeout = '50ms'`}, `SELECT pg_sleep(10)`), false, false},
+	})
 	var pgErr *pgconn.PgError
-	require.ErrorAs(t, engine[5].err, &pgErr)
+	require.ErrorAs(t, missingSchema, &pgErr)
 	require.Equal(t, "3F000", pgErr.Code, "a missing schema's SQLSTATE")
-	require.ErrorAs(t, engine[6].err, &pgErr)
+	require.ErrorAs(t, lockedAggregate, &pgErr)
 	require.Equal(t, "0A000", pgErr.Code, "FOR UPDATE with an aggregate's SQLSTATE")
 }
 
