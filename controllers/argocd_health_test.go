@@ -93,24 +93,24 @@ func TestArgoCDHealth(t *testing.T) {
 		message string
 	}{
 		{name: "not yet observed", run: testRun(), health: "Progressing", message: "Waiting for the controller"},
-		{name: "running", run: status(nil, []shardDecision{shard(0, v1alpha1.ShardRunning, counts{Total: 4, Completed: 1})}, nil),
+		{name: "running", run: status(nil, []shardDecision{shard(0, v1alpha1.ShardRunning, v1alpha1.ItemCounts{Total: 4, Completed: 1})}, nil),
 			health: "Progressing", message: "Running: 1/4 completed, 0 already handled, 0 failed"},
-		{name: "stalled", run: status(nil, []shardDecision{shard(0, v1alpha1.ShardPending, counts{})},
+		{name: "stalled", run: status(nil, []shardDecision{shard(0, v1alpha1.ShardPending, v1alpha1.ItemCounts{})},
 			&problem{reason: ReasonSecretNotFound, message: `Secret "db" not found`}),
 			health: "Degraded", message: `Secret "db" not found`},
 		{name: "suspended", run: status(func(r *v1alpha1.ProcessingRun) { r.Spec.Suspend = true },
-			[]shardDecision{shard(0, v1alpha1.ShardPending, counts{})}, nil),
+			[]shardDecision{shard(0, v1alpha1.ShardPending, v1alpha1.ItemCounts{})}, nil),
 			health: "Suspended", message: "suspended with"},
-		{name: "succeeded", run: status(nil, []shardDecision{shard(0, v1alpha1.ShardSucceeded, counts{Total: 4, Completed: 3, AlreadyHandled: 1})}, nil),
+		{name: "succeeded", run: status(nil, []shardDecision{shard(0, v1alpha1.ShardSucceeded, v1alpha1.ItemCounts{Total: 4, Completed: 3, AlreadyHandled: 1})}, nil),
 			health: "Healthy", message: "3/4 completed, 1 already handled, 0 failed"},
 		{name: "failed", run: status(nil, []shardDecision{{index: 0, phase: v1alpha1.ShardFailed, final: true,
 			failure: &shardFailure{reason: ReasonBadInput, message: "shard 0: bad input"}}}, nil),
 			health: "Degraded", message: "shard 0: bad input"},
 		{name: "spec changed, not yet observed", run: status(func(r *v1alpha1.ProcessingRun) { r.Generation = 1 },
-			[]shardDecision{shard(0, v1alpha1.ShardSucceeded, counts{Total: 1, Completed: 1})}, nil),
+			[]shardDecision{shard(0, v1alpha1.ShardSucceeded, v1alpha1.ItemCounts{Total: 1, Completed: 1})}, nil),
 			health: "Healthy"},
 	}
-	lagging := status(nil, []shardDecision{shard(0, v1alpha1.ShardSucceeded, counts{Total: 1, Completed: 1})}, nil)
+	lagging := status(nil, []shardDecision{shard(0, v1alpha1.ShardSucceeded, v1alpha1.ItemCounts{Total: 1, Completed: 1})}, nil)
 	lagging.Generation = 5
 	tests = append(tests, struct {
 		name    string

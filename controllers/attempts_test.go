@@ -64,17 +64,17 @@ func TestLockBusyAttemptIsRetriedNotCounted(t *testing.T) {
 
 	waitPods(t, env, ns, "busy", "busy-0-0")
 	setPod(t, env, ns, "busy-0-0", corev1.PodRunning, 0, nil)
-	workerReport(t, env, run, 0, 0, counts{}, v1alpha1.ShardBusyMessage+": another process still runs this shard")
+	workerReport(t, env, run, 0, 0, v1alpha1.ItemCounts{}, v1alpha1.ShardBusyMessage+": another process still runs this shard")
 	setPod(t, env, ns, "busy-0-0", corev1.PodFailed, v1alpha1.ExitShardBusy,
-		shardReport(0, 0, counts{}, v1alpha1.ShardBusyMessage+": gave up"))
+		shardReport(0, 0, v1alpha1.ItemCounts{}, v1alpha1.ShardBusyMessage+": gave up"))
 	waitPods(t, env, ns, "busy", "busy-0-0", "busy-0-1")
 	waitEvent(t, env, ns, "busy", corev1.EventTypeNormal, "ShardBusy", "not counted against backoffLimit")
 	r := getRun(t, env, ns, "busy")
 	require.Nil(t, finishedCondition(&r.Status), "conditions: %+v", r.Status.Conditions)
 	require.Zero(t, shardEntry(r, 0).FailedAttempts)
 
-	setPod(t, env, ns, "busy-0-1", corev1.PodSucceeded, 0, shardReport(0, 1, counts{Total: 2, Completed: 2}, ""))
-	waitRun(t, env, ns, "busy", "Succeeded", all(phaseIs(v1alpha1.RunSucceeded), countsAre(counts{Total: 2, Completed: 2})))
+	setPod(t, env, ns, "busy-0-1", corev1.PodSucceeded, 0, shardReport(0, 1, v1alpha1.ItemCounts{Total: 2, Completed: 2}, ""))
+	waitRun(t, env, ns, "busy", "Succeeded", all(phaseIs(v1alpha1.RunSucceeded), countsAre(v1alpha1.ItemCounts{Total: 2, Completed: 2})))
 }
 
 // A shard is finished when its worker container is, not when the pod phase
@@ -88,8 +88,8 @@ func TestWorkerFinishedWhileASidecarRuns(t *testing.T) {
 
 	// Shard 0 succeeds and shard 1 fails once, each beside a sidecar that
 	// runs on.
-	setPodWithSidecar(t, env, ns, "meshed-0-0", 0, shardReport(0, 0, counts{Total: 2, Completed: 2}, ""))
-	setPodWithSidecar(t, env, ns, "meshed-1-0", 1, shardReport(1, 0, counts{Total: 2, Completed: 1}, "connection reset"))
+	setPodWithSidecar(t, env, ns, "meshed-0-0", 0, shardReport(0, 0, v1alpha1.ItemCounts{Total: 2, Completed: 2}, ""))
+	setPodWithSidecar(t, env, ns, "meshed-1-0", 1, shardReport(1, 0, v1alpha1.ItemCounts{Total: 2, Completed: 1}, "connection reset"))
 	// The finished pods are deleted (they would hold their quota forever);
 	// shard 1 is retried.
 	waitPods(t, env, ns, "meshed", "meshed-1-1")
@@ -102,8 +102,8 @@ func TestWorkerFinishedWhileASidecarRuns(t *testing.T) {
 	require.Equal(t, int32(1), shardEntry(r, 1).FailedAttempts)
 	waitEvent(t, env, ns, "meshed", corev1.EventTypeNormal, "PodDeleted", "its worker container finished")
 
-	setPodWithSidecar(t, env, ns, "meshed-1-1", 0, shardReport(1, 1, counts{Total: 2, Completed: 2}, ""))
-	waitRun(t, env, ns, "meshed", "Succeeded", all(phaseIs(v1alpha1.RunSucceeded), countsAre(counts{Total: 4, Completed: 4})))
+	setPodWithSidecar(t, env, ns, "meshed-1-1", 0, shardReport(1, 1, v1alpha1.ItemCounts{Total: 2, Completed: 2}, ""))
+	waitRun(t, env, ns, "meshed", "Succeeded", all(phaseIs(v1alpha1.RunSucceeded), countsAre(v1alpha1.ItemCounts{Total: 4, Completed: 4})))
 	waitPods(t, env, ns, "meshed")
 }
 

@@ -266,9 +266,9 @@ func all(checks ...func(*v1alpha1.ProcessingRun) error) func(*v1alpha1.Processin
 	}
 }
 
-func countsAre(want counts) func(*v1alpha1.ProcessingRun) error {
+func countsAre(want v1alpha1.ItemCounts) func(*v1alpha1.ProcessingRun) error {
 	return func(r *v1alpha1.ProcessingRun) error {
-		if got := countsOfStatus(&r.Status); got != want {
+		if got := r.Status.ItemCounts; got != want {
 			return fmt.Errorf("counts %+v, want %+v", got, want)
 		}
 		return nil
@@ -373,7 +373,7 @@ func setPodWaiting(t *testing.T, env *envtestutil.Env, ns, name, reason, message
 
 // workerReport plays a worker: it applies its shard's entry of the run's
 // status with its own field manager, as the contract says.
-func workerReport(t *testing.T, env *envtestutil.Env, run *v1alpha1.ProcessingRun, shard, attempt int32, c counts, message string) {
+func workerReport(t *testing.T, env *envtestutil.Env, run *v1alpha1.ProcessingRun, shard, attempt int32, c v1alpha1.ItemCounts, message string) {
 	t.Helper()
 	entry := acv1alpha1.ShardStatus().WithIndex(shard).WithAttempt(attempt).
 		WithTotal(c.Total).WithCompleted(c.Completed).WithAlreadyHandled(c.AlreadyHandled).WithFailed(c.Failed).
@@ -384,9 +384,8 @@ func workerReport(t *testing.T, env *envtestutil.Env, run *v1alpha1.ProcessingRu
 		client.FieldOwner(v1alpha1.WorkerFieldManager(shard)), client.ForceOwnership))
 }
 
-func shardReport(shard, attempt int32, c counts, message string) *v1alpha1.ShardReport {
-	return &v1alpha1.ShardReport{Shard: shard, Attempt: attempt, Total: c.Total, Completed: c.Completed,
-		AlreadyHandled: c.AlreadyHandled, Failed: c.Failed, Message: message}
+func shardReport(shard, attempt int32, c v1alpha1.ItemCounts, message string) *v1alpha1.ShardReport {
+	return &v1alpha1.ShardReport{Shard: shard, Attempt: attempt, ItemCounts: c, Message: message}
 }
 
 // events returns the reasons and notes of the Events about a run.

@@ -28,7 +28,7 @@ func TestStaleReconcileDoesNotWriteOntoARunCreatedAgain(t *testing.T) {
 	stale := waitRun(t, env, ns, "twice", "Running", phaseIs(v1alpha1.RunRunning))
 
 	// The old run fails for good while shard 1 is busy.
-	setPod(t, env, ns, "twice-0-0", corev1.PodFailed, v1alpha1.ExitBadInput, shardReport(0, 0, counts{}, "line 1: bad"))
+	setPod(t, env, ns, "twice-0-0", corev1.PodFailed, v1alpha1.ExitBadInput, shardReport(0, 0, v1alpha1.ItemCounts{}, "line 1: bad"))
 	waitRun(t, env, ns, "twice", "Failed", phaseIs(v1alpha1.RunFailed))
 	oldPod := runPods(t, env, ns, "twice")["twice-0-0"]
 	require.NotNil(t, oldPod)

@@ -67,12 +67,12 @@ func TestLeaderElection(t *testing.T) {
 	// Mid-run: shard 0 fails (its retry is due), shard 1 runs, shard 2 is
 	// done. Then the leader stops without releasing its lease.
 	setPod(t, env, ns, "elected-1-0", corev1.PodRunning, 0, nil)
-	workerReport(t, env, run, 1, 0, counts{Total: 3, Completed: 1}, "")
-	setPod(t, env, ns, "elected-2-0", corev1.PodSucceeded, 0, shardReport(2, 0, counts{Total: 3, Completed: 3}, ""))
+	workerReport(t, env, run, 1, 0, v1alpha1.ItemCounts{Total: 3, Completed: 1}, "")
+	setPod(t, env, ns, "elected-2-0", corev1.PodSucceeded, 0, shardReport(2, 0, v1alpha1.ItemCounts{Total: 3, Completed: 3}, ""))
 	waitPods(t, env, ns, "elected", "elected-0-0", "elected-1-0", "elected-2-0")
 	a.stop()
 	stoppedAt := time.Now()
-	setPod(t, env, ns, "elected-0-0", corev1.PodFailed, 1, shardReport(0, 0, counts{Total: 3, Completed: 1, Failed: 1}, "boom"))
+	setPod(t, env, ns, "elected-0-0", corev1.PodFailed, 1, shardReport(0, 0, v1alpha1.ItemCounts{Total: 3, Completed: 1, Failed: 1}, "boom"))
 
 	select {
 	case <-b.mgr.Elected():
@@ -86,13 +86,13 @@ func TestLeaderElection(t *testing.T) {
 
 	pods = waitPods(t, env, ns, "elected", "elected-0-0", "elected-0-1", "elected-1-0", "elected-2-0")
 	require.Equal(t, "manager-b", creator(pods["elected-0-1"]))
-	require.Equal(t, counts{Total: 3, Completed: 1, Failed: 1}, parseFloor(pods["elected-0-1"].Annotations))
+	require.Equal(t, v1alpha1.ItemCounts{Total: 3, Completed: 1, Failed: 1}, parseFloor(pods["elected-0-1"].Annotations))
 
-	setPod(t, env, ns, "elected-0-1", corev1.PodSucceeded, 0, shardReport(0, 1, counts{Total: 3, Completed: 3}, ""))
-	setPod(t, env, ns, "elected-1-0", corev1.PodSucceeded, 0, shardReport(1, 0, counts{Total: 3, Completed: 2, AlreadyHandled: 1}, ""))
+	setPod(t, env, ns, "elected-0-1", corev1.PodSucceeded, 0, shardReport(0, 1, v1alpha1.ItemCounts{Total: 3, Completed: 3}, ""))
+	setPod(t, env, ns, "elected-1-0", corev1.PodSucceeded, 0, shardReport(1, 0, v1alpha1.ItemCounts{Total: 3, Completed: 2, AlreadyHandled: 1}, ""))
 	waitRun(t, env, ns, "elected", "Succeeded", all(
 		phaseIs(v1alpha1.RunSucceeded),
-		countsAre(counts{Total: 9, Completed: 8, AlreadyHandled: 1}),
+		countsAre(v1alpha1.ItemCounts{Total: 9, Completed: 8, AlreadyHandled: 1}),
 	))
 	stillPods(t, env, ns, "elected", 500*time.Millisecond, "elected-0-0", "elected-0-1", "elected-1-0", "elected-2-0")
 }

@@ -48,7 +48,7 @@ func init() {
 // recordItems adds to runledger_items_total what a status write added to a
 // run's counts. The controller is the only writer of the totals, so each
 // item is counted once per controller process.
-func recordItems(before, after counts) {
+func recordItems(before, after v1alpha1.ItemCounts) {
 	for _, d := range []struct {
 		outcome string
 		n       int64

@@ -39,9 +39,9 @@ runledger_runs{phase="Suspended"} 0
 
 func TestItemsMetricCountsWhatStatusWritesAdd(t *testing.T) {
 	before := testutil.ToFloat64(itemsTotal.WithLabelValues("completed"))
-	recordItems(counts{Completed: 5, Failed: 2}, counts{Completed: 8, Failed: 1})
+	recordItems(v1alpha1.ItemCounts{Completed: 5, Failed: 2}, v1alpha1.ItemCounts{Completed: 8, Failed: 1})
 	require.Equal(t, before+3, testutil.ToFloat64(itemsTotal.WithLabelValues("completed")))
 	failed := testutil.ToFloat64(itemsTotal.WithLabelValues("failed"))
-	recordItems(counts{Failed: 2}, counts{Failed: 1}) // a retry fixed an item: a counter never goes down
+	recordItems(v1alpha1.ItemCounts{Failed: 2}, v1alpha1.ItemCounts{Failed: 1}) // a retry fixed an item: a counter never goes down
 	require.Equal(t, failed, testutil.ToFloat64(itemsTotal.WithLabelValues("failed")))
 }

@@ -96,7 +96,7 @@ func podLabels(run *v1alpha1.ProcessingRun, shard, attempt int32) map[string]str
 
 // buildWorkerPod is the pod of one attempt of one shard of a run. It is a
 // pure function of its arguments.
-func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor counts, opts PodOptions) (*corev1.Pod, error) {
+func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1alpha1.ItemCounts, opts PodOptions) (*corev1.Pod, error) {
 	floorJSON, err := json.Marshal(floor)
 	if err != nil {
 		return nil, fmt.Errorf("encode counts floor: %w", err)

@@ -41,7 +41,7 @@ func TestBuildWorkerPod(t *testing.T) {
 		mutate  func(*v1alpha1.ProcessingRun)
 		shard   int32
 		attempt int32
-		floor   counts
+		floor   v1alpha1.ItemCounts
 		check   func(t *testing.T, pod *corev1.Pod)
 	}{
 		{
@@ -155,11 +155,11 @@ func TestBuildWorkerPod(t *testing.T) {
 		},
 		{
 			name: "counts floor annotation", shard: 0, attempt: 1,
-			floor: counts{Total: 10, Completed: 4, AlreadyHandled: 1, Failed: 2},
+			floor: v1alpha1.ItemCounts{Total: 10, Completed: 4, AlreadyHandled: 1, Failed: 2},
 			check: func(t *testing.T, pod *corev1.Pod) {
-				var c counts
+				var c v1alpha1.ItemCounts
 				require.NoError(t, json.Unmarshal([]byte(pod.Annotations[annotationCountsFloor]), &c))
-				require.Equal(t, counts{Total: 10, Completed: 4, AlreadyHandled: 1, Failed: 2}, c)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 4, AlreadyHandled: 1, Failed: 2}, c)
 				require.Equal(t, c, parseFloor(pod.Annotations))
 			},
 		},

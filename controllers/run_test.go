@@ -36,7 +36,7 @@ func TestRunCreatesPodsAndFollowsReports(t *testing.T) {
 		phaseIs(v1alpha1.RunRunning),
 		conditionIs(v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonRunning),
 		conditionIs(v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRunning),
-		countsAre(counts{Total: 5}),
+		countsAre(v1alpha1.ItemCounts{Total: 5}),
 	))
 	require.NotNil(t, r.Status.StartTime)
 	require.Equal(t, "invoices-0-0", shardEntry(r, 0).Pod)
@@ -45,8 +45,8 @@ func TestRunCreatesPodsAndFollowsReports(t *testing.T) {
 
 	// Shard 0 runs and reports progress.
 	setPod(t, env, ns, "invoices-0-0", corev1.PodRunning, 0, nil)
-	workerReport(t, env, run, 0, 0, counts{Total: 3, Completed: 1}, "")
-	waitRun(t, env, ns, "invoices", "progress", all(countsAre(counts{Total: 5, Completed: 1}), func(r *v1alpha1.ProcessingRun) error {
+	workerReport(t, env, run, 0, 0, v1alpha1.ItemCounts{Total: 3, Completed: 1}, "")
+	waitRun(t, env, ns, "invoices", "progress", all(countsAre(v1alpha1.ItemCounts{Total: 5, Completed: 1}), func(r *v1alpha1.ProcessingRun) error {
 		if p := shardEntry(r, 0).Phase; p != v1alpha1.ShardRunning {
 			return fmt.Errorf("shard 0 is %s", p)
 		}
@@ -59,14 +59,14 @@ func TestRunCreatesPodsAndFollowsReports(t *testing.T) {
 
 	// Shard 0 finishes and reports; shard 1 finishes but its last status
 	// write is lost: its termination message carries the numbers.
-	final0 := counts{Total: 3, Completed: 2, AlreadyHandled: 1}
+	final0 := v1alpha1.ItemCounts{Total: 3, Completed: 2, AlreadyHandled: 1}
 	workerReport(t, env, run, 0, 0, final0, "")
 	setPod(t, env, ns, "invoices-0-0", corev1.PodSucceeded, 0, shardReport(0, 0, final0, ""))
-	setPod(t, env, ns, "invoices-1-0", corev1.PodSucceeded, 0, shardReport(1, 0, counts{Total: 2, Completed: 2}, "all new"))
+	setPod(t, env, ns, "invoices-1-0", corev1.PodSucceeded, 0, shardReport(1, 0, v1alpha1.ItemCounts{Total: 2, Completed: 2}, "all new"))
 
 	r = waitRun(t, env, ns, "invoices", "Succeeded", all(
 		phaseIs(v1alpha1.RunSucceeded),
-		countsAre(counts{Total: 5, Completed: 4, AlreadyHandled: 1}),
+		countsAre(v1alpha1.ItemCounts{Total: 5, Completed: 4, AlreadyHandled: 1}),
 		conditionIs(v1alpha1.ConditionComplete, metav1.ConditionTrue, ReasonSucceeded),
 		conditionIs(v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonSucceeded),
 	))
@@ -115,14 +115,14 @@ func TestFailedShardIsRetriedUpToBackoffLimit(t *testing.T) {
 
 	waitPods(t, env, ns, "retry", "retry-0-0")
 	setPod(t, env, ns, "retry-0-0", corev1.PodRunning, 0, nil)
-	workerReport(t, env, run, 0, 0, counts{Total: 10, Completed: 5}, "")
-	waitRun(t, env, ns, "retry", "progress", countsAre(counts{Total: 10, Completed: 5}))
+	workerReport(t, env, run, 0, 0, v1alpha1.ItemCounts{Total: 10, Completed: 5}, "")
+	waitRun(t, env, ns, "retry", "progress", countsAre(v1alpha1.ItemCounts{Total: 10, Completed: 5}))
 
 	// Attempt 0 fails having committed 6 items, one failed.
 	setPod(t, env, ns, "retry-0-0", corev1.PodFailed, 1,
-		shardReport(0, 0, counts{Total: 10, Completed: 6, Failed: 1}, "item acct-3/2026-01: violates foreign key"))
+		shardReport(0, 0, v1alpha1.ItemCounts{Total: 10, Completed: 6, Failed: 1}, "item acct-3/2026-01: violates foreign key"))
 	pods := waitPods(t, env, ns, "retry", "retry-0-0", "retry-0-1")
-	require.Equal(t, counts{Total: 10, Completed: 6, Failed: 1}, parseFloor(pods["retry-0-1"].Annotations))
+	require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 6, Failed: 1}, parseFloor(pods["retry-0-1"].Annotations))
 	require.Equal(t, "1", pods["retry-0-1"].Labels[v1alpha1.LabelAttempt])
 	waitEvent(t, env, ns, "retry", corev1.EventTypeWarning, "ShardFailed", "violates foreign key")
 	waitEvent(t, env, ns, "retry", corev1.EventTypeNormal, "PodCreated", "(retry 1 of 2)")
@@ -130,26 +130,26 @@ func TestFailedShardIsRetriedUpToBackoffLimit(t *testing.T) {
 	// Attempt 1 starts over: its first reports are below what attempt 0
 	// reached, and the run's counts do not go down.
 	setPod(t, env, ns, "retry-0-1", corev1.PodRunning, 0, nil)
-	workerReport(t, env, run, 0, 1, counts{Total: 10, Completed: 2}, "")
+	workerReport(t, env, run, 0, 1, v1alpha1.ItemCounts{Total: 10, Completed: 2}, "")
 	r := waitRun(t, env, ns, "retry", "attempt 1 reporting", func(r *v1alpha1.ProcessingRun) error {
 		if e := shardEntry(r, 0); e.Attempt != 1 || e.Phase != v1alpha1.ShardRunning {
 			return fmt.Errorf("shard 0: %+v", e)
 		}
 		return nil
 	})
-	require.Equal(t, counts{Total: 10, Completed: 6, Failed: 1}, countsOfStatus(&r.Status))
+	require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 6, Failed: 1}, r.Status.ItemCounts)
 
 	// Attempt 1 is OOM-killed (no report); attempt 2 fails; that is 3
 	// failures with backoffLimit 2: the run is Failed.
 	setPod(t, env, ns, "retry-0-1", corev1.PodFailed, 137, nil)
 	waitPods(t, env, ns, "retry", "retry-0-0", "retry-0-1", "retry-0-2")
-	setPod(t, env, ns, "retry-0-2", corev1.PodFailed, 1, shardReport(0, 2, counts{Total: 10, Completed: 9, Failed: 1}, "gave up on acct-3"))
+	setPod(t, env, ns, "retry-0-2", corev1.PodFailed, 1, shardReport(0, 2, v1alpha1.ItemCounts{Total: 10, Completed: 9, Failed: 1}, "gave up on acct-3"))
 	r = waitRun(t, env, ns, "retry", "Failed", all(
 		phaseIs(v1alpha1.RunFailed),
 		conditionIs(v1alpha1.ConditionFailed, metav1.ConditionTrue, ReasonBackoffLimitExceeded),
 		conditionIs(v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonBackoffLimitExceeded),
 		conditionIs(v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonBackoffLimitExceeded),
-		countsAre(counts{Total: 10, Completed: 9, Failed: 1}),
+		countsAre(v1alpha1.ItemCounts{Total: 10, Completed: 9, Failed: 1}),
 	))
 	msg := condition(r, v1alpha1.ConditionFailed).Message
 	require.Contains(t, msg, "shard 0 failed 3 times (backoffLimit 2)")
@@ -169,7 +169,7 @@ func TestBadInputFailsTheRunWithoutRetry(t *testing.T) {
 	waitPods(t, env, ns, "bad", "bad-0-0", "bad-1-0")
 	setPod(t, env, ns, "bad-1-0", corev1.PodRunning, 0, nil)
 	setPod(t, env, ns, "bad-0-0", corev1.PodFailed, v1alpha1.ExitBadInput,
-		shardReport(0, 0, counts{}, "line 3: occurrence is empty"))
+		shardReport(0, 0, v1alpha1.ItemCounts{}, "line 3: occurrence is empty"))
 	r := waitRun(t, env, ns, "bad", "Failed", all(
 		phaseIs(v1alpha1.RunFailed),
 		conditionIs(v1alpha1.ConditionFailed, metav1.ConditionTrue, ReasonBadInput),
@@ -293,9 +293,9 @@ func TestSuspendAndResume(t *testing.T) {
 	waitPods(t, env, ns, "pausable", "pausable-0-0", "pausable-1-0")
 
 	setPod(t, env, ns, "pausable-0-0", corev1.PodRunning, 0, nil)
-	workerReport(t, env, run, 0, 0, counts{Total: 4, Completed: 2}, "")
-	setPod(t, env, ns, "pausable-1-0", corev1.PodSucceeded, 0, shardReport(1, 0, counts{Total: 3, Completed: 3}, ""))
-	waitRun(t, env, ns, "pausable", "progress", countsAre(counts{Total: 7, Completed: 5}))
+	workerReport(t, env, run, 0, 0, v1alpha1.ItemCounts{Total: 4, Completed: 2}, "")
+	setPod(t, env, ns, "pausable-1-0", corev1.PodSucceeded, 0, shardReport(1, 0, v1alpha1.ItemCounts{Total: 3, Completed: 3}, ""))
+	waitRun(t, env, ns, "pausable", "progress", countsAre(v1alpha1.ItemCounts{Total: 7, Completed: 5}))
 
 	setSuspend(t, env, ns, "pausable", true)
 	// Unscheduled pods are deleted at once (there is no kubelet here).
@@ -303,7 +303,7 @@ func TestSuspendAndResume(t *testing.T) {
 	r := waitRun(t, env, ns, "pausable", "Suspended", all(
 		phaseIs(v1alpha1.RunSuspended),
 		conditionIs(v1alpha1.ConditionSuspended, metav1.ConditionTrue, ReasonSuspended),
-		countsAre(counts{Total: 7, Completed: 5}),
+		countsAre(v1alpha1.ItemCounts{Total: 7, Completed: 5}),
 		noCondition(v1alpha1.ConditionReconciling), // no pod left to stop
 	))
 	require.Equal(t, v1alpha1.ShardSucceeded, shardEntry(r, 1).Phase)
@@ -312,13 +312,13 @@ func TestSuspendAndResume(t *testing.T) {
 
 	setSuspend(t, env, ns, "pausable", false)
 	pods := waitPods(t, env, ns, "pausable", "pausable-0-1", "pausable-1-0")
-	require.Equal(t, counts{Total: 4, Completed: 2}, parseFloor(pods["pausable-0-1"].Annotations))
+	require.Equal(t, v1alpha1.ItemCounts{Total: 4, Completed: 2}, parseFloor(pods["pausable-0-1"].Annotations))
 	waitRun(t, env, ns, "pausable", "resumed", all(
 		phaseIs(v1alpha1.RunRunning),
 		conditionIs(v1alpha1.ConditionSuspended, metav1.ConditionFalse, ReasonResumed),
 	))
-	setPod(t, env, ns, "pausable-0-1", corev1.PodSucceeded, 0, shardReport(0, 1, counts{Total: 4, Completed: 4}, ""))
-	waitRun(t, env, ns, "pausable", "Succeeded", all(phaseIs(v1alpha1.RunSucceeded), countsAre(counts{Total: 7, Completed: 7})))
+	setPod(t, env, ns, "pausable-0-1", corev1.PodSucceeded, 0, shardReport(0, 1, v1alpha1.ItemCounts{Total: 4, Completed: 4}, ""))
+	waitRun(t, env, ns, "pausable", "Succeeded", all(phaseIs(v1alpha1.RunSucceeded), countsAre(v1alpha1.ItemCounts{Total: 7, Completed: 7})))
 }
 
 func setSuspend(t *testing.T, env *envtestutil.Env, ns, name string, suspend bool) {
@@ -376,7 +376,7 @@ func TestTTLAfterFinishedDeletesTheRun(t *testing.T) {
 	defer w.Stop()
 
 	waitPods(t, env, ns, "ephemeral", "ephemeral-0-0")
-	setPod(t, env, ns, "ephemeral-0-0", corev1.PodSucceeded, 0, shardReport(0, 0, counts{Total: 1, Completed: 1}, ""))
+	setPod(t, env, ns, "ephemeral-0-0", corev1.PodSucceeded, 0, shardReport(0, 0, v1alpha1.ItemCounts{Total: 1, Completed: 1}, ""))
 
 	var completed *metav1.Time
 	for ev := range w.ResultChan() {

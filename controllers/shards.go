@@ -38,7 +38,7 @@ type podInfo struct {
 	// report is the worker's termination message, when it is a ShardReport
 	// of this shard and attempt.
 	report *v1alpha1.ShardReport
-	floor  counts
+	floor  v1alpha1.ItemCounts
 	// startProblem says why a live pod's worker cannot start (image pull,
 	// a missing Secret key), empty when there is none.
 	startProblem string
@@ -218,7 +218,7 @@ type shardDecision struct {
 	pod string
 	// counts are the shard's counts to show: exact when final, otherwise
 	// never below what any attempt of the shard reported.
-	counts counts
+	counts v1alpha1.ItemCounts
 	// final: the shard is done (succeeded or failed for good) and counts
 	// are its final report's numbers.
 	final bool
@@ -245,7 +245,7 @@ type shardDecision struct {
 	// create, when set, is the attempt to create now, with createFloor as
 	// its counts floor.
 	create      *int32
-	createFloor counts
+	createFloor v1alpha1.ItemCounts
 	// retryAt is when the next attempt may start, while Retrying.
 	retryAt time.Time
 	// waitForCache: the recorded pod is missing from the cache but may
@@ -336,9 +336,9 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 	// the latest report that reached the API).
 	floor := countsOfEntry(in.entry)
 	for _, pi := range pods {
-		floor = floor.maxEach(pi.floor)
+		floor = floor.MaxEach(pi.floor)
 		if pi.report != nil && pi.attempt != latestAttempt {
-			floor = floor.maxEach(countsOfReport(*pi.report))
+			floor = floor.MaxEach(pi.report.ItemCounts)
 		}
 	}
 	entryCurrent := in.entry != nil && latestAttempt >= 0 && in.entry.Attempt == latestAttempt
@@ -394,7 +394,7 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 		switch {
 		case latest.report != nil:
 			d.report = latest.report
-			d.counts = countsOfReport(*latest.report)
+			d.counts = latest.report.ItemCounts
 		case entryCurrent:
 			d.counts = countsOfEntry(in.entry)
 		default:
@@ -430,7 +430,7 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 	if latest != nil && latest.state == podFailed && !latest.deleting {
 		last := floor
 		if latest.report != nil {
-			last = countsOfReport(*latest.report)
+			last = latest.report.ItemCounts
 		}
 		if latest.exitCode != nil && *latest.exitCode == v1alpha1.ExitBadInput {
 			d.phase = v1alpha1.ShardFailed
@@ -452,7 +452,7 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 	next := max(latestAttempt, in.recordedAttempt) + 1
 	d.createFloor = floor
 	if latest != nil && latest.report != nil {
-		d.createFloor = d.createFloor.maxEach(countsOfReport(*latest.report))
+		d.createFloor = d.createFloor.MaxEach(latest.report.ItemCounts)
 	}
 	d.counts = d.createFloor
 	if latest != nil && latest.state == podFailed && !latest.deleting {

@@ -22,7 +22,7 @@ type fakePod struct {
 	phase    corev1.PodPhase
 	exit     *int32
 	report   *v1alpha1.ShardReport
-	floor    *counts
+	floor    *v1alpha1.ItemCounts
 	waiting  string
 	deleting bool
 	finished time.Time
@@ -85,20 +85,19 @@ func infos(t *testing.T, pods ...fakePod) []podInfo {
 
 func exit(c int32) *int32 { return &c }
 
-func report(attempt int32, c counts, msg string) *v1alpha1.ShardReport {
-	return &v1alpha1.ShardReport{Shard: 0, Attempt: attempt, Total: c.Total, Completed: c.Completed,
-		AlreadyHandled: c.AlreadyHandled, Failed: c.Failed, Message: msg}
+func report(attempt int32, c v1alpha1.ItemCounts, msg string) *v1alpha1.ShardReport {
+	return &v1alpha1.ShardReport{Shard: 0, Attempt: attempt, ItemCounts: c, Message: msg}
 }
 
-func entry(pod string, phase v1alpha1.ShardPhase, attempt int32, c counts) *v1alpha1.ShardStatus {
+func entry(pod string, phase v1alpha1.ShardPhase, attempt int32, c v1alpha1.ItemCounts) *v1alpha1.ShardStatus {
 	return &v1alpha1.ShardStatus{Index: 0, Pod: pod, Phase: phase, Attempt: attempt,
-		Total: c.Total, Completed: c.Completed, AlreadyHandled: c.AlreadyHandled, Failed: c.Failed}
+		ItemCounts: c}
 }
 
 // failedEntry is a shard entry whose status counts failures, the latest
 // being attempt last.
 func failedEntry(pod string, phase v1alpha1.ShardPhase, failures, last int32) *v1alpha1.ShardStatus {
-	e := entry(pod, phase, attemptOfPodName(pod, 0), counts{})
+	e := entry(pod, phase, attemptOfPodName(pod, 0), v1alpha1.ItemCounts{})
 	e.FailedAttempts, e.LastFailedAttempt = failures, &last
 	return e
 }
@@ -120,7 +119,7 @@ func TestDecideShard(t *testing.T) {
 				require.Equal(t, v1alpha1.ShardPending, d.phase)
 				require.Equal(t, int32(0), *d.create)
 				require.Empty(t, d.pod, "named once created")
-				require.Equal(t, counts{}, d.createFloor)
+				require.Equal(t, v1alpha1.ItemCounts{}, d.createFloor)
 			},
 		},
 		{
@@ -135,11 +134,11 @@ func TestDecideShard(t *testing.T) {
 		{
 			name:  "running pod: counts from the worker's report",
 			pods:  []fakePod{{attempt: 0, phase: corev1.PodRunning}},
-			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, counts{Total: 10, Completed: 4}),
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, v1alpha1.ItemCounts{Total: 10, Completed: 4}),
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardRunning, d.phase)
 				require.Nil(t, d.create)
-				require.Equal(t, counts{Total: 10, Completed: 4}, d.counts)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 4}, d.counts)
 				require.False(t, d.final)
 			},
 		},
@@ -154,46 +153,46 @@ func TestDecideShard(t *testing.T) {
 		},
 		{
 			name:  "succeeded: the termination report is final, even if the last status write was lost",
-			pods:  []fakePod{{attempt: 0, phase: corev1.PodSucceeded, exit: exit(0), report: report(0, counts{Total: 10, Completed: 7, AlreadyHandled: 3}, "")}},
-			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, counts{Total: 10, Completed: 5, AlreadyHandled: 2}),
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodSucceeded, exit: exit(0), report: report(0, v1alpha1.ItemCounts{Total: 10, Completed: 7, AlreadyHandled: 3}, "")}},
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, v1alpha1.ItemCounts{Total: 10, Completed: 5, AlreadyHandled: 2}),
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
 				require.True(t, d.final)
-				require.Equal(t, counts{Total: 10, Completed: 7, AlreadyHandled: 3}, d.counts)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 7, AlreadyHandled: 3}, d.counts)
 				require.NotNil(t, d.report)
 			},
 		},
 		{
 			name:  "succeeded without a readable termination message: the current attempt's report",
 			pods:  []fakePod{{attempt: 1, phase: corev1.PodSucceeded, exit: exit(0)}},
-			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, counts{Total: 10, Completed: 10}),
+			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, v1alpha1.ItemCounts{Total: 10, Completed: 10}),
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
-				require.Equal(t, counts{Total: 10, Completed: 10}, d.counts)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 10}, d.counts)
 			},
 		},
 		{
 			name: "failed, back-off not over: retrying later",
 			pods: []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-5 * time.Second),
-				report: report(0, counts{Total: 10, Completed: 4, Failed: 1}, "item a/1: foreign key violation")}},
+				report: report(0, v1alpha1.ItemCounts{Total: 10, Completed: 4, Failed: 1}, "item a/1: foreign key violation")}},
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardRetrying, d.phase)
 				require.Nil(t, d.create)
 				require.Equal(t, now.Add(5*time.Second), d.retryAt)
 				require.Equal(t, int32(1), d.failures)
 				require.Contains(t, d.lastFailure, "r-0-0 exited 1: item a/1: foreign key violation")
-				require.Equal(t, counts{Total: 10, Completed: 4, Failed: 1}, d.counts)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 4, Failed: 1}, d.counts)
 			},
 		},
 		{
 			name:  "failed, back-off over: attempt 1 starts from the failed attempt's counts",
 			pods:  []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(137), finished: now.Add(-11 * time.Second)}},
-			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, counts{Total: 10, Completed: 6}),
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, v1alpha1.ItemCounts{Total: 10, Completed: 6}),
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, int32(1), *d.create)
 				require.Equal(t, "r-0-0", d.pod, "until the new pod is created")
 				require.Equal(t, "r-0-0", d.failedPod)
-				require.Equal(t, counts{Total: 10, Completed: 6}, d.createFloor)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 6}, d.createFloor)
 			},
 		},
 		{
@@ -211,7 +210,7 @@ func TestDecideShard(t *testing.T) {
 		{
 			name: "exit 2 (bad input) is never retried",
 			pods: []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(2), finished: now.Add(-time.Hour),
-				report: report(0, counts{}, "line 3: entity is empty")}},
+				report: report(0, v1alpha1.ItemCounts{}, "line 3: entity is empty")}},
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardFailed, d.phase)
 				require.Nil(t, d.create)
@@ -226,7 +225,7 @@ func TestDecideShard(t *testing.T) {
 				{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
 				{attempt: 1, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
 				{attempt: 2, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour),
-					report: report(2, counts{Total: 10, Completed: 8, Failed: 2}, "2 items failed")},
+					report: report(2, v1alpha1.ItemCounts{Total: 10, Completed: 8, Failed: 2}, "2 items failed")},
 			},
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardFailed, d.phase)
@@ -235,13 +234,13 @@ func TestDecideShard(t *testing.T) {
 				require.Equal(t, ReasonBackoffLimitExceeded, d.failure.reason)
 				require.Contains(t, d.failure.message, "shard 0 failed 3 times (backoffLimit 2)")
 				require.Contains(t, d.failure.message, "r-0-2 exited 1: 2 items failed")
-				require.Equal(t, counts{Total: 10, Completed: 8, Failed: 2}, d.counts)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 8, Failed: 2}, d.counts)
 			},
 		},
 		{
 			name:  "recorded pod missing from the cache: wait, never a second pod",
 			pods:  []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)}},
-			entry: entry("r-0-1", v1alpha1.ShardPending, 0, counts{}),
+			entry: entry("r-0-1", v1alpha1.ShardPending, 0, v1alpha1.ItemCounts{}),
 			check: func(t *testing.T, d shardDecision) {
 				require.True(t, d.waitForCache)
 				require.Nil(t, d.create)
@@ -251,23 +250,23 @@ func TestDecideShard(t *testing.T) {
 		{
 			name:  "recorded pod confirmed gone (deleted by someone): next attempt, not a failure",
 			pods:  []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)}},
-			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, counts{Total: 10, Completed: 3}),
+			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, v1alpha1.ItemCounts{Total: 10, Completed: 3}),
 			gone:  true,
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, int32(2), *d.create)
 				require.Equal(t, int32(1), d.failures)
-				require.Equal(t, counts{Total: 10, Completed: 3}, d.createFloor)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 3}, d.createFloor)
 			},
 		},
 		{
 			name:  "succeeded shard whose pod is gone stays succeeded",
-			entry: entry("r-0-0", v1alpha1.ShardSucceeded, 0, counts{Total: 5, Completed: 5}),
+			entry: entry("r-0-0", v1alpha1.ShardSucceeded, 0, v1alpha1.ItemCounts{Total: 5, Completed: 5}),
 			gone:  true,
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
 				require.Nil(t, d.create)
 				require.True(t, d.final)
-				require.Equal(t, counts{Total: 5, Completed: 5}, d.counts)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 5, Completed: 5}, d.counts)
 			},
 		},
 		{
@@ -293,16 +292,16 @@ func TestDecideShard(t *testing.T) {
 		{
 			name:  "resumed after a suspension: the stopped attempt is not a failure",
 			pods:  []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(1), deleting: true, finished: now}},
-			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, counts{Total: 10, Completed: 4}),
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, v1alpha1.ItemCounts{Total: 10, Completed: 4}),
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, int32(0), d.failures)
 				require.Equal(t, int32(1), *d.create)
-				require.Equal(t, counts{Total: 10, Completed: 4}, d.createFloor)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 4}, d.createFloor)
 			},
 		},
 		{
 			name:  "pods deleted while suspended: numbering continues from the record",
-			entry: entry("r-0-3", v1alpha1.ShardRunning, 3, counts{Total: 4, Completed: 1}),
+			entry: entry("r-0-3", v1alpha1.ShardRunning, 3, v1alpha1.ItemCounts{Total: 4, Completed: 1}),
 			gone:  true,
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, int32(4), *d.create)
@@ -314,24 +313,24 @@ func TestDecideShard(t *testing.T) {
 			name: "a new attempt catching up never shows less than the floor",
 			pods: []fakePod{
 				{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
-				{attempt: 1, phase: corev1.PodRunning, floor: &counts{Total: 10, Completed: 6, Failed: 1}},
+				{attempt: 1, phase: corev1.PodRunning, floor: &v1alpha1.ItemCounts{Total: 10, Completed: 6, Failed: 1}},
 			},
-			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, counts{Total: 10, Completed: 2}),
+			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, v1alpha1.ItemCounts{Total: 10, Completed: 2}),
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardRunning, d.phase)
-				require.Equal(t, counts{Total: 10, Completed: 6, Failed: 1}, d.counts)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 6, Failed: 1}, d.counts)
 			},
 		},
 		{
 			name: "a retry that succeeds reports exact final numbers (fewer failures than before)",
 			pods: []fakePod{
 				{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
-				{attempt: 1, phase: corev1.PodSucceeded, exit: exit(0), floor: &counts{Total: 10, Completed: 6, Failed: 1},
-					report: report(1, counts{Total: 10, Completed: 10}, "")},
+				{attempt: 1, phase: corev1.PodSucceeded, exit: exit(0), floor: &v1alpha1.ItemCounts{Total: 10, Completed: 6, Failed: 1},
+					report: report(1, v1alpha1.ItemCounts{Total: 10, Completed: 10}, "")},
 			},
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
-				require.Equal(t, counts{Total: 10, Completed: 10}, d.counts)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 10}, d.counts)
 			},
 		},
 		{
@@ -395,21 +394,21 @@ func TestDecideShard(t *testing.T) {
 		{
 			name: "worker finished, a sidecar keeps the pod Running: succeeded",
 			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning, exit: exit(0), sidecar: true,
-				report: report(0, counts{Total: 4, Completed: 4}, "")}},
-			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, counts{Total: 4, Completed: 2}),
+				report: report(0, v1alpha1.ItemCounts{Total: 4, Completed: 4}, "")}},
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, v1alpha1.ItemCounts{Total: 4, Completed: 2}),
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
 				require.True(t, d.final)
 				require.Equal(t, 0, d.live)
-				require.Equal(t, counts{Total: 4, Completed: 4}, d.counts)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 4, Completed: 4}, d.counts)
 				require.Empty(t, d.deletePods, "kept until the status says Succeeded")
 			},
 		},
 		{
 			name: "worker finished, a sidecar keeps the pod Running, the status says Succeeded: the pod is deleted",
 			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning, exit: exit(0), sidecar: true,
-				report: report(0, counts{Total: 4, Completed: 4}, "")}},
-			entry: entry("r-0-0", v1alpha1.ShardSucceeded, 0, counts{Total: 4, Completed: 4}),
+				report: report(0, v1alpha1.ItemCounts{Total: 4, Completed: 4}, "")}},
+			entry: entry("r-0-0", v1alpha1.ShardSucceeded, 0, v1alpha1.ItemCounts{Total: 4, Completed: 4}),
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
 				require.Len(t, d.deletePods, 1)
@@ -419,8 +418,8 @@ func TestDecideShard(t *testing.T) {
 		{
 			name: "worker finished, no other container, the phase still Running, the status says Succeeded: finished, the pod is kept",
 			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning, exit: exit(0),
-				report: report(0, counts{Total: 4, Completed: 4}, "")}},
-			entry: entry("r-0-0", v1alpha1.ShardSucceeded, 0, counts{Total: 4, Completed: 4}),
+				report: report(0, v1alpha1.ItemCounts{Total: 4, Completed: 4}, "")}},
+			entry: entry("r-0-0", v1alpha1.ShardSucceeded, 0, v1alpha1.ItemCounts{Total: 4, Completed: 4}),
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
 				require.True(t, d.final)
@@ -430,10 +429,10 @@ func TestDecideShard(t *testing.T) {
 		{
 			name: "worker finished, a native sidecar (restartPolicy Always) still runs: succeeded",
 			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning, exit: exit(0), nativeSidecar: true,
-				report: report(0, counts{Total: 4, Completed: 4}, "")}},
+				report: report(0, v1alpha1.ItemCounts{Total: 4, Completed: 4}, "")}},
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
-				require.Equal(t, counts{Total: 4, Completed: 4}, d.counts)
+				require.Equal(t, v1alpha1.ItemCounts{Total: 4, Completed: 4}, d.counts)
 			},
 		},
 		{
@@ -487,7 +486,7 @@ func TestAttemptOfPodName(t *testing.T) {
 func TestObservePodIgnoresForeignReports(t *testing.T) {
 	// A termination message of another shard or attempt, or plain log lines
 	// (FallbackToLogsOnError), is not a report.
-	f := fakePod{attempt: 1, phase: corev1.PodSucceeded, exit: exit(0), report: report(0, counts{Completed: 5}, "")}
+	f := fakePod{attempt: 1, phase: corev1.PodSucceeded, exit: exit(0), report: report(0, v1alpha1.ItemCounts{Completed: 5}, "")}
 	info, ok := observePod(f.pod(), 0)
 	require.True(t, ok)
 	require.Nil(t, info.report)

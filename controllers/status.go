@@ -52,7 +52,7 @@ type runOutcome struct {
 	// finishedBefore is true when the current status already says so: the
 	// outcome is sticky, as a Job's.
 	finishedBefore bool
-	counts         counts
+	counts         v1alpha1.ItemCounts
 }
 
 // finishedCondition returns the True Complete or Failed condition of a
@@ -73,17 +73,17 @@ func shardCount(run *v1alpha1.ProcessingRun) int32 {
 
 // sumCounts adds the shards' counts. While the run is not finished, no total
 // goes below what the status already shows.
-func sumCounts(run *v1alpha1.ProcessingRun, shards []shardDecision, finished bool) counts {
-	var sum counts
+func sumCounts(run *v1alpha1.ProcessingRun, shards []shardDecision, finished bool) v1alpha1.ItemCounts {
+	var sum v1alpha1.ItemCounts
 	for _, d := range shards {
-		sum = sum.add(d.counts)
+		sum.Add(d.counts)
 	}
 	if run.Spec.Batch.Items != nil {
 		// Inline: every declared item counts, duplicates included.
 		sum.Total = int64(len(run.Spec.Batch.Items))
 	}
 	if !finished {
-		sum = sum.maxEach(countsOfStatus(&run.Status))
+		sum = sum.MaxEach(run.Status.ItemCounts)
 	}
 	return sum
 }
@@ -152,7 +152,7 @@ func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.Processin
 	o := in.outcome
 	st.ObservedGeneration = run.Generation
 	st.Phase = o.phase
-	st.Total, st.Completed, st.AlreadyHandled, st.Failed = o.counts.Total, o.counts.Completed, o.counts.AlreadyHandled, o.counts.Failed
+	st.ItemCounts = o.counts
 	st.StartTime = in.startTime
 	if o.finished && st.CompletionTime == nil {
 		st.CompletionTime = &metav1.Time{Time: in.now}
@@ -180,7 +180,7 @@ func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.Processin
 		if d.final {
 			// Restore the final report in case the worker's last status
 			// write was lost (the termination message survived it).
-			e.Total, e.Completed, e.AlreadyHandled, e.Failed = d.counts.Total, d.counts.Completed, d.counts.AlreadyHandled, d.counts.Failed
+			e.ItemCounts = d.counts
 			if d.report != nil {
 				e.Attempt = d.report.Attempt
 				e.Message = d.report.Message

@@ -16,7 +16,7 @@ func runKey(ns, name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: ns, Name: name}
 }
 
-func shard(i int32, phase v1alpha1.ShardPhase, c counts) shardDecision {
+func shard(i int32, phase v1alpha1.ShardPhase, c v1alpha1.ItemCounts) shardDecision {
 	return shardDecision{index: i, phase: phase, counts: c, final: phase == v1alpha1.ShardSucceeded,
 		pod: v1alpha1.PodName("invoices", i, 0)}
 }
@@ -47,7 +47,7 @@ func TestDecideRunAndStatus(t *testing.T) {
 	}{
 		{
 			name:   "nothing created yet: Pending, Reconciling",
-			shards: []shardDecision{shard(0, v1alpha1.ShardPending, counts{})},
+			shards: []shardDecision{shard(0, v1alpha1.ShardPending, v1alpha1.ItemCounts{})},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				require.Equal(t, v1alpha1.RunPending, st.Phase)
 				requireCond(t, st, v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonPending)
@@ -61,12 +61,12 @@ func TestDecideRunAndStatus(t *testing.T) {
 			name:    "running: totals add up the shards",
 			started: started,
 			shards: []shardDecision{
-				shard(0, v1alpha1.ShardSucceeded, counts{Total: 5, Completed: 3, AlreadyHandled: 2}),
-				shard(1, v1alpha1.ShardRunning, counts{Total: 6, Completed: 1}),
+				shard(0, v1alpha1.ShardSucceeded, v1alpha1.ItemCounts{Total: 5, Completed: 3, AlreadyHandled: 2}),
+				shard(1, v1alpha1.ShardRunning, v1alpha1.ItemCounts{Total: 6, Completed: 1}),
 			},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				require.Equal(t, v1alpha1.RunRunning, st.Phase)
-				require.Equal(t, counts{Total: 11, Completed: 4, AlreadyHandled: 2}, countsOfStatus(&st))
+				require.Equal(t, v1alpha1.ItemCounts{Total: 11, Completed: 4, AlreadyHandled: 2}, st.ItemCounts)
 				requireCond(t, st, v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonRunning)
 				require.Equal(t, "1/2 shards succeeded, 1 running", cond(t, st, v1alpha1.ConditionReconciling).Message)
 				require.Equal(t, started, st.StartTime)
@@ -82,7 +82,7 @@ func TestDecideRunAndStatus(t *testing.T) {
 			mutate: func(r *v1alpha1.ProcessingRun) {
 				r.Spec.Batch = v1alpha1.BatchSpec{Items: make([]v1alpha1.Item, 7)}
 			},
-			shards: []shardDecision{shard(0, v1alpha1.ShardRunning, counts{Total: 3, Completed: 1})},
+			shards: []shardDecision{shard(0, v1alpha1.ShardRunning, v1alpha1.ItemCounts{Total: 3, Completed: 1})},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				require.Equal(t, int64(7), st.Total)
 			},
@@ -93,9 +93,9 @@ func TestDecideRunAndStatus(t *testing.T) {
 			mutate: func(r *v1alpha1.ProcessingRun) {
 				r.Status.Total, r.Status.Completed, r.Status.Failed = 10, 8, 1
 			},
-			shards: []shardDecision{shard(0, v1alpha1.ShardRunning, counts{Total: 10, Completed: 2})},
+			shards: []shardDecision{shard(0, v1alpha1.ShardRunning, v1alpha1.ItemCounts{Total: 10, Completed: 2})},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
-				require.Equal(t, counts{Total: 10, Completed: 8, Failed: 1}, countsOfStatus(&st))
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 8, Failed: 1}, st.ItemCounts)
 			},
 		},
 		{
@@ -106,12 +106,12 @@ func TestDecideRunAndStatus(t *testing.T) {
 				r.Spec.MaxFailedItems = 1
 			},
 			shards: []shardDecision{
-				shard(0, v1alpha1.ShardSucceeded, counts{Total: 4, Completed: 4}),
-				shard(1, v1alpha1.ShardSucceeded, counts{Total: 6, Completed: 4, AlreadyHandled: 1, Failed: 1}),
+				shard(0, v1alpha1.ShardSucceeded, v1alpha1.ItemCounts{Total: 4, Completed: 4}),
+				shard(1, v1alpha1.ShardSucceeded, v1alpha1.ItemCounts{Total: 6, Completed: 4, AlreadyHandled: 1, Failed: 1}),
 			},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				require.Equal(t, v1alpha1.RunSucceeded, st.Phase)
-				require.Equal(t, counts{Total: 10, Completed: 8, AlreadyHandled: 1, Failed: 1}, countsOfStatus(&st))
+				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 8, AlreadyHandled: 1, Failed: 1}, st.ItemCounts)
 				requireCond(t, st, v1alpha1.ConditionComplete, metav1.ConditionTrue, ReasonSucceeded)
 				requireCond(t, st, v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonSucceeded)
 				require.Nil(t, cond(t, st, v1alpha1.ConditionReconciling))
@@ -125,7 +125,7 @@ func TestDecideRunAndStatus(t *testing.T) {
 			name:    "all shards done but too many failed items across shards: Failed",
 			started: started,
 			shards: []shardDecision{
-				shard(0, v1alpha1.ShardSucceeded, counts{Total: 4, Completed: 3, Failed: 1}),
+				shard(0, v1alpha1.ShardSucceeded, v1alpha1.ItemCounts{Total: 4, Completed: 3, Failed: 1}),
 			},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				require.Equal(t, v1alpha1.RunFailed, st.Phase)
@@ -139,7 +139,7 @@ func TestDecideRunAndStatus(t *testing.T) {
 			started: started,
 			shards: []shardDecision{
 				{index: 0, phase: v1alpha1.ShardFailed, final: true, failure: &shardFailure{reason: ReasonBackoffLimitExceeded, message: "shard 0 failed 4 times"}},
-				shard(1, v1alpha1.ShardRetrying, counts{}),
+				shard(1, v1alpha1.ShardRetrying, v1alpha1.ItemCounts{}),
 			},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				require.Equal(t, v1alpha1.RunFailed, st.Phase)
@@ -152,7 +152,7 @@ func TestDecideRunAndStatus(t *testing.T) {
 		{
 			name:    "stalled: Stalled instead of Reconciling",
 			stalled: &problem{reason: ReasonSecretNotFound, message: `Secret "db" not found`},
-			shards:  []shardDecision{shard(0, v1alpha1.ShardPending, counts{})},
+			shards:  []shardDecision{shard(0, v1alpha1.ShardPending, v1alpha1.ItemCounts{})},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				require.Equal(t, v1alpha1.RunPending, st.Phase)
 				requireCond(t, st, v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonSecretNotFound)
@@ -164,7 +164,7 @@ func TestDecideRunAndStatus(t *testing.T) {
 			name:    "suspended",
 			started: started,
 			mutate:  func(r *v1alpha1.ProcessingRun) { r.Spec.Suspend = true },
-			shards:  []shardDecision{shard(0, v1alpha1.ShardPending, counts{Total: 3, Completed: 1})},
+			shards:  []shardDecision{shard(0, v1alpha1.ShardPending, v1alpha1.ItemCounts{Total: 3, Completed: 1})},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				require.Equal(t, v1alpha1.RunSuspended, st.Phase)
 				requireCond(t, st, v1alpha1.ConditionSuspended, metav1.ConditionTrue, ReasonSuspended)
@@ -179,7 +179,7 @@ func TestDecideRunAndStatus(t *testing.T) {
 			mutate: func(r *v1alpha1.ProcessingRun) {
 				r.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionSuspended, Status: metav1.ConditionTrue, Reason: ReasonSuspended}}
 			},
-			shards: []shardDecision{shard(0, v1alpha1.ShardPending, counts{})},
+			shards: []shardDecision{shard(0, v1alpha1.ShardPending, v1alpha1.ItemCounts{})},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				require.Equal(t, v1alpha1.RunRunning, st.Phase)
 				requireCond(t, st, v1alpha1.ConditionSuspended, metav1.ConditionFalse, ReasonResumed)
@@ -195,7 +195,7 @@ func TestDecideRunAndStatus(t *testing.T) {
 				r.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionComplete, Status: metav1.ConditionTrue, Reason: ReasonSucceeded}}
 				r.Generation = 2
 			},
-			shards: []shardDecision{shard(0, v1alpha1.ShardPending, counts{})},
+			shards: []shardDecision{shard(0, v1alpha1.ShardPending, v1alpha1.ItemCounts{})},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				require.Equal(t, v1alpha1.RunSucceeded, st.Phase)
 				require.Equal(t, t0.Add(-time.Hour), st.CompletionTime.Time)
@@ -225,8 +225,8 @@ func TestBuildStatusKeepsWorkerFieldsAndTransitionTimes(t *testing.T) {
 	run.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReconciling, Status: metav1.ConditionTrue,
 		Reason: ReasonRunning, LastTransitionTime: old}}
 	rt := metav1.NewTime(t0)
-	run.Status.Shards = []v1alpha1.ShardStatus{{Index: 0, Attempt: 0, Completed: 3, Total: 9, Message: "working", LastReportTime: &rt}}
-	d := shard(0, v1alpha1.ShardRunning, counts{Total: 9, Completed: 3})
+	run.Status.Shards = []v1alpha1.ShardStatus{{Index: 0, Attempt: 0, ItemCounts: v1alpha1.ItemCounts{Completed: 3, Total: 9}, Message: "working", LastReportTime: &rt}}
+	d := shard(0, v1alpha1.ShardRunning, v1alpha1.ItemCounts{Total: 9, Completed: 3})
 	st := buildStatus(run, statusInput{shards: []shardDecision{d}, outcome: decideRun(run, []shardDecision{d}, true),
 		startTime: &metav1.Time{Time: t0}, now: t0})
 	require.Equal(t, old, cond(t, st, v1alpha1.ConditionReconciling).LastTransitionTime)
@@ -236,8 +236,8 @@ func TestBuildStatusKeepsWorkerFieldsAndTransitionTimes(t *testing.T) {
 
 	// A finished shard's entry gets the final report when the worker's
 	// last status write was lost.
-	d = shardDecision{index: 0, phase: v1alpha1.ShardSucceeded, final: true, counts: counts{Total: 9, Completed: 9},
-		report: &v1alpha1.ShardReport{Shard: 0, Attempt: 0, Total: 9, Completed: 9, Message: "done"}}
+	d = shardDecision{index: 0, phase: v1alpha1.ShardSucceeded, final: true, counts: v1alpha1.ItemCounts{Total: 9, Completed: 9},
+		report: &v1alpha1.ShardReport{Shard: 0, Attempt: 0, ItemCounts: v1alpha1.ItemCounts{Total: 9, Completed: 9}, Message: "done"}}
 	st = buildStatus(run, statusInput{shards: []shardDecision{d}, outcome: decideRun(run, []shardDecision{d}, true), now: t0})
 	require.Equal(t, int64(9), st.Shards[0].Completed)
 	require.Equal(t, "done", st.Shards[0].Message)
@@ -249,7 +249,7 @@ func TestBuildStatusKeepsWorkerFieldsAndTransitionTimes(t *testing.T) {
 }
 
 func TestCountsOnlyChange(t *testing.T) {
-	a := v1alpha1.ProcessingRunStatus{Phase: v1alpha1.RunRunning, Completed: 1}
+	a := v1alpha1.ProcessingRunStatus{Phase: v1alpha1.RunRunning, ItemCounts: v1alpha1.ItemCounts{Completed: 1}}
 	b := a
 	b.Completed = 5
 	require.True(t, countsOnlyChange(&a, &b))

@@ -376,7 +376,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 		return nil
 	}
 	r.lastWrites.Store(s.key, lastWrite{uid: run.UID, at: s.now})
-	recordItems(countsOfStatus(&run.Status), countsOfStatus(&desired))
+	recordItems(run.Status.ItemCounts, desired.ItemCounts)
 	r.transitionEvents(ctx, s, &run.Status, &desired)
 	return nil
 }
@@ -409,7 +409,7 @@ func (r *Reconciler) applyStatus(ctx context.Context, run *v1alpha1.ProcessingRu
 // counts.
 func countsOnlyChange(old, desired *v1alpha1.ProcessingRunStatus) bool {
 	c := desired.DeepCopy()
-	c.Total, c.Completed, c.AlreadyHandled, c.Failed = old.Total, old.Completed, old.AlreadyHandled, old.Failed
+	c.ItemCounts = old.ItemCounts
 	return equality.Semantic.DeepEqual(*old, *c)
 }
 

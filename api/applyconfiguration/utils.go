@@ -30,6 +30,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.EffectSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Item"):
 		return &apiv1alpha1.ItemApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ItemCounts"):
+		return &apiv1alpha1.ItemCountsApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProcessingRun"):
 		return &apiv1alpha1.ProcessingRunApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProcessingRunSpec"):

@@ -134,13 +134,10 @@ func PodName(run string, shard, attempt int32) string {
 // ShardReport is a worker's final report, the JSON of its termination
 // message. Its counts are cumulative and exact for the whole shard.
 type ShardReport struct {
-	Shard          int32  `json:"shard"`
-	Attempt        int32  `json:"attempt"`
-	Total          int64  `json:"total"`
-	Completed      int64  `json:"completed"`
-	AlreadyHandled int64  `json:"alreadyHandled"`
-	Failed         int64  `json:"failed"`
-	Message        string `json:"message,omitempty"`
+	Shard      int32 `json:"shard"`
+	Attempt    int32 `json:"attempt"`
+	ItemCounts `json:",inline"`
+	Message    string `json:"message,omitempty"`
 }
 
 // TerminationMessage encodes the report for TerminationMessagePath, cutting
@@ -175,7 +172,7 @@ func ParseShardReport(msg string) (ShardReport, error) {
 	if dec.More() {
 		return ShardReport{}, errors.New("decode shard report: trailing data")
 	}
-	if r.Shard < 0 || r.Attempt < 0 || r.Total < 0 || r.Completed < 0 || r.AlreadyHandled < 0 || r.Failed < 0 {
+	if r.Shard < 0 || r.Attempt < 0 || r.Negative() {
 		return ShardReport{}, errors.New("decode shard report: negative field")
 	}
 	return r, nil

@@ -16,7 +16,7 @@ func TestNames(t *testing.T) {
 }
 
 func TestShardReportRoundTrip(t *testing.T) {
-	r := ShardReport{Shard: 2, Attempt: 1, Total: 10, Completed: 7, AlreadyHandled: 2, Failed: 1, Message: "item a/1: boom"}
+	r := ShardReport{Shard: 2, Attempt: 1, ItemCounts: ItemCounts{Total: 10, Completed: 7, AlreadyHandled: 2, Failed: 1}, Message: "item a/1: boom"}
 	b, err := r.TerminationMessage()
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func TestTerminationMessageFitsTheKubeletLimit(t *testing.T) {
 		strings.Repeat("é", 5000),      // multi-byte: cut on a rune boundary
 		strings.Repeat("\"\x01", 3000), // escaping makes the JSON longer than the text
 	} {
-		b, err := ShardReport{Shard: 1, Completed: 5, Message: msg}.TerminationMessage()
+		b, err := ShardReport{Shard: 1, ItemCounts: ItemCounts{Completed: 5}, Message: msg}.TerminationMessage()
 		if err != nil {
 			t.Fatal(err)
 		}

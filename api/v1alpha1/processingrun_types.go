@@ -332,21 +332,8 @@ type ProcessingRunStatus struct {
 	// +optional
 	Phase RunPhase `json:"phase,omitempty"`
 
-	// total is the number of items declared in the batch (known up front for
-	// inline items, otherwise the sum of what the shards have reported).
-	// +optional
-	Total int64 `json:"total"`
-	// completed is the number of items this run committed (its effect ran).
-	// +optional
-	Completed int64 `json:"completed"`
-	// alreadyHandled is the number of items found already committed, by
-	// another run or as a repeat inside this batch.
-	// +optional
-	AlreadyHandled int64 `json:"alreadyHandled"`
-	// failed is the number of items that failed (each shard's message says
-	// why).
-	// +optional
-	Failed int64 `json:"failed"`
+	// The run's counts, the sum of its shards'.
+	ItemCounts `json:",inline"`
 
 	// startTime is when the controller created the run's first pod.
 	// +optional
@@ -371,6 +358,60 @@ type ProcessingRunStatus struct {
 	// +patchMergeKey=type
 	// +kubebuilder:validation:MaxItems=16
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// ItemCounts are the exact item counts of a shard or a run: once it is done,
+// Completed + AlreadyHandled + Failed == Total. The run's status, each shard's
+// entry, the worker's termination report and the counts floor on a pod all
+// carry them.
+type ItemCounts struct {
+	// total is the number of items: of a run, declared in the batch (known up
+	// front for inline items, otherwise the sum of what the shards have
+	// reported); of a shard, in that shard.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Total int64 `json:"total"`
+	// completed is the number of items this run committed (its effect ran),
+	// by any of its attempts.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Completed int64 `json:"completed"`
+	// alreadyHandled is the number of items found already committed, by
+	// another run or as a repeat inside the batch.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	AlreadyHandled int64 `json:"alreadyHandled"`
+	// failed is the number of items that failed (each shard's message says
+	// why).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Failed int64 `json:"failed"`
+}
+
+// Processed is how many items have an outcome.
+func (c ItemCounts) Processed() int64 { return c.Completed + c.AlreadyHandled + c.Failed }
+
+// Add adds o to c.
+func (c *ItemCounts) Add(o ItemCounts) {
+	c.Total += o.Total
+	c.Completed += o.Completed
+	c.AlreadyHandled += o.AlreadyHandled
+	c.Failed += o.Failed
+}
+
+// MaxEach is the field-wise maximum of c and o.
+func (c ItemCounts) MaxEach(o ItemCounts) ItemCounts {
+	return ItemCounts{
+		Total:          max(c.Total, o.Total),
+		Completed:      max(c.Completed, o.Completed),
+		AlreadyHandled: max(c.AlreadyHandled, o.AlreadyHandled),
+		Failed:         max(c.Failed, o.Failed),
+	}
+}
+
+// Negative reports whether any count is below zero.
+func (c ItemCounts) Negative() bool {
+	return c.Total < 0 || c.Completed < 0 || c.AlreadyHandled < 0 || c.Failed < 0
 }
 
 // ShardStatus is the state of one shard. pod and phase are written by the
@@ -408,24 +449,9 @@ type ShardStatus struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Attempt int32 `json:"attempt,omitempty"`
-	// total is the number of items of this shard.
-	// +optional
-	// +kubebuilder:validation:Minimum=0
-	Total int64 `json:"total,omitempty"`
-	// completed is the number of this shard's items committed by this run,
-	// by any of its attempts.
-	// +optional
-	// +kubebuilder:validation:Minimum=0
-	Completed int64 `json:"completed,omitempty"`
-	// alreadyHandled is the number of this shard's items already committed
-	// by another run, or repeated inside the batch.
-	// +optional
-	// +kubebuilder:validation:Minimum=0
-	AlreadyHandled int64 `json:"alreadyHandled,omitempty"`
-	// failed is the number of this shard's items that failed.
-	// +optional
-	// +kubebuilder:validation:Minimum=0
-	Failed int64 `json:"failed,omitempty"`
+	// The shard's counts: the items of this shard and their outcomes, by any
+	// attempt of this run.
+	ItemCounts `json:",inline"`
 	// message is the worker's last word, e.g. its first item error.
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096

@@ -114,7 +114,7 @@ func newRunCommand() *cobra.Command {
 
 // runSummary is the result of `runledger run`, and its JSON output.
 type runSummary struct {
-	worker.Counts
+	v1alpha1.ItemCounts
 	Failures    []worker.Failure `json:"failures"`
 	Interrupted bool             `json:"interrupted,omitempty"`
 	Error       string           `json:"error,omitempty"`
@@ -271,7 +271,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	var errs []error
 	badInputs := false
 	for _, r := range reports {
-		sum.Add(r.Counts)
+		sum.Add(r.ItemCounts)
 		for _, f := range r.Failures {
 			if len(sum.Failures) < worker.MaxFailures {
 				sum.Failures = append(sum.Failures, f)

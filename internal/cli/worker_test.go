@@ -13,7 +13,7 @@ import (
 
 func TestWorkerExitCode(t *testing.T) {
 	t.Parallel()
-	done := worker.Report{Done: true, Counts: worker.Counts{Total: 3, Completed: 3}}
+	done := worker.Report{Done: true, ItemCounts: v1alpha1.ItemCounts{Total: 3, Completed: 3}}
 	for _, tt := range []struct {
 		name string
 		rep  worker.Report
@@ -23,8 +23,8 @@ func TestWorkerExitCode(t *testing.T) {
 		want     int
 	}{
 		{"done", done, nil, false, ExitOK},
-		{"failed items within maxFailedItems", worker.Report{Done: true, Counts: worker.Counts{Total: 3, Completed: 2, Failed: 1}}, nil, false, ExitOK},
-		{"too many failed items", worker.Report{Done: true, Counts: worker.Counts{Total: 3, Completed: 1, Failed: 2}}, nil, false, ExitFailed},
+		{"failed items within maxFailedItems", worker.Report{Done: true, ItemCounts: v1alpha1.ItemCounts{Total: 3, Completed: 2, Failed: 1}}, nil, false, ExitOK},
+		{"too many failed items", worker.Report{Done: true, ItemCounts: v1alpha1.ItemCounts{Total: 3, Completed: 1, Failed: 2}}, nil, false, ExitFailed},
 		{"interrupted", worker.Report{Interrupted: true}, nil, false, ExitFailed},
 		{"database unreachable", worker.Report{Err: errors.New("dial tcp: connection refused")}, nil, false, ExitFailed},
 		{"bad input", worker.Report{}, badInput(errors.New("line 1: entity is empty")), false, ExitBadInput},

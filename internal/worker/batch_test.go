@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/worker"
 )
@@ -55,7 +56,7 @@ func TestQueryBatchSurvivesLostConnection(t *testing.T) {
 	require.NotZero(t, killed, "the reading connection was killed")
 	require.NoError(t, rep.Err)
 	require.True(t, rep.Done)
-	require.Equal(t, worker.Counts{Total: 200, Completed: 200}, rep.Counts)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 200, Completed: 200}, rep.ItemCounts)
 	require.Equal(t, rep.Completed, ledgerRows(t, f, "uid-lost", 0), "completed == the run's rows in the ledger")
 	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM todo WHERE NOT done`), "every row's effect ran")
 }
@@ -98,7 +99,7 @@ func TestQueryBatchIsTheSameOnEveryAttempt(t *testing.T) {
 			require.NoError(t, rep.Err)
 			require.True(t, rep.Done, "shard %d attempt %d", shard, attempt)
 			require.Equal(t, total, rep.Total, "shard %d attempt %d: the same total as the first attempt", shard, attempt)
-			require.Equal(t, worker.Counts{Total: total, Completed: total}, rep.Counts, "shard %d attempt %d", shard, attempt)
+			require.Equal(t, v1alpha1.ItemCounts{Total: total, Completed: total}, rep.ItemCounts, "shard %d attempt %d", shard, attempt)
 			require.Equal(t, rep.Completed, ledgerRows(t, f, "uid-attempts", shard), "shard %d attempt %d: completed == the shard's rows in the ledger", shard, attempt)
 		}
 	}
@@ -195,7 +196,7 @@ func TestStaticBatchThatChangedFailsClearly(t *testing.T) {
 	items := keyItems("acct", 100)
 	cfg := worker.ShardConfig{Run: run("uid-static"), Shards: 2, Source: worker.NewStaticSource("configmap june/items.jsonl", items)}
 	_, first := runShards(t, f, cfg)
-	require.Equal(t, worker.Counts{Total: 100, Completed: 100}, first)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 100, Completed: 100}, first)
 	_, again := runShards(t, f, cfg)
 	require.Equal(t, first, again, "the same items: the same counts")
 

@@ -218,7 +218,7 @@ func readChunk(ctx context.Context, st stream, size int) ([]entry, error) {
 // tally is one chunk's outcome, added to the report only once the chunk is
 // settled, so that a chunk abandoned mid-way counts nothing.
 type tally struct {
-	counts   Counts
+	counts   v1alpha1.ItemCounts
 	failures []Failure
 	carry    carried
 }

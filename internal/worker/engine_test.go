@@ -71,7 +71,7 @@ func run(uid string) ledger.Run {
 
 // runShards runs every shard of cfg concurrently and returns their reports
 // (in shard order) and their sum.
-func runShards(t *testing.T, f *fixture, cfg worker.ShardConfig) ([]worker.Report, worker.Counts) {
+func runShards(t *testing.T, f *fixture, cfg worker.ShardConfig) ([]worker.Report, v1alpha1.ItemCounts) {
 	t.Helper()
 	reports := make([]worker.Report, max(cfg.Shards, 1))
 	var wg sync.WaitGroup
@@ -85,13 +85,13 @@ func runShards(t *testing.T, f *fixture, cfg worker.ShardConfig) ([]worker.Repor
 		}()
 	}
 	wg.Wait()
-	var sum worker.Counts
+	var sum v1alpha1.ItemCounts
 	for _, r := range reports {
 		require.NoError(t, r.Err, "shard %d", r.Shard)
 		require.True(t, r.Done, "shard %d done", r.Shard)
 		require.True(t, r.TotalKnown, "shard %d knows its total", r.Shard)
 		require.Equal(t, r.Total, r.Processed(), "shard %d: completed + alreadyHandled + failed == total", r.Shard)
-		sum.Add(r.Counts)
+		sum.Add(r.ItemCounts)
 	}
 	return reports, sum
 }
@@ -117,7 +117,7 @@ func TestInlineSourceCountsAndDuplicates(t *testing.T) {
 	cfg := worker.ShardConfig{Run: run("uid-inline"), Shards: 3, Source: worker.NewStaticSource("items", items), ChunkSize: 7}
 
 	reports, sum := runShards(t, f, cfg)
-	require.Equal(t, worker.Counts{Total: 602, Completed: 500, AlreadyHandled: 102}, sum)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 602, Completed: 500, AlreadyHandled: 102}, sum)
 	require.EqualValues(t, 500, f.committed(t), "one committed row per distinct key")
 	for _, r := range reports {
 		require.NotZero(t, r.Total, "shard %d has items: the hash spreads them", r.Shard)
@@ -134,7 +134,7 @@ func TestRerunOfFinishedBatch(t *testing.T) {
 	items = append(items, items[:10]...)
 	cfg := worker.ShardConfig{Run: run("uid-first"), Shards: 2, Source: worker.NewStaticSource("items", items), ChunkSize: 100}
 	_, first := runShards(t, f, cfg)
-	require.Equal(t, worker.Counts{Total: 1010, Completed: 1000, AlreadyHandled: 10}, first)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 1010, Completed: 1000, AlreadyHandled: 10}, first)
 	writes := f.ledgerWrites(t)
 	require.NotZero(t, writes, "the first run wrote")
 
@@ -145,7 +145,7 @@ func TestRerunOfFinishedBatch(t *testing.T) {
 	other := cfg
 	other.Run = run("uid-other")
 	_, second := runShards(t, f, other)
-	require.Equal(t, worker.Counts{Total: 1010, AlreadyHandled: 1010}, second, "another run: all already handled")
+	require.Equal(t, v1alpha1.ItemCounts{Total: 1010, AlreadyHandled: 1010}, second, "another run: all already handled")
 	require.Equal(t, writes, f.ledgerWrites(t), "still no write to the ledger")
 	require.EqualValues(t, 1000, f.committed(t))
 }
@@ -167,7 +167,7 @@ func TestEarlierAttemptCountsAsCompleted(t *testing.T) {
 	cfg := worker.ShardConfig{Run: earlier, Source: worker.NewStaticSource("items", items), ChunkSize: 50}
 	cfg.Run.Attempt = 1
 	_, sum := runShards(t, f, cfg)
-	require.Equal(t, worker.Counts{Total: 300, Completed: 250, AlreadyHandled: 50}, sum)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 300, Completed: 250, AlreadyHandled: 50}, sum)
 	require.EqualValues(t, 300, f.committed(t))
 	require.EqualValues(t, 130, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'uid-restart' AND attempt = 1`), "attempt 1 committed the rest")
 }
@@ -214,7 +214,7 @@ func TestEffectForeignKeyFailures(t *testing.T) {
 		Effect: invoiceEffect, ChunkSize: 64, MaxFailedItems: 1000}
 
 	reports, sum := runShards(t, f, cfg)
-	require.Equal(t, worker.Counts{Total: 400, Completed: 390, Failed: 10}, sum)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 400, Completed: 390, Failed: 10}, sum)
 	require.EqualValues(t, 390, queryInt(t, f.pool, `SELECT count(*) FROM invoices`), "the effect ran once per committed item")
 	require.EqualValues(t, 390, f.committed(t))
 	var failures []worker.Failure
@@ -278,7 +278,7 @@ func TestSupersede(t *testing.T) {
 	items := keyItems("acct", 100)
 	first := worker.ShardConfig{Run: run("uid-v1"), Source: worker.NewStaticSource("items", items), Effect: invoiceEffect, ChunkSize: 30}
 	_, sum := runShards(t, f, first)
-	require.Equal(t, worker.Counts{Total: 100, Completed: 100}, sum)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 100, Completed: 100}, sum)
 
 	// Version 2 of the batch: amounts changed, and deliberately reprocessed.
 	v2 := make([]ledger.Item, len(items))
@@ -288,7 +288,7 @@ func TestSupersede(t *testing.T) {
 	second := worker.ShardConfig{Run: run("uid-v2"), Shards: 2, Source: worker.NewStaticSource("items", v2), Effect: invoiceEffect,
 		OnExisting: ledger.Supersede, ChunkSize: 30}
 	_, sum = runShards(t, f, second)
-	require.Equal(t, worker.Counts{Total: 100, Completed: 100}, sum, "every item reprocessed")
+	require.Equal(t, v1alpha1.ItemCounts{Total: 100, Completed: 100}, sum, "every item reprocessed")
 	require.EqualValues(t, 100, f.committed(t))
 	require.EqualValues(t, 100, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE state = 'superseded' AND run_uid = 'uid-v1'`))
 	require.EqualValues(t, 100, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed' AND run_uid = 'uid-v2'`))
@@ -296,7 +296,7 @@ func TestSupersede(t *testing.T) {
 
 	writes := f.ledgerWrites(t)
 	_, sum = runShards(t, f, second)
-	require.Equal(t, worker.Counts{Total: 100, Completed: 100}, sum, "its own rows: completed")
+	require.Equal(t, v1alpha1.ItemCounts{Total: 100, Completed: 100}, sum, "its own rows: completed")
 	require.Equal(t, writes, f.ledgerWrites(t), "a rerun supersedes nothing and writes nothing")
 	require.EqualValues(t, 200, queryInt(t, f.pool, `SELECT count(*) FROM invoices`))
 }
@@ -327,7 +327,7 @@ func TestInterruptedShardResumesExactly(t *testing.T) {
 
 	cfg.Progress = nil
 	_, sum := runShards(t, f, cfg)
-	require.Equal(t, worker.Counts{Total: 1050, Completed: 1000, AlreadyHandled: 50}, sum, "the same as one uninterrupted run")
+	require.Equal(t, v1alpha1.ItemCounts{Total: 1050, Completed: 1000, AlreadyHandled: 50}, sum, "the same as one uninterrupted run")
 }
 
 // TestOneProcessPerShard: while a shard runs, the same shard of the same run
@@ -366,7 +366,7 @@ func TestOneProcessPerShard(t *testing.T) {
 	// Released at the end: the shard can run again.
 	again := worker.RunShard(context.Background(), f.store, cfg)
 	require.NoError(t, again.Err)
-	require.Equal(t, rep.Counts, again.Counts)
+	require.Equal(t, rep.ItemCounts, again.ItemCounts)
 }
 
 // TestShardWaitsForTheLockAndSaysSo: a replacement pod whose predecessor

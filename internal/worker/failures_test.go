@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/require"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/pgtest"
 	"github.com/runledger/runledger/internal/worker"
@@ -31,7 +32,7 @@ func TestDeferredForeignKeyWithinMaxFailedItems(t *testing.T) {
 		Effect: invoiceEffect, ChunkSize: 32, MaxFailedItems: 4}
 
 	reports, sum := runShards(t, f, cfg)
-	require.Equal(t, worker.Counts{Total: 200, Completed: 196, Failed: 4}, sum)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 200, Completed: 196, Failed: 4}, sum)
 	for _, r := range reports {
 		require.False(t, r.TooManyFailures, "shard %d: 4 failures are allowed", r.Shard)
 		for _, fl := range r.Failures {
@@ -77,7 +78,7 @@ ALTER TABLE accounts ADD COLUMN invoiced int NOT NULL DEFAULT 0`)
 		Retry:  worker.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, MaxAttempts: 20, MaxElapsed: time.Minute}})
 	require.NoError(t, rep.Err)
 	require.True(t, rep.Done)
-	require.Equal(t, worker.Counts{Total: 100, Completed: 100}, rep.Counts, "failures: %v", rep.Failures)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 100, Completed: 100}, rep.ItemCounts, "failures: %v", rep.Failures)
 	require.GreaterOrEqual(t, retries.Load(), int32(2), "the chunk was retried after the lock timeout")
 	require.EqualValues(t, 100, f.committed(t))
 	require.EqualValues(t, 100, queryInt(t, f.pool, `SELECT sum(invoiced) FROM accounts`), "the effect ran once per item")

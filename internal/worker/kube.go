@@ -274,8 +274,8 @@ func (s *StatusReporter) apply(ctx context.Context, entry *ac.ShardStatusApplyCo
 func WriteTerminationMessage(path string, env PodEnv, r Report, message string) error {
 	rep := v1alpha1.ShardReport{
 		Shard: int32(env.Shard), Attempt: int32(env.Attempt),
-		Total: r.Total, Completed: r.Completed, AlreadyHandled: r.AlreadyHandled, Failed: r.Failed,
-		Message: message,
+		ItemCounts: r.ItemCounts,
+		Message:    message,
 	}
 	b, err := rep.TerminationMessage()
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/runledger/runledger/api/v1alpha1"
 )
 
 // ProgressPrinter shows the progress of the shards of a run on a terminal (a
@@ -92,10 +94,10 @@ func (p *ProgressPrinter) Line() string {
 }
 
 func (p *ProgressPrinter) line(elapsed time.Duration) string {
-	var c Counts
+	var c v1alpha1.ItemCounts
 	known, done := true, 0
 	for _, r := range p.reports {
-		c.Add(r.Counts)
+		c.Add(r.ItemCounts)
 		known = known && r.TotalKnown
 		if r.Done {
 			done++

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/worker"
 )
@@ -34,7 +35,7 @@ func TestQuerySource(t *testing.T) {
 	cfg := worker.ShardConfig{Run: run("uid-query"), Shards: 3, Source: src, ChunkSize: 97, MaxFailedItems: 10}
 
 	reports, sum := runShards(t, f, cfg)
-	require.Equal(t, worker.Counts{Total: 3254, Completed: 3000, AlreadyHandled: 250, Failed: 4}, sum)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 3254, Completed: 3000, AlreadyHandled: 250, Failed: 4}, sum)
 	require.EqualValues(t, 3000, f.committed(t))
 	var msgs []string
 	for _, r := range reports {
@@ -151,7 +152,7 @@ func TestQuerySourceResumesAfterConnectionLoss(t *testing.T) {
 	require.Equal(t, 2, kills, "the shard's sessions were killed twice")
 	require.NoError(t, rep.Err)
 	require.True(t, rep.Done)
-	require.Equal(t, worker.Counts{Total: 3254, Completed: 3000, AlreadyHandled: 250, Failed: 4}, rep.Counts)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 3254, Completed: 3000, AlreadyHandled: 250, Failed: 4}, rep.ItemCounts)
 	require.EqualValues(t, 3000, f.committed(t))
 }
 

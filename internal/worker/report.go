@@ -3,31 +3,13 @@ package worker
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/runledger/runledger/api/v1alpha1"
 )
 
 // MaxFailures is how many failed items a report lists (the counts include
 // them all).
 const MaxFailures = 100
-
-// Counts are a shard's (or a run's) exact tallies. Once the shard is done,
-// Completed + AlreadyHandled + Failed == Total, the items declared.
-type Counts struct {
-	Total          int64 `json:"total"`
-	Completed      int64 `json:"completed"`
-	AlreadyHandled int64 `json:"alreadyHandled"`
-	Failed         int64 `json:"failed"`
-}
-
-// Processed is how many items have an outcome.
-func (c Counts) Processed() int64 { return c.Completed + c.AlreadyHandled + c.Failed }
-
-// Add adds o to c.
-func (c *Counts) Add(o Counts) {
-	c.Total += o.Total
-	c.Completed += o.Completed
-	c.AlreadyHandled += o.AlreadyHandled
-	c.Failed += o.Failed
-}
 
 // Failure is one failed item.
 type Failure struct {
@@ -39,7 +21,7 @@ type Failure struct {
 // Report is what a shard did.
 type Report struct {
 	Shard int
-	Counts
+	v1alpha1.ItemCounts
 	// TotalKnown: Total is final (always, once the source is open: a query
 	// source counts its shard's rows first).
 	TotalKnown bool

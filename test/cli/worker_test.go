@@ -123,7 +123,7 @@ func TestWorkerInPod(t *testing.T) {
 				env := worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: shard, Shards: 2}
 				rep := worker.NewStatusReporter(k.c, env, 0, discard())
 				for i := 1; i <= 10; i++ {
-					r := worker.Report{Counts: worker.Counts{Total: 1000, Completed: int64(100*i + shard), AlreadyHandled: int64(shard)}}
+					r := worker.Report{ItemCounts: v1alpha1.ItemCounts{Total: 1000, Completed: int64(100*i + shard), AlreadyHandled: int64(shard)}}
 					require.NoError(t, rep.Final(ctx, r, "report "+strconv.Itoa(i), 10*time.Second))
 				}
 			})
@@ -152,7 +152,7 @@ func TestWorkerInPod(t *testing.T) {
 
 		// A report for a run of the same name but another UID is refused.
 		stale := worker.NewStatusReporter(k.c, worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: "00000000-0000-0000-0000-000000000000", Shard: 0, Shards: 2}, 0, discard())
-		require.Error(t, stale.Final(ctx, worker.Report{Counts: worker.Counts{Completed: 1}}, "stale", time.Second), "a stale pod cannot report into another run")
+		require.Error(t, stale.Final(ctx, worker.Report{ItemCounts: v1alpha1.ItemCounts{Completed: 1}}, "stale", time.Second), "a stale pod cannot report into another run")
 		require.EqualValues(t, 1000, shardEntry(t, k.getRun(t, run.Name), 0).Completed)
 	})
 
@@ -223,7 +223,7 @@ func TestWorkerInPod(t *testing.T) {
 		}
 		wg.Wait()
 		got := k.getRun(t, run.Name)
-		var sum worker.Counts
+		var sum v1alpha1.ItemCounts
 		for shard := range 2 {
 			r := results[shard]
 			require.Equal(t, 0, r.code, "shard %d; stderr:\n%s", shard, r.stderr)
@@ -234,11 +234,11 @@ func TestWorkerInPod(t *testing.T) {
 			require.NoError(t, err, "the termination message is written")
 			rep, err := v1alpha1.ParseShardReport(string(raw))
 			require.NoError(t, err, "the controller can parse it: %s", raw)
-			require.Equal(t, v1alpha1.ShardReport{Shard: int32(shard), Total: e.Total, Completed: e.Completed, Message: "done"}, rep)
+			require.Equal(t, v1alpha1.ShardReport{Shard: int32(shard), ItemCounts: v1alpha1.ItemCounts{Total: e.Total, Completed: e.Completed}, Message: "done"}, rep)
 			require.Contains(t, r.stderr, `"msg":"shard finished"`, "JSON logs")
-			sum.Add(worker.Counts{Total: e.Total, Completed: e.Completed, AlreadyHandled: e.AlreadyHandled, Failed: e.Failed})
+			sum.Add(e.ItemCounts)
 		}
-		require.Equal(t, worker.Counts{Total: 300, Completed: 300}, sum)
+		require.Equal(t, v1alpha1.ItemCounts{Total: 300, Completed: 300}, sum)
 		require.EqualValues(t, 300, d.committed(t))
 		require.EqualValues(t, 300, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1`, string(run.UID)))
 

@@ -30,17 +30,8 @@ type ProcessingRunStatusApplyConfiguration struct {
 	// phase is a one-word summary: Pending, Running, Succeeded, Failed or
 	// Suspended.
 	Phase *apiv1alpha1.RunPhase `json:"phase,omitempty"`
-	// total is the number of items declared in the batch (known up front for
-	// inline items, otherwise the sum of what the shards have reported).
-	Total *int64 `json:"total,omitempty"`
-	// completed is the number of items this run committed (its effect ran).
-	Completed *int64 `json:"completed,omitempty"`
-	// alreadyHandled is the number of items found already committed, by
-	// another run or as a repeat inside this batch.
-	AlreadyHandled *int64 `json:"alreadyHandled,omitempty"`
-	// failed is the number of items that failed (each shard's message says
-	// why).
-	Failed *int64 `json:"failed,omitempty"`
+	// The run's counts, the sum of its shards'.
+	ItemCountsApplyConfiguration `json:""`
 	// startTime is when the controller created the run's first pod.
 	StartTime *v1.Time `json:"startTime,omitempty"`
 	// completionTime is when the run Succeeded or Failed.
@@ -78,7 +69,7 @@ func (b *ProcessingRunStatusApplyConfiguration) WithPhase(value apiv1alpha1.RunP
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the Total field is set to the value of the last call.
 func (b *ProcessingRunStatusApplyConfiguration) WithTotal(value int64) *ProcessingRunStatusApplyConfiguration {
-	b.Total = &value
+	b.ItemCountsApplyConfiguration.Total = &value
 	return b
 }
 
@@ -86,7 +77,7 @@ func (b *ProcessingRunStatusApplyConfiguration) WithTotal(value int64) *Processi
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the Completed field is set to the value of the last call.
 func (b *ProcessingRunStatusApplyConfiguration) WithCompleted(value int64) *ProcessingRunStatusApplyConfiguration {
-	b.Completed = &value
+	b.ItemCountsApplyConfiguration.Completed = &value
 	return b
 }
 
@@ -94,7 +85,7 @@ func (b *ProcessingRunStatusApplyConfiguration) WithCompleted(value int64) *Proc
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the AlreadyHandled field is set to the value of the last call.
 func (b *ProcessingRunStatusApplyConfiguration) WithAlreadyHandled(value int64) *ProcessingRunStatusApplyConfiguration {
-	b.AlreadyHandled = &value
+	b.ItemCountsApplyConfiguration.AlreadyHandled = &value
 	return b
 }
 
@@ -102,7 +93,7 @@ func (b *ProcessingRunStatusApplyConfiguration) WithAlreadyHandled(value int64) 
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the Failed field is set to the value of the last call.
 func (b *ProcessingRunStatusApplyConfiguration) WithFailed(value int64) *ProcessingRunStatusApplyConfiguration {
-	b.Failed = &value
+	b.ItemCountsApplyConfiguration.Failed = &value
 	return b
 }
 

@@ -35,16 +35,9 @@ type ShardStatusApplyConfiguration struct {
 	// attempt that wrote the counts below, 0 for the first pod (written by
 	// the worker).
 	Attempt *int32 `json:"attempt,omitempty"`
-	// total is the number of items of this shard.
-	Total *int64 `json:"total,omitempty"`
-	// completed is the number of this shard's items committed by this run,
-	// by any of its attempts.
-	Completed *int64 `json:"completed,omitempty"`
-	// alreadyHandled is the number of this shard's items already committed
-	// by another run, or repeated inside the batch.
-	AlreadyHandled *int64 `json:"alreadyHandled,omitempty"`
-	// failed is the number of this shard's items that failed.
-	Failed *int64 `json:"failed,omitempty"`
+	// The shard's counts: the items of this shard and their outcomes, by any
+	// attempt of this run.
+	ItemCountsApplyConfiguration `json:""`
 	// message is the worker's last word, e.g. its first item error.
 	Message *string `json:"message,omitempty"`
 	// lastReportTime is when the worker wrote this entry.
@@ -109,7 +102,7 @@ func (b *ShardStatusApplyConfiguration) WithAttempt(value int32) *ShardStatusApp
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the Total field is set to the value of the last call.
 func (b *ShardStatusApplyConfiguration) WithTotal(value int64) *ShardStatusApplyConfiguration {
-	b.Total = &value
+	b.ItemCountsApplyConfiguration.Total = &value
 	return b
 }
 
@@ -117,7 +110,7 @@ func (b *ShardStatusApplyConfiguration) WithTotal(value int64) *ShardStatusApply
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the Completed field is set to the value of the last call.
 func (b *ShardStatusApplyConfiguration) WithCompleted(value int64) *ShardStatusApplyConfiguration {
-	b.Completed = &value
+	b.ItemCountsApplyConfiguration.Completed = &value
 	return b
 }
 
@@ -125,7 +118,7 @@ func (b *ShardStatusApplyConfiguration) WithCompleted(value int64) *ShardStatusA
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the AlreadyHandled field is set to the value of the last call.
 func (b *ShardStatusApplyConfiguration) WithAlreadyHandled(value int64) *ShardStatusApplyConfiguration {
-	b.AlreadyHandled = &value
+	b.ItemCountsApplyConfiguration.AlreadyHandled = &value
 	return b
 }
 
@@ -133,7 +126,7 @@ func (b *ShardStatusApplyConfiguration) WithAlreadyHandled(value int64) *ShardSt
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the Failed field is set to the value of the last call.
 func (b *ShardStatusApplyConfiguration) WithFailed(value int64) *ShardStatusApplyConfiguration {
-	b.Failed = &value
+	b.ItemCountsApplyConfiguration.Failed = &value
 	return b
 }
 
