@@ -6,6 +6,9 @@ BIN := $(ROOT)/bin
 export GOBIN := $(BIN)
 
 GOLANGCI_LINT_VERSION := v2.15.0
+# shellcheck from Debian's apt (the version of its package, then the one the binary reports).
+SHELLCHECK_DEB_VERSION := 0.9.0-1
+SHELLCHECK_VERSION := 0.9.0
 CONTROLLER_TOOLS_VERSION := v0.23.0
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
@@ -82,6 +85,7 @@ build-installer: image ## Render dist/install.yaml (namespace, CRD, RBAC, manage
 test: envtest-assets ## Run every test: unit, PostgreSQL integration, envtest (starts its own PostgreSQL and kube-apiserver).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(GO_TEST_FLAGS) ./...
 	cd $(ROOT)/hack/tools/image && GOWORK=off go test $(GO_TEST_FLAGS) ./...
+	cd $(ROOT)/hack/tools/pki && GOWORK=off go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: envtest-assets
 envtest-assets: ## Build (once, cached under bin/k8s/) kube-apiserver, etcd and kubectl for envtest.
@@ -120,10 +124,11 @@ verify: manifests generate ## Regenerate and fail on any drift (changed or untra
 ##@ Code quality
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## gofmt, go vet and golangci-lint.
+lint: $(GOLANGCI_LINT) shellcheck ## gofmt, go vet, golangci-lint and shellcheck (every script, sourced parts followed).
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	$(GOLANGCI_LINT) run ./...
+	cd $(ROOT) && shellcheck --external-sources $$(git ls-files '*.sh' .ci/run)
 
 .PHONY: fmt
 fmt: ## Format the code.
@@ -164,6 +169,17 @@ $(CONTROLLER_GEN):
 	@mkdir -p $(BIN)
 	GOBIN=$(BIN)/.tmp-cgen go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
 	mv $(BIN)/.tmp-cgen/controller-gen $@ && rmdir $(BIN)/.tmp-cgen
+
+.PHONY: shellcheck
+shellcheck: ## Install shellcheck $(SHELLCHECK_VERSION) with apt if missing; fail if the one on PATH is another version.
+	@have() { shellcheck --version 2>/dev/null | awk '/^version:/ { print $$2 }'; }; \
+	if [ "$$(have)" != "$(SHELLCHECK_VERSION)" ]; then \
+		echo "installing shellcheck=$(SHELLCHECK_DEB_VERSION) (apt-get)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq --no-install-recommends shellcheck=$(SHELLCHECK_DEB_VERSION) >/dev/null 2>&1 || \
+			{ apt-get update -qq && apt-get install -y -qq --no-install-recommends shellcheck=$(SHELLCHECK_DEB_VERSION) >/dev/null; }; \
+	fi; \
+	v="$$(have)"; [ "$$v" = "$(SHELLCHECK_VERSION)" ] || { echo "shellcheck $${v:-not found}, want $(SHELLCHECK_VERSION) (apt-get install shellcheck=$(SHELLCHECK_DEB_VERSION))"; exit 1; }
 
 .PHONY: help
 help: ## Show this help.

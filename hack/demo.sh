@@ -67,7 +67,6 @@ command -v runc >/dev/null || missing+=(runc)
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
 command -v iptables >/dev/null || missing+=(iptables)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
-command -v openssl >/dev/null || missing+=(openssl)
 command -v curl >/dev/null || missing+=(curl)
 if ((${#missing[@]} > 0)); then
   info "installing ${missing[*]} with apt-get (first time only, ~1 min)"

@@ -1,0 +1,115 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # settings read by the other parts
+# Sourced by hack/cluster.sh: settings, output and small helpers shared by every part.
+
+# ROOT: the checkout, set by hack/cluster.sh.
+CONF="${ROOT}/hack/cluster"
+STATE="${ROOT}/.cluster" # this checkout's: logs and the lock
+RUN=/var/lib/runledger-cluster
+LOGS="${RUNLEDGER_CLUSTER_LOGS:-${STATE}/logs}"
+PIDS="${RUN}/pids"
+HOSTSAVE="${RUN}/host" # what the host looked like before `up`
+
+NETNS=runledger
+HOST_IF=rl-host
+NODE_IF=rl-node
+HOST_IP=10.250.0.1
+NODE_IP=10.250.0.2
+NET_PREFIX=30
+NODE_NAME=runledger
+POD_CIDR=10.244.0.0/24
+SERVICE_CIDR=10.96.0.0/16
+SERVICE_IP=10.96.0.1 # the apiserver's ClusterIP, first of SERVICE_CIDR
+PG_PORT=5432
+PG_USER=runledger
+PG_DB=runledger
+
+IMAGE_LAYOUTS="${ROOT}/bin/images" # OCI layouts of the images pushed by push_image
+TOOLS="${ROOT}/bin/cluster-tools"
+REGISTRY="${NODE_IP}:5000"
+PAUSE_IMAGE="${REGISTRY}/pause:dev"
+SMOKE_IMAGE="${REGISTRY}/smoke:dev"
+
+CGROUP_ROOT=runledger              # kubelet's cgroupRoot (pods), in every v1 hierarchy
+DAEMON_CGROUP=runledger-daemons    # pids hierarchy: every daemon and shim, to prove none is left
+K8S_COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+DAEMONS=(registry containerd postgres etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet)
+
+# Host sysctls that kubelet (vm.*, kernel.*) or kube-proxy and the CNI bridge
+# plugin (net.*; those run in the netns, but the host values are checked too)
+# may change. Saved by `up`, restored by `down`.
+SYSCTLS=(
+  kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom
+  kernel.keys.root_maxkeys kernel.keys.root_maxbytes
+  net.ipv4.ip_forward net.ipv4.conf.all.route_localnet net.ipv4.conf.default.route_localnet
+  net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
+  net.netfilter.nf_conntrack_max
+)
+# Host paths the cluster software creates outside the state directory (see
+# hack/cluster/*). `down` removes each one that did not exist before `up`.
+HOST_PATHS=(/run/containerd /var/log/containers /var/lib/cni /var/lib/kubelet)
+
+# --- output --------------------------------------------------------------------
+
+T0=""
+now_ms() { local t="${EPOCHREALTIME/[.,]/}"; echo $((t / 1000)); }
+elapsed() { local ms=$(($(now_ms) - T0)); printf '%d.%ds' $((ms / 1000)) $((ms % 1000 / 100)); }
+step() { printf '[%6s] %s\n' "$(elapsed)" "$*" >&2; }
+log() { echo "cluster: $*" >&2; }
+warn() { echo "cluster: warning: $*" >&2; }
+die() { echo "cluster: error: $*" >&2; exit 1; }
+T0="$(now_ms)"
+
+# --- small helpers ---------------------------------------------------------------
+
+in_ns() { nsenter --net="/run/netns/${NETNS}" -- "$@"; }
+netns_exists() { [[ -e "/run/netns/${NETNS}" ]]; }
+# The script's own kubectl calls keep their discovery cache in the state
+# directory, not in ~/.kube.
+kubectl_() { "${BIN_DIR}/kubectl" --kubeconfig "${RUN}/admin.kubeconfig" --cache-dir "${RUN}/kube-cache" "$@"; }
+ctr_() { ctr --address "${RUN}/containerd/containerd.sock" --namespace k8s.io "$@"; }
+as_postgres() { setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"; }
+
+# wait_for DESCRIPTION TIMEOUT_SECONDS COMMAND...: poll until COMMAND succeeds.
+# With WATCH=NAME, give up as soon as daemon NAME is no longer running.
+wait_for() {
+  local what="$1" timeout="$2"
+  shift 2
+  local deadline=$(($(now_ms) + timeout * 1000))
+  until "$@" >/dev/null 2>&1; do
+    if [[ -n "${WATCH:-}" ]] && ! daemon_pid "${WATCH}" >/dev/null; then
+      log "${WATCH} exited while waiting for ${what}; see ${LOGS}/${WATCH}.log"
+      return 1
+    fi
+    if (($(now_ms) > deadline)); then
+      log "timed out after ${timeout}s waiting for ${what}"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# render TEMPLATE OUT: fill in @WORDS@ of a hack/cluster/ template.
+render() {
+  sed -e "s|@RUN@|${RUN}|g" -e "s|@NODE_IP@|${NODE_IP}|g" -e "s|@NODE_NAME@|${NODE_NAME}|g" \
+    -e "s|@POD_CIDR@|${POD_CIDR}|g" -e "s|@PAUSE_IMAGE@|${PAUSE_IMAGE}|g" -e "s|@REGISTRY@|${REGISTRY}|g" \
+    "${CONF}/$1" >"$2"
+  if grep -q '@[A-Z_]*@' "$2"; then die "unfilled placeholder in $2"; fi
+}
+
+pg_bin() {
+  local d
+  d="$(printf '%s\n' /usr/lib/postgresql/*/bin | grep -v '\*' | sort -V | tail -1)"
+  [[ -n "${d}" ]] || die "PostgreSQL server binaries not found under /usr/lib/postgresql"
+  echo "${d}"
+}
+
+# k8s_bin_dir [--build]: set BIN_DIR; with --build, build what is missing first.
+k8s_bin_dir() {
+  if [[ "${1:-}" == --build ]]; then
+    BIN_DIR="$("${ROOT}/hack/k8s-bins.sh" --print-dir "${K8S_COMPONENTS[@]}")"
+  else
+    BIN_DIR="$("${ROOT}/hack/k8s-bins.sh" --print-dir)"
+  fi
+}
+

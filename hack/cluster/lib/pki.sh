@@ -1,0 +1,10 @@
+# shellcheck shell=bash
+# Sourced by hack/cluster.sh: certificates and kubeconfigs, written by
+# hack/tools/pki (Go: crypto/x509 reads better than openssl invocations).
+
+# make_pki: the CA, every component's certificate and kubeconfig, the
+# service account key, under ${RUN}/pki and ${RUN}/*.kubeconfig.
+make_pki() {
+  "${TOOLS}/pki" -dir "${RUN}" -apiserver-ip "${NODE_IP}" -service-ip "${SERVICE_IP}" \
+    -node "${NODE_NAME}=${NODE_IP}" || die "generating certificates and kubeconfigs failed"
+}
