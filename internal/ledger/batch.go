@@ -40,6 +40,10 @@ type BatchQuery struct {
 	HasPayload bool
 	Shards     int
 	ShardOf    func(entity, occurrence string) string
+	// Timeout and LockTimeout bound the statement that runs the query
+	// (statement_timeout, lock_timeout); 0 keeps the session's own. Either
+	// one expiring is retryable, with nothing written.
+	Timeout, LockTimeout time.Duration
 }
 
 // BatchQuerySQL is the SELECT that materialises q, for describing it in a
@@ -148,8 +152,8 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 		return fmt.Errorf("beginning the batch's transaction: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, sqlBatchWorkMem); err != nil {
-		return fmt.Errorf("setting work_mem: %w", err)
+	if _, err := tx.Exec(ctx, sqlBeforeBatchQuery(q.Timeout, q.LockTimeout)); err != nil {
+		return fmt.Errorf("preparing the batch's query: %w", err)
 	}
 	before, err := tableWrites(ctx, tx)
 	if err != nil {
@@ -159,6 +163,9 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 	err = tx.QueryRow(ctx, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.ShardOf), run.UID, run.Namespace, run.Name, q.Shards).Scan(&items)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBatchQuery, err)
+	}
+	if _, err := tx.Exec(ctx, sqlResetSession); err != nil {
+		return fmt.Errorf("resetting the session after the batch's query: %w", err)
 	}
 	after, err := tableWrites(ctx, tx)
 	if err != nil {

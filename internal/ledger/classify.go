@@ -42,6 +42,9 @@ const (
 	sqlstateTooManyConnections   = "53300"
 	sqlstateLockNotAvailable     = "55P03" // lock_timeout
 	sqlstateQueryCanceled        = "57014" // statement_timeout, or a cancel request
+	// 2D000: COMMIT or ROLLBACK where the server allows no transaction
+	// control (a procedure called inside a transaction block).
+	sqlstateInvalidTransactionTermination = "2D000"
 	// Class 28, invalid authorization specification: wrong password, unknown
 	// role, role without LOGIN, no pg_hba.conf entry.
 	sqlstateClassInvalidAuthorization = "28"
@@ -161,7 +164,7 @@ func ConnectionRejected(err error) (why string, rejected bool) {
 // for what it says rather than for the data it met: a syntax error, a missing
 // table, column or privilege (class 42, but not a row refused by a row-level
 // security policy: that depends on the row), a missing schema (3F), a feature
-// PostgreSQL lacks (0A). Only changing the query, the effect or the role's
+// PostgreSQL lacks (0A), transaction control where none is allowed (2D000). Only changing the query, the effect or the role's
 // grants helps, so it is bad input (exit code 2) and never retried.
 func IsConfigurationError(err error) bool {
 	return anyInChain(err, func(e error) bool {
@@ -173,7 +176,7 @@ func IsConfigurationError(err error) bool {
 		case sqlstateClassSyntaxOrAccessRule, sqlstateClassFeatureNotSupported, sqlstateClassInvalidSchemaName:
 			return true
 		}
-		return false
+		return pgErr.Code == sqlstateInvalidTransactionTermination
 	})
 }
 
@@ -200,6 +203,19 @@ func isStatementLevel(err error) bool {
 	return IsConfigurationError(err) || anyInChain(err, func(e error) bool {
 		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
 		return ok && sqlstateClass(pgErr.Code) == sqlstateClassInvalidTransactionState
+	})
+}
+
+// IsTransactionControl reports whether err is the server refusing
+// transaction control (COMMIT, ROLLBACK, SAVEPOINT) in the block that runs an
+// effect (effectBlock): 2D000 for a procedure's COMMIT, or PL/pgSQL's EXECUTE
+// refusing a transaction command (0A000, raised by its routine
+// exec_stmt_dynexecute: the message is translated, the routine is not).
+func IsTransactionControl(err error) bool {
+	return anyInChain(err, func(e error) bool {
+		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
+		return ok && (pgErr.Code == sqlstateInvalidTransactionTermination ||
+			sqlstateClass(pgErr.Code) == sqlstateClassFeatureNotSupported && pgErr.Routine == "exec_stmt_dynexecute")
 	})
 }
 

@@ -252,7 +252,7 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOpti
 	}
 
 	if opts.Effect != "" && claimed > 0 {
-		if err := runEffect(ctx, tx, opts.Effect); err != nil {
+		if err := runEffect(ctx, tx, opts); err != nil {
 			return nil, err
 		}
 	}
@@ -265,14 +265,19 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOpti
 	return out, nil
 }
 
-// runEffect runs the caller's effect with the session's planner settings,
-// checks the constraints it deferred, and restores the ledger's settings
-// (isolate claims again in the same transaction).
-func runEffect(ctx context.Context, tx pgx.Tx, effect string) error {
-	if _, err := tx.Exec(ctx, sqlPlannerDefaults); err != nil {
+// runEffect runs the caller's effect with the session's planner settings and
+// the run's timeouts, inside a block that refuses transaction control
+// (effectBlock), checks the constraints it deferred, and restores the
+// session's settings and the ledger's (isolate claims again in the same
+// transaction), whatever the effect set.
+func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
+	if _, err := tx.Exec(ctx, sqlBeforeEffect(opts.EffectTimeout, opts.LockTimeout)); err != nil {
 		return fmt.Errorf("preparing effect: %w", err)
 	}
-	if _, err := tx.Exec(ctx, effect); err != nil {
+	if _, err := tx.Exec(ctx, effectBlock(opts.Effect)); err != nil {
+		if IsTransactionControl(err) {
+			return fmt.Errorf("running effect: %w: %w", ErrEffectTransactionControl, err)
+		}
 		return fmt.Errorf("running effect: %w", err)
 	}
 	if _, err := tx.Exec(ctx, sqlAfterEffect); err != nil {
@@ -280,6 +285,11 @@ func runEffect(ctx context.Context, tx pgx.Tx, effect string) error {
 	}
 	return nil
 }
+
+// ErrEffectTransactionControl: the effect tried to COMMIT, ROLLBACK or open
+// a savepoint, which would commit the claim without the rest of the effect or
+// let the effect commit without the claim.
+var ErrEffectTransactionControl = errors.New("the effect may not end the ledger's transaction or open a savepoint (COMMIT, ROLLBACK, SAVEPOINT)")
 
 // interpret is the one place where an item's error becomes an outcome: only
 // the expected business-key conflict means "already handled"; every other

@@ -12,15 +12,18 @@ import (
 	"github.com/runledger/runledger/internal/redact"
 )
 
-// Open parses dsn and opens a pool on it (maxConns 0 keeps pgx's default).
-// Errors never contain the DSN's secrets.
-func Open(ctx context.Context, dsn string, maxConns int32) (*pgxpool.Pool, error) {
+// Open parses dsn and opens a pool on it (maxConns 0 keeps pgx's default),
+// tuned by opts. Errors never contain the DSN's secrets.
+func Open(ctx context.Context, dsn string, maxConns int32, opts ...Option) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("parsing database URL: %w", parseError(err, dsn))
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	for _, o := range opts {
+		o(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

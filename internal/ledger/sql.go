@@ -1,6 +1,10 @@
 package ledger
 
-import "strconv"
+import (
+	"strconv"
+	"strings"
+	"time"
+)
 
 // All SQL of the ledger lives here. Arrays travel as text[]; payloads are cast
 // to jsonb by the server, so a malformed payload fails in PostgreSQL (22P02)
@@ -118,16 +122,58 @@ const (
 	sqlPlannerDefaults = `SET LOCAL enable_seqscan TO DEFAULT`
 )
 
+// sqlBeforeEffect runs right before the caller's effect: the session's own
+// planner setting (see sqlIndexProbesOnly) and the run's bounds on the effect,
+// transaction-local (0: the session's own value).
+func sqlBeforeEffect(statementTimeout, lockTimeout time.Duration) string {
+	q := sqlPlannerDefaults
+	if statementTimeout > 0 {
+		q += `; SET LOCAL statement_timeout = ` + strconv.FormatInt(statementTimeout.Milliseconds(), 10)
+	}
+	if lockTimeout > 0 {
+		q += `; SET LOCAL lock_timeout = ` + strconv.FormatInt(lockTimeout.Milliseconds(), 10)
+	}
+	return q
+}
+
+// effectBlock wraps the caller's effect (one or more statements) in an
+// anonymous PL/pgSQL block that EXECUTEs it. Inside a transaction block the
+// server refuses transaction control there (COMMIT, ROLLBACK, SAVEPOINT, a
+// procedure that commits), where a bare simple query would let an effect
+// commit the claim half-way or roll it back and commit on its own. The
+// effect's text is dollar-quoted with tags it does not contain.
+func effectBlock(effect string) string {
+	n := 0
+	for strings.Contains(effect, effectTag(n, "sql")) || strings.Contains(effect, effectTag(n, "do")) {
+		n++
+	}
+	return `DO ` + effectTag(n, "do") + ` BEGIN EXECUTE ` + effectTag(n, "sql") + effect + effectTag(n, "sql") + `; END ` + effectTag(n, "do")
+}
+
+func effectTag(n int, what string) string {
+	return "$runledger_effect_" + what + strconv.Itoa(n) + "$"
+}
+
+// sqlResetSession undoes whatever session state the user's SQL (an effect, a
+// batch query) set, by SET, SET ROLE, SET SESSION AUTHORIZATION or
+// set_config(..., false): back to the values the session started with, so
+// that nothing it set reaches the ledger's next statements, the next chunk's
+// effect or the next user of the pooled connection. RESET ALL leaves the role
+// and the session user alone, hence those first. It also drops the
+// transaction's SET LOCAL values, so the ledger sets its own again after it.
+const sqlResetSession = `RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL`
+
 // sqlAfterEffect runs right after the caller's effect, in one round trip.
-// SET CONSTRAINTS ALL IMMEDIATE fires the checks the effect deferred (a
-// DEFERRABLE INITIALLY DEFERRED foreign key, a deferred constraint trigger)
-// now, inside the chunk's savepoint, where a violation can be pinned on its
-// items, instead of at COMMIT, where it would fail the whole chunk every time.
-// The ledger's one deferred check, that a superseded key has a committed row
-// again (migrations/00003_append_only.sql), fires here too, so an effect that
+// It resets the session (sqlResetSession). SET CONSTRAINTS ALL IMMEDIATE
+// fires the checks the effect deferred (a DEFERRABLE INITIALLY DEFERRED
+// foreign key, a deferred constraint trigger) now, inside the chunk's
+// savepoint, where a violation can be pinned on its items, instead of at
+// COMMIT, where it would fail the whole chunk every time. The ledger's one
+// deferred check, that a superseded key has a committed row again
+// (migrations/00003_append_only.sql), fires here too, so an effect that
 // supersedes rows fails its items; it is deferred again at once, since a
 // later claim in the same transaction (isolate) supersedes before it inserts.
-const sqlAfterEffect = `SET CONSTRAINTS ALL IMMEDIATE; SET CONSTRAINTS ` + Schema + `.ledger_superseded_replaced DEFERRED; ` + sqlIndexProbesOnly
+const sqlAfterEffect = sqlResetSession + `; SET CONSTRAINTS ALL IMMEDIATE; SET CONSTRAINTS ` + Schema + `.ledger_superseded_replaced DEFERRED; ` + sqlIndexProbesOnly
 
 // How the ledger's transactions begin, each in one round trip. A chunk's
 // transaction begins with its planner setting (and, for an effect, the table
@@ -315,6 +361,12 @@ WITH old AS (
 )
 SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone)`
 )
+
+// sqlBeforeBatchQuery prepares the materialising transaction: its work_mem
+// and the run's bounds on the query (0: the session's own).
+func sqlBeforeBatchQuery(statementTimeout, lockTimeout time.Duration) string {
+	return sqlBatchWorkMem + strings.TrimPrefix(sqlBeforeEffect(statementTimeout, lockTimeout), sqlPlannerDefaults)
+}
 
 // sqlPruneSuperseded deletes the superseded ledger rows retired before $1:
 // history that no rule reads. Only a member of the ledger's owner role may

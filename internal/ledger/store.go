@@ -124,6 +124,10 @@ type ChunkOptions struct {
 	Effect string
 	// OnExisting: Skip (default) or Supersede.
 	OnExisting OnExisting
+	// EffectTimeout and LockTimeout bound the effect (statement_timeout,
+	// lock_timeout, for the effect only); 0 keeps the session's own. Either
+	// one expiring fails the chunk as retryable, with nothing committed.
+	EffectTimeout, LockTimeout time.Duration
 }
 
 // Store is the ledger on one PostgreSQL database.

@@ -1,0 +1,54 @@
+package ledger
+
+import (
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Option tunes the pool Open returns.
+type Option func(*pgxpool.Config)
+
+// NetworkTimeout makes a lost server noticed within about d (plus a third of
+// d on an idle connection), not after the kernel's default of about 15
+// minutes of retransmissions: TCP keep-alive probes start after d/3 of
+// silence, every d/6, and TCP_USER_TIMEOUT drops the connection once sent
+// data or probes stay unacknowledged for d; a connection attempt gives up
+// after d unless the connection string says connect_timeout. A statement
+// waiting for its answer is not affected as long as the server's host
+// answers the probes. The server is asked for the same (tcp_keepalives_idle,
+// tcp_keepalives_interval, tcp_user_timeout), so that it drops a lost worker's
+// session, and releases its locks, as soon. Unix sockets are left alone (the
+// server ignores those settings there); d <= 0 changes nothing, and a setting
+// the connection string gives is kept.
+func NetworkTimeout(d time.Duration) Option {
+	return func(cfg *pgxpool.Config) {
+		if d <= 0 {
+			return
+		}
+		if cfg.ConnConfig.ConnectTimeout == 0 {
+			cfg.ConnConfig.ConnectTimeout = d
+		}
+		dialer := &net.Dialer{
+			KeepAliveConfig: net.KeepAliveConfig{
+				Enable:   true,
+				Idle:     max(d/3, time.Second),
+				Interval: max(d/6, time.Second),
+				Count:    3,
+			},
+			Control: userTimeout(d),
+		}
+		cfg.ConnConfig.DialFunc = dialer.DialContext
+		for name, value := range map[string]time.Duration{
+			"tcp_keepalives_idle":     dialer.KeepAliveConfig.Idle / time.Second,
+			"tcp_keepalives_interval": dialer.KeepAliveConfig.Interval / time.Second,
+			"tcp_user_timeout":        d / time.Millisecond,
+		} {
+			if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
+				cfg.ConnConfig.RuntimeParams[name] = strconv.FormatInt(int64(value), 10)
+			}
+		}
+	}
+}

@@ -1,0 +1,105 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+)
+
+// tcpProxy forwards TCP connections on a loopback port to the unix socket
+// of the test's server, and returns a TCP connection string for dbname.
+func tcpProxy(t *testing.T, socketDir string, port uint16, user, dbname string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("unix", filepath.Join(socketDir, fmt.Sprintf(".s.PGSQL.%d", port)))
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
+			go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
+		}
+	}()
+	addr := ln.Addr().(*net.TCPAddr)
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", addr.Port, user, dbname)
+}
+
+// TestNetworkTimeout_TCP: a pool opened with NetworkTimeout(6s) over TCP
+// has keep-alive probes after 2s of silence, every 1s, and TCP_USER_TIMEOUT
+// 6s on its sockets, and asked the server for the same on its side.
+func TestNetworkTimeout_TCP(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := newPool(t).Config().ConnConfig
+	dsn := tcpProxy(t, cfg.Host, cfg.Port, cfg.User, cfg.Database)
+	pool, err := ledger.Open(ctx, dsn, 1, ledger.NetworkTimeout(6*time.Second))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+
+	raw, err := conn.Conn().PgConn().Conn().(*net.TCPConn).SyscallConn()
+	require.NoError(t, err)
+	got := map[string]int{}
+	require.NoError(t, raw.Control(func(fd uintptr) {
+		for name, opt := range map[string][2]int{
+			"SO_KEEPALIVE":     {unix.SOL_SOCKET, unix.SO_KEEPALIVE},
+			"TCP_KEEPIDLE":     {unix.IPPROTO_TCP, unix.TCP_KEEPIDLE},
+			"TCP_KEEPINTVL":    {unix.IPPROTO_TCP, unix.TCP_KEEPINTVL},
+			"TCP_USER_TIMEOUT": {unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT},
+		} {
+			v, err := unix.GetsockoptInt(int(fd), opt[0], opt[1])
+			require.NoError(t, err, name)
+			got[name] = v
+		}
+	}))
+	require.Equal(t, map[string]int{"SO_KEEPALIVE": 1, "TCP_KEEPIDLE": 2, "TCP_KEEPINTVL": 1, "TCP_USER_TIMEOUT": 6000}, got)
+
+	// The server's end here is the proxy's unix socket, where it ignores the
+	// values; that the connection asked for them shows in their source.
+	var asked []string
+	rows, err := conn.Query(ctx, `SELECT name || '=' || reset_val FROM pg_settings WHERE source = 'client' AND name LIKE 'tcp%' ORDER BY name`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var a string
+		require.NoError(t, rows.Scan(&a))
+		asked = append(asked, a)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"tcp_keepalives_idle=2", "tcp_keepalives_interval=1", "tcp_user_timeout=6000"}, asked, "what the server was asked for its side")
+}
+
+// TestNetworkTimeout_ConnectGivesUp: a server that accepts the connection
+// and never answers is given up on after the network timeout.
+func TestNetworkTimeout_ConnectGivesUp(t *testing.T) {
+	t.Parallel()
+	host, port, err := net.SplitHostPort(pgtest.SilentServer(t))
+	require.NoError(t, err)
+	pool, err := ledger.Open(context.Background(), "host="+host+" port="+port+" user=u dbname=d sslmode=disable", 1, ledger.NetworkTimeout(time.Second))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	start := time.Now()
+	err = pool.Ping(context.Background())
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 5*time.Second, "gave up after about a second: %v", err)
+	require.True(t, ledger.IsRetryable(err), "a connect timeout is retryable: %v", err)
+}
