@@ -3,6 +3,7 @@ package controllers
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/distribution/reference"
@@ -117,6 +118,7 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 	for i := range tmpl.Tolerations {
 		tolerations = append(tolerations, *tmpl.Tolerations[i].DeepCopy())
 	}
+	tolerations = append(tolerations, nodeLossTolerations(run, tolerations)...)
 	var nodeSelector map[string]string
 	if len(tmpl.NodeSelector) > 0 {
 		nodeSelector = make(map[string]string, len(tmpl.NodeSelector))
@@ -179,6 +181,23 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 		},
 	}
 	return pod, nil
+}
+
+// nodeLossTolerations: a worker pod tolerates a NotReady or unreachable
+// node for nodeLostAfterSeconds, not the cluster's default 300 s, so the
+// node controller evicts it when the controller replaces it (podOnLostNode).
+// A toleration of the template for the same taint wins.
+func nodeLossTolerations(run *v1alpha1.ProcessingRun, have []corev1.Toleration) []corev1.Toleration {
+	seconds := int64(ptr.Deref(run.Spec.NodeLostAfterSeconds, v1alpha1.DefaultNodeLostAfterSeconds))
+	var out []corev1.Toleration
+	for _, key := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
+		if slices.ContainsFunc(have, func(t corev1.Toleration) bool { return t.Key == key }) {
+			continue
+		}
+		out = append(out, corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists,
+			Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To(seconds)})
+	}
+	return out
 }
 
 // workerEnv is the worker's environment: the run's identity, its shard and

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 )
@@ -61,7 +62,10 @@ func TestBuildWorkerPod(t *testing.T) {
 				require.Equal(t, resource.MustParse("128Mi"), c.Resources.Requests[corev1.ResourceMemory])
 				require.Equal(t, resource.MustParse("256Mi"), c.Resources.Limits[corev1.ResourceMemory])
 				require.Nil(t, pod.Spec.NodeSelector)
-				require.Nil(t, pod.Spec.Tolerations)
+				require.Equal(t, []corev1.Toleration{
+					{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](60)},
+					{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](60)},
+				}, pod.Spec.Tolerations, "a lost node's pods are evicted after nodeLostAfterSeconds (default), not 300 s")
 			},
 		},
 		{
@@ -137,7 +141,8 @@ func TestBuildWorkerPod(t *testing.T) {
 					Image:              "other.example/runledger@sha256:" + sha,
 					ServiceAccountName: "custom-sa",
 					NodeSelector:       map[string]string{"pool": "batch"},
-					Tolerations:        []corev1.Toleration{{Key: "batch", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+					Tolerations: []corev1.Toleration{{Key: "batch", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+						{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
 					Resources: &corev1.ResourceRequirements{
 						Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")},
 					},
@@ -148,7 +153,9 @@ func TestBuildWorkerPod(t *testing.T) {
 				require.Equal(t, "other.example/runledger@sha256:"+sha, c.Image)
 				require.Equal(t, "custom-sa", pod.Spec.ServiceAccountName)
 				require.Equal(t, map[string]string{"pool": "batch"}, pod.Spec.NodeSelector)
-				require.Len(t, pod.Spec.Tolerations, 1)
+				require.Len(t, pod.Spec.Tolerations, 3, "the template's two, and not-ready for the run's nodeLostAfterSeconds")
+				require.Equal(t, corev1.TaintNodeNotReady, pod.Spec.Tolerations[2].Key)
+				require.Equal(t, ptr.To[int64](60), pod.Spec.Tolerations[2].TolerationSeconds)
 				require.Equal(t, resource.MustParse("2"), c.Resources.Requests[corev1.ResourceCPU])
 				require.NotContains(t, c.Resources.Limits, corev1.ResourceMemory, "the run's resources replace the defaults")
 			},

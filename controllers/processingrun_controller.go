@@ -13,9 +13,14 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 )
@@ -34,6 +39,7 @@ import (
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // labelRunUIDKey selects worker pods.
@@ -41,6 +47,9 @@ const labelRunUIDKey = v1alpha1.LabelRunUID
 
 // podOwnerKey indexes worker pods by the name of the run that controls them.
 const podOwnerKey = ".metadata.controller.processingrun"
+
+// podNodeKey indexes worker pods by their node's name.
+const podNodeKey = ".spec.nodeName"
 
 // Defaults of the Reconciler's tunables.
 const (
@@ -105,12 +114,63 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podOwnerKey, indexPodOwner); err != nil {
 		return fmt.Errorf("index pods by owner run: %w", err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podNodeKey, indexPodNode); err != nil {
+		return fmt.Errorf("index pods by node: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.ProcessingRun{}).
 		Owns(&corev1.Pod{}).
+		// A node going NotReady changes none of its pods at first: look at
+		// the runs with pods there (podOnLostNode).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.runsOnNode),
+			builder.WithPredicates(predicate.Funcs{UpdateFunc: nodeReadyChanged})).
 		Named("processingrun").
 		WithOptions(opts).
 		Complete(r)
+}
+
+func indexPodNode(obj client.Object) []string {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok || pod.Spec.NodeName == "" {
+		return nil
+	}
+	return []string{pod.Spec.NodeName}
+}
+
+// runsOnNode are the runs with a worker pod on a node.
+func (r *Reconciler) runsOnNode(ctx context.Context, node client.Object) []reconcile.Request {
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.MatchingFields{podNodeKey: node.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "list pods of a node", "node", node.GetName())
+		return nil
+	}
+	seen := map[types.NamespacedName]bool{}
+	var out []reconcile.Request
+	for i := range pods.Items {
+		for _, owner := range indexPodOwner(&pods.Items[i]) {
+			key := types.NamespacedName{Namespace: pods.Items[i].Namespace, Name: owner}
+			if !seen[key] {
+				seen[key] = true
+				out = append(out, reconcile.Request{NamespacedName: key})
+			}
+		}
+	}
+	return out
+}
+
+// nodeReadyChanged: a node's Ready condition changed status.
+func nodeReadyChanged(e event.UpdateEvent) bool {
+	ready := func(o client.Object) corev1.ConditionStatus {
+		if n, ok := o.(*corev1.Node); ok {
+			for _, c := range n.Status.Conditions {
+				if c.Type == corev1.NodeReady {
+					return c.Status
+				}
+			}
+		}
+		return ""
+	}
+	return ready(e.ObjectOld) != ready(e.ObjectNew)
 }
 
 func indexPodOwner(obj client.Object) []string {

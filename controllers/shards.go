@@ -49,6 +49,52 @@ type podInfo struct {
 	// lingering: the worker container terminated but another container (an
 	// injected sidecar) keeps the pod running.
 	lingering bool
+	// lost: a live pod on a lost node (see podOnLostNode); the shard gets a
+	// replacement without waiting for it to be confirmed gone. lostWhy says
+	// why; lostIn, when positive, is how long until it would count as lost.
+	lost    bool
+	lostWhy string
+	lostIn  time.Duration
+}
+
+// podOnLostNode decides whether a live pod sits on a lost node: its node no
+// longer exists, or its node's Ready condition has been False or Unknown
+// (the node controller's mark of an unreachable kubelet) for at least after;
+// a pod already being deleted is lost as soon as its node is not Ready, as
+// no kubelet will confirm its end. node is nil when the pod's node is not
+// found. When the node is not Ready yet not for long enough, wait says how
+// long until the pod counts as lost.
+func podOnLostNode(pod *corev1.Pod, node *corev1.Node, after time.Duration, now time.Time) (lost bool, wait time.Duration, why string) {
+	name := pod.Spec.NodeName
+	if name == "" {
+		return false, 0, "" // not scheduled: nothing runs yet
+	}
+	if node == nil {
+		return true, 0, fmt.Sprintf("node %s no longer exists", name)
+	}
+	var ready *corev1.NodeCondition
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == corev1.NodeReady {
+			ready = &node.Status.Conditions[i]
+		}
+	}
+	if ready == nil || ready.Status == corev1.ConditionTrue {
+		return false, 0, "" // Ready, or the kubelet has not reported yet
+	}
+	state := "NotReady"
+	if ready.Status == corev1.ConditionUnknown {
+		state = "unreachable"
+	}
+	since := now.Sub(ready.LastTransitionTime.Time)
+	switch {
+	case pod.DeletionTimestamp != nil:
+		return true, 0, fmt.Sprintf("node %s is %s and the pod is being deleted", name, state)
+	case since >= after:
+		return true, 0, fmt.Sprintf("node %s has been %s for %s (nodeLostAfterSeconds: %d)",
+			name, state, since.Truncate(time.Second), int64(after/time.Second))
+	default:
+		return false, after - since, ""
+	}
 }
 
 // reasons a container waits that need someone to act.
@@ -253,6 +299,14 @@ type shardDecision struct {
 	waitForCache bool
 	// deletePods are live pods to delete (suspended or stopped run).
 	deletePods []*corev1.Pod
+	// lostPods are live pods on lost nodes, replaced without waiting for
+	// them; they are deleted, so their node's kubelet stops them if it comes
+	// back. lostWhy says why the latest was given up.
+	lostPods []*corev1.Pod
+	lostWhy  string
+	// lostIn, when positive, is how long until a pod on a not-Ready node
+	// counts as lost: look again then.
+	lostIn time.Duration
 	// live is the number of live pods (never more than one).
 	live int
 	// startProblem says why the live pod's worker cannot start.
@@ -354,7 +408,21 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 		}
 	}
 	for _, pi := range pods {
+		if pi.lostIn > 0 && (d.lostIn == 0 || pi.lostIn < d.lostIn) {
+			d.lostIn = pi.lostIn
+		}
 		switch {
+		case pi.state == podLive && pi.lost:
+			// Not live for the shard: correctness never rests on it being
+			// gone (the shard's lock makes its replacement wait for it; the
+			// ledger commits each item once). Its failure is never counted:
+			// it is deleted, and deleted pods' failures are not.
+			if pi.attempt == latestAttempt {
+				d.lostWhy = fmt.Sprintf("pod %s: %s", pi.pod.Name, pi.lostWhy)
+			}
+			if !pi.deleting {
+				d.lostPods = append(d.lostPods, pi.pod)
+			}
 		case pi.state == podLive:
 			d.live++
 			if p.suspended || p.stopped {
@@ -413,7 +481,7 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 	if d.live > 0 {
 		d.phase = v1alpha1.ShardPending
 		for _, pi := range pods {
-			if pi.state == podLive {
+			if pi.state == podLive && !pi.lost {
 				if pi.running {
 					d.phase = v1alpha1.ShardRunning
 				}

@@ -29,6 +29,8 @@ type fakePod struct {
 	// sidecar: another container runs on in the pod; nativeSidecar: an
 	// init container with restartPolicy Always does.
 	sidecar, nativeSidecar bool
+	// lost: on a lost node (what observe sets from podOnLostNode).
+	lost bool
 }
 
 func (f fakePod) pod() *corev1.Pod {
@@ -78,6 +80,9 @@ func infos(t *testing.T, pods ...fakePod) []podInfo {
 	for _, f := range pods {
 		info, ok := observePod(f.pod(), 0)
 		require.True(t, ok)
+		if f.lost {
+			info.lost, info.lostWhy = true, "node n1 has been unreachable for 1m0s"
+		}
 		out = append(out, info)
 	}
 	return out
@@ -454,6 +459,79 @@ func TestDecideShard(t *testing.T) {
 				require.Len(t, d.deletePods, 1)
 			},
 		},
+		{
+			name:  "pod on a lost node: replaced at once, without waiting for it; deleted; no failure counted",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodRunning, lost: true}},
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, v1alpha1.ItemCounts{Total: 10, Completed: 4}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(1), *d.create)
+				require.Equal(t, int64(4), d.createFloor.Completed, "the replacement starts from what the lost pod reported")
+				require.Equal(t, 0, d.live)
+				require.Equal(t, int32(0), d.failures)
+				require.Len(t, d.lostPods, 1)
+				require.Contains(t, d.lostWhy, "pod r-0-0: node n1")
+				require.True(t, d.retryAt.IsZero(), "no back-off: nothing failed")
+			},
+		},
+		{
+			name:  "lost pod (being deleted) and its replacement running: Running, one live pod, nothing to create or delete",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodRunning, lost: true, deleting: true}, {attempt: 1, phase: corev1.PodRunning}},
+			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, v1alpha1.ItemCounts{}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardRunning, d.phase)
+				require.Equal(t, 1, d.live)
+				require.Nil(t, d.create)
+				require.Empty(t, d.lostPods)
+				require.Empty(t, d.deletePods)
+			},
+		},
+		{
+			name: "lost pod still holds the lock, its replacement gave up waiting (exit 3): retried, not counted",
+			pods: []fakePod{
+				{attempt: 0, phase: corev1.PodRunning, lost: true, deleting: true},
+				{attempt: 1, phase: corev1.PodFailed, exit: exit(v1alpha1.ExitShardBusy), finished: now.Add(-time.Minute)},
+			},
+			entry:  entry("r-0-1", v1alpha1.ShardRunning, 1, v1alpha1.ItemCounts{}),
+			policy: func(p *shardPolicy) { p.backoffLimit = 0 },
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(0), d.failures)
+				require.Nil(t, d.failure)
+				require.Equal(t, "r-0-1", d.busyPod)
+				require.Equal(t, int32(2), *d.create)
+			},
+		},
+		{
+			name:  "the lost pod's worker reported success before its node was lost: Succeeded, no replacement",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodRunning, lost: true}},
+			entry: entry("r-0-0", v1alpha1.ShardSucceeded, 0, v1alpha1.ItemCounts{Total: 3, Completed: 3}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardSucceeded, d.phase)
+				require.True(t, d.final)
+				require.Nil(t, d.create)
+			},
+		},
+		{
+			name: "the lost pod comes back and fails after it was deleted: not counted",
+			pods: []fakePod{
+				{attempt: 0, phase: corev1.PodFailed, exit: exit(1), deleting: true, finished: now.Add(-time.Second)},
+				{attempt: 1, phase: corev1.PodRunning},
+			},
+			entry:  entry("r-0-1", v1alpha1.ShardRunning, 1, v1alpha1.ItemCounts{}),
+			policy: func(p *shardPolicy) { p.backoffLimit = 0 },
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(0), d.failures)
+				require.Equal(t, v1alpha1.ShardRunning, d.phase)
+			},
+		},
+		{
+			name:   "pod on a lost node of a suspended run: deleted, not replaced",
+			pods:   []fakePod{{attempt: 0, phase: corev1.PodRunning, lost: true}},
+			policy: func(p *shardPolicy) { p.suspended = true },
+			check: func(t *testing.T, d shardDecision) {
+				require.Nil(t, d.create)
+				require.Len(t, d.lostPods, 1)
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -466,6 +544,58 @@ func TestDecideShard(t *testing.T) {
 				in.recordedAttempt = attemptOfPodName(tt.entry.Pod, 0)
 			}
 			tt.check(t, decideShard(in, p, now))
+		})
+	}
+}
+
+func TestPodOnLostNode(t *testing.T) {
+	now := t0.Add(time.Hour)
+	after := time.Minute
+	node := func(status corev1.ConditionStatus, since time.Duration) *corev1.Node {
+		return &corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse},
+			{Type: corev1.NodeReady, Status: status, LastTransitionTime: metav1.NewTime(now.Add(-since))},
+		}}}
+	}
+	tests := []struct {
+		name     string
+		nodeName string
+		deleting bool
+		node     *corev1.Node
+		after    time.Duration
+		lost     bool
+		wait     time.Duration
+		why      string
+	}{
+		{name: "not scheduled", nodeName: "", node: nil},
+		{name: "node Ready", nodeName: "n1", node: node(corev1.ConditionTrue, time.Hour)},
+		{name: "node has not reported yet", nodeName: "n1", node: &corev1.Node{}},
+		{name: "node gone", nodeName: "n1", node: nil, lost: true, why: "node n1 no longer exists"},
+		{name: "NotReady, not for long enough: wait the rest", nodeName: "n1", node: node(corev1.ConditionFalse, 20*time.Second), wait: 40 * time.Second},
+		{name: "unreachable just past the bound", nodeName: "n1", node: node(corev1.ConditionUnknown, time.Minute+time.Second), lost: true,
+			why: "node n1 has been unreachable for 1m1s (nodeLostAfterSeconds: 60)"},
+		{name: "NotReady exactly at the bound", nodeName: "n1", node: node(corev1.ConditionFalse, time.Minute), lost: true,
+			why: "node n1 has been NotReady for 1m0s (nodeLostAfterSeconds: 60)"},
+		{name: "being deleted on an unreachable node: lost at once", nodeName: "n1", deleting: true, node: node(corev1.ConditionUnknown, time.Second), lost: true,
+			why: "node n1 is unreachable and the pod is being deleted"},
+		{name: "being deleted on a Ready node: the kubelet will confirm", nodeName: "n1", deleting: true, node: node(corev1.ConditionTrue, time.Second)},
+		{name: "bound 0: lost as soon as NotReady", nodeName: "n1", node: node(corev1.ConditionFalse, 0), after: -1, lost: true,
+			why: "node n1 has been NotReady for 0s (nodeLostAfterSeconds: 0)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := &corev1.Pod{Spec: corev1.PodSpec{NodeName: tt.nodeName}}
+			if tt.deleting {
+				pod.DeletionTimestamp = ptr.To(metav1.NewTime(now))
+			}
+			a := after
+			if tt.after < 0 {
+				a = 0
+			}
+			lost, wait, why := podOnLostNode(pod, tt.node, a, now)
+			require.Equal(t, tt.lost, lost)
+			require.Equal(t, tt.wait, wait)
+			require.Equal(t, tt.why, why)
 		})
 	}
 }

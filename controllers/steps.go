@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -42,6 +43,11 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 		info, ok := observePod(pod, int32(shard))
 		if !ok {
 			continue
+		}
+		if info.state == podLive {
+			if err := r.observeNode(ctx, run, &info, s.now); err != nil {
+				return err
+			}
 		}
 		byShard[shard] = append(byShard[shard], info)
 		if s.startTime == nil || pod.CreationTimestamp.Before(s.startTime) {
@@ -86,6 +92,23 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 		// The run just finished: no more pods, and the live ones stop.
 		s.shards = r.decideShards(s, true)
 	}
+	return nil
+}
+
+// observeNode marks a live pod lost when its node is (podOnLostNode).
+func (r *Reconciler) observeNode(ctx context.Context, run *v1alpha1.ProcessingRun, info *podInfo, now time.Time) error {
+	name := info.pod.Spec.NodeName
+	if name == "" {
+		return nil
+	}
+	node := &corev1.Node{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, node); apierrors.IsNotFound(err) {
+		node = nil
+	} else if err != nil {
+		return fmt.Errorf("get node %s: %w", name, err)
+	}
+	after := time.Duration(ptr.Deref(run.Spec.NodeLostAfterSeconds, v1alpha1.DefaultNodeLostAfterSeconds)) * time.Second
+	info.lost, info.lostIn, info.lostWhy = podOnLostNode(info.pod, node, after, now)
 	return nil
 }
 
@@ -240,10 +263,16 @@ func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
 	for i := range s.shards {
 		d := &s.shards[i]
 		for _, pod := range d.deletePods {
-			if err := r.deletePod(ctx, s, pod); err != nil {
+			if err := r.deletePod(ctx, s, pod, ""); err != nil {
 				return err
 			}
 		}
+		for _, pod := range d.lostPods {
+			if err := r.deletePod(ctx, s, pod, "its node is lost; replaced without waiting for it (the shard's lock and the ledger keep the two from counting or committing an item twice)"); err != nil {
+				return err
+			}
+		}
+		s.requeueIn(d.lostIn)
 		if d.waitForCache {
 			s.requeueIn(cacheWaitRequeue)
 		}
@@ -309,6 +338,9 @@ func (r *Reconciler) createPod(ctx context.Context, s *scope, d *shardDecision) 
 	d.pod = pod.Name
 	d.retryAt = time.Time{}
 	note := fmt.Sprintf("Created pod %s for shard %d", pod.Name, d.index)
+	if d.lostWhy != "" {
+		note += fmt.Sprintf(" to replace a pod on a lost node (%s)", d.lostWhy)
+	}
 	if d.failures > 0 {
 		note += fmt.Sprintf(" (retry %d of %d)", d.failures, backoffLimitOf(s.run))
 	}
@@ -324,7 +356,9 @@ func backoffLimitOf(run *v1alpha1.ProcessingRun) int32 {
 	return 3
 }
 
-func (r *Reconciler) deletePod(ctx context.Context, s *scope, pod *corev1.Pod) error {
+// deletePod deletes a pod the shard no longer needs; why says why, empty
+// for the usual reasons read from the pod and the run.
+func (r *Reconciler) deletePod(ctx context.Context, s *scope, pod *corev1.Pod, why string) error {
 	err := r.Client.Delete(ctx, pod, client.Preconditions{UID: &pod.UID})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return nil
@@ -332,12 +366,14 @@ func (r *Reconciler) deletePod(ctx context.Context, s *scope, pod *corev1.Pod) e
 	if err != nil {
 		return fmt.Errorf("delete pod %s: %w", pod.Name, err)
 	}
-	why := "the run is suspended"
 	switch cs := workerStatus(pod); {
+	case why != "":
 	case cs != nil && cs.State.Terminated != nil:
 		why = "its worker container finished, another container kept the pod running"
 	case s.outcome.finished:
 		why = "the run is finished"
+	default:
+		why = "the run is suspended"
 	}
 	r.event(s.run, pod, corev1.EventTypeNormal, "PodDeleted", "DeletePod", fmt.Sprintf("Deleted pod %s: %s", pod.Name, why))
 	log.FromContext(ctx).Info("deleted worker pod", "pod", klog.KObj(pod), "reason", why)

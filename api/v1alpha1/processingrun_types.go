@@ -113,6 +113,20 @@ type ProcessingRunSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	MaxFailedItems int64 `json:"maxFailedItems,omitempty"`
 
+	// nodeLostAfterSeconds is how long a shard's pod may sit on a node that
+	// is NotReady or unreachable before the shard gets a replacement pod,
+	// without waiting for the old pod to be confirmed gone (a lost node
+	// never confirms it). A pod being deleted on such a node is replaced at
+	// once. The old pod may still run (a partition): the shard's lock makes
+	// the replacement wait for it, and the ledger commits each item once.
+	// Worker pods also tolerate the not-ready and unreachable taints for
+	// this long (instead of the cluster's 300 s).
+	// +optional
+	// +kubebuilder:default=60
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=3600
+	NodeLostAfterSeconds *int32 `json:"nodeLostAfterSeconds,omitempty"`
+
 	// suspend stops the run's pods (they finish their current chunk and
 	// report) and keeps its counts; setting it back to false resumes it.
 	// +optional

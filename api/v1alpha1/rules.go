@@ -38,6 +38,12 @@ const (
 	DefaultBackoffLimit = 3
 	// MaxBackoffLimit bounds spec.backoffLimit.
 	MaxBackoffLimit = 100
+	// DefaultNodeLostAfterSeconds is spec.nodeLostAfterSeconds when it is
+	// not set: with the node controller's grace period (40-50 s) a lost
+	// node's shards get a replacement within about two minutes.
+	DefaultNodeLostAfterSeconds = 60
+	// MaxNodeLostAfterSeconds bounds spec.nodeLostAfterSeconds.
+	MaxNodeLostAfterSeconds = 3600
 	// DefaultOnExisting is spec.onExisting when it is not set.
 	DefaultOnExisting = OnExistingSkip
 )

@@ -197,6 +197,11 @@ func (in *ProcessingRunSpec) DeepCopyInto(out *ProcessingRunSpec) {
 		*out = new(int32)
 		**out = **in
 	}
+	if in.NodeLostAfterSeconds != nil {
+		in, out := &in.NodeLostAfterSeconds, &out.NodeLostAfterSeconds
+		*out = new(int32)
+		**out = **in
+	}
 	if in.TTLSecondsAfterFinished != nil {
 		in, out := &in.TTLSecondsAfterFinished, &out.TTLSecondsAfterFinished
 		*out = new(int32)

@@ -119,6 +119,10 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: numeric
       default: 0
+    - name: nodeLostAfterSeconds
+      type:
+        scalar: numeric
+      default: 60
     - name: onExisting
       type:
         namedType: com.github.runledger.runledger.api.v1alpha1.OnExistingPolicy

@@ -44,6 +44,15 @@ type ProcessingRunSpecApplyConfiguration struct {
 	// shard when the shard alone exceeds it; the controller fails the run
 	// when all shards together exceed it.
 	MaxFailedItems *int64 `json:"maxFailedItems,omitempty"`
+	// nodeLostAfterSeconds is how long a shard's pod may sit on a node that
+	// is NotReady or unreachable before the shard gets a replacement pod,
+	// without waiting for the old pod to be confirmed gone (a lost node
+	// never confirms it). A pod being deleted on such a node is replaced at
+	// once. The old pod may still run (a partition): the shard's lock makes
+	// the replacement wait for it, and the ledger commits each item once.
+	// Worker pods also tolerate the not-ready and unreachable taints for
+	// this long (instead of the cluster's 300 s).
+	NodeLostAfterSeconds *int32 `json:"nodeLostAfterSeconds,omitempty"`
 	// suspend stops the run's pods (they finish their current chunk and
 	// report) and keeps its counts; setting it back to false resumes it.
 	Suspend *bool `json:"suspend,omitempty"`
@@ -122,6 +131,14 @@ func (b *ProcessingRunSpecApplyConfiguration) WithBackoffLimit(value int32) *Pro
 // If called multiple times, the MaxFailedItems field is set to the value of the last call.
 func (b *ProcessingRunSpecApplyConfiguration) WithMaxFailedItems(value int64) *ProcessingRunSpecApplyConfiguration {
 	b.MaxFailedItems = &value
+	return b
+}
+
+// WithNodeLostAfterSeconds sets the NodeLostAfterSeconds field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the NodeLostAfterSeconds field is set to the value of the last call.
+func (b *ProcessingRunSpecApplyConfiguration) WithNodeLostAfterSeconds(value int32) *ProcessingRunSpecApplyConfiguration {
+	b.NodeLostAfterSeconds = &value
 	return b
 }
 
