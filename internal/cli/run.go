@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,22 +10,13 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 
 	"github.com/runledger/runledger/api/v1alpha1"
-	"github.com/runledger/runledger/internal/admission"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
@@ -205,30 +194,13 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	retry := worker.DefaultBackoff
 	retry.MaxElapsed = o.retryTimeout
 
-	// Three connections per shard: the source's reads, the commits and the
-	// shard's lock; one more for the start.
-	pool, err := ledger.Open(ctx, dsn, int32(3*parallel+1))
+	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
+		DSN: dsn, Parallel: parallel, SkipMigrate: o.skipMigrate, Retry: retry, Log: log,
+	})
 	if err != nil {
-		return sum, badInput(err)
-	}
-	defer pool.Close()
-	onRetry := func(what string) func(int, time.Duration, error) {
-		return func(attempt int, wait time.Duration, err error) {
-			log.Info("database not reachable, retrying", "step", what, "attempt", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
-		}
-	}
-	if !o.skipMigrate {
-		err := retry.Do(ctx, "migrating the ledger", onRetry("migrate"), func(int) error {
-			_, err := ledger.Migrate(ctx, pool)
-			return err
-		})
-		if err != nil {
-			return sum, exitFor(err)
-		}
-	}
-	if err := plan.Check(ctx, pool, retry, onRetry("check")); err != nil {
 		return sum, exitFor(err)
 	}
+	defer closeStore()
 
 	uidNote := "metadata.uid"
 	if m.run.UID == "" {
@@ -239,45 +211,17 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 
 	progress := worker.NewProgressPrinter(stderr, isTerminal(cmd.ErrOrStderr()), len(shards), o.progressInterval)
 	progress.Start(ctx)
-	budget := worker.NewFailureBudget(plan.MaxFailedItems)
-	start := time.Now()
-	reports := make([]worker.Report, len(shards))
-	sem := make(chan struct{}, parallel)
-	var wg sync.WaitGroup
-	for i, shard := range shards {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			cfg := plan.ShardConfig(shard, 0)
-			cfg.Budget = budget
-			cfg.Retry = retry
-			cfg.DrainTimeout = o.drainTimeout
-			cfg.LockWait = o.lockWait
-			cfg.Log = log
-			cfg.Progress = progress.Update
-			if ctx.Err() != nil { // stopped before this shard started
-				reports[i] = worker.Report{Shard: shard, Interrupted: true}
-				return
-			}
-			reports[i] = worker.RunShard(ctx, ledger.NewStore(pool), cfg)
-		}()
-	}
-	wg.Wait()
+	res := worker.RunShards(ctx, store, plan, shards, worker.ShardsConfig{
+		Parallel: parallel, Retry: retry, DrainTimeout: o.drainTimeout, LockWait: o.lockWait,
+		Log: log, Progress: progress.Update,
+	})
 	progress.Stop()
 
-	sum.shards, sum.elapsed = reports, time.Since(start)
+	sum.ItemCounts, sum.Failures, sum.Interrupted = res.ItemCounts, res.Failures, res.Interrupted
+	sum.shards, sum.elapsed = res.Shards, res.Elapsed
 	var errs []error
 	badInputs := false
-	for _, r := range reports {
-		sum.Add(r.ItemCounts)
-		for _, f := range r.Failures {
-			if len(sum.Failures) < worker.MaxFailures {
-				sum.Failures = append(sum.Failures, f)
-			}
-		}
-		sum.Interrupted = sum.Interrupted || r.Interrupted
+	for _, r := range res.Shards {
 		if r.Err != nil {
 			err, rejected := explainRejection(r.Err) // e.g. --skip-migrate: the shard connects first
 			errs = append(errs, fmt.Errorf("shard %d: %w", r.Shard, err))
@@ -417,167 +361,6 @@ func describeSource(run *v1alpha1.ProcessingRun) string {
 		return "configMap " + b.ConfigMapRef.Name + "/" + b.ConfigMapRef.Key
 	}
 	return "query"
-}
-
-// batchData resolves a configMapRef: --from-file, else a ConfigMap of that
-// name in the manifest.
-func (o *runOptions) batchData(m *manifest) worker.BatchData {
-	return func(_ context.Context, ref v1alpha1.ConfigMapKeyRef) ([]byte, string, error) {
-		if o.fromFile != "" {
-			var data []byte
-			var err error
-			if o.fromFile == "-" {
-				data, err = io.ReadAll(o.stdin)
-			} else {
-				data, err = os.ReadFile(o.fromFile)
-			}
-			if err != nil {
-				return nil, "", &worker.InputError{Where: "reading --from-file:", Msg: err.Error()}
-			}
-			return data, "JSON Lines file " + o.fromFile, nil
-		}
-		for _, cm := range m.configMaps {
-			if cm.Name != ref.Name || (cm.Namespace != "" && cm.Namespace != m.run.Namespace) {
-				continue
-			}
-			if v, ok := cm.Data[ref.Key]; ok {
-				return []byte(v), fmt.Sprintf("ConfigMap %s key %s", ref.Name, ref.Key), nil
-			}
-			if v, ok := cm.BinaryData[ref.Key]; ok {
-				return v, fmt.Sprintf("ConfigMap %s key %s", ref.Name, ref.Key), nil
-			}
-			return nil, "", &worker.InputError{Where: "spec.batch.configMapRef:", Msg: fmt.Sprintf("ConfigMap %s in %s has no key %q", ref.Name, m.source, ref.Key)}
-		}
-		return nil, "", &worker.InputError{Where: "spec.batch.configMapRef:", Msg: fmt.Sprintf("no ConfigMap %s in %s; pass the items with --from-file FILE.jsonl, or add the ConfigMap to the manifest", ref.Name, m.source)}
-	}
-}
-
-// manifestDecoder decodes a ProcessingRun from YAML or JSON, strictly.
-var manifestDecoder = func() runtime.Decoder {
-	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		panic(err)
-	}
-	return kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme, scheme, kjson.SerializerOptions{Yaml: true, Strict: true})
-}()
-
-// manifest is what `runledger run` reads: one ProcessingRun and any
-// ConfigMaps (for a configMapRef), in one YAML or JSON stream.
-type manifest struct {
-	source     string
-	run        *v1alpha1.ProcessingRun
-	configMaps []corev1.ConfigMap
-}
-
-func readManifest(path string, stdin io.Reader) (*manifest, error) {
-	m := &manifest{source: path}
-	var r io.Reader
-	if path == "-" {
-		m.source, r = "stdin", stdin
-	} else {
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("reading manifest: %w", err)
-		}
-		defer f.Close()
-		r = f
-	}
-	yr := utilyaml.NewYAMLReader(bufio.NewReader(r))
-	var runs []string
-	for doc := 1; ; doc++ {
-		raw, err := yr.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s: document %d: %w", m.source, doc, err)
-		}
-		if len(bytes.TrimSpace(stripComments(raw))) == 0 {
-			continue
-		}
-		var tm metav1.TypeMeta
-		if err := yaml.Unmarshal(raw, &tm); err != nil {
-			return nil, fmt.Errorf("%s: document %d is not a Kubernetes object: %w", m.source, doc, err)
-		}
-		switch {
-		case tm.Kind == "ProcessingRun":
-			if tm.APIVersion != v1alpha1.GroupVersion.String() {
-				return nil, fmt.Errorf("%s: document %d: apiVersion %q: want %s", m.source, doc, tm.APIVersion, v1alpha1.GroupVersion)
-			}
-			run, err := admitRun(raw)
-			if err != nil {
-				return nil, fmt.Errorf("%s: document %d (ProcessingRun): %w", m.source, doc, err)
-			}
-			m.run = run
-			runs = append(runs, run.Name)
-		case tm.Kind == "ConfigMap" && tm.APIVersion == "v1":
-			var cm corev1.ConfigMap
-			if err := yaml.Unmarshal(raw, &cm); err != nil {
-				return nil, fmt.Errorf("%s: document %d (ConfigMap): %w", m.source, doc, err)
-			}
-			m.configMaps = append(m.configMaps, cm)
-		case tm.Kind == "":
-			return nil, fmt.Errorf("%s: document %d has no kind (want kind: ProcessingRun)", m.source, doc)
-		}
-		// Other kinds (a Secret, a Namespace) are for kubectl; not ours.
-	}
-	switch len(runs) {
-	case 0:
-		return nil, fmt.Errorf("%s holds no ProcessingRun (apiVersion: %s, kind: ProcessingRun)", m.source, v1alpha1.GroupVersion)
-	case 1:
-		return m, nil
-	}
-	return nil, fmt.Errorf("%s holds %d ProcessingRuns (%s): runledger run takes one", m.source, len(runs), strings.Join(runs, ", "))
-}
-
-// admitRun decodes a ProcessingRun document and checks it as the apiserver
-// checks a run it creates, with the CRD's own schema, CEL rules and defaults,
-// so that runledger run accepts exactly the manifests a cluster accepts.
-func admitRun(raw []byte) (*v1alpha1.ProcessingRun, error) {
-	j, err := yaml.YAMLToJSON(raw)
-	if err != nil {
-		return nil, err
-	}
-	u := &unstructured.Unstructured{}
-	if err := u.UnmarshalJSON(j); err != nil { // integers as int64, as the apiserver decodes them
-		return nil, err
-	}
-	if u.GetNamespace() == "" {
-		u.SetNamespace("default") // as kubectl does with a context without a namespace
-	}
-	v, err := admission.ProcessingRun()
-	if err != nil {
-		return nil, err
-	}
-	if u.GetName() == "" && u.GetGenerateName() != "" { // the apiserver would make one up
-		return nil, errors.New("metadata.name: Required value: runledger run needs a name, not a generateName: it names the run in the ledger and derives its identity")
-	}
-	if err := v.Create(context.Background(), u.Object); err != nil {
-		return nil, err
-	}
-	defaulted, err := u.MarshalJSON()
-	if err != nil {
-		return nil, err
-	}
-	run := &v1alpha1.ProcessingRun{}
-	// Strict: a field the schema had but the Go type lacks must not be
-	// silently dropped either.
-	if _, _, err := manifestDecoder.Decode(defaulted, nil, run); err != nil {
-		return nil, err
-	}
-	return run, nil
-}
-
-// stripComments drops YAML comment lines, to tell an empty document apart.
-func stripComments(b []byte) []byte {
-	var out []byte
-	for _, line := range bytes.Split(b, []byte("\n")) {
-		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' && !bytes.Equal(t, []byte("---")) {
-			out = append(out, line...)
-			out = append(out, '\n')
-		}
-	}
-	return out
 }
 
 func isTerminal(w io.Writer) bool {

@@ -158,7 +158,7 @@ func workerExitCode(rep worker.Report, err error, rejected bool, maxFailed int) 
 	case err != nil && (worker.IsInputError(err) || exitCode(err) == ExitBadInput),
 		rep.Err != nil && (rejected || worker.IsInputError(rep.Err)): // e.g. the query failed when it ran
 		return ExitBadInput
-	case errors.Is(rep.Err, worker.ErrShardBusy):
+	case errors.Is(rep.Err, ledger.ErrShardBusy):
 		// Not a failure of the shard: the controller retries without
 		// counting it against backoffLimit.
 		return v1alpha1.ExitShardBusy
@@ -229,27 +229,13 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	}
 	retry := worker.DefaultBackoff
 	retry.MaxElapsed = s.opts.retryTimeout
-	pool, err := ledger.Open(ctx, s.env.DSN, 4) // source, commits, shard lock, start
+	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
+		DSN: s.env.DSN, Parallel: 1, SkipMigrate: s.opts.skipMigrate, Retry: retry, Log: s.log,
+	})
 	if err != nil {
-		return worker.Report{}, maxFailed, badInput(err)
-	}
-	defer pool.Close()
-	onRetry := func(step string) func(int, time.Duration, error) {
-		return func(attempt int, wait time.Duration, err error) {
-			s.log.Info("database not reachable, retrying", "step", step, "retry", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
-		}
-	}
-	if !s.opts.skipMigrate {
-		if err := retry.Do(ctx, "migrating the ledger", onRetry("migrate"), func(int) error {
-			_, err := ledger.Migrate(ctx, pool)
-			return err
-		}); err != nil {
-			return worker.Report{}, maxFailed, exitFor(err)
-		}
-	}
-	if err := plan.Check(ctx, pool, retry, onRetry("check")); err != nil {
 		return worker.Report{}, maxFailed, exitFor(err)
 	}
+	defer closeStore()
 
 	sc := plan.ShardConfig(s.env.Shard, s.env.Attempt)
 	sc.Retry = retry
@@ -259,7 +245,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	sc.Log = s.engineLog
 	sc.Progress = func(r worker.Report) { s.reporter.Update(r, maxFailed) }
 	s.log.Info("processing shard", "uid", plan.Run.UID, "shards", plan.Shards, "chunkSize", plan.ChunkSize)
-	rep := worker.RunShard(ctx, ledger.NewStore(pool), sc)
+	rep := worker.RunShard(ctx, store, sc)
 	return rep, maxFailed, nil
 }
 

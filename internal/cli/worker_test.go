@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -29,7 +30,7 @@ func TestWorkerExitCode(t *testing.T) {
 		{"database unreachable", worker.Report{Err: errors.New("dial tcp: connection refused")}, nil, false, ExitFailed},
 		{"bad input", worker.Report{}, badInput(errors.New("line 1: entity is empty")), false, ExitBadInput},
 		{"connection rejected", worker.Report{Err: errors.New("password authentication failed")}, nil, true, ExitBadInput},
-		{"shard's lock stayed taken", worker.Report{Err: fmt.Errorf("shard 0 of run ns/r: %w", worker.ErrShardBusy)}, nil, false, v1alpha1.ExitShardBusy},
+		{"shard's lock stayed taken", worker.Report{Err: fmt.Errorf("shard 0 of run ns/r: %w", ledger.ErrShardBusy)}, nil, false, v1alpha1.ExitShardBusy},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			require.Equal(t, tt.want, workerExitCode(tt.rep, tt.err, tt.rejected, 1))

@@ -34,7 +34,7 @@ type BatchHeader struct {
 
 // BatchQuery is a query source to materialise: the user's query (with the
 // columns entity, occurrence and, if HasPayload, payload), and the shard
-// function as SQL over two text expressions.
+// function as SQL over two text expressions (nil: ShardOf's).
 type BatchQuery struct {
 	SQL        string
 	HasPayload bool
@@ -46,10 +46,45 @@ type BatchQuery struct {
 	Timeout, LockTimeout time.Duration
 }
 
-// BatchQuerySQL is the SELECT that materialises q, for describing it in a
-// READ ONLY transaction before anything runs.
-func BatchQuerySQL(q BatchQuery) string {
-	return sqlBatchRows(q.SQL, q.HasPayload, q.Shards, q.ShardOf)
+func (q BatchQuery) shardOf() func(entity, occurrence string) string {
+	if q.ShardOf != nil {
+		return q.ShardOf
+	}
+	return func(e, o string) string { return sqlShardOf(e, o, q.Shards) }
+}
+
+// DescribeBatchQuery describes the user's query without running it, in a
+// READ ONLY transaction (so a query that writes is refused): it returns the
+// names of its columns and, when they include entity and occurrence,
+// prepares the statement that would materialise it for shards shards
+// (payload is taken when there is such a column). An error of the query
+// itself is PostgreSQL's (see RefusedStatement).
+func (s *Store) DescribeBatchQuery(ctx context.Context, query string, shards int) ([]string, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("beginning read-only transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	desc, err := tx.Prepare(ctx, "", sqlDescribeQuery(query))
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(desc.Fields))
+	cols := map[string]bool{}
+	for _, f := range desc.Fields {
+		names = append(names, f.Name)
+		cols[f.Name] = true
+	}
+	if !cols["entity"] || !cols["occurrence"] {
+		return names, nil
+	}
+	// The rows as they will be materialised (a query that hides its writes
+	// in a function is rolled back when the batch is fixed).
+	q := BatchQuery{SQL: query, HasPayload: cols["payload"], Shards: shards}
+	if _, err := tx.Prepare(ctx, "", sqlBatchRows(q.SQL, q.HasPayload, q.Shards, q.shardOf())); err != nil {
+		return nil, err
+	}
+	return names, nil
 }
 
 // BatchRow is one row of a materialised batch. Seq is its row number in the
@@ -69,7 +104,7 @@ func (s *Store) BatchHeader(ctx context.Context, runUID string) (*BatchHeader, e
 	return batchHeader(ctx, s.pool, runUID)
 }
 
-func batchHeader(ctx context.Context, db DBTX, runUID string) (*BatchHeader, error) {
+func batchHeader(ctx context.Context, db dbtx, runUID string) (*BatchHeader, error) {
 	return scanBatchHeader(db.QueryRow(ctx, sqlBatchHeader, runUID), runUID)
 }
 
@@ -160,7 +195,7 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 		return err
 	}
 	var items int64
-	err = tx.QueryRow(ctx, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.ShardOf), run.UID, run.Namespace, run.Name, q.Shards).Scan(&items)
+	err = tx.QueryRow(ctx, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.shardOf()), run.UID, run.Namespace, run.Name, q.Shards).Scan(&items)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBatchQuery, err)
 	}

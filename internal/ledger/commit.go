@@ -291,6 +291,23 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 // let the effect commit without the claim.
 var ErrEffectTransactionControl = errors.New("the effect may not end the ledger's transaction or open a savepoint (COMMIT, ROLLBACK, SAVEPOINT)")
 
+// PrepareEffect prepares the effect statement (without running it) next to
+// the table "claimed" it reads, in a transaction rolled back at once, so that
+// a syntax error or a missing table shows before the first commit. An error
+// of the statement itself is PostgreSQL's (see RefusedStatement).
+func (s *Store) PrepareEffect(ctx context.Context, effect string) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, sqlCreateClaimed); err != nil {
+		return fmt.Errorf("preparing table claimed: %w", err)
+	}
+	_, err = tx.Prepare(ctx, "", effect)
+	return err
+}
+
 // interpret is the one place where an item's error becomes an outcome: only
 // the expected business-key conflict means "already handled"; every other
 // error is a failure, kept with its cause.

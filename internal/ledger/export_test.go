@@ -14,3 +14,11 @@ var (
 	ForEachKey         = forEachKey
 	IsStatementLevel   = isStatementLevel
 )
+
+// ShardSQLForTest exposes the shard expression to the external tests.
+func ShardSQLForTest(entity, occurrence string, n int) string {
+	return sqlShardOf(entity, occurrence, n)
+}
+
+// HashBytesExtendedForTest exposes the Go port of PostgreSQL's hash.
+func HashBytesExtendedForTest(k []byte, seed uint64) uint64 { return hashBytesExtended(k, seed) }

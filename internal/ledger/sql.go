@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -485,3 +486,26 @@ GRANT TEMPORARY ON DATABASE ` + db + ` TO ` + role
 
 // sqlCurrentDatabase names the database to grant TEMP on.
 const sqlCurrentDatabase = `SELECT current_database()`
+
+// sqlShardOf is ShardOf as a PostgreSQL expression over two text expressions
+// (entity, occurrence) for n shards; NULL when either is NULL.
+func sqlShardOf(entity, occurrence string, n int) string {
+	if n <= 1 {
+		return "0"
+	}
+	return fmt.Sprintf(`((hashtextextended(%s COLLATE "C", hashtextextended(%s COLLATE "C", %d)) & 9223372036854775807) %% %d)`,
+		entity, occurrence, int64(shardSeed), n)
+}
+
+// The shard lock (lock.go): a session-level advisory lock per run and shard,
+// on a session whose dead peer the server notices within about 35 seconds.
+const (
+	sqlSessionKeepalives = `SET tcp_keepalives_idle = 20; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3`
+	sqlTryLock           = `SELECT pg_try_advisory_lock($1)`
+	sqlPing              = `SELECT 1`
+	sqlUnlockAll         = `SELECT pg_advisory_unlock_all()`
+)
+
+// sqlDescribeQuery wraps the user's query to describe its columns without
+// running it.
+func sqlDescribeQuery(query string) string { return "SELECT * FROM (\n" + query + "\n) AS q" }

@@ -11,17 +11,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DBTX is what every statement of the ledger runs on. Both *pgxpool.Pool and
-// pgx.Tx satisfy it, so a helper works inside or outside a transaction.
-type DBTX interface {
+// dbtx is what a statement of the ledger runs on: a pool, a connection or a
+// transaction.
+type dbtx interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 var (
-	_ DBTX = (*pgxpool.Pool)(nil)
-	_ DBTX = pgx.Tx(nil)
+	_ dbtx = (*pgxpool.Pool)(nil)
+	_ dbtx = (*pgx.Conn)(nil)
+	_ dbtx = pgx.Tx(nil)
 )
 
 // Key is the composite business key of one logical occurrence.
@@ -138,9 +139,6 @@ type Store struct {
 // NewStore returns a Store over pool. The schema must be migrated (Migrate).
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
-// Pool returns the store's connection pool.
-func (s *Store) Pool() *pgxpool.Pool { return s.pool }
-
 // Preload returns, for the given keys, those already committed and by whom
 // (HolderSameRun or HolderOtherRun relative to runUID), in one set-based round
 // trip. It is an optimisation only: the answer may be stale by the time the
@@ -177,7 +175,7 @@ func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key
 
 // queryHolders runs sqlHolders for keys: rows of (entity, occurrence, run_uid)
 // for the keys a committed row holds.
-func queryHolders(ctx context.Context, db DBTX, keys []Key) (pgx.Rows, error) {
+func queryHolders(ctx context.Context, db dbtx, keys []Key) (pgx.Rows, error) {
 	entities, occurrences := keyColumns(keys)
 	rows, err := db.Query(ctx, sqlHolders, entities, occurrences)
 	if err != nil {

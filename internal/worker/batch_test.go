@@ -45,7 +45,7 @@ func TestQueryBatchSurvivesLostConnection(t *testing.T) {
 	f := newFixture(t)
 	mustExec(t, f.pool, todoTable)
 	src := worker.NewQuerySource(todoQuery)
-	require.NoError(t, src.Check(context.Background(), f.pool))
+	require.NoError(t, src.Check(context.Background(), f.store))
 	calls, killed := 0, int64(0)
 	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-lost"), Source: src, ChunkSize: 50, Effect: todoEffect,
 		Progress: func(worker.Report) {
@@ -71,7 +71,7 @@ func TestQueryBatchIsTheSameOnEveryAttempt(t *testing.T) {
 	f := newFixture(t)
 	mustExec(t, f.pool, todoTable)
 	src := worker.NewQuerySource(todoQuery)
-	require.NoError(t, src.Check(context.Background(), f.pool))
+	require.NoError(t, src.Check(context.Background(), f.store))
 	const shards = 2
 	for shard := range shards {
 		r := run("uid-attempts")
@@ -115,7 +115,7 @@ func TestPrunedBatchFailsClearly(t *testing.T) {
 	f := newFixture(t)
 	mustExec(t, f.pool, todoTable)
 	src := worker.NewQuerySource(todoQuery)
-	require.NoError(t, src.Check(context.Background(), f.pool))
+	require.NoError(t, src.Check(context.Background(), f.store))
 	cfg := worker.ShardConfig{Run: run("uid-pruned"), Shards: 2, Source: src, Effect: todoEffect}
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg.Progress = func(worker.Report) { cancel() } // the batch is fixed, nothing committed
@@ -150,7 +150,7 @@ func TestPrunedWhileRunning(t *testing.T) {
 	f := newFixture(t)
 	mustExec(t, f.pool, todoTable)
 	src := worker.NewQuerySource(todoQuery)
-	require.NoError(t, src.Check(context.Background(), f.pool))
+	require.NoError(t, src.Check(context.Background(), f.store))
 	calls := 0
 	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-pruned-live"), Source: src, ChunkSize: 50,
 		Progress: func(worker.Report) {
@@ -173,7 +173,7 @@ func TestBatchShardCountIsFixed(t *testing.T) {
 	f := newFixture(t)
 	mustExec(t, f.pool, todoTable)
 	src := worker.NewQuerySource(todoQuery)
-	require.NoError(t, src.Check(context.Background(), f.pool))
+	require.NoError(t, src.Check(context.Background(), f.store))
 	cfg := worker.ShardConfig{Run: run("uid-shards"), Shards: 2, Source: src}
 	_, sum := runShards(t, f, cfg)
 	require.EqualValues(t, 200, sum.Completed)

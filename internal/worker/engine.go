@@ -114,10 +114,10 @@ func (s *shardRun) run(ctx context.Context) {
 	log := s.log()
 	// One process per shard: two would each count the other's rows as their
 	// own completed ones (see ErrShardBusy).
-	lock := newShardLock(s.store.Pool(), s.cfg.Run.UID, s.cfg.Run.Shard)
-	defer lock.release()
+	lock := s.store.ShardLock(s.cfg.Run.UID, s.cfg.Run.Shard)
+	defer lock.Release()
 	err := s.cfg.Retry.Do(ctx, "taking the shard's lock", s.onRetry("lock"), func(int) error {
-		return lock.acquire(ctx, s.cfg.LockWait, func() {
+		return lock.Acquire(ctx, s.cfg.LockWait, func() {
 			// Say so: the controller and kubectl see why nothing moves.
 			s.rep.WaitingForLock = true
 			s.progress()
@@ -153,7 +153,7 @@ func (s *shardRun) run(ctx context.Context) {
 			return
 		}
 		if err := s.cfg.Retry.Do(ctx, "checking the shard's lock", s.onRetry("lock"), func(int) error {
-			return lock.check(ctx)
+			return lock.Check(ctx)
 		}); err != nil {
 			s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, err))
 			return

@@ -356,7 +356,7 @@ func TestOneProcessPerShard(t *testing.T) {
 	rep := worker.RunShard(context.Background(), f.store, first)
 	require.NoError(t, rep.Err)
 	require.True(t, rep.Done)
-	require.ErrorIs(t, second.Err, worker.ErrShardBusy, "the same shard of the same run is refused")
+	require.ErrorIs(t, second.Err, ledger.ErrShardBusy, "the same shard of the same run is refused")
 	require.Contains(t, second.Err.Error(), "shard 0 of run default/run-uid-lock: this shard of this run is being processed by another process")
 	require.Zero(t, second.Processed(), "and did nothing")
 	require.NoError(t, otherShard.Err, "another shard runs")
@@ -399,7 +399,7 @@ func TestShardWaitsForTheLockAndSaysSo(t *testing.T) {
 	require.True(t, waiting[0].WaitingForLock)
 	require.True(t, strings.HasPrefix(worker.ShardMessage(waiting[0], 0), v1alpha1.ShardBusyMessage+": "),
 		"message %q", worker.ShardMessage(waiting[0], 0))
-	require.ErrorIs(t, second.Err, worker.ErrShardBusy)
+	require.ErrorIs(t, second.Err, ledger.ErrShardBusy)
 	require.False(t, second.WaitingForLock, "no longer waiting once it gave up")
 	require.Zero(t, second.Processed(), "nothing processed")
 	require.True(t, strings.HasPrefix(worker.ShardMessage(second, 0), v1alpha1.ShardBusyMessage+": gave up"),

@@ -17,6 +17,7 @@ import (
 
 	ac "github.com/runledger/runledger/api/applyconfiguration/api/v1alpha1"
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
 )
 
 // This file is the worker's side of the contract with the controller
@@ -116,7 +117,7 @@ func ShardMessage(r Report, maxFailed int) string {
 	switch {
 	case r.WaitingForLock:
 		return v1alpha1.ShardBusyMessage + ": another process still runs this shard (an earlier pod finishing its chunk)"
-	case errors.Is(r.Err, ErrShardBusy):
+	case errors.Is(r.Err, ledger.ErrShardBusy):
 		return v1alpha1.ShardBusyMessage + ": gave up, " + r.Err.Error()
 	case r.Err != nil:
 		return r.Err.Error()

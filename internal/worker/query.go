@@ -9,9 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/runledger/runledger/internal/ledger"
 )
 
@@ -70,24 +67,17 @@ func (q *QuerySource) describe() string { return "query" }
 // occurrence (and optionally payload). It returns an *InputError for a query
 // that can never work, or a retryable error if the database could not be
 // reached.
-func (q *QuerySource) Check(ctx context.Context, pool *pgxpool.Pool) error {
+func (q *QuerySource) Check(ctx context.Context, store *ledger.Store) error {
 	if q.sql == "" {
 		return &InputError{Where: "batch.query", Msg: "is empty"}
 	}
-	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return fmt.Errorf("beginning read-only transaction: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	desc, err := tx.Prepare(ctx, "", "SELECT * FROM (\n"+q.sql+"\n) AS q")
+	names, err := store.DescribeBatchQuery(ctx, q.sql, 2)
 	if err != nil {
 		return queryError("batch.query", err)
 	}
-	var names []string
 	cols := map[string]bool{}
-	for _, f := range desc.Fields {
-		names = append(names, f.Name)
-		cols[f.Name] = true
+	for _, n := range names {
+		cols[n] = true
 	}
 	for _, want := range []string{"entity", "occurrence"} {
 		if !cols[want] {
@@ -95,12 +85,6 @@ func (q *QuerySource) Check(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	q.hasPayload = cols["payload"]
-	// The rows as they will be materialised (a query that writes is refused
-	// here already; one that hides its writes in a function is rolled back
-	// when the batch is fixed).
-	if _, err := tx.Prepare(ctx, "", ledger.BatchQuerySQL(q.batchQuery(2))); err != nil {
-		return queryError("batch.query", err)
-	}
 	return nil
 }
 
@@ -122,12 +106,7 @@ func queryError(where string, err error) error {
 
 // batchQuery is the query as the ledger materialises it for shards shards.
 func (q *QuerySource) batchQuery(shards int) ledger.BatchQuery {
-	return ledger.BatchQuery{SQL: q.sql, HasPayload: q.hasPayload, Shards: shards, ShardOf: func(e, o string) string {
-		if shards <= 1 {
-			return "0"
-		}
-		return shardSQL(e, o, shards)
-	}}
+	return ledger.BatchQuery{SQL: q.sql, HasPayload: q.hasPayload, Shards: shards}
 }
 
 func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shards int, opt streamOptions) (stream, error) {

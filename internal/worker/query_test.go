@@ -31,7 +31,7 @@ func TestQuerySource(t *testing.T) {
 	f := newFixture(t)
 	mustExec(t, f.pool, sourceTable)
 	src := worker.NewQuerySource(sourceQuery)
-	require.NoError(t, src.Check(context.Background(), f.pool), "the query is valid")
+	require.NoError(t, src.Check(context.Background(), f.store), "the query is valid")
 	cfg := worker.ShardConfig{Run: run("uid-query"), Shards: 3, Source: src, ChunkSize: 97, MaxFailedItems: 10}
 
 	reports, sum := runShards(t, f, cfg)
@@ -61,7 +61,7 @@ func TestQuerySourceReadsOnlyItsShard(t *testing.T) {
 	f := newFixture(t)
 	mustExec(t, f.pool, `CREATE TABLE src AS SELECT 'e' || i AS entity, 'o' || (i % 13) AS occurrence FROM generate_series(1, 2000) i`)
 	src := worker.NewQuerySource(`SELECT entity, occurrence FROM src`)
-	require.NoError(t, src.Check(context.Background(), f.pool))
+	require.NoError(t, src.Check(context.Background(), f.store))
 	const shards = 4
 	var total int64
 	for s := range shards {
@@ -77,7 +77,7 @@ func TestQuerySourceReadsOnlyItsShard(t *testing.T) {
 		for rows.Next() {
 			var k ledger.Key
 			require.NoError(t, rows.Scan(&k.Entity, &k.Occurrence))
-			require.Equal(t, s, worker.ShardOf(k, shards), "key %s read by shard %d", k, s)
+			require.Equal(t, s, ledger.ShardOf(k, shards), "key %s read by shard %d", k, s)
 		}
 		require.NoError(t, rows.Err())
 	}
@@ -99,13 +99,13 @@ func TestQuerySourceCheck(t *testing.T) {
 		{`UPDATE src SET period = 'x' RETURNING account AS entity, period AS occurrence`, `batch.query is rejected by PostgreSQL: syntax error`},
 	}
 	for _, tt := range tests {
-		err := worker.NewQuerySource(tt.query).Check(context.Background(), f.pool)
+		err := worker.NewQuerySource(tt.query).Check(context.Background(), f.store)
 		require.Error(t, err, "query %q", tt.query)
 		require.True(t, worker.IsInputError(err), "bad input: %v", err)
 		require.Contains(t, err.Error(), tt.want, "query %q", tt.query)
 	}
 	// A comment at the end of the query does not swallow the wrapper.
-	require.NoError(t, worker.NewQuerySource("SELECT account AS entity, period AS occurrence FROM src -- all of them\n;").Check(context.Background(), f.pool))
+	require.NoError(t, worker.NewQuerySource("SELECT account AS entity, period AS occurrence FROM src -- all of them\n;").Check(context.Background(), f.store))
 }
 
 // TestQuerySourceWritesAreRefused: a query that writes (even through a
@@ -118,7 +118,7 @@ func TestQuerySourceWritesAreRefused(t *testing.T) {
 	mustExec(t, f.pool, `CREATE TABLE src (account text, period text); INSERT INTO src VALUES ('a', 'b');
 CREATE FUNCTION zap() RETURNS int LANGUAGE sql AS $$ DELETE FROM src; SELECT 1 $$;`)
 	src := worker.NewQuerySource(`SELECT account AS entity, period AS occurrence, zap() AS z FROM src`)
-	require.NoError(t, src.Check(context.Background(), f.pool), "describing the query does not run it")
+	require.NoError(t, src.Check(context.Background(), f.store), "describing the query does not run it")
 	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-ro"), Source: src})
 	require.Error(t, rep.Err, "a writing query is refused")
 	require.Contains(t, rep.Err.Error(), "batch.query writes: the batch's query wrote to public.src (0 rows inserted, 0 updated, 1 deleted)")
@@ -127,7 +127,7 @@ CREATE FUNCTION zap() RETURNS int LANGUAGE sql AS $$ DELETE FROM src; SELECT 1 $
 	require.Zero(t, f.committed(t))
 
 	err := worker.NewQuerySource(`WITH d AS (DELETE FROM src RETURNING account, period) SELECT account AS entity, period AS occurrence FROM d`).
-		Check(context.Background(), f.pool)
+		Check(context.Background(), f.store)
 	require.Error(t, err, "a data-modifying WITH is refused")
 	require.True(t, worker.IsInputError(err), "as bad input: %v", err)
 }
@@ -141,7 +141,7 @@ func TestQuerySourceResumesAfterConnectionLoss(t *testing.T) {
 	f := newFixture(t)
 	mustExec(t, f.pool, sourceTable)
 	src := worker.NewQuerySource(sourceQuery)
-	require.NoError(t, src.Check(context.Background(), f.pool))
+	require.NoError(t, src.Check(context.Background(), f.store))
 	calls, kills := 0, 0
 	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-resume"), Source: src, ChunkSize: 100, MaxFailedItems: 10,
 		Progress: func(worker.Report) {
@@ -160,13 +160,13 @@ func TestCheckEffect(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	mustExec(t, f.pool, invoiceSchema)
-	require.NoError(t, worker.CheckEffect(context.Background(), f.pool, invoiceEffect))
+	require.NoError(t, worker.CheckEffect(context.Background(), f.store, invoiceEffect))
 	for effect, want := range map[string]string{
 		`INSERT INTO invoicez SELECT * FROM claimed`:                              `spec.effect.sql is rejected by PostgreSQL: relation "invoicez" does not exist`,
 		`INSERT INTO invoices (account) SELECT entity, occurrence FROM claimed`:   `INSERT has more expressions than target columns`,
 		`INSERT INTO invoices (account, period, amount) SELECT nope FROM claimed`: `column "nope" does not exist`,
 	} {
-		err := worker.CheckEffect(context.Background(), f.pool, effect)
+		err := worker.CheckEffect(context.Background(), f.store, effect)
 		require.Error(t, err, effect)
 		require.True(t, worker.IsInputError(err), "bad input: %v", err)
 		require.Contains(t, err.Error(), want)

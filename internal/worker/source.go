@@ -92,7 +92,7 @@ func groupRepeats(items []ledger.Item, shard, shards int) []entry {
 	first := make(map[ledger.Key]int) // key -> index of its group
 	var groups [][]ledger.Item
 	for _, it := range items {
-		if ShardOf(it.Key, shards) != shard {
+		if ledger.ShardOf(it.Key, shards) != shard {
 			continue
 		}
 		g, ok := first[it.Key]

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
@@ -121,15 +120,15 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 // committed: the query parses, is read-only and returns the right columns;
 // the effect parses against the database's tables. Problems are
 // *InputError; retryable errors are retried with policy.
-func (p *Plan) Check(ctx context.Context, pool *pgxpool.Pool, policy Backoff, onRetry func(attempt int, wait time.Duration, err error)) error {
+func (p *Plan) Check(ctx context.Context, store *ledger.Store, policy Backoff, onRetry func(attempt int, wait time.Duration, err error)) error {
 	return policy.Do(ctx, "checking the batch and effect on the database", onRetry, func(int) error {
 		if q, ok := p.Source.(*QuerySource); ok {
-			if err := q.Check(ctx, pool); err != nil {
+			if err := q.Check(ctx, store); err != nil {
 				return err
 			}
 		}
 		if p.Effect != "" {
-			return CheckEffect(ctx, pool, p.Effect)
+			return CheckEffect(ctx, store, p.Effect)
 		}
 		return nil
 	})
@@ -138,16 +137,8 @@ func (p *Plan) Check(ctx context.Context, pool *pgxpool.Pool, policy Backoff, on
 // CheckEffect prepares the effect statement (without running it) next to a
 // table claimed like the one the ledger gives it, so that a syntax error or
 // a missing table is reported before the first commit, as bad input.
-func CheckEffect(ctx context.Context, pool *pgxpool.Pool, effect string) error {
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("beginning transaction: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE claimed (entity text NOT NULL, occurrence text NOT NULL, payload jsonb) ON COMMIT DROP`); err != nil {
-		return fmt.Errorf("preparing table claimed: %w", err)
-	}
-	if _, err := tx.Prepare(ctx, "", effect); err != nil {
+func CheckEffect(ctx context.Context, store *ledger.Store, effect string) error {
+	if err := store.PrepareEffect(ctx, effect); err != nil {
 		return queryError("spec.effect.sql", err)
 	}
 	return nil

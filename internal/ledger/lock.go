@@ -1,4 +1,4 @@
-package worker
+package ledger
 
 import (
 	"context"
@@ -17,25 +17,26 @@ import (
 // would count the other's rows as its own completed ones.
 var ErrShardBusy = errors.New("this shard of this run is being processed by another process")
 
-// shardLock is a PostgreSQL advisory lock, one per run and shard, held for as
+// ShardLock is a PostgreSQL advisory lock, one per run and shard, held for as
 // long as the shard runs on a session of its own. It keeps two processes from
 // working on one shard at once; like the preload it is coordination, not the
 // guarantee: the ledger's unique rule is.
-type shardLock struct {
+type ShardLock struct {
 	pool *pgxpool.Pool
 	key  int64
 	conn *pgxpool.Conn
 }
 
-func newShardLock(pool *pgxpool.Pool, runUID string, shard int) *shardLock {
+// ShardLock returns the (not yet taken) lock of a run's shard.
+func (s *Store) ShardLock(runUID string, shard int) *ShardLock {
 	key := hashBytesExtended([]byte("runledger.shard/"+runUID+"/"+strconv.Itoa(shard)), shardSeed)
-	return &shardLock{pool: pool, key: int64(key)}
+	return &ShardLock{pool: s.pool, key: int64(key)}
 }
 
-// acquire takes the lock, waiting up to wait (polling every second) while
+// Acquire takes the lock, waiting up to wait (polling every second) while
 // another session holds it; onBusy is called once, when the wait begins. It
 // returns ErrShardBusy when the lock stays taken.
-func (l *shardLock) acquire(ctx context.Context, wait time.Duration, onBusy func()) error {
+func (l *ShardLock) Acquire(ctx context.Context, wait time.Duration, onBusy func()) error {
 	deadline := time.Now().Add(wait)
 	for first := true; ; first = false {
 		ok, err := l.try(ctx)
@@ -56,7 +57,7 @@ func (l *shardLock) acquire(ctx context.Context, wait time.Duration, onBusy func
 	}
 }
 
-func (l *shardLock) try(ctx context.Context) (bool, error) {
+func (l *ShardLock) try(ctx context.Context) (bool, error) {
 	if l.conn == nil {
 		conn, err := l.pool.Acquire(ctx)
 		if err != nil {
@@ -67,27 +68,27 @@ func (l *shardLock) try(ctx context.Context) (bool, error) {
 		// and the lock would outlive it by the server's TCP keepalive time
 		// (2 hours by default): make the server notice a dead peer within
 		// about 35 seconds instead. (No effect on unix sockets.)
-		if _, err := conn.Exec(ctx, `SET tcp_keepalives_idle = 20; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3`); err != nil {
+		if _, err := conn.Exec(ctx, sqlSessionKeepalives); err != nil {
 			l.drop()
 			return false, fmt.Errorf("setting keepalives of the shard lock's session: %w", err)
 		}
 	}
 	var ok bool
-	if err := l.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, l.key).Scan(&ok); err != nil {
+	if err := l.conn.QueryRow(ctx, sqlTryLock, l.key).Scan(&ok); err != nil {
 		l.drop()
 		return false, fmt.Errorf("taking the shard lock: %w", err)
 	}
 	return ok, nil
 }
 
-// check verifies that the lock is still held. A session lock lasts as long
+// Check verifies that the lock is still held. A session lock lasts as long
 // as its session, so a live session means a held lock; but the session may
 // have died with its connection (a database restart), and another process
 // may have taken the lock since. A dead session is replaced and the lock
 // taken again: ErrShardBusy if someone else has it by now.
-func (l *shardLock) check(ctx context.Context) error {
+func (l *ShardLock) Check(ctx context.Context) error {
 	if l.conn != nil {
-		if _, err := l.conn.Exec(ctx, `SELECT 1`); err == nil {
+		if _, err := l.conn.Exec(ctx, sqlPing); err == nil {
 			return nil
 		}
 		l.drop()
@@ -102,14 +103,14 @@ func (l *shardLock) check(ctx context.Context) error {
 	return nil
 }
 
-// release unlocks and returns the session to the pool.
-func (l *shardLock) release() {
+// Release unlocks and returns the session to the pool.
+func (l *ShardLock) Release() {
 	if l.conn == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+	if _, err := l.conn.Exec(ctx, sqlUnlockAll); err != nil {
 		l.drop()
 		return
 	}
@@ -119,7 +120,7 @@ func (l *shardLock) release() {
 
 // drop closes the lock's session (which releases the lock, if it still
 // held it) instead of returning it to the pool.
-func (l *shardLock) drop() {
+func (l *ShardLock) drop() {
 	if l.conn == nil {
 		return
 	}

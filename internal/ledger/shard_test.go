@@ -1,4 +1,4 @@
-package worker_test
+package ledger_test
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/pgtest"
-	"github.com/runledger/runledger/internal/worker"
 )
 
 // shardGolden pins ShardOf: hashtextextended(entity, hashtextextended(
@@ -37,7 +36,7 @@ func TestShardOfGolden(t *testing.T) {
 	t.Parallel()
 	for _, g := range shardGolden {
 		for n, want := range g.shards {
-			got := worker.ShardOf(ledger.Key{Entity: g.entity, Occurrence: g.occurrence}, n)
+			got := ledger.ShardOf(ledger.Key{Entity: g.entity, Occurrence: g.occurrence}, n)
 			require.Equal(t, want, got, "ShardOf(%q, %q, %d)", g.entity, g.occurrence, n)
 		}
 	}
@@ -48,7 +47,7 @@ func TestShardOfSpreadsKeys(t *testing.T) {
 	const n, keys = 4, 40000
 	counts := make([]int, n)
 	for i := range keys {
-		counts[worker.ShardOf(ledger.Key{Entity: fmt.Sprintf("acct-%d", i), Occurrence: "2024-06"}, n)]++
+		counts[ledger.ShardOf(ledger.Key{Entity: fmt.Sprintf("acct-%d", i), Occurrence: "2024-06"}, n)]++
 	}
 	for s, c := range counts {
 		require.InDelta(t, keys/n, c, keys/n*0.05, "shard %d holds %d of %d keys: the hash does not spread", s, c, keys)
@@ -72,14 +71,14 @@ func TestShardSQLMatchesGo(t *testing.T) {
 		occurrences = append(occurrences, fmt.Sprintf("%d%s", i*7919, strings.Repeat("ø", i%13)))
 	}
 	for _, n := range []int{1, 2, 3, 4, 7, 16, 255, 256} {
-		rows, err := pool.Query(ctx, "SELECT e, o, "+worker.ShardSQLForTest("e", "o", n)+" FROM unnest($1::text[], $2::text[]) AS k(e, o)", entities, occurrences)
+		rows, err := pool.Query(ctx, "SELECT e, o, "+ledger.ShardSQLForTest("e", "o", n)+" FROM unnest($1::text[], $2::text[]) AS k(e, o)", entities, occurrences)
 		require.NoError(t, err, "running the shard expression for n=%d", n)
 		checked := 0
 		for rows.Next() {
 			var e, o string
 			var got int64
 			require.NoError(t, rows.Scan(&e, &o, &got))
-			require.Equal(t, worker.ShardOf(ledger.Key{Entity: e, Occurrence: o}, n), int(got), "SQL and Go disagree on (%q, %q) for n=%d", e, o, n)
+			require.Equal(t, ledger.ShardOf(ledger.Key{Entity: e, Occurrence: o}, n), int(got), "SQL and Go disagree on (%q, %q) for n=%d", e, o, n)
 			checked++
 		}
 		require.NoError(t, rows.Err())
@@ -115,7 +114,7 @@ func TestHashMatchesPostgreSQL(t *testing.T) {
 		var text string
 		var seed, want int64
 		require.NoError(t, rows.Scan(&text, &seed, &want))
-		require.Equal(t, uint64(want), worker.HashBytesExtendedForTest([]byte(text), uint64(seed)), "hash of %q (%d bytes) with seed %d", text, len(text), seed)
+		require.Equal(t, uint64(want), ledger.HashBytesExtendedForTest([]byte(text), uint64(seed)), "hash of %q (%d bytes) with seed %d", text, len(text), seed)
 		checked++
 	}
 	require.NoError(t, rows.Err())

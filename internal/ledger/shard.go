@@ -1,12 +1,9 @@
-package worker
+package ledger
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math"
 	"math/bits"
-
-	"github.com/runledger/runledger/internal/ledger"
 )
 
 // shardSeed seeds the shard hash ("RUNLEDGR" in ASCII). Never change it.
@@ -38,19 +35,12 @@ const shardSeed uint64 = 0x52554e4c45444752
 // differs from Go's. A run is never affected (a query source is sharded by
 // its database alone, inline and JSON Lines batches by Go alone), but the
 // golden values below hold for little-endian servers (x86-64, arm64).
-func ShardOf(k ledger.Key, n int) int {
+func ShardOf(k Key, n int) int {
 	if n <= 1 {
 		return 0
 	}
 	h := hashBytesExtended([]byte(k.Entity), hashBytesExtended([]byte(k.Occurrence), shardSeed))
 	return int((h & math.MaxInt64) % uint64(n))
-}
-
-// shardSQL is ShardOf as a PostgreSQL expression over two text expressions
-// (entity, occurrence) for n shards; NULL when either is NULL.
-func shardSQL(entity, occurrence string, n int) string {
-	return fmt.Sprintf(`((hashtextextended(%s COLLATE "C", hashtextextended(%s COLLATE "C", %d)) & 9223372036854775807) %% %d)`,
-		entity, occurrence, int64(shardSeed), n)
 }
 
 // hashBytesExtended is PostgreSQL's hash_bytes_extended (src/common/hashfn.c)

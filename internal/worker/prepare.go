@@ -1,0 +1,137 @@
+package worker
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+// PrepareConfig says how to ready the ledger for a plan.
+type PrepareConfig struct {
+	// DSN is the ledger database's connection string.
+	DSN string
+	// Parallel is how many shards will run at once on the pool.
+	Parallel int
+	// SkipMigrate: the schema is migrated already (by the owner).
+	SkipMigrate bool
+	// Retry is the back-off while the database is unreachable.
+	Retry Backoff
+	// Log is told about each retry.
+	Log logr.Logger
+}
+
+// Prepare connects to the ledger's database, applies its migrations (unless
+// SkipMigrate) and checks the plan on it (Plan.Check), retrying while the
+// database is unreachable; what both `runledger worker` and `runledger run`
+// do before their shards run. A connection string that cannot be parsed is an
+// *InputError. The caller closes the store's pool with the returned func.
+func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store, func(), error) {
+	// Three connections per shard (the source's reads, the commits, the
+	// shard's lock), one more for the start.
+	pool, err := ledger.Open(ctx, cfg.DSN, int32(3*max(cfg.Parallel, 1)+1))
+	if err != nil {
+		return nil, nil, &InputError{Msg: err.Error()}
+	}
+	onRetry := func(step string) func(int, time.Duration, error) {
+		return func(retry int, wait time.Duration, err error) {
+			cfg.Log.Info("database not reachable, retrying", "step", step, "retry", retry, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
+		}
+	}
+	if cfg.Log.GetSink() == nil {
+		cfg.Log = logr.Discard()
+	}
+	if !cfg.SkipMigrate {
+		if err := cfg.Retry.Do(ctx, "migrating the ledger", onRetry("migrate"), func(int) error {
+			_, err := ledger.Migrate(ctx, pool)
+			return err
+		}); err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+	}
+	store := ledger.NewStore(pool)
+	if err := plan.Check(ctx, store, cfg.Retry, onRetry("check")); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return store, pool.Close, nil
+}
+
+// ShardsConfig is how RunShards runs a set of shards of one plan.
+type ShardsConfig struct {
+	// Parallel bounds the shards running at once (at least 1).
+	Parallel int
+	// Attempt is the attempt of every shard (0 outside Kubernetes).
+	Attempt      int
+	Retry        Backoff
+	DrainTimeout time.Duration
+	LockWait     time.Duration
+	Log          logr.Logger
+	// Progress, if set, is called from every shard's goroutine (see
+	// ShardConfig.Progress).
+	Progress func(Report)
+}
+
+// RunResult is what a set of shards did, added up.
+type RunResult struct {
+	v1alpha1.ItemCounts
+	// Failures lists the first MaxFailures failed items of all shards.
+	Failures []Failure
+	// Interrupted: some shard was stopped before it was done.
+	Interrupted bool
+	// Shards has each shard's report, in the order asked.
+	Shards  []Report
+	Elapsed time.Duration
+}
+
+// RunShards runs the given shards of plan, at most cfg.Parallel at once, with
+// one failure budget (plan.MaxFailedItems) for all of them: once the run as a
+// whole has too many failed items, every shard stops taking chunks. A shard
+// not started when ctx is cancelled is reported Interrupted.
+func RunShards(ctx context.Context, store *ledger.Store, plan *Plan, shards []int, cfg ShardsConfig) RunResult {
+	budget := NewFailureBudget(plan.MaxFailedItems)
+	start := time.Now()
+	reports := make([]Report, len(shards))
+	sem := make(chan struct{}, max(cfg.Parallel, 1))
+	var wg sync.WaitGroup
+	for i, shard := range shards {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if ctx.Err() != nil { // stopped before this shard started
+				reports[i] = Report{Shard: shard, Interrupted: true}
+				return
+			}
+			sc := plan.ShardConfig(shard, cfg.Attempt)
+			sc.Budget = budget
+			sc.Retry = cfg.Retry
+			sc.DrainTimeout = cfg.DrainTimeout
+			sc.LockWait = cfg.LockWait
+			sc.Log = cfg.Log
+			sc.Progress = cfg.Progress
+			reports[i] = RunShard(ctx, store, sc)
+		})
+	}
+	wg.Wait()
+	return summarize(reports, time.Since(start))
+}
+
+// summarize adds up the reports of a run's shards.
+func summarize(reports []Report, elapsed time.Duration) RunResult {
+	res := RunResult{Shards: reports, Elapsed: elapsed}
+	for _, r := range reports {
+		res.Add(r.ItemCounts)
+		for _, f := range r.Failures {
+			if len(res.Failures) < MaxFailures {
+				res.Failures = append(res.Failures, f)
+			}
+		}
+		res.Interrupted = res.Interrupted || r.Interrupted
+	}
+	return res
+}
