@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/distribution/reference"
 	corev1 "k8s.io/api/core/v1"
@@ -95,6 +96,69 @@ func podLabels(run *v1alpha1.ProcessingRun, shard, attempt int32) map[string]str
 	}
 }
 
+// podMetadata is the labels and annotations of a shard's pod: the run's
+// workerTemplate.metadata, then the controller's own, which the API refuses
+// in the template and which win here too.
+func podMetadata(run *v1alpha1.ProcessingRun, shard, attempt int32, m *v1alpha1.WorkerPodMetadata) (labels, annotations map[string]string) {
+	labels, annotations = map[string]string{}, map[string]string{}
+	if m != nil {
+		for k, v := range m.Labels {
+			if !strings.HasPrefix(k, v1alpha1.ReservedMetadataPrefix) {
+				labels[k] = v
+			}
+		}
+		for k, v := range m.Annotations {
+			if !strings.HasPrefix(k, v1alpha1.ReservedMetadataPrefix) {
+				annotations[k] = v
+			}
+		}
+	}
+	for k, v := range podLabels(run, shard, attempt) {
+		labels[k] = v
+	}
+	return labels, annotations
+}
+
+// reservedEnv reports whether an environment variable is runledger's own.
+func reservedEnv(name string) bool {
+	return strings.HasPrefix(name, v1alpha1.ReservedEnvPrefix) || name == v1alpha1.EnvPodName
+}
+
+// userEnv is workerTemplate.env without runledger's own names (the API
+// refuses them; a variable listed twice would take the last value).
+func userEnv(env []corev1.EnvVar) []corev1.EnvVar {
+	var out []corev1.EnvVar
+	for _, e := range env {
+		if !reservedEnv(e.Name) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// userVolumes is workerTemplate.volumes without runledger's own name.
+func userVolumes(vols []corev1.Volume) []corev1.Volume {
+	var out []corev1.Volume
+	for _, v := range vols {
+		if v.Name != v1alpha1.WorkerTmpVolume {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// userVolumeMounts is workerTemplate.volumeMounts without runledger's own
+// volume and paths.
+func userVolumeMounts(mounts []corev1.VolumeMount) []corev1.VolumeMount {
+	var out []corev1.VolumeMount
+	for _, m := range mounts {
+		if m.Name != v1alpha1.WorkerTmpVolume && m.MountPath != v1alpha1.WorkerTmpPath && m.MountPath != v1alpha1.TerminationMessagePath {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // buildWorkerPod is the pod of one attempt of one shard of a run. It is a
 // pure function of its arguments.
 func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1alpha1.ItemCounts, opts PodOptions) (*corev1.Pod, error) {
@@ -114,27 +178,20 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 	if tmpl.ServiceAccountName != "" {
 		serviceAccount = tmpl.ServiceAccountName
 	}
-	var tolerations []corev1.Toleration
-	for i := range tmpl.Tolerations {
-		tolerations = append(tolerations, *tmpl.Tolerations[i].DeepCopy())
-	}
-	tolerations = append(tolerations, nodeLossTolerations(run, tolerations)...)
-	var nodeSelector map[string]string
-	if len(tmpl.NodeSelector) > 0 {
-		nodeSelector = make(map[string]string, len(tmpl.NodeSelector))
-		for k, v := range tmpl.NodeSelector {
-			nodeSelector[k] = v
-		}
-	}
+	// Deep copies: the pod never shares memory with the run in the cache.
+	tmpl = tmpl.DeepCopy()
+	tmpl.Tolerations = append(tmpl.Tolerations, nodeLossTolerations(run, tmpl.Tolerations)...)
 	ref := run.Spec.Database.SecretRef
+	labels, annotations := podMetadata(run, shard, attempt, tmpl.Metadata)
+	annotations[annotationCountsFloor] = string(floorJSON)
 
 	pod := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        v1alpha1.PodName(run.Name, shard, attempt),
 			Namespace:   run.Namespace,
-			Labels:      podLabels(run, shard, attempt),
-			Annotations: map[string]string{annotationCountsFloor: string(floorJSON)},
+			Labels:      labels,
+			Annotations: annotations,
 			OwnerReferences: []metav1.OwnerReference{
 				*metav1.NewControllerRef(run, v1alpha1.GroupVersion.WithKind("ProcessingRun")),
 			},
@@ -145,8 +202,13 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 			AutomountServiceAccountToken:  ptr.To(true), // the worker reports through the API
 			EnableServiceLinks:            ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](workerGracePeriodSeconds),
-			NodeSelector:                  nodeSelector,
-			Tolerations:                   tolerations,
+			NodeSelector:                  tmpl.NodeSelector,
+			Tolerations:                   tmpl.Tolerations,
+			Affinity:                      tmpl.Affinity,
+			TopologySpreadConstraints:     tmpl.TopologySpreadConstraints,
+			PriorityClassName:             tmpl.PriorityClassName,
+			RuntimeClassName:              tmpl.RuntimeClassName,
+			ImagePullSecrets:              tmpl.ImagePullSecrets,
 			SecurityContext: &corev1.PodSecurityContext{
 				RunAsNonRoot:   ptr.To(true),
 				RunAsUser:      ptr.To[int64](nonRootUID),
@@ -158,7 +220,8 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 				Image:                    workerImage(run, opts),
 				ImagePullPolicy:          opts.ImagePullPolicy,
 				Args:                     []string{v1alpha1.WorkerSubcommand},
-				Env:                      workerEnv(run, shard, attempt, ref),
+				Env:                      append(workerEnv(run, shard, attempt, ref), userEnv(tmpl.Env)...),
+				EnvFrom:                  tmpl.EnvFrom,
 				Resources:                resources,
 				TerminationMessagePath:   v1alpha1.TerminationMessagePath,
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
@@ -170,14 +233,15 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 				},
-				VolumeMounts: []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}},
+				VolumeMounts: append([]corev1.VolumeMount{{Name: v1alpha1.WorkerTmpVolume, MountPath: v1alpha1.WorkerTmpPath}},
+					userVolumeMounts(tmpl.VolumeMounts)...),
 			}},
-			Volumes: []corev1.Volume{{
-				Name: "tmp",
+			Volumes: append([]corev1.Volume{{
+				Name: v1alpha1.WorkerTmpVolume,
 				VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
 					SizeLimit: ptr.To(resource.MustParse("64Mi")),
 				}},
-			}},
+			}}, userVolumes(tmpl.Volumes)...),
 		},
 	}
 	return pod, nil

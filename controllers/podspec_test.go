@@ -161,6 +161,99 @@ func TestBuildWorkerPod(t *testing.T) {
 			},
 		},
 		{
+			name: "production fields of the Job pod template", shard: 0, attempt: 0,
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.WorkerTemplate = &v1alpha1.WorkerTemplate{
+					Metadata: &v1alpha1.WorkerPodMetadata{
+						Labels:      map[string]string{"team": "billing"},
+						Annotations: map[string]string{"sidecar.istio.io/inject": "false"},
+					},
+					ImagePullSecrets: []corev1.LocalObjectReference{{Name: "regcred"}},
+					Env:              []corev1.EnvVar{{Name: "PGSSLROOTCERT", Value: "/etc/pg-ca/ca.crt"}},
+					EnvFrom:          []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "pg-opts"}}}},
+					Volumes: []corev1.Volume{{Name: "pg-ca", VolumeSource: corev1.VolumeSource{
+						Secret: &corev1.SecretVolumeSource{SecretName: "pg-ca"}}}},
+					VolumeMounts: []corev1.VolumeMount{{Name: "pg-ca", MountPath: "/etc/pg-ca", ReadOnly: true}},
+					Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+						RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+							MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"batch"}}},
+						}}},
+					}},
+					TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
+						MaxSkew: 1, TopologyKey: "topology.kubernetes.io/zone", WhenUnsatisfiable: corev1.ScheduleAnyway,
+						LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelRun: "invoices"}},
+					}},
+					PriorityClassName: "batch-low",
+					RuntimeClassName:  ptr.To("gvisor"),
+				}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				require.Equal(t, "billing", pod.Labels["team"])
+				require.Equal(t, "invoices", pod.Labels[v1alpha1.LabelRun], "the controller's labels stay")
+				require.Equal(t, "false", pod.Annotations["sidecar.istio.io/inject"])
+				require.Contains(t, pod.Annotations, annotationCountsFloor)
+				require.Equal(t, []corev1.LocalObjectReference{{Name: "regcred"}}, pod.Spec.ImagePullSecrets)
+				c := pod.Spec.Containers[0]
+				env := envMap(t, c)
+				require.Equal(t, "/etc/pg-ca/ca.crt", env["PGSSLROOTCERT"].Value)
+				require.NotNil(t, env[v1alpha1.EnvDatabaseURL].ValueFrom.SecretKeyRef)
+				require.Equal(t, v1alpha1.EnvRunNamespace, c.Env[0].Name, "runledger's variables come first: the run's may refer to them")
+				require.Equal(t, "pg-opts", c.EnvFrom[0].ConfigMapRef.Name)
+				require.Equal(t, []string{"tmp", "pg-ca"}, volumeNames(pod.Spec.Volumes))
+				require.Equal(t, "pg-ca", pod.Spec.Volumes[1].Secret.SecretName)
+				require.Equal(t, []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}, {Name: "pg-ca", MountPath: "/etc/pg-ca", ReadOnly: true}}, c.VolumeMounts)
+				require.Equal(t, "batch", pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Values[0])
+				require.Equal(t, "topology.kubernetes.io/zone", pod.Spec.TopologySpreadConstraints[0].TopologyKey)
+				require.Equal(t, "batch-low", pod.Spec.PriorityClassName)
+				require.Equal(t, "gvisor", *pod.Spec.RuntimeClassName)
+				// The template adds nothing to the security context.
+				require.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
+				require.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
+				require.True(t, *pod.Spec.SecurityContext.RunAsNonRoot)
+			},
+		},
+		{
+			// The API refuses these (CEL); the builder never lets them through
+			// either, e.g. for a run stored before the rules existed.
+			name: "runledger's own names cannot be overridden", shard: 1, attempt: 2,
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.WorkerTemplate = &v1alpha1.WorkerTemplate{
+					Metadata: &v1alpha1.WorkerPodMetadata{
+						Labels: map[string]string{
+							v1alpha1.LabelRun: "other", v1alpha1.LabelShard: "9", labelAppManagedBy: "me",
+							v1alpha1.ReservedMetadataPrefix + "extra": "x",
+						},
+						Annotations: map[string]string{annotationCountsFloor: `{"completed":999}`},
+					},
+					Env: []corev1.EnvVar{
+						{Name: v1alpha1.EnvDatabaseURL, Value: "postgres://attacker@evil/db"},
+						{Name: v1alpha1.EnvShard, Value: "0"},
+						{Name: v1alpha1.EnvPodName, Value: "x"},
+						{Name: "OK", Value: "1"},
+					},
+					Volumes:      []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}},
+					VolumeMounts: []corev1.VolumeMount{{Name: "tmp", MountPath: "/x"}, {Name: "other", MountPath: "/tmp"}, {Name: "other", MountPath: v1alpha1.TerminationMessagePath}},
+				}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				require.Equal(t, "invoices", pod.Labels[v1alpha1.LabelRun])
+				require.Equal(t, "1", pod.Labels[v1alpha1.LabelShard])
+				require.Equal(t, "runledger-controller", pod.Labels[labelAppManagedBy])
+				require.NotContains(t, pod.Labels, v1alpha1.ReservedMetadataPrefix+"extra")
+				require.Equal(t, v1alpha1.ItemCounts{}, parseFloor(pod.Annotations))
+				c := pod.Spec.Containers[0]
+				env := envMap(t, c) // fails on a name listed twice
+				require.Empty(t, env[v1alpha1.EnvDatabaseURL].Value)
+				require.Equal(t, "ledger-db", env[v1alpha1.EnvDatabaseURL].ValueFrom.SecretKeyRef.Name)
+				require.Equal(t, "1", env[v1alpha1.EnvShard].Value)
+				require.NotNil(t, env[v1alpha1.EnvPodName].ValueFrom)
+				require.Equal(t, "1", env["OK"].Value)
+				require.Equal(t, []string{"tmp"}, volumeNames(pod.Spec.Volumes))
+				require.NotNil(t, pod.Spec.Volumes[0].EmptyDir)
+				require.Equal(t, []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}}, c.VolumeMounts)
+			},
+		},
+		{
 			name: "counts floor annotation", shard: 0, attempt: 1,
 			floor: v1alpha1.ItemCounts{Total: 10, Completed: 4, AlreadyHandled: 1, Failed: 2},
 			check: func(t *testing.T, pod *corev1.Pod) {
@@ -188,9 +281,26 @@ func TestBuildWorkerPod(t *testing.T) {
 			for k := range pod.Spec.NodeSelector {
 				pod.Spec.NodeSelector[k] = "changed"
 			}
+			for i := range pod.Spec.Volumes {
+				pod.Spec.Volumes[i].Name = "changed"
+			}
+			for i := range pod.Spec.Containers[0].Env {
+				pod.Spec.Containers[0].Env[i].Name = "changed"
+			}
+			if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+				a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution = nil
+			}
 			require.Equal(t, before, run)
 		})
 	}
+}
+
+func volumeNames(vols []corev1.Volume) []string {
+	var out []string
+	for _, v := range vols {
+		out = append(out, v.Name)
+	}
+	return out
 }
 
 const sha = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

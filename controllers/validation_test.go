@@ -111,6 +111,20 @@ func TestValidationRejectsBadRuns(t *testing.T) {
 		{name: "name too long for a label", run: validSpec, runName: strings.Repeat("a", 64),
 			want: "metadata.name must be at most 63 characters: it is used as a label value on the worker pods"},
 		{name: "no spec", run: "", want: "spec: Required value"},
+		{name: "env overrides the DSN", run: withSpec(t, map[string]string{"workerTemplate": `{env: [{name: RUNLEDGER_DATABASE_URL, value: "postgres://x@y/z"}]}`}),
+			want: "env names starting with RUNLEDGER_, and POD_NAME, are set by runledger and cannot be overridden"},
+		{name: "env overrides POD_NAME", run: withSpec(t, map[string]string{"workerTemplate": `{env: [{name: POD_NAME, value: x}]}`}),
+			want: "spec.workerTemplate.env: Invalid value"},
+		{name: "label the controller owns", run: withSpec(t, map[string]string{"workerTemplate": `{metadata: {labels: {processing.runledger.dev/shard: "0"}}}`}),
+			want: "labels processing.runledger.dev/* and app.kubernetes.io/name, component, instance and managed-by are set by the controller"},
+		{name: "app label the controller owns", run: withSpec(t, map[string]string{"workerTemplate": `{metadata: {labels: {app.kubernetes.io/managed-by: me}}}`}),
+			want: "spec.workerTemplate.metadata.labels: Invalid value"},
+		{name: "annotation the controller owns", run: withSpec(t, map[string]string{"workerTemplate": `{metadata: {annotations: {processing.runledger.dev/counts-floor: "{}"}}}`}),
+			want: "annotations processing.runledger.dev/* are set by the controller"},
+		{name: "volume named tmp", run: withSpec(t, map[string]string{"workerTemplate": `{volumes: [{name: tmp, emptyDir: {}}]}`}),
+			want: "the volume name tmp is runledger's own"},
+		{name: "mount over /tmp", run: withSpec(t, map[string]string{"workerTemplate": `{volumes: [{name: x, emptyDir: {}}], volumeMounts: [{name: x, mountPath: /tmp}]}`}),
+			want: "/tmp and /dev/termination-log are runledger's own mount paths"},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -127,6 +141,42 @@ func TestValidationRejectsBadRuns(t *testing.T) {
 			require.Contains(t, err.Error(), tt.want)
 		})
 	}
+}
+
+// TestValidationAcceptsWorkerTemplate: a template with every production
+// field is accepted and read back whole.
+func TestValidationAcceptsWorkerTemplate(t *testing.T) {
+	t.Parallel()
+	env := envtestutil.Get(t)
+	ns := env.Namespace(t)
+	u := manifest(t, ns, "template", withSpec(t, map[string]string{"workerTemplate": `
+metadata: {labels: {team: billing, app.kubernetes.io/part-of: payments}, annotations: {sidecar.istio.io/inject: "false"}}
+imagePullSecrets: [{name: regcred}]
+env: [{name: PGSSLROOTCERT, value: /etc/pg-ca/ca.crt}, {name: PGSSLMODE, valueFrom: {configMapKeyRef: {name: pg, key: mode}}}]
+envFrom: [{secretRef: {name: extra}}]
+volumes: [{name: pg-ca, secret: {secretName: pg-ca}}]
+volumeMounts: [{name: pg-ca, mountPath: /etc/pg-ca, readOnly: true}]
+affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 1, podAffinityTerm: {topologyKey: kubernetes.io/hostname, labelSelector: {matchLabels: {processing.runledger.dev/run: template}}}}]}}
+topologySpreadConstraints: [{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}]
+priorityClassName: batch-low
+runtimeClassName: gvisor
+nodeSelector: {pool: batch}
+tolerations: [{key: batch, operator: Exists, effect: NoSchedule}]
+`}))
+	require.NoError(t, env.Client.Create(context.Background(), u))
+	run := &v1alpha1.ProcessingRun{}
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKeyFromObject(u), run))
+	tmpl := run.Spec.WorkerTemplate
+	require.Equal(t, "billing", tmpl.Metadata.Labels["team"])
+	require.Equal(t, "regcred", tmpl.ImagePullSecrets[0].Name)
+	require.Len(t, tmpl.Env, 2)
+	require.Equal(t, "extra", tmpl.EnvFrom[0].SecretRef.Name)
+	require.Equal(t, "pg-ca", tmpl.Volumes[0].Secret.SecretName)
+	require.Equal(t, "/etc/pg-ca", tmpl.VolumeMounts[0].MountPath)
+	require.NotNil(t, tmpl.Affinity.PodAntiAffinity)
+	require.Len(t, tmpl.TopologySpreadConstraints, 1)
+	require.Equal(t, "batch-low", tmpl.PriorityClassName)
+	require.Equal(t, "gvisor", *tmpl.RuntimeClassName)
 }
 
 func TestValidationDefaults(t *testing.T) {

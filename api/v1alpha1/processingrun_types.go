@@ -264,16 +264,61 @@ const (
 	OnExistingSupersede OnExistingPolicy = "Supersede"
 )
 
-// WorkerTemplate customises the worker pods of a run.
+// WorkerTemplate customises the worker pods of a run, with the fields of a
+// Job's pod template that clusters need. runledger's own labels, annotations,
+// environment variables and its /tmp volume cannot be overridden; the DSN
+// stays in the Secret of spec.database (never in the template). The pod and
+// container security contexts stay restricted (non-root, no privilege
+// escalation, read-only root, all capabilities dropped).
+// (A volumeMount naming no volume is refused by pod validation when the
+// controller creates the pod, which stalls the run with the API's message:
+// the CEL rule for it costs more than a CRD may spend.)
 type WorkerTemplate struct {
+	// metadata holds labels and annotations added to the worker pods.
+	// +optional
+	Metadata *WorkerPodMetadata `json:"metadata,omitempty"`
 	// image overrides the manager's --worker-image for this run.
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	Image string `json:"image,omitempty"`
+	// imagePullSecrets of the worker pods: Secrets in the run's namespace
+	// holding the credentials to pull the worker image.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
 	// resources of the worker container. Defaults: requests cpu 100m and
 	// memory 128Mi, limit memory 256Mi.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+	// env adds environment variables to the worker container (e.g.
+	// PGSSLROOTCERT). Names starting with RUNLEDGER_, and POD_NAME, are
+	// runledger's.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(e, !e.name.startsWith('RUNLEDGER_') && e.name != 'POD_NAME')",message="env names starting with RUNLEDGER_, and POD_NAME, are set by runledger and cannot be overridden"
+	Env []corev1.EnvVar `json:"env,omitempty"`
+	// envFrom adds environment variables from ConfigMaps or Secrets; the
+	// variables runledger sets always win over them.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	EnvFrom []corev1.EnvFromSource `json:"envFrom,omitempty"`
+	// volumes of the worker pods (e.g. a Secret holding the CA of the
+	// database's TLS certificate). The name tmp is runledger's.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:XValidation:rule="self.all(v, v.name != 'tmp')",message="the volume name tmp is runledger's own (an emptyDir at /tmp): choose another name"
+	Volumes []corev1.Volume `json:"volumes,omitempty"`
+	// volumeMounts of the worker container, naming workerTemplate.volumes.
+	// /tmp and /dev/termination-log are runledger's.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:XValidation:rule="self.all(m, m.mountPath != '/tmp' && m.mountPath != '/dev/termination-log')",message="/tmp and /dev/termination-log are runledger's own mount paths: mount elsewhere"
+	VolumeMounts []corev1.VolumeMount `json:"volumeMounts,omitempty"`
 	// nodeSelector of the worker pods.
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
@@ -281,12 +326,46 @@ type WorkerTemplate struct {
 	// +optional
 	// +listType=atomic
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// affinity of the worker pods (node affinity, pod (anti-)affinity).
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+	// topologySpreadConstraints of the worker pods; select them with the
+	// label processing.runledger.dev/run.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	TopologySpreadConstraints []corev1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
+	// priorityClassName of the worker pods.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+	// runtimeClassName of the worker pods.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	RuntimeClassName *string `json:"runtimeClassName,omitempty"`
 	// serviceAccountName of the worker pods; defaults to the manager's
 	// --worker-service-account (runledger-worker). It needs the
 	// runledger-worker ClusterRole bound in the run's namespace.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+}
+
+// WorkerPodMetadata is what a run adds to its worker pods' metadata.
+type WorkerPodMetadata struct {
+	// labels added to the worker pods. The app.kubernetes.io/name,
+	// component, instance and managed-by labels and every
+	// processing.runledger.dev/ label are the controller's.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('processing.runledger.dev/') && !(k in ['app.kubernetes.io/name', 'app.kubernetes.io/component', 'app.kubernetes.io/instance', 'app.kubernetes.io/managed-by']))",message="labels processing.runledger.dev/* and app.kubernetes.io/name, component, instance and managed-by are set by the controller and cannot be overridden"
+	Labels map[string]string `json:"labels,omitempty"`
+	// annotations added to the worker pods. processing.runledger.dev/
+	// annotations are the controller's.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('processing.runledger.dev/'))",message="annotations processing.runledger.dev/* are set by the controller and cannot be overridden"
+	Annotations map[string]string `json:"annotations,omitempty"`
 }
 
 // RunPhase is a simple, high-level summary of where a run is. Conditions

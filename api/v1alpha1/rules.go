@@ -26,6 +26,27 @@ const (
 	// MaxImageLength bounds spec.workerTemplate.image, in characters.
 	MaxImageLength = 1024
 
+	// ReservedEnvPrefix starts the names of the environment variables
+	// runledger sets on the worker container (EnvPodName is reserved too):
+	// workerTemplate.env cannot hold them.
+	ReservedEnvPrefix = "RUNLEDGER_"
+	// ReservedMetadataPrefix starts the labels and annotations the
+	// controller sets on worker pods: workerTemplate.metadata cannot hold them.
+	ReservedMetadataPrefix = Group + "/"
+	// WorkerTmpVolume is the name of the worker pods' emptyDir at
+	// WorkerTmpPath; workerTemplate.volumes cannot use the name, nor
+	// workerTemplate.volumeMounts the path (or TerminationMessagePath).
+	WorkerTmpVolume = "tmp"
+	// WorkerTmpPath is where WorkerTmpVolume is mounted.
+	WorkerTmpPath = "/tmp"
+	// MaxWorkerEnv bounds workerTemplate.env (and the cost of its rule).
+	MaxWorkerEnv = 64
+	// MaxWorkerVolumes bounds workerTemplate.volumes and volumeMounts.
+	MaxWorkerVolumes = 32
+	// MaxWorkerMetadata bounds workerTemplate.metadata.labels and
+	// annotations.
+	MaxWorkerMetadata = 64
+
 	// DefaultWorkers is spec.workers when it is not set.
 	DefaultWorkers = 1
 	// MaxWorkers bounds spec.workers (the number of shards).

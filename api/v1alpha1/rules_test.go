@@ -68,6 +68,19 @@ func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
 		require.Equal(t, v1alpha1.RefKeyPattern, at(append(ref, "key")...).Pattern, "%v", ref)
 	}
 
+	wt := func(p ...string) apiextensionsv1.JSONSchemaProps { return at(append([]string{"spec", "workerTemplate"}, p...)...) }
+	require.Contains(t, rules(wt("env"))[0], fmt.Sprintf("!e.name.startsWith('%s') && e.name != '%s'", v1alpha1.ReservedEnvPrefix, v1alpha1.EnvPodName))
+	require.Equal(t, int64(v1alpha1.MaxWorkerEnv), *wt("env").MaxItems)
+	require.Contains(t, rules(wt("volumes")), fmt.Sprintf("self.all(v, v.name != '%s')", v1alpha1.WorkerTmpVolume))
+	require.Contains(t, rules(wt("volumeMounts")), fmt.Sprintf("self.all(m, m.mountPath != '%s' && m.mountPath != '%s')", v1alpha1.WorkerTmpPath, v1alpha1.TerminationMessagePath))
+	for _, f := range []string{"volumes", "volumeMounts"} {
+		require.Equal(t, int64(v1alpha1.MaxWorkerVolumes), *wt(f).MaxItems, f)
+	}
+	for _, f := range []string{"labels", "annotations"} {
+		require.Contains(t, rules(wt("metadata", f))[0], fmt.Sprintf("!k.startsWith('%s')", v1alpha1.ReservedMetadataPrefix), f)
+		require.Equal(t, int64(v1alpha1.MaxWorkerMetadata), *wt("metadata", f).MaxProperties, f)
+	}
+
 	workers := at("spec", "workers")
 	require.Equal(t, int64(1), num(workers.Minimum))
 	require.Equal(t, int64(v1alpha1.MaxWorkers), num(workers.Maximum))

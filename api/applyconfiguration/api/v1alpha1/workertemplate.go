@@ -13,17 +13,52 @@ import (
 // WorkerTemplateApplyConfiguration represents a declarative configuration of the WorkerTemplate type for use
 // with apply.
 //
-// WorkerTemplate customises the worker pods of a run.
+// WorkerTemplate customises the worker pods of a run, with the fields of a
+// Job's pod template that clusters need. runledger's own labels, annotations,
+// environment variables and its /tmp volume cannot be overridden; the DSN
+// stays in the Secret of spec.database (never in the template). The pod and
+// container security contexts stay restricted (non-root, no privilege
+// escalation, read-only root, all capabilities dropped).
+// (A volumeMount naming no volume is refused by pod validation when the
+// controller creates the pod, which stalls the run with the API's message:
+// the CEL rule for it costs more than a CRD may spend.)
 type WorkerTemplateApplyConfiguration struct {
+	// metadata holds labels and annotations added to the worker pods.
+	Metadata *WorkerPodMetadataApplyConfiguration `json:"metadata,omitempty"`
 	// image overrides the manager's --worker-image for this run.
 	Image *string `json:"image,omitempty"`
+	// imagePullSecrets of the worker pods: Secrets in the run's namespace
+	// holding the credentials to pull the worker image.
+	ImagePullSecrets []v1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
 	// resources of the worker container. Defaults: requests cpu 100m and
 	// memory 128Mi, limit memory 256Mi.
 	Resources *v1.ResourceRequirements `json:"resources,omitempty"`
+	// env adds environment variables to the worker container (e.g.
+	// PGSSLROOTCERT). Names starting with RUNLEDGER_, and POD_NAME, are
+	// runledger's.
+	Env []v1.EnvVar `json:"env,omitempty"`
+	// envFrom adds environment variables from ConfigMaps or Secrets; the
+	// variables runledger sets always win over them.
+	EnvFrom []v1.EnvFromSource `json:"envFrom,omitempty"`
+	// volumes of the worker pods (e.g. a Secret holding the CA of the
+	// database's TLS certificate). The name tmp is runledger's.
+	Volumes []v1.Volume `json:"volumes,omitempty"`
+	// volumeMounts of the worker container, naming workerTemplate.volumes.
+	// /tmp and /dev/termination-log are runledger's.
+	VolumeMounts []v1.VolumeMount `json:"volumeMounts,omitempty"`
 	// nodeSelector of the worker pods.
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 	// tolerations of the worker pods.
 	Tolerations []v1.Toleration `json:"tolerations,omitempty"`
+	// affinity of the worker pods (node affinity, pod (anti-)affinity).
+	Affinity *v1.Affinity `json:"affinity,omitempty"`
+	// topologySpreadConstraints of the worker pods; select them with the
+	// label processing.runledger.dev/run.
+	TopologySpreadConstraints []v1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
+	// priorityClassName of the worker pods.
+	PriorityClassName *string `json:"priorityClassName,omitempty"`
+	// runtimeClassName of the worker pods.
+	RuntimeClassName *string `json:"runtimeClassName,omitempty"`
 	// serviceAccountName of the worker pods; defaults to the manager's
 	// --worker-service-account (runledger-worker). It needs the
 	// runledger-worker ClusterRole bound in the run's namespace.
@@ -36,6 +71,14 @@ func WorkerTemplate() *WorkerTemplateApplyConfiguration {
 	return &WorkerTemplateApplyConfiguration{}
 }
 
+// WithMetadata sets the Metadata field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Metadata field is set to the value of the last call.
+func (b *WorkerTemplateApplyConfiguration) WithMetadata(value *WorkerPodMetadataApplyConfiguration) *WorkerTemplateApplyConfiguration {
+	b.Metadata = value
+	return b
+}
+
 // WithImage sets the Image field in the declarative configuration to the given value
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the Image field is set to the value of the last call.
@@ -44,11 +87,61 @@ func (b *WorkerTemplateApplyConfiguration) WithImage(value string) *WorkerTempla
 	return b
 }
 
+// WithImagePullSecrets adds the given value to the ImagePullSecrets field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the ImagePullSecrets field.
+func (b *WorkerTemplateApplyConfiguration) WithImagePullSecrets(values ...v1.LocalObjectReference) *WorkerTemplateApplyConfiguration {
+	for i := range values {
+		b.ImagePullSecrets = append(b.ImagePullSecrets, values[i])
+	}
+	return b
+}
+
 // WithResources sets the Resources field in the declarative configuration to the given value
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the Resources field is set to the value of the last call.
 func (b *WorkerTemplateApplyConfiguration) WithResources(value v1.ResourceRequirements) *WorkerTemplateApplyConfiguration {
 	b.Resources = &value
+	return b
+}
+
+// WithEnv adds the given value to the Env field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Env field.
+func (b *WorkerTemplateApplyConfiguration) WithEnv(values ...v1.EnvVar) *WorkerTemplateApplyConfiguration {
+	for i := range values {
+		b.Env = append(b.Env, values[i])
+	}
+	return b
+}
+
+// WithEnvFrom adds the given value to the EnvFrom field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the EnvFrom field.
+func (b *WorkerTemplateApplyConfiguration) WithEnvFrom(values ...v1.EnvFromSource) *WorkerTemplateApplyConfiguration {
+	for i := range values {
+		b.EnvFrom = append(b.EnvFrom, values[i])
+	}
+	return b
+}
+
+// WithVolumes adds the given value to the Volumes field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Volumes field.
+func (b *WorkerTemplateApplyConfiguration) WithVolumes(values ...v1.Volume) *WorkerTemplateApplyConfiguration {
+	for i := range values {
+		b.Volumes = append(b.Volumes, values[i])
+	}
+	return b
+}
+
+// WithVolumeMounts adds the given value to the VolumeMounts field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the VolumeMounts field.
+func (b *WorkerTemplateApplyConfiguration) WithVolumeMounts(values ...v1.VolumeMount) *WorkerTemplateApplyConfiguration {
+	for i := range values {
+		b.VolumeMounts = append(b.VolumeMounts, values[i])
+	}
 	return b
 }
 
@@ -73,6 +166,40 @@ func (b *WorkerTemplateApplyConfiguration) WithTolerations(values ...v1.Tolerati
 	for i := range values {
 		b.Tolerations = append(b.Tolerations, values[i])
 	}
+	return b
+}
+
+// WithAffinity sets the Affinity field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Affinity field is set to the value of the last call.
+func (b *WorkerTemplateApplyConfiguration) WithAffinity(value v1.Affinity) *WorkerTemplateApplyConfiguration {
+	b.Affinity = &value
+	return b
+}
+
+// WithTopologySpreadConstraints adds the given value to the TopologySpreadConstraints field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the TopologySpreadConstraints field.
+func (b *WorkerTemplateApplyConfiguration) WithTopologySpreadConstraints(values ...v1.TopologySpreadConstraint) *WorkerTemplateApplyConfiguration {
+	for i := range values {
+		b.TopologySpreadConstraints = append(b.TopologySpreadConstraints, values[i])
+	}
+	return b
+}
+
+// WithPriorityClassName sets the PriorityClassName field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the PriorityClassName field is set to the value of the last call.
+func (b *WorkerTemplateApplyConfiguration) WithPriorityClassName(value string) *WorkerTemplateApplyConfiguration {
+	b.PriorityClassName = &value
+	return b
+}
+
+// WithRuntimeClassName sets the RuntimeClassName field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the RuntimeClassName field is set to the value of the last call.
+func (b *WorkerTemplateApplyConfiguration) WithRuntimeClassName(value string) *WorkerTemplateApplyConfiguration {
+	b.RuntimeClassName = &value
 	return b
 }
 
