@@ -68,7 +68,9 @@ func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
 		require.Equal(t, v1alpha1.RefKeyPattern, at(append(ref, "key")...).Pattern, "%v", ref)
 	}
 
-	wt := func(p ...string) apiextensionsv1.JSONSchemaProps { return at(append([]string{"spec", "workerTemplate"}, p...)...) }
+	wt := func(p ...string) apiextensionsv1.JSONSchemaProps {
+		return at(append([]string{"spec", "workerTemplate"}, p...)...)
+	}
 	require.Contains(t, rules(wt("env"))[0], fmt.Sprintf("!e.name.startsWith('%s') && e.name != '%s'", v1alpha1.ReservedEnvPrefix, v1alpha1.EnvPodName))
 	require.Equal(t, int64(v1alpha1.MaxWorkerEnv), *wt("env").MaxItems)
 	require.Contains(t, rules(wt("volumes")), fmt.Sprintf("self.all(v, v.name != '%s')", v1alpha1.WorkerTmpVolume))
