@@ -18,7 +18,10 @@
 //     crash-loops; it looks again every DependencyRetry.
 //   - syncPods: creates the decided pods and deletes the ones that must stop
 //     (suspended or finished run).
-//   - writeStatus: rebuilds the status (buildStatus, pure) and writes it by
+//   - writeStatus, deferred so it runs on every path once the pods were
+//     observed (as Cluster API's patch helper): a failing step still
+//     publishes what the pass learnt, and its error as Reconciling's and
+//     Ready's reason ReconcileError. It rebuilds the status (buildStatus, pure) and writes it by
 //     server-side apply of the controller's fields only, and only when it
 //     changed (count-only changes at most every StatusInterval). The write
 //     lands on the run as the pass read it or nowhere: the apply carries its

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -199,6 +200,9 @@ type scope struct {
 	podsBlocked   int
 	// requeueAfter collects when the run wants to be looked at again.
 	requeueAfter time.Duration
+	// stepErr is the error that ended the pass's steps, if any; the status
+	// written at the end says so.
+	stepErr error
 }
 
 func (s *scope) requeueIn(d time.Duration) {
@@ -248,19 +252,32 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 }
 
 // runSteps runs the reconcile steps over a fresh scope. The first error ends
-// the pass (the workqueue retries it with back-off).
-func (r *Reconciler) runSteps(ctx context.Context, run *v1alpha1.ProcessingRun, requeue time.Duration) (ctrl.Result, error) {
+// the steps (the workqueue retries the pass with back-off), but the status is
+// written on every path once the pods were observed, as Cluster API's patch
+// helper does: a failing step still publishes what the pass learnt (a
+// Stalled reason, the pods it created) and the error as Reconciling's reason.
+func (r *Reconciler) runSteps(ctx context.Context, run *v1alpha1.ProcessingRun, requeue time.Duration) (result ctrl.Result, err error) {
 	s := &scope{run: run, key: client.ObjectKeyFromObject(run), now: r.Clock.Now()}
 	s.requeueIn(requeue)
+	if err := r.observe(ctx, s); err != nil {
+		// Without the pods' view there is no status to write.
+		reconcileErrors.WithLabelValues("observe").Inc()
+		return ctrl.Result{}, fmt.Errorf("observe: %w", err)
+	}
+	defer func() {
+		if werr := r.writeStatus(ctx, s); werr != nil {
+			reconcileErrors.WithLabelValues("writeStatus").Inc()
+			result, err = ctrl.Result{}, errors.Join(err, fmt.Errorf("writeStatus: %w", werr))
+		}
+	}()
 	for _, st := range []step{
-		{"observe", r.observe},
 		{"checkDependencies", r.checkDependencies},
 		{"syncPods", r.syncPods},
-		{"writeStatus", r.writeStatus},
 	} {
 		if err := st.run(ctx, s); err != nil {
 			reconcileErrors.WithLabelValues(st.name).Inc()
-			return ctrl.Result{}, fmt.Errorf("%s: %w", st.name, err)
+			s.stepErr = fmt.Errorf("%s: %w", st.name, err)
+			return ctrl.Result{}, s.stepErr
 		}
 	}
 	log.FromContext(ctx).V(1).Info("reconciled", "phase", s.outcome.phase, "requeueAfter", s.requeueAfter)

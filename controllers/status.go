@@ -31,6 +31,9 @@ const (
 	ReasonInvalidImage           = "InvalidImage"
 	ReasonPodCreateFailed        = "PodCreateFailed"
 	ReasonWorkerNotStarting      = "WorkerNotStarting"
+	// ReasonReconcileError: a reconcile pass failed (an API error); it is
+	// retried with back-off and the message says what failed.
+	ReasonReconcileError = "ReconcileError"
 )
 
 // problem is something only a person can fix: a missing Secret, ConfigMap
@@ -142,6 +145,9 @@ type statusInput struct {
 	// startTime is when the first pod was created, nil before.
 	startTime *metav1.Time
 	now       time.Time
+	// reconcileError is the error that ended the pass early, empty when
+	// none did.
+	reconcileError string
 }
 
 // buildStatus is the status the run should have. It starts from the current
@@ -249,6 +255,9 @@ func buildConditions(run *v1alpha1.ProcessingRun, in statusInput) []metav1.Condi
 			reason = ReasonPending
 		}
 		msg := progress(in.shards)
+		if in.reconcileError != "" {
+			reason, msg = ReasonReconcileError, in.reconcileError+" (retrying); "+msg
+		}
 		if in.stalled != nil {
 			set(v1alpha1.ConditionStalled, metav1.ConditionTrue, in.stalled.reason, in.stalled.message)
 			set(v1alpha1.ConditionReady, metav1.ConditionFalse, in.stalled.reason, in.stalled.message)

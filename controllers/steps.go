@@ -388,6 +388,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 	s.outcome = decideRun(run, s.shards, s.startTime != nil)
 	desired := buildStatus(run, statusInput{
 		shards: s.shards, outcome: s.outcome, stalled: s.stalled, startTime: s.startTime, now: s.now,
+		reconcileError: errorMessage(s.stepErr),
 	})
 	if equality.Semantic.DeepEqual(run.Status, desired) {
 		return nil
@@ -415,6 +416,14 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 	recordItems(run.Status.ItemCounts, desired.ItemCounts)
 	r.transitionEvents(ctx, s, &run.Status, &desired)
 	return nil
+}
+
+// errorMessage is err's text, empty for nil.
+func errorMessage(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // applyStatus writes the controller's status fields onto the run as this
