@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -68,6 +69,15 @@ func (r *Reconciler) transitionEvents(ctx context.Context, s *scope, old, cur *v
 		before := meta.FindStatusCondition(old.Conditions, v1alpha1.ConditionStalled)
 		if before == nil || before.Reason != stalled.Reason || before.Message != stalled.Message {
 			r.event(run, nil, corev1.EventTypeWarning, stalled.Reason, "Reconcile", stalled.Message)
+		}
+	}
+
+	if rec := meta.FindStatusCondition(cur.Conditions, v1alpha1.ConditionReconciling); rec != nil &&
+		rec.Status == metav1.ConditionTrue && rec.Reason == ReasonUnschedulable {
+		u := unschedulable(s.shards)
+		before := meta.FindStatusCondition(old.Conditions, v1alpha1.ConditionReconciling)
+		if before == nil || before.Reason != rec.Reason || !strings.HasPrefix(before.Message, u+"; ") {
+			r.event(run, nil, corev1.EventTypeWarning, ReasonUnschedulable, "Schedule", u)
 		}
 	}
 

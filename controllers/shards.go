@@ -42,7 +42,10 @@ type podInfo struct {
 	// startProblem says why a live pod's worker cannot start (image pull,
 	// a missing Secret key), empty when there is none.
 	startProblem string
-	running      bool
+	// unschedulable is the scheduler's message when it cannot place the
+	// pod (its PodScheduled condition), empty otherwise.
+	unschedulable string
+	running       bool
 	// busy: the worker exited ExitShardBusy (another process held the
 	// shard's lock); not a failure of the shard.
 	busy bool
@@ -151,6 +154,13 @@ func observePod(pod *corev1.Pod, shard int32) (podInfo, bool) {
 		}
 		if w := cs.State.Waiting; w != nil && stuckWaitingReasons[w.Reason] && info.state == podLive {
 			info.startProblem = fmt.Sprintf("pod %s: %s: %s", pod.Name, w.Reason, w.Message)
+		}
+	}
+	if info.state == podLive && !info.running && pod.Spec.NodeName == "" {
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				info.unschedulable = fmt.Sprintf("pod %s: %s", pod.Name, c.Message)
+			}
 		}
 	}
 	info.busy = info.state == podFailed && info.exitCode != nil && *info.exitCode == v1alpha1.ExitShardBusy
@@ -311,6 +321,9 @@ type shardDecision struct {
 	live int
 	// startProblem says why the live pod's worker cannot start.
 	startProblem string
+	// unschedulable is the scheduler's word on the live pod it cannot
+	// place, empty otherwise.
+	unschedulable string
 }
 
 // backoff is the delay before the retry that follows the n-th failure
@@ -487,6 +500,9 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 				}
 				if pi.startProblem != "" {
 					d.startProblem = pi.startProblem
+				}
+				if pi.unschedulable != "" {
+					d.unschedulable = pi.unschedulable
 				}
 			}
 		}

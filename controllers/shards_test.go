@@ -24,7 +24,9 @@ type fakePod struct {
 	report   *v1alpha1.ShardReport
 	floor    *v1alpha1.ItemCounts
 	waiting  string
-	deleting bool
+	// unschedulable is the scheduler's message on PodScheduled=False.
+	unschedulable string
+	deleting      bool
 	finished time.Time
 	// sidecar: another container runs on in the pod; nativeSidecar: an
 	// init container with restartPolicy Always does.
@@ -62,6 +64,10 @@ func (f fakePod) pod() *corev1.Pod {
 		cs.State.Waiting = &corev1.ContainerStateWaiting{Reason: f.waiting, Message: "pulling failed"}
 	}
 	p.Status.ContainerStatuses = []corev1.ContainerStatus{cs}
+	if f.unschedulable != "" {
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse,
+			Reason: corev1.PodReasonUnschedulable, Message: f.unschedulable}}
+	}
 	if f.nativeSidecar {
 		p.Spec.InitContainers = []corev1.Container{{Name: "proxy", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)}}
 		p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "proxy",
@@ -154,6 +160,23 @@ func TestDecideShard(t *testing.T) {
 				require.Nil(t, d.create)
 				require.Contains(t, d.startProblem, "ImagePullBackOff")
 				require.Contains(t, d.startProblem, "r-0-0")
+			},
+		},
+		{
+			name: "the scheduler cannot place the pod: its message, no new pod",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodPending, unschedulable: "0/3 nodes are available: 3 Insufficient cpu."}},
+			check: func(t *testing.T, d shardDecision) {
+				require.Nil(t, d.create)
+				require.Equal(t, v1alpha1.ShardPending, d.phase)
+				require.Equal(t, "pod r-0-0: 0/3 nodes are available: 3 Insufficient cpu.", d.unschedulable)
+				require.Empty(t, d.startProblem)
+			},
+		},
+		{
+			name: "a scheduled pod says nothing of scheduling",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning}},
+			check: func(t *testing.T, d shardDecision) {
+				require.Empty(t, d.unschedulable)
 			},
 		},
 		{

@@ -34,6 +34,10 @@ const (
 	// ReasonReconcileError: a reconcile pass failed (an API error); it is
 	// retried with back-off and the message says what failed.
 	ReasonReconcileError = "ReconcileError"
+	// ReasonUnschedulable: the scheduler cannot place a worker pod (the
+	// message is its own); the run waits, as the scheduler retries, for a
+	// node to fit (an autoscaler, a freed node, a changed workerTemplate).
+	ReasonUnschedulable = "Unschedulable"
 )
 
 // problem is something only a person can fix: a missing Secret, ConfigMap
@@ -255,6 +259,9 @@ func buildConditions(run *v1alpha1.ProcessingRun, in statusInput) []metav1.Condi
 			reason = ReasonPending
 		}
 		msg := progress(in.shards)
+		if u := unschedulable(in.shards); u != "" {
+			reason, msg = ReasonUnschedulable, u+"; "+msg
+		}
 		if in.reconcileError != "" {
 			reason, msg = ReasonReconcileError, in.reconcileError+" (retrying); "+msg
 		}
@@ -269,6 +276,29 @@ func buildConditions(run *v1alpha1.ProcessingRun, in statusInput) []metav1.Condi
 		}
 	}
 	return conds
+}
+
+// unschedulable says which of the shards' pods the scheduler cannot place
+// and why (its message for the first), empty when it places them all.
+func unschedulable(shards []shardDecision) string {
+	var first string
+	n := 0
+	for _, d := range shards {
+		if d.unschedulable != "" {
+			n++
+			if first == "" {
+				first = d.unschedulable
+			}
+		}
+	}
+	switch n {
+	case 0:
+		return ""
+	case 1:
+		return "cannot be scheduled: " + first
+	default:
+		return fmt.Sprintf("%d pods cannot be scheduled, e.g. %s", n, first)
+	}
 }
 
 func liveShards(shards []shardDecision) int {

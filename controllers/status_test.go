@@ -43,7 +43,9 @@ func TestDecideRunAndStatus(t *testing.T) {
 		shards  []shardDecision
 		started *metav1.Time
 		stalled *problem
-		check   func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus)
+		// reconcileError ended the pass early.
+		reconcileError string
+		check          func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus)
 	}{
 		{
 			name:   "nothing created yet: Pending, Reconciling",
@@ -161,6 +163,48 @@ func TestDecideRunAndStatus(t *testing.T) {
 			},
 		},
 		{
+			name:    "unschedulable: Reconciling says so, with the scheduler's message",
+			started: started,
+			shards: []shardDecision{
+				func() shardDecision {
+					d := shard(0, v1alpha1.ShardPending, counts{})
+					d.unschedulable = "pod invoices-0-0: 0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
+					return d
+				}(),
+				shard(1, v1alpha1.ShardRunning, counts{}),
+			},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				require.Equal(t, v1alpha1.RunRunning, st.Phase)
+				requireCond(t, st, v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonUnschedulable)
+				requireCond(t, st, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonUnschedulable)
+				require.Equal(t, "cannot be scheduled: pod invoices-0-0: 0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.; 0/2 shards succeeded, 1 running, 1 pending",
+					cond(t, st, v1alpha1.ConditionReconciling).Message)
+				require.Nil(t, cond(t, st, v1alpha1.ConditionStalled), "the scheduler keeps trying: not stalled")
+			},
+		},
+		{
+			name:           "a pass ended by an error: Reconciling and Ready say which",
+			started:        started,
+			reconcileError: "syncPods: create pod invoices-0-1: etcdserver: request timed out",
+			shards:         []shardDecision{shard(0, v1alpha1.ShardRetrying, counts{})},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				requireCond(t, st, v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonReconcileError)
+				requireCond(t, st, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonReconcileError)
+				require.Equal(t, "syncPods: create pod invoices-0-1: etcdserver: request timed out (retrying); 0/1 shards succeeded, 1 retrying",
+					cond(t, st, v1alpha1.ConditionReconciling).Message)
+			},
+		},
+		{
+			name:           "a stall outranks a pass's error",
+			reconcileError: "syncPods: boom",
+			stalled:        &problem{reason: ReasonSecretNotFound, message: `Secret "db" not found`},
+			shards:         []shardDecision{shard(0, v1alpha1.ShardPending, counts{})},
+			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
+				requireCond(t, st, v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonSecretNotFound)
+				require.Nil(t, cond(t, st, v1alpha1.ConditionReconciling))
+			},
+		},
+		{
 			name:    "suspended",
 			started: started,
 			mutate:  func(r *v1alpha1.ProcessingRun) { r.Spec.Suspend = true },
@@ -212,7 +256,8 @@ func TestDecideRunAndStatus(t *testing.T) {
 				tt.mutate(run)
 			}
 			o := decideRun(run, tt.shards, tt.started != nil)
-			st := buildStatus(run, statusInput{shards: tt.shards, outcome: o, stalled: tt.stalled, startTime: tt.started, now: now})
+			st := buildStatus(run, statusInput{shards: tt.shards, outcome: o, stalled: tt.stalled, startTime: tt.started, now: now,
+				reconcileError: tt.reconcileError})
 			tt.check(t, o, st)
 		})
 	}

@@ -68,3 +68,35 @@ func TestStatusIsWrittenWhenSyncPodsFails(t *testing.T) {
 			return nil
 		}))
 }
+
+// A run whose pod the scheduler cannot place says so: Reconciling and Ready
+// with the reason Unschedulable, and a Warning Event naming the
+// scheduler's message (from the pod's PodScheduled condition).
+func TestUnschedulablePodIsReported(t *testing.T) {
+	t.Parallel()
+	env, ns := setup(t)
+	startManager(t, env, ns, managerConfig{})
+	create(t, env, newRun(ns, "nofit", 1, 2))
+	waitPods(t, env, ns, "nofit", "nofit-0-0")
+
+	const sched = "0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."
+	ctx := context.Background()
+	pod := &corev1.Pod{}
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "nofit-0-0"}, pod))
+	pod.Status.Phase = corev1.PodPending
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse,
+		Reason: corev1.PodReasonUnschedulable, Message: sched, LastTransitionTime: metav1.Now()}}
+	require.NoError(t, env.Client.Status().Update(ctx, pod))
+
+	r := waitRun(t, env, ns, "nofit", "Unschedulable", all(
+		phaseIs(v1alpha1.RunRunning),
+		conditionIs(v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonUnschedulable),
+		conditionIs(v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonUnschedulable),
+	))
+	require.Contains(t, condition(r, v1alpha1.ConditionReconciling).Message, "pod nofit-0-0: "+sched)
+	waitEvent(t, env, ns, "nofit", corev1.EventTypeWarning, ReasonUnschedulable, "pod nofit-0-0: "+sched)
+
+	// Scheduled and running: the reason goes.
+	setPod(t, env, ns, "nofit-0-0", corev1.PodRunning, 0, nil)
+	waitRun(t, env, ns, "nofit", "scheduled", conditionIs(v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonRunning))
+}
