@@ -45,7 +45,7 @@ func toLua(L *lua.LState, v any) lua.LValue {
 	}
 }
 
-// argoHealth runs config/argocd/health.lua on a run.
+// argoHealth runs the Argo CD health script on a run.
 func argoHealth(t *testing.T, script string, run *v1alpha1.ProcessingRun) (string, string) {
 	t.Helper()
 	b, err := json.Marshal(run)
@@ -63,7 +63,7 @@ func argoHealth(t *testing.T, script string, run *v1alpha1.ProcessingRun) (strin
 
 func TestArgoCDHealth(t *testing.T) {
 	dir := filepath.Join(envtestutil.RepoRoot(), "config", "argocd")
-	script, err := os.ReadFile(filepath.Join(dir, "health.lua"))
+	script, err := os.ReadFile(filepath.Join(dir, "processing.runledger.dev", "ProcessingRun", "health.lua"))
 	require.NoError(t, err)
 
 	// The ConfigMap patch embeds the same script.

@@ -18,16 +18,16 @@ var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 // fakePod is a worker pod of run "r", shard 0, in a given state.
 type fakePod struct {
-	attempt  int32
-	phase    corev1.PodPhase
-	exit     *int32
-	report   *v1alpha1.ShardReport
-	floor    *v1alpha1.ItemCounts
-	waiting  string
+	attempt int32
+	phase   corev1.PodPhase
+	exit    *int32
+	report  *v1alpha1.ShardReport
+	floor   *v1alpha1.ItemCounts
+	waiting string
 	// unschedulable is the scheduler's message on PodScheduled=False.
 	unschedulable string
 	deleting      bool
-	finished time.Time
+	finished      time.Time
 	// sidecar: another container runs on in the pod; nativeSidecar: an
 	// init container with restartPolicy Always does.
 	sidecar, nativeSidecar bool

@@ -167,11 +167,11 @@ func TestDecideRunAndStatus(t *testing.T) {
 			started: started,
 			shards: []shardDecision{
 				func() shardDecision {
-					d := shard(0, v1alpha1.ShardPending, counts{})
+					d := shard(0, v1alpha1.ShardPending, v1alpha1.ItemCounts{})
 					d.unschedulable = "pod invoices-0-0: 0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
 					return d
 				}(),
-				shard(1, v1alpha1.ShardRunning, counts{}),
+				shard(1, v1alpha1.ShardRunning, v1alpha1.ItemCounts{}),
 			},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				require.Equal(t, v1alpha1.RunRunning, st.Phase)
@@ -186,7 +186,7 @@ func TestDecideRunAndStatus(t *testing.T) {
 			name:           "a pass ended by an error: Reconciling and Ready say which",
 			started:        started,
 			reconcileError: "syncPods: create pod invoices-0-1: etcdserver: request timed out",
-			shards:         []shardDecision{shard(0, v1alpha1.ShardRetrying, counts{})},
+			shards:         []shardDecision{shard(0, v1alpha1.ShardRetrying, v1alpha1.ItemCounts{})},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				requireCond(t, st, v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonReconcileError)
 				requireCond(t, st, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonReconcileError)
@@ -198,7 +198,7 @@ func TestDecideRunAndStatus(t *testing.T) {
 			name:           "a stall outranks a pass's error",
 			reconcileError: "syncPods: boom",
 			stalled:        &problem{reason: ReasonSecretNotFound, message: `Secret "db" not found`},
-			shards:         []shardDecision{shard(0, v1alpha1.ShardPending, counts{})},
+			shards:         []shardDecision{shard(0, v1alpha1.ShardPending, v1alpha1.ItemCounts{})},
 			check: func(t *testing.T, o runOutcome, st v1alpha1.ProcessingRunStatus) {
 				requireCond(t, st, v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonSecretNotFound)
 				require.Nil(t, cond(t, st, v1alpha1.ConditionReconciling))

@@ -32,8 +32,12 @@ type ProcessingRun struct {
 	Spec ProcessingRunSpec `json:"spec"`
 
 	// status is written by the controller (totals, phase, conditions) and by
-	// each worker (its own entry of shards[]).
+	// each worker (its own entry of shards[]). Until the controller first
+	// writes it, it reads {observedGeneration: 0}: behind metadata.generation,
+	// so kstatus (Flux, cli-utils) and Argo CD
+	// read a new run as in progress, never as done.
 	// +optional
+	// +kubebuilder:default={observedGeneration: 0}
 	Status ProcessingRunStatus `json:"status,omitempty"`
 }
 

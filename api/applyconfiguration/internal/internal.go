@@ -95,6 +95,8 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: status
       type:
         namedType: com.github.runledger.runledger.api.v1alpha1.ProcessingRunStatus
+      default:
+        observedGeneration: 0
 - name: com.github.runledger.runledger.api.v1alpha1.ProcessingRunSpec
   map:
     fields:

@@ -28,7 +28,10 @@ type ProcessingRunApplyConfiguration struct {
 	// spec declares the batch, where its ledger lives and how to run it.
 	Spec *ProcessingRunSpecApplyConfiguration `json:"spec,omitempty"`
 	// status is written by the controller (totals, phase, conditions) and by
-	// each worker (its own entry of shards[]).
+	// each worker (its own entry of shards[]). Until the controller first
+	// writes it, it reads {observedGeneration: 0}: behind metadata.generation,
+	// so kstatus (Flux, cli-utils) and Argo CD
+	// read a new run as in progress, never as done.
 	Status *ProcessingRunStatusApplyConfiguration `json:"status,omitempty"`
 }
 
