@@ -42,7 +42,7 @@ func healthCases(t *testing.T) []healthCase {
 	t.Helper()
 	build := func(mutate func(*v1alpha1.ProcessingRun), started bool, stalled *problem, shards ...shardDecision) map[string]any {
 		run := testRun()
-		run.TypeMeta.APIVersion, run.TypeMeta.Kind = v1alpha1.GroupVersion.String(), "ProcessingRun"
+		run.APIVersion, run.Kind = v1alpha1.GroupVersion.String(), "ProcessingRun"
 		run.Spec.Workers = int32(len(shards))
 		if mutate != nil {
 			mutate(run)
