@@ -268,6 +268,11 @@ func (r *Reconciler) runSteps(ctx context.Context, run *v1alpha1.ProcessingRun, 
 		if werr := r.writeStatus(ctx, s); werr != nil {
 			reconcileErrors.WithLabelValues("writeStatus").Inc()
 			result, err = ctrl.Result{}, errors.Join(err, fmt.Errorf("writeStatus: %w", werr))
+			return
+		}
+		if err == nil {
+			// writeStatus may ask for a later look (a spaced count write).
+			result = ctrl.Result{RequeueAfter: s.requeueAfter}
 		}
 	}()
 	for _, st := range []step{
@@ -280,6 +285,6 @@ func (r *Reconciler) runSteps(ctx context.Context, run *v1alpha1.ProcessingRun, 
 			return ctrl.Result{}, s.stepErr
 		}
 	}
-	log.FromContext(ctx).V(1).Info("reconciled", "phase", s.outcome.phase, "requeueAfter", s.requeueAfter)
-	return ctrl.Result{RequeueAfter: s.requeueAfter}, nil
+	log.FromContext(ctx).V(1).Info("reconciled", "phase", s.outcome.phase)
+	return ctrl.Result{}, nil // the deferred write sets RequeueAfter
 }
