@@ -211,6 +211,27 @@ func (s *scope) requeueIn(d time.Duration) {
 	}
 }
 
+// decide sets the run's outcome from its shards (decideRun), failing a run
+// that outlived spec.activeDeadlineSeconds, and asks to look again when its
+// deadline comes.
+func (s *scope) decide() {
+	s.outcome = decideRun(s.run, s.shards, s.startTime != nil)
+	if s.outcome.finished {
+		return
+	}
+	left, ok := deadlineLeft(s.run, s.startTime, s.now)
+	switch {
+	case !ok:
+	case left > 0:
+		s.requeueIn(left)
+	default:
+		s.outcome = runOutcome{phase: v1alpha1.RunFailed, reason: ReasonDeadlineExceeded, finished: true,
+			counts: sumCounts(s.run, s.shards, false),
+			message: fmt.Sprintf("the run was active longer than activeDeadlineSeconds (%ds); its pods are stopped",
+				*s.run.Spec.ActiveDeadlineSeconds)}
+	}
+}
+
 // needsPods reports whether any shard wants a pod created now.
 func (s *scope) needsPods() bool {
 	for _, d := range s.shards {

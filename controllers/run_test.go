@@ -395,3 +395,32 @@ func TestTTLAfterFinishedDeletesTheRun(t *testing.T) {
 	}
 	t.Fatalf("the run was not deleted within %s after it succeeded (last seen completion: %v)", testTimeout, completed)
 }
+
+// TestActiveDeadlineFailsTheRun: a run still active after
+// activeDeadlineSeconds is Failed with reason DeadlineExceeded and its live
+// pods are deleted, as a Job's.
+func TestActiveDeadlineFailsTheRun(t *testing.T) {
+	t.Parallel()
+	env, ns := setup(t)
+	startManager(t, env, ns, managerConfig{})
+	run := newRun(ns, "slow", 2, 4)
+	run.Spec.ActiveDeadlineSeconds = ptr.To[int64](2)
+	create(t, env, run)
+	waitPods(t, env, ns, "slow", "slow-0-0", "slow-1-0")
+	setPod(t, env, ns, "slow-0-0", corev1.PodRunning, 0, nil)
+
+	r := waitRun(t, env, ns, "slow", "Failed by its deadline", all(
+		phaseIs(v1alpha1.RunFailed),
+		conditionIs(v1alpha1.ConditionFailed, metav1.ConditionTrue, ReasonDeadlineExceeded),
+	))
+	require.Contains(t, condition(r, v1alpha1.ConditionFailed).Message, "active longer than activeDeadlineSeconds (2s)")
+	require.GreaterOrEqual(t, condition(r, v1alpha1.ConditionFailed).LastTransitionTime.Sub(r.Status.StartTime.Time), 2*time.Second)
+	waitFor(t, "the run's pods are stopped", func() error {
+		for name, pod := range runPods(t, env, ns, "slow") {
+			if pod.DeletionTimestamp == nil {
+				return fmt.Errorf("pod %s is not being deleted", name)
+			}
+		}
+		return nil
+	})
+}

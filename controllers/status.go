@@ -38,6 +38,9 @@ const (
 	// message is its own); the run waits, as the scheduler retries, for a
 	// node to fit (an autoscaler, a freed node, a changed workerTemplate).
 	ReasonUnschedulable = "Unschedulable"
+	// ReasonDeadlineExceeded: the run was active longer than
+	// spec.activeDeadlineSeconds (as a Job's reason).
+	ReasonDeadlineExceeded = "DeadlineExceeded"
 )
 
 // problem is something only a person can fix: a missing Secret, ConfigMap
@@ -93,6 +96,16 @@ func sumCounts(run *v1alpha1.ProcessingRun, shards []shardDecision, finished boo
 		sum = sum.MaxEach(run.Status.ItemCounts)
 	}
 	return sum
+}
+
+// deadlineLeft is how long the run may still be active under
+// spec.activeDeadlineSeconds, counted from its start (its first pod), and
+// false when no deadline applies: none set, not started, or suspended.
+func deadlineLeft(run *v1alpha1.ProcessingRun, startTime *metav1.Time, now time.Time) (time.Duration, bool) {
+	if run.Spec.ActiveDeadlineSeconds == nil || startTime == nil || run.Spec.Suspend {
+		return 0, false
+	}
+	return startTime.Add(time.Duration(*run.Spec.ActiveDeadlineSeconds) * time.Second).Sub(now), true
 }
 
 // decideRun is the run's phase and outcome from its shards. A finished run

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 )
@@ -300,4 +301,30 @@ func TestCountsOnlyChange(t *testing.T) {
 	require.True(t, countsOnlyChange(&a, &b))
 	b.Phase = v1alpha1.RunSucceeded
 	require.False(t, countsOnlyChange(&a, &b))
+}
+
+func TestDeadlineLeft(t *testing.T) {
+	t.Parallel()
+	start := metav1.NewTime(time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC))
+	for _, tt := range []struct {
+		name     string
+		deadline *int64
+		start    *metav1.Time
+		suspend  bool
+		now      time.Duration // after start
+		left     time.Duration
+		applies  bool
+	}{
+		{name: "no deadline", start: &start, now: time.Hour},
+		{name: "not started", deadline: ptr.To[int64](60), now: time.Hour},
+		{name: "suspended", deadline: ptr.To[int64](60), start: &start, suspend: true, now: time.Hour},
+		{name: "before", deadline: ptr.To[int64](60), start: &start, now: 45 * time.Second, left: 15 * time.Second, applies: true},
+		{name: "at", deadline: ptr.To[int64](60), start: &start, now: time.Minute, left: 0, applies: true},
+		{name: "after", deadline: ptr.To[int64](60), start: &start, now: 2 * time.Minute, left: -time.Minute, applies: true},
+	} {
+		run := &v1alpha1.ProcessingRun{Spec: v1alpha1.ProcessingRunSpec{ActiveDeadlineSeconds: tt.deadline, Suspend: tt.suspend}}
+		left, applies := deadlineLeft(run, tt.start, start.Add(tt.now))
+		require.Equal(t, tt.applies, applies, tt.name)
+		require.Equal(t, tt.left, left, tt.name)
+	}
 }

@@ -87,7 +87,7 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 
 	finishedBefore := finishedCondition(&run.Status) != nil
 	s.shards = r.decideShards(s, finishedBefore)
-	s.outcome = decideRun(run, s.shards, s.startTime != nil)
+	s.decide()
 	if s.outcome.finished && !finishedBefore {
 		// The run just finished: no more pods, and the live ones stop.
 		s.shards = r.decideShards(s, true)
@@ -385,7 +385,7 @@ func (r *Reconciler) deletePod(ctx context.Context, s *scope, pod *corev1.Pod, w
 // that only move counts are spaced by StatusInterval.
 func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 	run := s.run
-	s.outcome = decideRun(run, s.shards, s.startTime != nil)
+	s.decide()
 	desired := buildStatus(run, statusInput{
 		shards: s.shards, outcome: s.outcome, stalled: s.stalled, startTime: s.startTime, now: s.now,
 		reconcileError: errorMessage(s.stepErr),

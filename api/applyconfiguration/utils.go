@@ -42,6 +42,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.SecretKeyRefApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ShardStatus"):
 		return &apiv1alpha1.ShardStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("Timeouts"):
+		return &apiv1alpha1.TimeoutsApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WorkerPodMetadata"):
 		return &apiv1alpha1.WorkerPodMetadataApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WorkerTemplate"):

@@ -142,6 +142,20 @@ type ProcessingRunSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
 
+	// activeDeadlineSeconds fails the run (reason DeadlineExceeded) and stops
+	// its pods once this many seconds have passed since its first pod was
+	// created (status.startTime), as a Job's does. A suspended run is not
+	// failed by it while suspended. Unset: no deadline.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	ActiveDeadlineSeconds *int64 `json:"activeDeadlineSeconds,omitempty"`
+
+	// timeouts bound the run's SQL and notice a lost connection. Each has a
+	// default; changes apply to pods created afterwards.
+	// +optional
+	// +kubebuilder:default={}
+	Timeouts *Timeouts `json:"timeouts,omitempty"`
+
 	// workerTemplate customises the worker pods. Changes apply to pods created
 	// afterwards.
 	// +optional
@@ -253,6 +267,42 @@ type EffectSpec struct {
 	// +kubebuilder:validation:MaxLength=65536
 	// +kubebuilder:validation:XValidation:rule="self.trim() != ''",message="must hold a statement, not only white space: remove effect to only record items"
 	SQL string `json:"sql"`
+}
+
+// Timeouts bound what a run's SQL may take and how soon a lost database
+// connection is noticed. A statement or lock timeout fails the chunk (or the
+// batch's query) with nothing committed, and it is retried like any
+// transient error, with back-off, within the shard's retries.
+type Timeouts struct {
+	// effectSeconds is the effect's statement timeout, per chunk.
+	// +optional
+	// +kubebuilder:default=300
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	EffectSeconds int32 `json:"effectSeconds,omitempty"`
+	// querySeconds is the batch query's statement timeout (the query runs
+	// once per run, when its first shard starts).
+	// +optional
+	// +kubebuilder:default=3600
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	QuerySeconds int32 `json:"querySeconds,omitempty"`
+	// lockSeconds is how long the effect or the query may wait for a lock
+	// (lock_timeout).
+	// +optional
+	// +kubebuilder:default=60
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	LockSeconds int32 `json:"lockSeconds,omitempty"`
+	// networkSeconds is how soon a database connection whose server stopped
+	// answering at the network level is dropped (TCP keep-alive and
+	// TCP_USER_TIMEOUT, on both ends; the connect timeout unless the
+	// connection string sets one). A long statement is not affected.
+	// +optional
+	// +kubebuilder:default=30
+	// +kubebuilder:validation:Minimum=2
+	// +kubebuilder:validation:Maximum=3600
+	NetworkSeconds int32 `json:"networkSeconds,omitempty"`
 }
 
 // OnExistingPolicy says what happens to an item already committed in the

@@ -1,5 +1,7 @@
 package v1alpha1
 
+import "time"
+
 // The rules and defaults of a ProcessingRun's spec. The CRD's markers need
 // literals, so each value below is also written in a marker of
 // processingrun_types.go; rules_test.go checks that the generated CRD says
@@ -67,4 +69,45 @@ const (
 	MaxNodeLostAfterSeconds = 3600
 	// DefaultOnExisting is spec.onExisting when it is not set.
 	DefaultOnExisting = OnExistingSkip
+
+	// DefaultEffectSeconds, DefaultQuerySeconds, DefaultLockSeconds and
+	// DefaultNetworkSeconds are spec.timeouts' defaults: an effect per chunk
+	// and a query per run that take longer are stuck rather than slow, a
+	// lock wait of a minute is a conflict, and a connection silent at the
+	// network level for half a minute is lost.
+	DefaultEffectSeconds  = 300
+	DefaultQuerySeconds   = 3600
+	DefaultLockSeconds    = 60
+	DefaultNetworkSeconds = 30
+	// MaxTimeoutSeconds bounds spec.timeouts' statement and lock timeouts
+	// (a day); MinNetworkSeconds and MaxNetworkSeconds bound networkSeconds.
+	MaxTimeoutSeconds = 86400
+	MinNetworkSeconds = 2
+	MaxNetworkSeconds = 3600
 )
+
+// RunTimeouts are a spec's timeouts as durations, with the defaults filled
+// in for a run built in Go rather than decoded through the CRD's defaults.
+type RunTimeouts struct {
+	Effect, Query, Lock, Network time.Duration
+}
+
+// TimeoutsOf returns spec's timeouts, defaults included.
+func TimeoutsOf(spec *ProcessingRunSpec) RunTimeouts {
+	var t Timeouts
+	if spec.Timeouts != nil {
+		t = *spec.Timeouts
+	}
+	secs := func(v, def int32) time.Duration {
+		if v <= 0 {
+			v = def
+		}
+		return time.Duration(v) * time.Second
+	}
+	return RunTimeouts{
+		Effect:  secs(t.EffectSeconds, DefaultEffectSeconds),
+		Query:   secs(t.QuerySeconds, DefaultQuerySeconds),
+		Lock:    secs(t.LockSeconds, DefaultLockSeconds),
+		Network: secs(t.NetworkSeconds, DefaultNetworkSeconds),
+	}
+}

@@ -90,6 +90,22 @@ func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
 	chunk := at("spec", "chunkSize")
 	require.Equal(t, int64(v1alpha1.MaxChunkSize), num(chunk.Maximum))
 	require.Equal(t, fmt.Sprint(v1alpha1.DefaultChunkSize), def64(chunk))
+	require.Equal(t, "{}", def64(at("spec", "timeouts")), "the timeouts' own defaults apply when timeouts is not given")
+	for field, want := range map[string]int64{
+		"effectSeconds": v1alpha1.DefaultEffectSeconds, "querySeconds": v1alpha1.DefaultQuerySeconds,
+		"lockSeconds": v1alpha1.DefaultLockSeconds, "networkSeconds": v1alpha1.DefaultNetworkSeconds,
+	} {
+		s := at("spec", "timeouts", field)
+		require.Equal(t, fmt.Sprint(want), def64(s), field)
+		if field == "networkSeconds" {
+			require.Equal(t, int64(v1alpha1.MinNetworkSeconds), num(s.Minimum), field)
+			require.Equal(t, int64(v1alpha1.MaxNetworkSeconds), num(s.Maximum), field)
+			continue
+		}
+		require.Equal(t, int64(1), num(s.Minimum), field)
+		require.Equal(t, int64(v1alpha1.MaxTimeoutSeconds), num(s.Maximum), field)
+	}
+	require.Equal(t, int64(1), num(at("spec", "activeDeadlineSeconds").Minimum))
 	backoff := at("spec", "backoffLimit")
 	require.Equal(t, int64(v1alpha1.MaxBackoffLimit), num(backoff.Maximum))
 	require.Equal(t, fmt.Sprint(v1alpha1.DefaultBackoffLimit), def64(backoff))

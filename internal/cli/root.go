@@ -7,10 +7,12 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/version"
@@ -88,7 +90,8 @@ func openOwnerPool(cmd *cobra.Command) (*pgxpool.Pool, *redact.Redactor, error) 
 		return nil, nil, err
 	}
 	secrets := redact.New(dsn)
-	pool, err := ledger.Open(cmd.Context(), dsn, 2)
+	// No run to read timeouts from: the runs' default.
+	pool, err := ledger.Open(cmd.Context(), dsn, 2, ledger.NetworkTimeout(v1alpha1.DefaultNetworkSeconds*time.Second))
 	if err != nil {
 		return nil, nil, badInput(err)
 	}

@@ -28,7 +28,10 @@ type ShardConfig struct {
 	// Effect and OnExisting go to the ledger's insert path as they are.
 	Effect     string
 	OnExisting ledger.OnExisting
-	ChunkSize  int
+	// Timeouts bound the effect (Effect, Lock) and the batch query (Query,
+	// Lock); a zero one keeps the session's own. Network is the pool's.
+	Timeouts  v1alpha1.RunTimeouts
+	ChunkSize int
 	// MaxFailedItems: once more items than this failed, the shard stops taking
 	// chunks. Ignored when Budget is set (the budget has its own maximum).
 	MaxFailedItems int
@@ -133,6 +136,7 @@ func (s *shardRun) run(ctx context.Context) {
 		fetchSize: s.cfg.ChunkSize,
 		retry:     s.cfg.Retry,
 		limits:    s.cfg.Limits,
+		timeouts:  s.cfg.Timeouts,
 		log:       log,
 	})
 	if err != nil {
@@ -301,7 +305,10 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 			return context.Cause(ctx) // stop before starting a commit
 		}
 		err := s.cfg.Retry.Do(ctx, "committing", s.onRetry("commit"), func(int) error {
-			res, err := s.store.CommitChunk(work, s.cfg.Run, toCommit, ledger.ChunkOptions{Effect: s.cfg.Effect, OnExisting: s.cfg.OnExisting})
+			res, err := s.store.CommitChunk(work, s.cfg.Run, toCommit, ledger.ChunkOptions{
+				Effect: s.cfg.Effect, OnExisting: s.cfg.OnExisting,
+				EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock,
+			})
 			if err != nil {
 				return err
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
@@ -83,4 +84,72 @@ ALTER TABLE accounts ADD COLUMN invoiced int NOT NULL DEFAULT 0`)
 	require.EqualValues(t, 100, f.committed(t))
 	require.EqualValues(t, 100, queryInt(t, f.pool, `SELECT sum(invoiced) FROM accounts`), "the effect ran once per item")
 	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM accounts WHERE invoiced <> 1`))
+}
+
+// TestSpecTimeoutsBoundTheEffect: spec.timeouts reach the effect through the
+// plan. An effect that sleeps past effectSeconds, or waits for a lock held
+// elsewhere past lockSeconds, fails its chunk as transient; the chunk is
+// retried and commits once, each item's effect once.
+func TestSpecTimeoutsBoundTheEffect(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	mustExec(t, f.pool, `
+CREATE TABLE accounts (id text PRIMARY KEY, invoiced int NOT NULL DEFAULT 0);
+INSERT INTO accounts (id) SELECT 'acct-' || i FROM generate_series(0, 99) i;
+CREATE SEQUENCE tries;
+CREATE FUNCTION first_try_sleeps() RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('tries') = 1 THEN PERFORM pg_sleep(60); END IF;
+    RETURN true;
+END $$`)
+	holder, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT * FROM accounts WHERE id = 'acct-42' FOR UPDATE`)
+	require.NoError(t, err)
+
+	var timeouts, lockTimeouts atomic.Int32
+	log := funcr.New(func(_, args string) {
+		if strings.Contains(args, "57014") {
+			timeouts.Add(1)
+		}
+		if strings.Contains(args, "55P03") && lockTimeouts.Add(1) == 1 {
+			_ = holder.Rollback(ctx) // the lock is released after the first lock timeout
+		}
+	}, funcr.Options{})
+	prun := &v1alpha1.ProcessingRun{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "timeouts", UID: "uid-timeouts"},
+		Spec: v1alpha1.ProcessingRunSpec{
+			Batch:     v1alpha1.BatchSpec{Items: specItems("acct", 100)},
+			Effect:    &v1alpha1.EffectSpec{SQL: `UPDATE accounts SET invoiced = invoiced + 1 FROM claimed WHERE accounts.id = claimed.entity AND first_try_sleeps()`},
+			ChunkSize: 100,
+			Timeouts:  &v1alpha1.Timeouts{EffectSeconds: 2, LockSeconds: 1},
+		},
+	}
+	plan, err := worker.NewPlan(ctx, prun, nil, worker.Limits{})
+	require.NoError(t, err)
+	require.Equal(t, v1alpha1.RunTimeouts{Effect: 2 * time.Second, Query: v1alpha1.DefaultQuerySeconds * time.Second,
+		Lock: time.Second, Network: v1alpha1.DefaultNetworkSeconds * time.Second}, plan.Timeouts, "unset timeouts take their defaults")
+	cfg := plan.ShardConfig(0, 0)
+	cfg.Log = log
+	cfg.Retry = worker.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, MaxAttempts: 20, MaxElapsed: time.Minute}
+	start := time.Now()
+	rep := worker.RunShard(ctx, f.store, cfg)
+	require.NoError(t, rep.Err)
+	require.True(t, rep.Done)
+	require.Less(t, time.Since(start), 30*time.Second, "the sleeping effect was stopped by its timeout")
+	require.Equal(t, v1alpha1.ItemCounts{Total: 100, Completed: 100}, rep.ItemCounts, "failures: %v", rep.Failures)
+	require.EqualValues(t, 1, timeouts.Load(), "the chunk was retried after the statement timeout")
+	require.EqualValues(t, 1, lockTimeouts.Load(), "and after the lock timeout")
+	require.EqualValues(t, 100, f.committed(t))
+	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM accounts WHERE invoiced <> 1`), "the effect ran once per item")
+}
+
+func specItems(entity string, n int) []v1alpha1.Item {
+	out := make([]v1alpha1.Item, n)
+	for i := range out {
+		out[i] = v1alpha1.Item{Entity: fmt.Sprintf("%s-%d", entity, i), Occurrence: "2026-01"}
+	}
+	return out
 }

@@ -33,7 +33,7 @@ type PrepareConfig struct {
 func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store, func(), error) {
 	// Three connections per shard (the source's reads, the commits, the
 	// shard's lock), one more for the start.
-	pool, err := ledger.Open(ctx, cfg.DSN, int32(3*max(cfg.Parallel, 1)+1))
+	pool, err := ledger.Open(ctx, cfg.DSN, int32(3*max(cfg.Parallel, 1)+1), ledger.NetworkTimeout(plan.Timeouts.Network))
 	if err != nil {
 		return nil, nil, &InputError{Msg: err.Error()}
 	}

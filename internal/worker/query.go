@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
 )
 
@@ -105,8 +106,8 @@ func queryError(where string, err error) error {
 }
 
 // batchQuery is the query as the ledger materialises it for shards shards.
-func (q *QuerySource) batchQuery(shards int) ledger.BatchQuery {
-	return ledger.BatchQuery{SQL: q.sql, HasPayload: q.hasPayload, Shards: shards}
+func (q *QuerySource) batchQuery(shards int, t v1alpha1.RunTimeouts) ledger.BatchQuery {
+	return ledger.BatchQuery{SQL: q.sql, HasPayload: q.hasPayload, Shards: shards, Timeout: t.Query, LockTimeout: t.Lock}
 }
 
 func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shards int, opt streamOptions) (stream, error) {
@@ -121,7 +122,7 @@ func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shar
 	var h *ledger.BatchHeader
 	err := s.opt.retry.Do(ctx, "fixing the batch", onRetry, func(int) error {
 		var err error
-		if h, err = store.FixQueryBatch(ctx, opt.run, q.batchQuery(shards)); err != nil {
+		if h, err = store.FixQueryBatch(ctx, opt.run, q.batchQuery(shards, opt.timeouts)); err != nil {
 			return err
 		}
 		if bad := batchMismatch(opt.run, h, ledger.BatchSourceQuery, shards, ""); bad != nil {

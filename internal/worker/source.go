@@ -33,6 +33,7 @@ type streamOptions struct {
 	fetchSize int
 	retry     Backoff
 	limits    Limits
+	timeouts  v1alpha1.RunTimeouts
 	log       logr.Logger
 }
 

@@ -23,6 +23,7 @@ type Plan struct {
 	OnExisting     ledger.OnExisting
 	ChunkSize      int
 	MaxFailedItems int
+	Timeouts       v1alpha1.RunTimeouts
 }
 
 // ShardConfig returns the configuration of one shard of the plan.
@@ -37,6 +38,7 @@ func (p *Plan) ShardConfig(shard, attempt int) ShardConfig {
 		OnExisting:     p.OnExisting,
 		ChunkSize:      p.ChunkSize,
 		MaxFailedItems: p.MaxFailedItems,
+		Timeouts:       p.Timeouts,
 	}
 }
 
@@ -68,6 +70,7 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 		Shards:         int(spec.Workers),
 		ChunkSize:      int(spec.ChunkSize),
 		MaxFailedItems: int(spec.MaxFailedItems),
+		Timeouts:       v1alpha1.TimeoutsOf(spec),
 	}
 	if p.Run.Namespace == "" {
 		p.Run.Namespace = "default"

@@ -100,6 +100,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.runledger.runledger.api.v1alpha1.ProcessingRunSpec
   map:
     fields:
+    - name: activeDeadlineSeconds
+      type:
+        scalar: numeric
     - name: backoffLimit
       type:
         scalar: numeric
@@ -132,6 +135,10 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: suspend
       type:
         scalar: boolean
+    - name: timeouts
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.Timeouts
+      default: {}
     - name: ttlSecondsAfterFinished
       type:
         scalar: numeric
@@ -237,6 +244,25 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: total
       type:
         scalar: numeric
+- name: com.github.runledger.runledger.api.v1alpha1.Timeouts
+  map:
+    fields:
+    - name: effectSeconds
+      type:
+        scalar: numeric
+      default: 300
+    - name: lockSeconds
+      type:
+        scalar: numeric
+      default: 60
+    - name: networkSeconds
+      type:
+        scalar: numeric
+      default: 30
+    - name: querySeconds
+      type:
+        scalar: numeric
+      default: 3600
 - name: com.github.runledger.runledger.api.v1alpha1.WorkerPodMetadata
   map:
     fields:

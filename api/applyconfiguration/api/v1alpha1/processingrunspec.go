@@ -59,6 +59,14 @@ type ProcessingRunSpecApplyConfiguration struct {
 	// ttlSecondsAfterFinished deletes the run (and its pods, never its ledger
 	// rows) this many seconds after it Succeeded or Failed.
 	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
+	// activeDeadlineSeconds fails the run (reason DeadlineExceeded) and stops
+	// its pods once this many seconds have passed since its first pod was
+	// created (status.startTime), as a Job's does. A suspended run is not
+	// failed by it while suspended. Unset: no deadline.
+	ActiveDeadlineSeconds *int64 `json:"activeDeadlineSeconds,omitempty"`
+	// timeouts bound the run's SQL and notice a lost connection. Each has a
+	// default; changes apply to pods created afterwards.
+	Timeouts *TimeoutsApplyConfiguration `json:"timeouts,omitempty"`
 	// workerTemplate customises the worker pods. Changes apply to pods created
 	// afterwards.
 	WorkerTemplate *WorkerTemplateApplyConfiguration `json:"workerTemplate,omitempty"`
@@ -155,6 +163,22 @@ func (b *ProcessingRunSpecApplyConfiguration) WithSuspend(value bool) *Processin
 // If called multiple times, the TTLSecondsAfterFinished field is set to the value of the last call.
 func (b *ProcessingRunSpecApplyConfiguration) WithTTLSecondsAfterFinished(value int32) *ProcessingRunSpecApplyConfiguration {
 	b.TTLSecondsAfterFinished = &value
+	return b
+}
+
+// WithActiveDeadlineSeconds sets the ActiveDeadlineSeconds field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the ActiveDeadlineSeconds field is set to the value of the last call.
+func (b *ProcessingRunSpecApplyConfiguration) WithActiveDeadlineSeconds(value int64) *ProcessingRunSpecApplyConfiguration {
+	b.ActiveDeadlineSeconds = &value
+	return b
+}
+
+// WithTimeouts sets the Timeouts field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Timeouts field is set to the value of the last call.
+func (b *ProcessingRunSpecApplyConfiguration) WithTimeouts(value *TimeoutsApplyConfiguration) *ProcessingRunSpecApplyConfiguration {
+	b.Timeouts = value
 	return b
 }
 
