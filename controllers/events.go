@@ -24,7 +24,7 @@ func (r *Reconciler) event(run *v1alpha1.ProcessingRun, related runtime.Object, 
 	if r.Recorder == nil {
 		return
 	}
-	note = truncate(note, maxEventNote)
+	note = v1alpha1.Truncate(note, maxEventNote)
 	r.Recorder.Eventf(run, related, eventType, reason, action, "%s", note)
 }
 

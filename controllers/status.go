@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -354,17 +353,5 @@ func progress(shards []shardDecision) string {
 const maxConditionMessage = 32768
 
 func truncateMessage(s string) string {
-	return truncate(s, maxConditionMessage)
-}
-
-// truncate cuts s to at most n bytes, on a rune boundary, marking the cut.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("…")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
+	return v1alpha1.Truncate(s, maxConditionMessage)
 }

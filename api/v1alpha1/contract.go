@@ -154,7 +154,7 @@ func (r ShardReport) TerminationMessage() ([]byte, error) {
 		if r.Message == "" {
 			return nil, errors.New("encode shard report: too long without a message")
 		}
-		r.Message = truncateUTF8(r.Message, len(r.Message)-(len(b)-MaxTerminationMessageBytes)-len("…"))
+		r.Message = Truncate(r.Message, len(r.Message)-(len(b)-MaxTerminationMessageBytes))
 	}
 }
 
@@ -178,16 +178,16 @@ func ParseShardReport(msg string) (ShardReport, error) {
 	return r, nil
 }
 
-// truncateUTF8 cuts s to at most n bytes on a rune boundary and marks the cut.
-func truncateUTF8(s string, n int) string {
-	if n <= 0 {
-		return "…"
-	}
+// Truncate cuts s to at most n bytes (and never less than the mark), on a
+// rune boundary, and marks the cut with "…": for the API's length limits on
+// messages and notes.
+func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
+	cut := max(n-len("…"), 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
 	}
-	return s[:n] + "…"
+	return s[:cut] + "…"
 }

@@ -75,3 +75,27 @@ func TestParseShardReportRejectsOtherText(t *testing.T) {
 		}
 	}
 }
+
+func TestTruncate(t *testing.T) {
+	for _, c := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"short", 10, "short"},
+		{"exactly", 7, "exactly"},
+		{"abcdefghij", 8, "abcde…"},
+		{"héllo wörld", 5, "h…"}, // "é" is two bytes: cut before it, not inside
+		{"ééé", 4, "…"},          // no whole rune fits beside the mark
+		{"abcdef", 2, "…"},       // the mark alone when n is below its size
+		{"abcdef", 0, "…"},
+	} {
+		got := Truncate(c.s, c.n)
+		if got != c.want {
+			t.Errorf("Truncate(%q, %d) = %q, want %q", c.s, c.n, got, c.want)
+		}
+		if len(c.s) > c.n && c.n >= len("…") && len(got) > c.n {
+			t.Errorf("Truncate(%q, %d) = %q: longer than %d bytes", c.s, c.n, got, c.n)
+		}
+	}
+}

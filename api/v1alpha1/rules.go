@@ -27,6 +27,9 @@ const (
 	RefKeyPattern = `^[-._a-zA-Z0-9]+$`
 	// MaxImageLength bounds spec.workerTemplate.image, in characters.
 	MaxImageLength = 1024
+	// MaxShardMessageLength bounds status.shards[].message, in characters
+	// (a worker cuts its message to as many bytes, see Truncate).
+	MaxShardMessageLength = 4096
 
 	// ReservedEnvPrefix starts the names of the environment variables
 	// runledger sets on the worker container (EnvPodName is reserved too):

@@ -61,6 +61,7 @@ func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
 	require.Equal(t, int64(v1alpha1.MaxSQLLength), *at("spec", "batch", "query").MaxLength)
 	require.Equal(t, int64(v1alpha1.MaxSQLLength), *at("spec", "effect", "sql").MaxLength)
 	require.Equal(t, int64(v1alpha1.MaxImageLength), *at("spec", "workerTemplate", "image").MaxLength)
+	require.Equal(t, int64(v1alpha1.MaxShardMessageLength), *at("status", "shards", "[]", "message").MaxLength)
 	for _, ref := range [][]string{{"spec", "database", "secretRef"}, {"spec", "batch", "configMapRef"}} {
 		for _, f := range []string{"name", "key"} {
 			require.Equal(t, int64(v1alpha1.MaxRefNameLength), *at(append(ref, f)...).MaxLength, "%v.%s", ref, f)

@@ -16,13 +16,13 @@ import (
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/controllers"
+	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/version"
 )
 
@@ -39,11 +39,15 @@ type managerOptions struct {
 	backoffBase             time.Duration
 	backoffMax              time.Duration
 	concurrency             int
-	zap                     zap.Options
+	logging                 logging.Options
+	// zapLevel and zapDevel are the deprecated --zap-log-level and
+	// --zap-devel, read into logging.
+	zapLevel string
+	zapDevel bool
 }
 
 func newManagerCommand() *cobra.Command {
-	o := &managerOptions{zap: zap.Options{Development: false}}
+	o := &managerOptions{}
 	cmd := &cobra.Command{
 		Use:   "manager",
 		Short: "Run the ProcessingRun controller (leader-elected): one worker pod per shard, exact status",
@@ -71,8 +75,12 @@ run; only the leader acts.`,
 	f.DurationVar(&o.backoffMax, "retry-backoff-max", controllers.DefaultBackoffMax, "longest back-off between a shard's retries")
 	f.IntVar(&o.concurrency, "max-concurrent-reconciles", 4, "runs reconciled in parallel")
 
-	goFlags := flag.NewFlagSet("zap", flag.ContinueOnError)
-	o.zap.BindFlags(goFlags)
+	o.logging.AddFlags(f)
+	f.StringVar(&o.zapLevel, "zap-log-level", "", "least level logged (use --log-level)")
+	f.BoolVar(&o.zapDevel, "zap-devel", false, "text logs at debug level (use --log-format text --log-level debug)")
+	_ = f.MarkDeprecated("zap-log-level", "use --log-level")
+	_ = f.MarkDeprecated("zap-devel", "use --log-format text --log-level debug")
+	goFlags := flag.NewFlagSet("kubeconfig", flag.ContinueOnError)
 	if kubeconfig := flag.CommandLine.Lookup(ctrlconfig.KubeconfigFlagName); kubeconfig != nil {
 		goFlags.Var(kubeconfig.Value, kubeconfig.Name, kubeconfig.Usage)
 	}
@@ -81,7 +89,23 @@ run; only the leader acts.`,
 }
 
 func runManager(cmd *cobra.Command, o *managerOptions) error {
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zap)))
+	f := cmd.Flags()
+	if o.zapDevel {
+		if !f.Changed("log-format") {
+			o.logging.Format = logging.FormatText
+		}
+		if !f.Changed("log-level") {
+			o.logging.Level = "debug"
+		}
+	}
+	if o.zapLevel != "" && !f.Changed("log-level") {
+		o.logging.Level = o.zapLevel
+	}
+	logger, err := o.logging.New(cmd.ErrOrStderr(), logging.IsTerminal(cmd.ErrOrStderr()))
+	if err != nil {
+		return badInput(err)
+	}
+	ctrl.SetLogger(logger)
 	log := ctrl.Log.WithName("manager")
 
 	switch corev1.PullPolicy(o.workerPullPolicy) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
 )
@@ -69,6 +70,7 @@ type runOptions struct {
 	drainTimeout     time.Duration
 	progressInterval time.Duration
 	lockWait         time.Duration
+	logging          logging.Options
 	stdin            io.Reader
 }
 
@@ -97,6 +99,7 @@ func newRunCommand() *cobra.Command {
 	f.DurationVar(&o.drainTimeout, "drain-timeout", worker.DefaultDrainTimeout, "on SIGINT/SIGTERM, how long the chunk in flight may still take to commit")
 	f.DurationVar(&o.progressInterval, "progress-interval", 10*time.Second, "time between progress lines when stderr is not a terminal")
 	f.DurationVar(&o.lockWait, "lock-wait", 5*time.Second, "how long to wait while another process runs the same shard of the same run")
+	o.logging.AddFlags(f)
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
 }
@@ -124,7 +127,10 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log := worker.NewTextLogger(stderr, "runledger: ", 0)
+	log, err := o.logging.New(stderr, logging.IsTerminal(cmd.ErrOrStderr()))
+	if err != nil {
+		return badInput(err)
+	}
 	finished := make(chan struct{})
 	defer close(finished) // before stop(): deferred calls run last first
 	go func() {
@@ -180,6 +186,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	if err != nil {
 		return sum, exitFor(err)
 	}
+	log = log.WithValues("run", plan.Run.Namespace+"/"+plan.Run.Name, "attempt", 0)
 	if m.run.Spec.Suspend {
 		log.Info("spec.suspend is true; runledger run ignores it and processes the run")
 	}
@@ -206,10 +213,10 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	if m.run.UID == "" {
 		uidNote = "derived from namespace/name"
 	}
-	log.Info("processing run", "run", plan.Run.Namespace+"/"+plan.Run.Name, "uid", plan.Run.UID, "uidFrom", uidNote,
+	log.Info("processing run", "uid", plan.Run.UID, "uidFrom", uidNote,
 		"source", describeSource(m.run), "shards", shardList(shards, plan.Shards))
 
-	progress := worker.NewProgressPrinter(stderr, isTerminal(cmd.ErrOrStderr()), len(shards), o.progressInterval)
+	progress := worker.NewProgressPrinter(stderr, logging.IsTerminal(cmd.ErrOrStderr()), len(shards), o.progressInterval)
 	progress.Start(ctx)
 	res := worker.RunShards(ctx, store, plan, shards, worker.ShardsConfig{
 		Parallel: parallel, Retry: retry, DrainTimeout: o.drainTimeout, LockWait: o.lockWait,
@@ -361,13 +368,4 @@ func describeSource(run *v1alpha1.ProcessingRun) string {
 		return "configMap " + b.ConfigMapRef.Name + "/" + b.ConfigMapRef.Key
 	}
 	return "query"
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

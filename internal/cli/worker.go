@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"sync"
@@ -12,17 +13,18 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
 )
@@ -51,6 +53,7 @@ type workerOptions struct {
 	reportInterval time.Duration
 	retryTimeout   time.Duration
 	lockWait       time.Duration
+	logging        logging.Options
 }
 
 func newWorkerCommand() *cobra.Command {
@@ -70,6 +73,7 @@ func newWorkerCommand() *cobra.Command {
 	f.DurationVar(&o.reportInterval, "report-interval", v1alpha1.ReportIntervalSeconds*time.Second, "least time between two status reports")
 	f.DurationVar(&o.retryTimeout, "retry-timeout", worker.DefaultBackoff.MaxElapsed, "how long to retry while the database is unreachable, per operation")
 	f.DurationVar(&o.lockWait, "lock-wait", time.Minute, "how long to wait while another process holds this shard's lock (an earlier pod still finishing)")
+	o.logging.AddFlags(f)
 	_ = f.MarkHidden("report-interval")
 	return cmd
 }
@@ -89,11 +93,13 @@ var workerScheme = func() *runtime.Scheme {
 func (o *workerOptions) run(cmd *cobra.Command) error {
 	env, envErr := o.podEnv()
 	secrets := redact.New(env.DSN)
-	// JSON lines on stderr (kubectl logs, log collectors), every one of them
-	// with the DSN's secrets masked.
-	out := secrets.Writer(cmd.ErrOrStderr())
-	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(out, obj) }, funcr.Options{LogTimestamp: true, TimestampFormat: time.RFC3339Nano}).
-		WithValues("run", env.Namespace+"/"+env.Name, "attempt", env.Attempt)
+	// JSON lines on stderr (kubectl logs, log collectors) unless it is a
+	// terminal, every one of them with the DSN's secrets masked.
+	log, err := o.logging.New(secrets.Writer(cmd.ErrOrStderr()), logging.IsTerminal(cmd.ErrOrStderr()))
+	if err != nil {
+		return badInput(err)
+	}
+	log = log.WithValues("run", env.Namespace+"/"+env.Name, "attempt", env.Attempt)
 	engineLog := log // the engine adds "shard" itself
 	log = log.WithValues("shard", env.Shard)
 	ctrllog.SetLogger(log)
@@ -253,23 +259,26 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 // A run that is gone (or was created again) is not retried.
 func getRunWithRetry(ctx context.Context, c client.Reader, env worker.PodEnv, log logr.Logger) (*v1alpha1.ProcessingRun, error) {
 	deadline := time.Now().Add(time.Minute)
-	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		run, err := worker.GetRun(ctx, c, env)
-		switch {
-		case err == nil:
-			return run, nil
-		case worker.IsInputError(err), apierrors.IsNotFound(err), apierrors.IsForbidden(err):
-			return nil, badInput(err)
-		case time.Now().Add(wait).After(deadline):
-			return nil, err
-		}
-		log.Info("reading the run failed, retrying", "wait", wait.String(), "error", err.Error())
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("reading the run: %w", context.Cause(ctx))
-		case <-time.After(wait):
-		}
+	var run *v1alpha1.ProcessingRun
+	err := wait.ExponentialBackoffWithContext(ctx, wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Cap: 5 * time.Second, Steps: math.MaxInt32},
+		func(ctx context.Context) (bool, error) {
+			var err error
+			run, err = worker.GetRun(ctx, c, env)
+			switch {
+			case err == nil:
+				return true, nil
+			case worker.IsInputError(err), apierrors.IsNotFound(err), apierrors.IsForbidden(err):
+				return false, badInput(err)
+			case time.Now().After(deadline):
+				return false, err
+			}
+			log.Info("reading the run failed, retrying", "error", err.Error())
+			return false, nil
+		})
+	if ctx.Err() != nil && wait.Interrupted(err) {
+		return nil, fmt.Errorf("reading the run: %w", context.Cause(ctx))
 	}
+	return run, err
 }
 
 func exitCode(err error) int {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	kwait "k8s.io/apimachinery/pkg/util/wait"
 )
 
 // ErrShardBusy: another process holds the shard's lock: the same shard of
@@ -38,23 +39,26 @@ func (s *Store) ShardLock(runUID string, shard int) *ShardLock {
 // returns ErrShardBusy when the lock stays taken.
 func (l *ShardLock) Acquire(ctx context.Context, wait time.Duration, onBusy func()) error {
 	deadline := time.Now().Add(wait)
-	for first := true; ; first = false {
+	first := true
+	// Polled on ctx itself: the wait ends between two tries, never in one.
+	err := kwait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
 		ok, err := l.try(ctx)
 		if err != nil || ok {
-			return err
+			return ok, err
 		}
 		if time.Now().After(deadline) {
-			return ErrShardBusy
+			return false, ErrShardBusy
 		}
 		if first && onBusy != nil {
 			onBusy()
 		}
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-time.After(time.Second):
-		}
+		first = false
+		return false, nil
+	})
+	if ctx.Err() != nil && kwait.Interrupted(err) {
+		return context.Cause(ctx)
 	}
+	return err
 }
 
 func (l *ShardLock) try(ctx context.Context) (bool, error) {

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Options for a cluster.
@@ -224,21 +225,27 @@ func serverCredential() (*syscall.Credential, error) {
 
 func (c *Cluster) waitReady(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	for {
+	var last error
+	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
 		conn, err := pgx.Connect(ctx, c.DSN("postgres"))
 		if err == nil {
-			return conn.Close(ctx)
+			return true, conn.Close(ctx)
 		}
+		last = err
 		select {
 		case <-c.exited:
-			return fmt.Errorf("postgres exited during start-up:\n%s", c.logTail())
+			return false, fmt.Errorf("postgres exited during start-up:\n%s", c.logTail())
 		default:
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("postgres not ready after %s: %w\n%s", timeout, err, c.logTail())
+			return false, fmt.Errorf("postgres not ready after %s: %w\n%s", timeout, err, c.logTail())
 		}
-		time.Sleep(50 * time.Millisecond)
+		return false, nil
+	})
+	if ctx.Err() != nil && wait.Interrupted(err) {
+		return fmt.Errorf("postgres not ready: %w", errors.Join(context.Cause(ctx), last))
 	}
+	return err
 }
 
 func (c *Cluster) logTail() string {

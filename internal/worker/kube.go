@@ -1,9 +1,11 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"sync"
@@ -13,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ac "github.com/runledger/runledger/api/applyconfiguration/api/v1alpha1"
@@ -188,7 +191,7 @@ func (s *StatusReporter) entry(r Report, message string) *ac.ShardStatusApplyCon
 		WithCompleted(r.Completed).
 		WithAlreadyHandled(r.AlreadyHandled).
 		WithFailed(r.Failed).
-		WithMessage(truncate(message, 4096)).
+		WithMessage(v1alpha1.Truncate(message, v1alpha1.MaxShardMessageLength)).
 		WithLastReportTime(metav1.NewTime(s.now()))
 }
 
@@ -242,20 +245,19 @@ func (s *StatusReporter) Final(ctx context.Context, r Report, message string, ti
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	entry := s.entry(r, message)
-	var err error
-	for wait := 200 * time.Millisecond; ; wait *= 2 {
-		if err = s.apply(ctx, entry); err == nil {
-			return nil
-		}
-		if IsInputError(err) { // the run is another one: retrying cannot help
-			return fmt.Errorf("writing the final status report: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("writing the final status report: %w", err)
-		case <-time.After(wait):
-		}
+	var last error
+	err := wait.ExponentialBackoffWithContext(ctx, wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Steps: math.MaxInt32},
+		func(ctx context.Context) (bool, error) {
+			last = s.apply(ctx, entry)
+			if IsInputError(last) { // the run is another one: retrying cannot help
+				return false, last
+			}
+			return last == nil, nil
+		})
+	if err != nil {
+		return fmt.Errorf("writing the final status report: %w", cmp.Or(last, err))
 	}
+	return nil
 }
 
 func (s *StatusReporter) apply(ctx context.Context, entry *ac.ShardStatusApplyConfiguration) error {
@@ -286,14 +288,4 @@ func WriteTerminationMessage(path string, env PodEnv, r Report, message string) 
 		return fmt.Errorf("writing the termination message: %w", err)
 	}
 	return nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 { // not in the middle of a UTF-8 sequence
-		n--
-	}
-	return s[:n]
 }

@@ -22,7 +22,7 @@ func TestRunInlineItems(t *testing.T) {
 	require.EqualValues(t, 3, d.committed(t))
 	require.EqualValues(t, 3, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_namespace = 'billing' AND run_name = 'june-invoices'`))
 	require.Contains(t, r.stderr, "processing run", "a log line on stderr")
-	require.Contains(t, r.stderr, `uidFrom="derived from namespace/name"`)
+	require.Contains(t, r.stderr, `"uidFrom":"derived from namespace/name"`)
 
 	// The text output, from stdin, with the DSN from the environment, as a URL.
 	cmdEnvDSN := d.urlDSN(t)

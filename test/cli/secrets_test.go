@@ -37,7 +37,7 @@ func TestCommonWordPasswordMasksNothingElse(t *testing.T) {
 	dsn := strings.Replace(d.dsn, "password="+password, "password=runledger", 1) // local connections are trusted: the password is not checked
 	r := runCLI(t, "", "run", "-f", file, "--dsn", dsn)
 	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
-	require.Contains(t, r.stderr, "runledger: processing run run=runledger-demo/runledger-invoices")
+	require.Contains(t, r.stderr, `"msg":"processing run","run":"runledger-demo/runledger-invoices"`)
 	require.Contains(t, r.stdout, "total 2, completed 2")
 	requireNotMasked(t, r.stderr+r.stdout)
 	require.EqualValues(t, 2, d.committed(t))

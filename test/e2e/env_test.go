@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/redact"
 )
 
 // The operator as config/default installs it.
@@ -116,7 +117,7 @@ func newEnv() (*env, error) {
 		return nil, fmt.Errorf("deployment %s/%s has no available replica", systemNamespace, managerName)
 	}
 	if _, err := e.sql(ctx, dsn, "SELECT 1"); err != nil {
-		return nil, fmt.Errorf("PostgreSQL (%s): %w", redactDSN(dsn), err)
+		return nil, fmt.Errorf("PostgreSQL (%s): %w", redact.DSN(dsn), err)
 	}
 	return e, nil
 }
@@ -128,15 +129,6 @@ func (e *env) kubectlRun(ctx context.Context, args ...string) (string, error) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	return out.String(), err
-}
-
-// redactDSN hides the password of a DSN.
-func redactDSN(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "(unparsable DSN)"
-	}
-	return u.Redacted()
 }
 
 // withDatabase is dsn with another database name.
