@@ -34,9 +34,8 @@ CREATE TABLE runledger.batch_run (
 -- range) and sorts their items in key order (entity, occurrence, seq) when it
 -- reads. A key part may be NULL (such an item is a failed item, in shard 0).
 --
--- Packed, the 1M items of the benchmark take 0.95-1.07 s to write (below),
--- against 1.90 s for one row per item (a heap tuple, an index entry and their
--- WAL each).
+-- Packed, because one row per item (a heap tuple, an index entry and their WAL
+-- each) took about twice as long to write (docs/insert-path.md).
 CREATE TABLE runledger.batch (
     batch_id    bigint   NOT NULL, -- batch_run.id; no foreign key: a check per row would slow the one insert, and the same statement writes the header
     shard       integer  NOT NULL,
@@ -47,9 +46,9 @@ CREATE TABLE runledger.batch (
     payloads    text[]   NOT NULL,
     PRIMARY KEY (batch_id, shard, block)
 );
--- The arrays are compressed with lz4 where the server has it (the 1M items
--- of the benchmark: 0.95 s to write, 40 MB), else stored out of line
--- uncompressed (1.05 s, 146 MB); pglz, PostgreSQL's default, took 1.50 s.
+-- The arrays are compressed with lz4 where the server has it, else stored out
+-- of line uncompressed: pglz, PostgreSQL's default, was the slowest of the
+-- three (docs/insert-path.md).
 -- EXECUTE: a server before PostgreSQL 14 could not even parse SET COMPRESSION.
 -- +goose StatementBegin
 DO $$
@@ -71,7 +70,7 @@ END
 $$;
 -- +goose StatementEnd
 -- Nothing filters on the arrays: ANALYZE (autovacuum's, after each batch)
--- skips them (3.2-4.1 s for 3M items with their statistics, 16-36 ms without).
+-- skips them, which makes it about a hundred times cheaper (docs/insert-path.md).
 ALTER TABLE runledger.batch
     ALTER COLUMN seqs SET STATISTICS 0,
     ALTER COLUMN entities SET STATISTICS 0,

@@ -16,6 +16,9 @@
 //     handled": SQLSTATE 23505 on that index. Every other failure stays a
 //     failure and is reported as Failed with its error.
 //
-// The files: classify.go (the two classifiers), sql.go (every statement),
-// store.go (the executor and Store), commit.go (the insert path), migrate.go.
+// The files: classify.go (the classifiers), sql.go (every statement),
+// store.go (Store and the preload), commit.go (the insert path), batch.go (a
+// query source's fixed batch), shard.go (the pinned shard function), lock.go
+// (a shard's advisory lock), migrate.go. Measurements behind the insert
+// path's choices are in docs/insert-path.md.
 package ledger

@@ -26,9 +26,8 @@ const shardSeed uint64 = 0x52554e4c45444752
 // collation it hashes the UTF-8 bytes. Go computes it with hashBytesExtended.
 // It is the hash of PostgreSQL's hash partitioning, which pg_upgrade carries
 // across major versions, so it is as stable as the server's on-disk format.
-// Why not SHA-256 or FNV-1a: sha256() in SQL costs ~1.5 µs a row (every
-// shard filters every row of the query), and FNV-1a needs unsigned 64-bit
-// multiplication that SQL lacks; hashtextextended costs next to nothing.
+// Not SHA-256 (costly in SQL, per row of the query) nor FNV-1a (SQL lacks
+// unsigned 64-bit multiplication): see docs/insert-path.md.
 //
 // One caveat, documented: hash_bytes_extended reads words in the server's
 // byte order, so on a big-endian PostgreSQL server (s390x) the SQL value

@@ -51,16 +51,8 @@ copied AS (
 // with sqlInsert, whose arbiter absorbs such conflicts. The rule decides
 // either way.
 //
-// The answer is kept small on purpose. Returning every key with its text
-// (entity, occurrence, holder) made the path 0.93-0.99x the bare
-// INSERT ... ON CONFLICT of the benchmark; returning the positions of the
-// skipped keys only, it ran 0.93-1.36x that bare statement over three full
-// benchmark runs (above 1.1x in 10 of their 12 configurations). In the fresh
-// configurations, where it returns nothing, the difference is the statement
-// alone: a probe then a plain insert costs less than a speculative insertion.
-// (The same statement with the arbiter on its insert, and only a count of the
-// inserted rows back, ran 0.96-1.02x the bare statement: with half the keys
-// handled on 4 connections, under 20x the naive pattern.)
+// The answer is kept small on purpose: the positions of the skipped keys only
+// (measured against the alternatives in docs/insert-path.md).
 const (
 	sqlClaim = claimWith + claimInsert + `
 )` + claimResult
@@ -113,9 +105,7 @@ SELECT entity, occurrence FROM ins`
 // rule's index once per key. PostgreSQL plans a sequential scan per key instead
 // when it believes the ledger is (nearly) empty, as it is when the first
 // writers start; every key of a chunk then scans every row that concurrent
-// writers add meanwhile (in the benchmark, 4 writers starting on an empty
-// ledger managed 3,000 items/s instead of 70,000).
-// Their transactions therefore run with sequential scans disabled
+// writers add meanwhile (docs/insert-path.md). Their transactions therefore run with sequential scans disabled
 // (sqlIndexProbesOnly), which leaves the index probe the only plan; the
 // caller's effect runs with the session's own setting (sqlPlannerDefaults).
 const (
@@ -314,8 +304,8 @@ ON CONFLICT (run_uid) DO NOTHING`
 	// the rule's index (sqlIndexProbesOnly).
 	sqlBeginBatchCursor   = `BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY`
 	sqlBatchCursorWorkMem = `SET LOCAL work_mem = '64MB'`
-	// Compiling the cursor's plan (JIT) took 136 ms of a 1.35 s read of a
-	// 250,000-row shard (EXPLAIN ANALYZE), for plain comparisons.
+	// Compiling the cursor's plan (JIT) costs more than its plain
+	// comparisons save (docs/insert-path.md).
 	sqlBatchCursorNoJIT = `SET LOCAL jit = off`
 
 	// sqlDeclareBatchCursor declares the cursor over shard $2 of batch $1:
@@ -431,10 +421,9 @@ const (
 // arrays are built side by side from the same rows. The blocks are grouped
 // by one column of a subquery the planner may not flatten (OFFSET 0): it
 // then estimates few groups and hashes them, where grouping by two columns,
-// or by an expression over the query's, made it sort every item first (1.58 s
-// to write 1M items against 0.95 s hashed). (Bounding a block by a running
-// byte count instead, a window over every row, cost 0.3 s more.) Column names
-// are prefixed rl_ so as not to collide with the user's.
+// or by an expression over the query's, made it sort every item first (see
+// docs/insert-path.md, as for bounding a block by a running byte count).
+// Column names are prefixed rl_ so as not to collide with the user's.
 func sqlBatchRows(query string, hasPayload bool, shards int, shardOf func(entity, occurrence string) string) string {
 	payload := "NULL::text"
 	if hasPayload {

@@ -12,10 +12,11 @@
 //
 // The package knows nothing about Kubernetes except kube.go, the in-pod
 // reporting used by `runledger worker`; `runledger run` drives the same
-// engine (RunShard) from a manifest on a laptop.
+// engine from a manifest on a laptop. Both prepare the ledger with Prepare
+// (connect, migrate, check); `runledger run` runs its shards with RunShards.
 //
-// Files: shard.go (the pinned shard function, in Go and in SQL), item.go
-// (validation), source.go (inline and JSON Lines), query.go (the SQL source), batch.go (the run's fixed batch),
-// engine.go (the chunk loop), retry.go (back-off), report.go (counts and
-// failures), progress.go (human progress), kube.go (pod mode).
+// Files: item.go (validation), source.go (inline and JSON Lines), query.go
+// (the SQL source), batch.go (the run's fixed batch), prepare.go (Prepare,
+// RunShards), engine.go (the chunk loop), retry.go (back-off), report.go
+// (reports and failures), progress.go (human progress), kube.go (pod mode).
 package worker
