@@ -52,12 +52,7 @@ type workerRun struct {
 // Targets: fresh >= 0.6x (a); already handled >= 2x fresh; RSS < 100 MiB.
 func BenchmarkWorker(b *testing.B) {
 	n := workerItems()
-	bin := filepath.Join(b.TempDir(), "runledger")
-	build := exec.Command("go", "build", "-o", bin, "github.com/runledger/runledger")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Fatalf("building runledger: %v\n%s", err, out)
-	}
+	bin := buildRunledger(b)
 
 	var ceilingRate float64
 	var freshRun, handled workerRun
@@ -91,6 +86,18 @@ func BenchmarkWorker(b *testing.B) {
 	fmt.Fprintf(w, "already handled / fresh: %.2fx\n", handled.rate/freshRun.rate)
 	fmt.Fprintln(w, "targets: fresh >= 0.60x (a); already handled >= 2x fresh; peak RSS < 100 MiB per shard")
 	_ = w.Flush()
+}
+
+// buildRunledger builds the runledger binary the benchmarks run.
+func buildRunledger(b *testing.B) string {
+	b.Helper()
+	bin := filepath.Join(b.TempDir(), "runledger")
+	build := exec.Command("go", "build", "-o", bin, "github.com/runledger/runledger")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("building runledger: %v\n%s", err, out)
+	}
+	return bin
 }
 
 func best(a, b workerRun) workerRun {
