@@ -8,9 +8,9 @@ import (
 )
 
 // statusApplyConfiguration is the controller's server-side apply of a run's
-// status: every field it owns, and nothing of the workers' except the counts
-// of finished shards (restored from the final report when the worker's last
-// write was lost). applyStatus pins it to the run it was built for.
+// status: every field, the shards' reports included (folded in from their
+// pods' annotations, or restored from the final report when the worker's
+// last write was lost). applyStatus pins it to the run it was built for.
 func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.ProcessingRunStatus, shards []shardDecision) *acv1alpha1.ProcessingRunApplyConfiguration {
 	status := acv1alpha1.ProcessingRunStatus().
 		WithObservedGeneration(st.ObservedGeneration).
@@ -43,11 +43,14 @@ func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.Processi
 		if e.LastFailedAttempt != nil {
 			sh.WithLastFailedAttempt(*e.LastFailedAttempt)
 		}
-		if final[e.Index] {
+		if final[e.Index] || e.LastReportTime != nil {
 			sh.WithAttempt(e.Attempt).WithTotal(e.Total).WithCompleted(e.Completed).
 				WithAlreadyHandled(e.AlreadyHandled).WithFailed(e.Failed)
 			if e.Message != "" {
 				sh.WithMessage(e.Message)
+			}
+			if e.LastReportTime != nil {
+				sh.WithLastReportTime(*e.LastReportTime)
 			}
 		}
 		status.WithShards(sh)

@@ -21,10 +21,12 @@
 //   - writeStatus, deferred so it runs on every path once the pods were
 //     observed (as Cluster API's patch helper): a failing step still
 //     publishes what the pass learnt, and its error as Reconciling's and
-//     Ready's reason ReconcileError. It rebuilds the status (buildStatus, pure) and writes it by
-//     server-side apply of the controller's fields only, and only when it
-//     changed (count-only changes at most every StatusInterval). The write
-//     lands on the run as the pass read it or nowhere: the apply carries its
+//     Ready's reason ReconcileError. It rebuilds the status (buildStatus,
+//     pure), the workers' reports on their pods folded in (withProgress),
+//     and writes it by server-side apply, only when it changed; changes of
+//     progress alone (counts, the shards' messages and report times) at most
+//     every StatusInterval, whatever the number of shards. The write lands on
+//     the run as the pass read it or nowhere: the apply carries its
 //     resourceVersion, and a Conflict waits for the next pass.
 //
 // # One live pod per shard
@@ -63,10 +65,14 @@
 //
 // # Counts
 //
-// Each worker owns its shard's report fields of status.shards[] (field
-// manager runledger-worker-<shard>); the controller owns everything else
-// (runledger-controller). A report is cumulative and exact for the whole
-// shard. While a new attempt catches up, its reports can be lower than what
+// Each worker reports its shard on its own pod (annotation
+// processing.runledger.dev/progress, a JSON merge patch with the pod's UID as
+// precondition); the controller, the only writer of the run's status
+// (field manager runledger-controller), copies the latest attempt's report
+// into the shard's entry. So a run of 256 shards costs the API server 256
+// small pod patches per report interval and one write of the run per
+// StatusInterval, not 256 writes of the whole run (inline items included). A
+// report is cumulative and exact for the whole shard. While a new attempt catches up, its reports can be lower than what
 // the previous attempt reached, so:
 //
 //   - when it creates attempt N+1 the controller records on the new pod

@@ -18,6 +18,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -29,9 +30,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	acv1alpha1 "github.com/runledger/runledger/api/applyconfiguration/api/v1alpha1"
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/envtestutil"
+	"github.com/runledger/runledger/internal/worker"
 )
 
 // The envtest suites: each test gets its own namespace and its own manager
@@ -371,17 +372,19 @@ func setPodWaiting(t *testing.T, env *envtestutil.Env, ns, name, reason, message
 	require.NoError(t, env.Client.Status().Update(ctx, pod))
 }
 
-// workerReport plays a worker: it applies its shard's entry of the run's
-// status with its own field manager, as the contract says.
+// workerReport plays a worker: it writes its shard's report onto its own
+// pod (the progress annotation, by JSON merge patch with the pod's UID as
+// precondition), as the contract says.
 func workerReport(t *testing.T, env *envtestutil.Env, run *v1alpha1.ProcessingRun, shard, attempt int32, c v1alpha1.ItemCounts, message string) {
 	t.Helper()
-	entry := acv1alpha1.ShardStatus().WithIndex(shard).WithAttempt(attempt).
-		WithTotal(c.Total).WithCompleted(c.Completed).WithAlreadyHandled(c.AlreadyHandled).WithFailed(c.Failed).
-		WithMessage(message).WithLastReportTime(metav1.Now())
-	ac := acv1alpha1.ProcessingRun(run.Name, run.Namespace).WithUID(run.UID).
-		WithStatus(acv1alpha1.ProcessingRunStatus().WithShards(entry))
-	require.NoError(t, env.Client.Status().Apply(context.Background(), ac,
-		client.FieldOwner(v1alpha1.WorkerFieldManager(shard)), client.ForceOwnership))
+	ctx := context.Background()
+	pod := &corev1.Pod{}
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: run.Namespace, Name: v1alpha1.PodName(run.Name, shard, attempt)}, pod))
+	rep := *shardReport(shard, attempt, c, message)
+	rep.ReportTime = ptr.To(metav1.Now())
+	body, err := worker.ProgressPatch(string(pod.UID), rep)
+	require.NoError(t, err)
+	require.NoError(t, env.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, body)))
 }
 
 func shardReport(shard, attempt int32, c v1alpha1.ItemCounts, message string) *v1alpha1.ShardReport {

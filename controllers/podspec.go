@@ -277,6 +277,9 @@ func workerEnv(run *v1alpha1.ProcessingRun, shard, attempt int32, ref v1alpha1.S
 		{Name: v1alpha1.EnvPodName, ValueFrom: &corev1.EnvVarSource{
 			FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"},
 		}},
+		{Name: v1alpha1.EnvPodUID, ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.uid"},
+		}},
 		{Name: v1alpha1.EnvDatabaseURL, ValueFrom: &corev1.EnvVarSource{
 			SecretKeyRef: &corev1.SecretKeySelector{
 				LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name},

@@ -87,15 +87,16 @@ func TestRunCreatesPodsAndFollowsReports(t *testing.T) {
 	require.EqualValues(t, 5, cols["Total"])
 	waitEvent(t, env, ns, "invoices", corev1.EventTypeNormal, ReasonSucceeded, "5 items: 4 completed, 1 already handled")
 
-	// Ownership: the worker owns its report, the controller the rest.
+	// Ownership: the controller alone writes the run's status; the
+	// workers' reports reach it from their pods.
 	owners := map[string]bool{}
 	for _, mf := range r.ManagedFields {
 		if mf.Subresource == "status" {
 			owners[mf.Manager] = true
 		}
 	}
-	require.True(t, owners[v1alpha1.ControllerFieldManager], "managers: %v", owners)
-	require.True(t, owners[v1alpha1.WorkerFieldManager(0)], "managers: %v", owners)
+	require.Equal(t, map[string]bool{v1alpha1.ControllerFieldManager: true}, owners)
+	require.NotNil(t, shardEntry(r, 0).LastReportTime, "the worker's report time, from its pod")
 
 	// The Secret's value is nowhere in the status or the events.
 	for _, e := range runEvents(t, env, ns, "invoices") {

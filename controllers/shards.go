@@ -38,7 +38,10 @@ type podInfo struct {
 	// report is the worker's termination message, when it is a ShardReport
 	// of this shard and attempt.
 	report *v1alpha1.ShardReport
-	floor  v1alpha1.ItemCounts
+	// progress is the worker's latest report on the pod (annotation
+	// AnnotationProgress), when it is a report of this shard and attempt.
+	progress *v1alpha1.ShardReport
+	floor    v1alpha1.ItemCounts
 	// startProblem says why a live pod's worker cannot start (image pull,
 	// a missing Secret key), empty when there is none.
 	startProblem string
@@ -122,6 +125,7 @@ func observePod(pod *corev1.Pod, shard int32) (podInfo, bool) {
 		attempt:  int32(attempt),
 		deleting: pod.DeletionTimestamp != nil,
 		floor:    parseFloor(pod.Annotations),
+		progress: parseProgress(pod.Annotations, shard, int32(attempt)),
 	}
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded:

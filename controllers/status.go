@@ -154,7 +154,11 @@ func decideRun(run *v1alpha1.ProcessingRun, shards []shardDecision, started bool
 
 // statusInput is what buildStatus needs beyond the run itself.
 type statusInput struct {
-	shards  []shardDecision
+	shards []shardDecision
+	// entries are the shards' entries with their pods' latest reports
+	// folded in (withProgress), by index; a shard missing here keeps the
+	// entry the run shows.
+	entries map[int32]*v1alpha1.ShardStatus
 	outcome runOutcome
 	// stalled is the problem that keeps the run from progressing, if any.
 	stalled *problem
@@ -167,8 +171,8 @@ type statusInput struct {
 }
 
 // buildStatus is the status the run should have. It starts from the current
-// one, so the workers' fields are kept and conditions keep their transition
-// times, and rewrites every field the controller owns.
+// one, so conditions keep their transition times, takes the shards' reports
+// from in.entries, and rewrites every other field.
 func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.ProcessingRunStatus {
 	st := *run.Status.DeepCopy()
 	o := in.outcome
@@ -186,6 +190,11 @@ func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.Processin
 	entries := make(map[int32]v1alpha1.ShardStatus, len(st.Shards))
 	for _, e := range st.Shards {
 		entries[e.Index] = e
+	}
+	for i, e := range in.entries {
+		if e != nil {
+			entries[i] = *e.DeepCopy()
+		}
 	}
 	st.Shards = make([]v1alpha1.ShardStatus, 0, len(in.shards))
 	for _, d := range in.shards {

@@ -291,16 +291,54 @@ func TestBuildStatusKeepsWorkerFieldsAndTransitionTimes(t *testing.T) {
 
 	ac := statusApplyConfiguration(run, &st, []shardDecision{d})
 	require.Equal(t, int64(9), *ac.Status.Shards[0].Completed)
-	require.Nil(t, ac.Status.Shards[0].LastReportTime, "the controller never applies the worker's report time")
+	require.Equal(t, rt, *ac.Status.Shards[0].LastReportTime, "the controller writes the report time the worker put on its pod")
+
+	// The reports folded in from the pods replace the entry's report fields
+	// and keep the controller's.
+	d = shard(0, v1alpha1.ShardRunning, v1alpha1.ItemCounts{Total: 9, Completed: 7})
+	later := metav1.NewTime(t0.Add(time.Minute))
+	st = buildStatus(run, statusInput{shards: []shardDecision{d}, outcome: decideRun(run, []shardDecision{d}, true),
+		entries:   map[int32]*v1alpha1.ShardStatus{0: {Index: 0, Attempt: 1, ItemCounts: v1alpha1.ItemCounts{Total: 9, Completed: 7}, Message: "further", LastReportTime: &later}},
+		startTime: &metav1.Time{Time: t0}, now: t0})
+	require.Equal(t, v1alpha1.ShardStatus{Index: 0, Attempt: 1, ItemCounts: v1alpha1.ItemCounts{Total: 9, Completed: 7}, Message: "further", LastReportTime: &later,
+		Pod: "invoices-0-0", Phase: v1alpha1.ShardRunning}, st.Shards[0])
 }
 
-func TestCountsOnlyChange(t *testing.T) {
-	a := v1alpha1.ProcessingRunStatus{Phase: v1alpha1.RunRunning, ItemCounts: v1alpha1.ItemCounts{Completed: 1}}
-	b := a
-	b.Completed = 5
-	require.True(t, countsOnlyChange(&a, &b))
-	b.Phase = v1alpha1.RunSucceeded
-	require.False(t, countsOnlyChange(&a, &b))
+func TestProgressOnlyChange(t *testing.T) {
+	rt := metav1.NewTime(t0)
+	base := v1alpha1.ProcessingRunStatus{Phase: v1alpha1.RunRunning, ItemCounts: v1alpha1.ItemCounts{Completed: 1}, Shards: []v1alpha1.ShardStatus{
+		{Index: 0, Phase: v1alpha1.ShardRunning, Pod: "r-0-0", ItemCounts: v1alpha1.ItemCounts{Completed: 1}, Message: "processing: 1 of 9"},
+		{Index: 1, Phase: v1alpha1.ShardRunning, Pod: "r-1-0"},
+	}}
+	tests := []struct {
+		name   string
+		mutate func(*v1alpha1.ProcessingRunStatus)
+		want   bool
+	}{
+		{"nothing", func(*v1alpha1.ProcessingRunStatus) {}, true},
+		{"run counts", func(s *v1alpha1.ProcessingRunStatus) { s.Completed = 5 }, true},
+		{"a shard's counts, message and report time", func(s *v1alpha1.ProcessingRunStatus) {
+			s.Shards[1].Completed, s.Shards[1].Total, s.Shards[1].Message, s.Shards[1].LastReportTime = 4, 9, "processing: 4 of 9", &rt
+		}, true},
+		{"run phase", func(s *v1alpha1.ProcessingRunStatus) { s.Phase = v1alpha1.RunSucceeded }, false},
+		{"a shard's phase", func(s *v1alpha1.ProcessingRunStatus) { s.Shards[0].Phase = v1alpha1.ShardSucceeded }, false},
+		{"a shard's attempt", func(s *v1alpha1.ProcessingRunStatus) { s.Shards[0].Attempt = 1 }, false},
+		{"a shard's pod", func(s *v1alpha1.ProcessingRunStatus) { s.Shards[0].Pod = "r-0-1" }, false},
+		{"a counted failure", func(s *v1alpha1.ProcessingRunStatus) { s.Shards[0].FailedAttempts = 1 }, false},
+		{"a shard more", func(s *v1alpha1.ProcessingRunStatus) {
+			s.Shards = append(s.Shards, v1alpha1.ShardStatus{Index: 2})
+		}, false},
+		{"a condition", func(s *v1alpha1.ProcessingRunStatus) {
+			s.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReady}}
+		}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			desired := base.DeepCopy()
+			tt.mutate(desired)
+			require.Equal(t, tt.want, progressOnlyChange(&base, desired))
+		})
+	}
 }
 
 func TestDeadlineLeft(t *testing.T) {

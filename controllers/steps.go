@@ -61,7 +61,8 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	}
 	s.inputs = make([]shardInput, n)
 	for i := range n {
-		in := shardInput{runName: run.Name, index: i, pods: byShard[i], entry: entries[i], recordedAttempt: -1}
+		// The entry as the latest report on the shard's pods leaves it.
+		in := shardInput{runName: run.Name, index: i, pods: byShard[i], entry: withProgress(entries[i], i, byShard[i]), recordedAttempt: -1}
 		if in.entry != nil && in.entry.Pod != "" {
 			in.recordedAttempt = attemptOfPodName(in.entry.Pod, i)
 		}
@@ -380,20 +381,25 @@ func (r *Reconciler) deletePod(ctx context.Context, s *scope, pod *corev1.Pod, w
 	return nil
 }
 
-// writeStatus rebuilds the status and writes it, by server-side apply of the
-// controller's fields only, when it differs from what the run shows. Writes
-// that only move counts are spaced by StatusInterval.
+// writeStatus rebuilds the status, the workers' reports on their pods folded
+// in, and writes it by server-side apply when it differs from what the run
+// shows. Writes that only move progress (counts, the shards' messages and
+// report times) are spaced by StatusInterval, whatever the number of shards.
 func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 	run := s.run
 	s.decide()
+	reported := make(map[int32]*v1alpha1.ShardStatus, len(s.inputs))
+	for _, in := range s.inputs {
+		reported[in.index] = in.entry
+	}
 	desired := buildStatus(run, statusInput{
-		shards: s.shards, outcome: s.outcome, stalled: s.stalled, startTime: s.startTime, now: s.now,
+		shards: s.shards, entries: reported, outcome: s.outcome, stalled: s.stalled, startTime: s.startTime, now: s.now,
 		reconcileError: errorMessage(s.stepErr),
 	})
 	if equality.Semantic.DeepEqual(run.Status, desired) {
 		return nil
 	}
-	if r.StatusInterval > 0 && countsOnlyChange(&run.Status, &desired) {
+	if r.StatusInterval > 0 && progressOnlyChange(&run.Status, &desired) {
 		if v, ok := r.lastWrites.Load(s.key); ok {
 			last := v.(lastWrite)
 			if wait := last.at.Add(r.StatusInterval).Sub(s.now); last.uid == run.UID && wait > 0 {
@@ -448,14 +454,6 @@ func (r *Reconciler) applyStatus(ctx context.Context, run *v1alpha1.ProcessingRu
 		return false, fmt.Errorf("apply status: %w", err)
 	}
 	return true, nil
-}
-
-// countsOnlyChange reports whether two statuses differ only in the run's
-// counts.
-func countsOnlyChange(old, desired *v1alpha1.ProcessingRunStatus) bool {
-	c := desired.DeepCopy()
-	c.ItemCounts = old.ItemCounts
-	return equality.Semantic.DeepEqual(*old, *c)
 }
 
 // expireTTL deletes a finished run once ttlSecondsAfterFinished has passed,

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // The contract between the controller and the worker pods it creates.
@@ -20,15 +22,17 @@ import (
 // (it must check that the run's UID is EnvRunUID: a run deleted and created
 // again under the same name is another run).
 //
-// Reports. A worker reports its shard through the status subresource by
-// server-side apply, with force and the field manager WorkerFieldManager(shard),
-// at most every ReportInterval and once at the end. Its applied configuration
-// holds exactly one status.shards[] entry with index, attempt, total,
-// completed, alreadyHandled, failed, message and lastReportTime, and nothing
-// else (pod and phase belong to the controller). The numbers are cumulative
-// and exact for the whole shard: items an earlier attempt of the same run
-// committed count as completed, so a later attempt's final report is the
-// truth for the shard.
+// Reports. A worker reports its shard on its OWN pod, never on the run: a
+// JSON merge patch of the pod's annotation AnnotationProgress (the JSON of a
+// ShardReport with reportTime), with the pod's UID (EnvPodUID) as
+// precondition, at most every ReportInterval and once at the end. The
+// controller reads the annotations from its pod cache and aggregates them
+// into status.shards[] and the run's counts, writing the run at most once per
+// status interval whatever the number of shards (as Argo Workflows'
+// executors report on their pods). The numbers are cumulative and exact for
+// the whole shard: items an earlier attempt of the same run committed count
+// as completed, so a later attempt's final report is the truth for the
+// shard.
 //
 // Termination. At exit the worker writes the JSON of its final ShardReport to
 // TerminationMessagePath (see ShardReport.TerminationMessage) and exits with
@@ -55,16 +59,25 @@ const (
 	EnvDatabaseURL = "RUNLEDGER_DATABASE_URL"
 	// EnvPodName is the pod's own name (downward API).
 	EnvPodName = "POD_NAME"
+	// EnvPodUID is the pod's own UID (downward API): the precondition of the
+	// worker's reports, so that a worker whose pod was force-deleted never
+	// reports onto a newer pod of the same name.
+	EnvPodUID = "POD_UID"
 
 	// WorkerSubcommand is the argument the worker container runs with.
 	WorkerSubcommand = "worker"
 	// WorkerContainerName is the name of the worker container.
 	WorkerContainerName = "worker"
 
+	// AnnotationProgress is the worker's latest report on its own pod: the
+	// JSON of a ShardReport with reportTime (see ParseShardReport).
+	AnnotationProgress = Group + "/progress"
+
 	// ControllerFieldManager is the controller's server-side apply field
 	// manager on the status subresource.
 	ControllerFieldManager = "runledger-controller"
-	// WorkerFieldManagerPrefix prefixes the workers' field managers.
+	// WorkerFieldManagerPrefix prefixes the field managers of workers of
+	// earlier releases, which applied their reports onto the run's status.
 	WorkerFieldManagerPrefix = "runledger-worker-"
 
 	// TerminationMessagePath is where the worker writes its final
@@ -131,13 +144,17 @@ func PodName(run string, shard, attempt int32) string {
 
 // +kubebuilder:object:generate=false
 
-// ShardReport is a worker's final report, the JSON of its termination
-// message. Its counts are cumulative and exact for the whole shard.
+// ShardReport is a worker's report: the JSON of its termination message (the
+// final one) and of its pod's AnnotationProgress (the latest one, with
+// ReportTime). Its counts are cumulative and exact for the whole shard.
 type ShardReport struct {
 	Shard      int32 `json:"shard"`
 	Attempt    int32 `json:"attempt"`
 	ItemCounts `json:",inline"`
 	Message    string `json:"message,omitempty"`
+	// ReportTime is when the worker wrote the report (progress annotations
+	// only: the termination message has the container's finish time).
+	ReportTime *metav1.Time `json:"reportTime,omitempty"`
 }
 
 // TerminationMessage encodes the report for TerminationMessagePath, cutting

@@ -32,12 +32,13 @@ import (
 const workerLong = `Process one shard of a ProcessingRun, inside the worker pod the controller
 created for it. Everything comes from the pod's environment (` + v1alpha1.EnvRunNamespace + `,
 ` + v1alpha1.EnvRunName + `, ` + v1alpha1.EnvRunUID + `, ` + v1alpha1.EnvShard + `, ` + v1alpha1.EnvShards + `, ` + v1alpha1.EnvAttempt + `,
-` + v1alpha1.EnvDatabaseURL + ` from the run's Secret, ` + v1alpha1.EnvPodName + `) and from the run itself,
+` + v1alpha1.EnvDatabaseURL + ` from the run's Secret, ` + v1alpha1.EnvPodName + `, ` + v1alpha1.EnvPodUID + `) and from the run itself,
 read through the API (and its ConfigMap, for a configMapRef batch).
 
 The worker applies the ledger's migrations (unless --skip-migrate), commits
-its shard's items, reports its own status.shards[] entry by server-side
-apply at most every ` + "2" + ` seconds and once at the end, and writes its final
+its shard's items, reports its counts on its own pod (the annotation
+` + v1alpha1.AnnotationProgress + `, which the controller folds into the run's status)
+at most every ` + "2" + ` seconds and once at the end, and writes its final
 counts as JSON to the termination message. On SIGTERM it takes no new chunk,
 lets the chunk in flight commit (within --drain-timeout), reports and exits.
 

@@ -3,6 +3,7 @@ package worker
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -13,20 +14,20 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	ac "github.com/runledger/runledger/api/applyconfiguration/api/v1alpha1"
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
 )
 
 // This file is the worker's side of the contract with the controller
 // (api/v1alpha1/contract.go): its configuration from the environment, the
-// ConfigMap source through the API, its shard's status entry by server-side
-// apply, and its termination message.
+// ConfigMap source through the API, its shard's reports on its own pod, and
+// its termination message.
 
 // PodEnv is what the controller tells a worker pod through its environment.
 type PodEnv struct {
@@ -34,7 +35,10 @@ type PodEnv struct {
 	Shard, Shards        int
 	Attempt              int
 	PodName              string
-	DSN                  string
+	// PodUID is the pod's UID, the precondition of its reports (empty on a
+	// pod an earlier release created: then the name alone).
+	PodUID string
+	DSN    string
 }
 
 // PodEnvFrom reads the worker's environment (getenv is os.Getenv in a pod).
@@ -65,7 +69,8 @@ func PodEnvFrom(getenv func(string) string) (PodEnv, error) {
 		UID:       str(v1alpha1.EnvRunUID),
 		Shards:    num(v1alpha1.EnvShards, 1, v1alpha1.MaxWorkers),
 		Attempt:   num(v1alpha1.EnvAttempt, 0, 1<<20),
-		PodName:   getenv(v1alpha1.EnvPodName),
+		PodName:   str(v1alpha1.EnvPodName),
+		PodUID:    getenv(v1alpha1.EnvPodUID),
 		DSN:       str(v1alpha1.EnvDatabaseURL),
 	}
 	e.Shard = num(v1alpha1.EnvShard, 0, v1alpha1.MaxWorkers-1)
@@ -144,11 +149,13 @@ func Items(n int64) string {
 	return fmt.Sprintf("%d items", n)
 }
 
-// StatusReporter writes the worker's own status.shards[] entry by
-// server-side apply, with the field manager of its shard and force, so that
-// shards never overwrite each other or the controller's fields. Reports are
-// cumulative and exact, so a lost write loses nothing: the next one (or the
-// termination message) carries the numbers.
+// StatusReporter reports the worker's shard on its own pod: a JSON merge
+// patch of the annotation v1alpha1.AnnotationProgress, with the pod's UID as
+// precondition. The controller aggregates the pods' reports into the run's
+// status, so the run object is written at most once per status interval
+// whatever the number of shards, and a report is a few hundred bytes whatever
+// the batch's size. Reports are cumulative and exact, so a lost write loses
+// nothing: the next one (or the termination message) carries the numbers.
 type StatusReporter struct {
 	c        client.Client
 	env      PodEnv
@@ -157,7 +164,7 @@ type StatusReporter struct {
 	now      func() time.Time
 
 	mu      sync.Mutex
-	latest  *ac.ShardStatusApplyConfiguration
+	latest  v1alpha1.ShardReport
 	pending bool // latest not yet written
 	wake    chan struct{}
 }
@@ -173,9 +180,9 @@ func NewStatusReporter(c client.Client, env PodEnv, interval time.Duration, log 
 
 // Update records the shard's latest counts; Run writes them.
 func (s *StatusReporter) Update(r Report, maxFailed int) {
-	entry := s.entry(r, ShardMessage(r, maxFailed))
+	rep := s.report(r, ShardMessage(r, maxFailed))
 	s.mu.Lock()
-	s.latest, s.pending = entry, true
+	s.latest, s.pending = rep, true
 	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
@@ -183,16 +190,13 @@ func (s *StatusReporter) Update(r Report, maxFailed int) {
 	}
 }
 
-func (s *StatusReporter) entry(r Report, message string) *ac.ShardStatusApplyConfiguration {
-	return ac.ShardStatus().
-		WithIndex(int32(s.env.Shard)).
-		WithAttempt(int32(s.env.Attempt)).
-		WithTotal(r.Total).
-		WithCompleted(r.Completed).
-		WithAlreadyHandled(r.AlreadyHandled).
-		WithFailed(r.Failed).
-		WithMessage(v1alpha1.Truncate(message, v1alpha1.MaxShardMessageLength)).
-		WithLastReportTime(metav1.NewTime(s.now()))
+func (s *StatusReporter) report(r Report, message string) v1alpha1.ShardReport {
+	return v1alpha1.ShardReport{
+		Shard: int32(s.env.Shard), Attempt: int32(s.env.Attempt),
+		ItemCounts: r.ItemCounts,
+		Message:    v1alpha1.Truncate(message, v1alpha1.MaxShardMessageLength),
+		ReportTime: &metav1.Time{Time: s.now()},
+	}
 }
 
 // Run writes pending updates, at most one per interval, until ctx is done.
@@ -214,14 +218,14 @@ func (s *StatusReporter) Run(ctx context.Context) {
 			}
 		}
 		s.mu.Lock()
-		entry, pending := s.latest, s.pending
+		rep, pending := s.latest, s.pending
 		s.pending = false
 		s.mu.Unlock()
 		if !pending {
 			continue
 		}
 		last = time.Now()
-		if err := s.apply(ctx, entry); err != nil && ctx.Err() == nil {
+		if err := s.patch(ctx, rep); err != nil && ctx.Err() == nil {
 			if IsInputError(err) {
 				s.log.Error(err, "status reports stopped")
 				return
@@ -244,12 +248,12 @@ func (s *StatusReporter) Run(ctx context.Context) {
 func (s *StatusReporter) Final(ctx context.Context, r Report, message string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	entry := s.entry(r, message)
+	rep := s.report(r, message)
 	var last error
 	err := wait.ExponentialBackoffWithContext(ctx, wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Steps: math.MaxInt32},
 		func(ctx context.Context) (bool, error) {
-			last = s.apply(ctx, entry)
-			if IsInputError(last) { // the run is another one: retrying cannot help
+			last = s.patch(ctx, rep)
+			if IsInputError(last) { // the pod is another one: retrying cannot help
 				return false, last
 			}
 			return last == nil, nil
@@ -260,16 +264,60 @@ func (s *StatusReporter) Final(ctx context.Context, r Report, message string, ti
 	return nil
 }
 
-func (s *StatusReporter) apply(ctx context.Context, entry *ac.ShardStatusApplyConfiguration) error {
-	// Never report into a run deleted and created again under the same name:
-	// the status subresource ignores metadata.uid in an apply, so check it.
-	if _, err := GetRun(ctx, s.c, s.env); err != nil {
+// patch writes rep onto the worker's pod. A pod that is gone, or is another
+// pod of the same name (a force-deleted pod's successor: the UID
+// precondition fails), is an *InputError: retrying cannot help.
+func (s *StatusReporter) patch(ctx context.Context, rep v1alpha1.ShardReport) error {
+	body, err := ProgressPatch(s.env.PodUID, rep)
+	if err != nil {
 		return err
 	}
-	run := ac.ProcessingRun(s.env.Name, s.env.Namespace).
-		WithUID(types.UID(s.env.UID)).
-		WithStatus(ac.ProcessingRunStatus().WithShards(entry))
-	return s.c.Status().Apply(ctx, run, client.FieldOwner(v1alpha1.WorkerFieldManager(int32(s.env.Shard))), client.ForceOwnership)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: s.env.Namespace, Name: s.env.PodName}}
+	err = s.c.Patch(ctx, pod, client.RawPatch(types.MergePatchType, body))
+	switch {
+	case apierrors.IsNotFound(err):
+		return &InputError{Where: "pod " + s.env.PodName, Msg: "is gone: nothing to report onto"}
+	case apierrors.IsConflict(err) || uidMismatch(err):
+		return &InputError{Where: "pod " + s.env.PodName, Msg: fmt.Sprintf("is not pod %s any more: another pod took its name", s.env.PodUID)}
+	case err != nil:
+		return fmt.Errorf("patching pod %s with the shard's report: %w", s.env.PodName, err)
+	}
+	return nil
+}
+
+// uidMismatch reports whether the API server refused a patch because the
+// pod's UID is not the one the patch names (the UID is immutable, so a merge
+// patch carrying another one is Invalid on field metadata.uid).
+func uidMismatch(err error) bool {
+	var st apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &st) || st.Status().Details == nil {
+		return false
+	}
+	for _, c := range st.Status().Details.Causes {
+		if c.Field == "metadata.uid" {
+			return true
+		}
+	}
+	return false
+}
+
+// ProgressPatch is the JSON merge patch of a worker's report onto its pod:
+// the annotation v1alpha1.AnnotationProgress and, when known, the pod's UID,
+// which the API server checks as a precondition.
+func ProgressPatch(podUID string, rep v1alpha1.ShardReport) ([]byte, error) {
+	val, err := json.Marshal(rep)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the shard's report: %w", err)
+	}
+	meta := map[string]any{"annotations": map[string]string{v1alpha1.AnnotationProgress: string(val)}}
+	if podUID != "" {
+		meta["uid"] = podUID
+	}
+	b, err := json.Marshal(map[string]any{"metadata": meta})
+	if err != nil {
+		return nil, fmt.Errorf("encoding the shard's report: %w", err)
+	}
+	return b, nil
 }
 
 // WriteTerminationMessage writes the final report, as the controller reads

@@ -16,13 +16,13 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	ac "github.com/runledger/runledger/api/applyconfiguration/api/v1alpha1"
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/envtestutil"
 	"github.com/runledger/runledger/internal/pgtest"
@@ -78,15 +78,40 @@ func (k *kubeEnv) getRun(t *testing.T, name string) *v1alpha1.ProcessingRun {
 	return run
 }
 
-func shardEntry(t *testing.T, run *v1alpha1.ProcessingRun, index int32) v1alpha1.ShardStatus {
+// workerPod returns the worker pod of a shard and attempt, creating it as
+// the controller would (no kubelet runs it: the test runs the worker).
+func (k *kubeEnv) workerPod(t *testing.T, run *v1alpha1.ProcessingRun, shard, attempt int) *corev1.Pod {
 	t.Helper()
-	for _, s := range run.Status.Shards {
-		if s.Index == index {
-			return s
-		}
+	ctx := context.Background()
+	name := v1alpha1.PodName(run.Name, int32(shard), int32(attempt))
+	pod := &corev1.Pod{}
+	err := k.c.Get(ctx, types.NamespacedName{Namespace: run.Namespace, Name: name}, pod)
+	if err == nil {
+		return pod
 	}
-	require.Failf(t, "no status entry", "shard %d of run %s: %+v", index, run.Name, run.Status.Shards)
-	return v1alpha1.ShardStatus{}
+	require.True(t, apierrors.IsNotFound(err), "%v", err)
+	pod = &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: run.Namespace, Labels: map[string]string{
+			v1alpha1.LabelRun: run.Name, v1alpha1.LabelRunUID: string(run.UID),
+			v1alpha1.LabelShard: strconv.Itoa(shard), v1alpha1.LabelAttempt: strconv.Itoa(attempt)}},
+		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: v1alpha1.WorkerContainerName, Image: "runledger"}}},
+	}
+	require.NoError(t, k.c.Create(ctx, pod))
+	return pod
+}
+
+// report is a worker's latest report on its pod (the progress annotation),
+// as the controller reads it.
+func (k *kubeEnv) report(t *testing.T, run *v1alpha1.ProcessingRun, shard, attempt int) v1alpha1.ShardReport {
+	t.Helper()
+	pod := k.workerPod(t, run, shard, attempt)
+	v, ok := pod.Annotations[v1alpha1.AnnotationProgress]
+	require.True(t, ok, "pod %s has no report: %v", pod.Name, pod.Annotations)
+	r, err := v1alpha1.ParseShardReport(v)
+	require.NoError(t, err)
+	require.Equal(t, []int32{int32(shard), int32(attempt)}, []int32{r.Shard, r.Attempt})
+	return r
 }
 
 func inlineBatch(n int) v1alpha1.BatchSpec {
@@ -105,22 +130,21 @@ func TestWorkerInPod(t *testing.T) {
 	t.Parallel()
 	k := startKube(t)
 
-	// Two shards report concurrently, many times, while the controller owns
-	// pod and phase of the same entries: nobody overwrites anybody.
-	t.Run("shards do not overwrite each other", func(t *testing.T) {
+	// Two shards report concurrently, many times: each report lands on the
+	// shard's own pod, and the run object is never written by a worker (the
+	// controller aggregates the pods' reports).
+	t.Run("shards report on their own pods", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		run := k.createRun(t, "reports", 2, inlineBatch(4))
-		controller := ac.ProcessingRun(run.Name, run.Namespace).WithStatus(ac.ProcessingRunStatus().
-			WithPhase(v1alpha1.RunRunning).
-			WithShards(ac.ShardStatus().WithIndex(0).WithPod("reports-0-0").WithPhase(v1alpha1.ShardRunning),
-				ac.ShardStatus().WithIndex(1).WithPod("reports-1-0").WithPhase(v1alpha1.ShardRunning)))
-		require.NoError(t, k.c.Status().Apply(ctx, controller, client.FieldOwner(v1alpha1.ControllerFieldManager), client.ForceOwnership))
+		before := k.getRun(t, run.Name).ResourceVersion
 
 		var wg sync.WaitGroup
 		for shard := range 2 {
+			pod := k.workerPod(t, run, shard, 0)
 			wg.Go(func() {
-				env := worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: shard, Shards: 2}
+				env := worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: shard, Shards: 2,
+					PodName: pod.Name, PodUID: string(pod.UID)}
 				rep := worker.NewStatusReporter(k.c, env, 0, discard())
 				for i := 1; i <= 10; i++ {
 					r := worker.Report{ItemCounts: v1alpha1.ItemCounts{Total: 1000, Completed: int64(100*i + shard), AlreadyHandled: int64(shard)}}
@@ -129,31 +153,27 @@ func TestWorkerInPod(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		got := k.getRun(t, run.Name)
-		require.Len(t, got.Status.Shards, 2)
-		for shard := range int32(2) {
-			e := shardEntry(t, got, shard)
+		for shard := range 2 {
+			e := k.report(t, run, shard, 0)
 			require.EqualValues(t, 1000+shard, e.Completed, "shard %d's last report", shard)
 			require.EqualValues(t, shard, e.AlreadyHandled)
 			require.EqualValues(t, 1000, e.Total)
 			require.Equal(t, "report 10", e.Message)
-			require.NotNil(t, e.LastReportTime)
-			require.Equal(t, fmt.Sprintf("reports-%d-0", shard), e.Pod, "the controller's pod survives the worker's reports")
-			require.Equal(t, v1alpha1.ShardRunning, e.Phase, "the controller's phase survives")
+			require.NotNil(t, e.ReportTime)
 		}
-		require.Equal(t, v1alpha1.RunRunning, got.Status.Phase)
-		owners := map[string]bool{}
-		for _, mf := range got.ManagedFields {
-			if mf.Subresource == "status" {
-				owners[mf.Manager] = true
-			}
-		}
-		require.Equal(t, map[string]bool{v1alpha1.ControllerFieldManager: true, v1alpha1.WorkerFieldManager(0): true, v1alpha1.WorkerFieldManager(1): true}, owners)
+		require.Equal(t, before, k.getRun(t, run.Name).ResourceVersion, "no worker wrote the run")
 
-		// A report for a run of the same name but another UID is refused.
-		stale := worker.NewStatusReporter(k.c, worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: "00000000-0000-0000-0000-000000000000", Shard: 0, Shards: 2}, 0, discard())
-		require.Error(t, stale.Final(ctx, worker.Report{ItemCounts: v1alpha1.ItemCounts{Completed: 1}}, "stale", time.Second), "a stale pod cannot report into another run")
-		require.EqualValues(t, 1000, shardEntry(t, k.getRun(t, run.Name), 0).Completed)
+		// A report onto a pod of the same name but another UID (a
+		// force-deleted pod's successor) is refused, and writes nothing.
+		pod := k.workerPod(t, run, 0, 0)
+		stale := worker.NewStatusReporter(k.c, worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: 0, Shards: 2,
+			PodName: pod.Name, PodUID: "00000000-0000-0000-0000-000000000000"}, 0, discard())
+		err := stale.Final(ctx, worker.Report{ItemCounts: v1alpha1.ItemCounts{Completed: 1}}, "stale", 5*time.Second)
+		require.ErrorContains(t, err, "another pod took its name")
+		require.EqualValues(t, 1000, k.report(t, run, 0, 0).Completed)
+		gone := worker.NewStatusReporter(k.c, worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: 0, Shards: 2,
+			PodName: "reports-0-9"}, 0, discard())
+		require.ErrorContains(t, gone.Final(ctx, worker.Report{}, "gone", 5*time.Second), "pod reports-0-9 is gone")
 	})
 
 	// A wrong password that is a common word, the run's name holding the
@@ -169,7 +189,7 @@ func TestWorkerInPod(t *testing.T) {
 		require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
 		raw, err := os.ReadFile(tl)
 		require.NoError(t, err)
-		e := shardEntry(t, k.getRun(t, run.Name), 0)
+		e := k.report(t, run, 0, 0)
 		for _, out := range []string{r.stderr, string(raw), e.Message} {
 			require.Contains(t, out, "rejected the connection string's credentials")
 			require.NotContains(t, out, "password=runledger")
@@ -191,7 +211,7 @@ func TestWorkerInPod(t *testing.T) {
 		file := writeFile(t, "dsn", d.dsn+"\n")
 		r := runWorker(t, k, noEnv, run, 0, 0, "--dsn-file", file, "--termination-log", filepath.Join(t.TempDir(), "t"))
 		require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
-		require.EqualValues(t, 10, shardEntry(t, k.getRun(t, run.Name), 0).Completed)
+		require.EqualValues(t, 10, k.report(t, run, 0, 0).Completed)
 		require.EqualValues(t, 10, d.committed(t))
 
 		tl := filepath.Join(t.TempDir(), "t")
@@ -222,12 +242,11 @@ func TestWorkerInPod(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		got := k.getRun(t, run.Name)
 		var sum v1alpha1.ItemCounts
 		for shard := range 2 {
 			r := results[shard]
 			require.Equal(t, 0, r.code, "shard %d; stderr:\n%s", shard, r.stderr)
-			e := shardEntry(t, got, int32(shard))
+			e := k.report(t, run, shard, 0)
 			require.Equal(t, "done", e.Message)
 			require.Equal(t, e.Total, e.Completed, "shard %d: all completed", shard)
 			raw, err := os.ReadFile(term[shard])
@@ -245,7 +264,7 @@ func TestWorkerInPod(t *testing.T) {
 		// A second attempt of shard 1 counts the first attempt's rows as completed.
 		r := runWorker(t, k, d, run, 1, 1, "--termination-log", filepath.Join(t.TempDir(), "t"))
 		require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
-		e := shardEntry(t, k.getRun(t, run.Name), 1)
+		e := k.report(t, run, 1, 1)
 		require.EqualValues(t, 1, e.Attempt)
 		require.Equal(t, e.Total, e.Completed, "attempt 1: the rows of attempt 0 count as completed")
 
@@ -259,17 +278,17 @@ func TestWorkerInPod(t *testing.T) {
 		cmRun := k.createRun(t, "configmap", 1, v1alpha1.BatchSpec{ConfigMapRef: &v1alpha1.ConfigMapKeyRef{Name: "june", Key: "items.jsonl"}})
 		r = runWorker(t, k, d, cmRun, 0, 0, "--termination-log", filepath.Join(t.TempDir(), "t"))
 		require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
-		e = shardEntry(t, k.getRun(t, cmRun.Name), 0)
+		e = k.report(t, cmRun, 0, 0)
 		require.Equal(t, []int64{50, 40, 10, 0}, []int64{e.Total, e.Completed, e.AlreadyHandled, e.Failed})
 
-		// Bad JSON Lines: exit 2, the message in the status and the termination message.
+		// Bad JSON Lines: exit 2, the message in the pod's report and the termination message.
 		require.NoError(t, k.c.Create(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "broken", Namespace: "default"},
 			Data: map[string]string{"items.jsonl": `{"entity":"a"}`}}))
 		bad := k.createRun(t, "broken", 1, v1alpha1.BatchSpec{ConfigMapRef: &v1alpha1.ConfigMapKeyRef{Name: "broken", Key: "items.jsonl"}})
 		tl := filepath.Join(t.TempDir(), "t")
 		r = runWorker(t, k, d, bad, 0, 0, "--termination-log", tl)
 		require.Equal(t, 2, r.code, "bad input; stderr:\n%s", r.stderr)
-		e = shardEntry(t, k.getRun(t, bad.Name), 0)
+		e = k.report(t, bad, 0, 0)
 		require.Contains(t, e.Message, `line 1: field "occurrence" is missing`)
 		raw, err := os.ReadFile(tl)
 		require.NoError(t, err)
@@ -319,7 +338,7 @@ func TestWorkerInPod(t *testing.T) {
 		committed := d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1`, uid)
 		require.Equal(t, committed, rep.Completed, "the termination message is exact")
 		require.Contains(t, rep.Message, "interrupted after")
-		e = shardEntry(t, k.getRun(t, big.Name), 0)
+		e = k.report(t, big, 0, 0)
 		require.Equal(t, committed, e.Completed, "the final status report is exact")
 		require.EqualValues(t, 50000, e.Total)
 
@@ -341,6 +360,7 @@ func runWorker(t *testing.T, k *kubeEnv, d *db, run *v1alpha1.ProcessingRun, sha
 // startWorker starts `runledger worker` in the background.
 func startWorker(t *testing.T, k *kubeEnv, d *db, run *v1alpha1.ProcessingRun, shard, attempt int, args ...string) (*exec.Cmd, func() result) {
 	t.Helper()
+	pod := k.workerPod(t, run, shard, attempt)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	cmd, stdout, stderr := command(ctx, "", append([]string{"worker"}, args...)...)
 	cmd.Env = append(cmd.Env,
@@ -351,7 +371,8 @@ func startWorker(t *testing.T, k *kubeEnv, d *db, run *v1alpha1.ProcessingRun, s
 		v1alpha1.EnvShard+"="+strconv.Itoa(shard),
 		v1alpha1.EnvShards+"="+strconv.Itoa(int(max(run.Spec.Workers, 1))),
 		v1alpha1.EnvAttempt+"="+strconv.Itoa(attempt),
-		v1alpha1.EnvPodName+"="+v1alpha1.PodName(run.Name, int32(shard), int32(attempt)),
+		v1alpha1.EnvPodName+"="+pod.Name,
+		v1alpha1.EnvPodUID+"="+string(pod.UID),
 		v1alpha1.EnvDatabaseURL+"="+d.dsn,
 	)
 	require.NoError(t, cmd.Start())
