@@ -83,6 +83,17 @@ func TestHappyPath(t *testing.T) {
 		require.Equal(t, [4]int64{sh.Total, sh.Completed, sh.AlreadyHandled, sh.Failed},
 			[4]int64{rep.Total, rep.Completed, rep.AlreadyHandled, rep.Failed}, "shard %d: status entry == termination report", i)
 		require.Equal(t, p.Name, sh.Pod)
+		// The worker reported on its own pod (its ServiceAccount may patch
+		// pods, not the run): its last report there is its final one.
+		progress, err := v1alpha1.ParseShardReport(p.Annotations[v1alpha1.AnnotationProgress])
+		require.NoError(t, err, "pod %s's progress annotation: %v", p.Name, p.Annotations)
+		require.Equal(t, rep.ItemCounts, progress.ItemCounts, "pod %s: last progress report == termination report", p.Name)
+		require.NotNil(t, progress.ReportTime)
+	}
+	for _, mf := range run.ManagedFields {
+		if mf.Subresource == "status" {
+			require.Equal(t, v1alpha1.ControllerFieldManager, mf.Manager, "only the controller writes the run's status")
+		}
 	}
 
 	require.Equal(t, run.Status.Completed, f.committedRows(string(run.UID)), "ledger rows of the run == completed")
