@@ -64,14 +64,10 @@ type runOptions struct {
 	fromFile         string
 	shard            string
 	output           string
-	skipMigrate      bool
 	parallel         int
-	retryTimeout     time.Duration
-	drainTimeout     time.Duration
 	progressInterval time.Duration
-	lockWait         time.Duration
-	logging          logging.Options
-	stdin            io.Reader
+	engineFlags
+	stdin io.Reader
 }
 
 func newRunCommand() *cobra.Command {
@@ -93,13 +89,9 @@ func newRunCommand() *cobra.Command {
 	f.StringVar(&o.shard, "shard", "", "process only shard I of N (N must equal spec.workers), e.g. 0/4")
 	f.StringVarP(&o.output, "output", "o", "text", "result format on stdout: text or json")
 	f.StringVar(&o.fromFile, "from-file", "", "JSON Lines file with the items of a batch.configMapRef (default: the ConfigMap in the manifest)")
-	f.BoolVar(&o.skipMigrate, "skip-migrate", false, "do not apply the ledger's migrations at start")
 	f.IntVar(&o.parallel, "parallel", 16, "at most this many shards at once in this process")
-	f.DurationVar(&o.retryTimeout, "retry-timeout", worker.DefaultBackoff.MaxElapsed, "how long to retry while the database is unreachable, per operation")
-	f.DurationVar(&o.drainTimeout, "drain-timeout", worker.DefaultDrainTimeout, "on SIGINT/SIGTERM, how long the chunk in flight may still take to commit")
 	f.DurationVar(&o.progressInterval, "progress-interval", 10*time.Second, "time between progress lines when stderr is not a terminal")
-	f.DurationVar(&o.lockWait, "lock-wait", 5*time.Second, "how long to wait while another process runs the same shard of the same run")
-	o.logging.AddFlags(f)
+	o.engineFlags.add(f, "SIGINT/SIGTERM", 5*time.Second, "how long to wait while another process runs the same shard of the same run")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
 }
@@ -198,8 +190,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 		return sum, badInput(fmt.Errorf("--parallel %d: want 1 or more", o.parallel))
 	}
 	parallel := min(o.parallel, len(shards))
-	retry := worker.DefaultBackoff
-	retry.MaxElapsed = o.retryTimeout
+	retry := o.retry()
 
 	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
 		DSN: dsn, Parallel: parallel, SkipMigrate: o.skipMigrate, Retry: retry, Log: log,

@@ -49,12 +49,8 @@ configuration (not retried).`
 type workerOptions struct {
 	dsnFile        string
 	terminationLog string
-	skipMigrate    bool
-	drainTimeout   time.Duration
 	reportInterval time.Duration
-	retryTimeout   time.Duration
-	lockWait       time.Duration
-	logging        logging.Options
+	engineFlags
 }
 
 func newWorkerCommand() *cobra.Command {
@@ -69,12 +65,8 @@ func newWorkerCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.dsnFile, flagDSNFile, "", "read the connection string from this file (a Secret mounted as a file) instead of $"+v1alpha1.EnvDatabaseURL)
 	f.StringVar(&o.terminationLog, "termination-log", v1alpha1.TerminationMessagePath, "where to write the final report (the pod's terminationMessagePath)")
-	f.BoolVar(&o.skipMigrate, "skip-migrate", false, "do not apply the ledger's migrations at start")
-	f.DurationVar(&o.drainTimeout, "drain-timeout", worker.DefaultDrainTimeout, "on SIGTERM, how long the chunk in flight may still take to commit")
 	f.DurationVar(&o.reportInterval, "report-interval", v1alpha1.ReportIntervalSeconds*time.Second, "least time between two status reports")
-	f.DurationVar(&o.retryTimeout, "retry-timeout", worker.DefaultBackoff.MaxElapsed, "how long to retry while the database is unreachable, per operation")
-	f.DurationVar(&o.lockWait, "lock-wait", time.Minute, "how long to wait while another process holds this shard's lock (an earlier pod still finishing)")
-	o.logging.AddFlags(f)
+	o.engineFlags.add(f, "SIGTERM", time.Minute, "how long to wait while another process holds this shard's lock (an earlier pod still finishing)")
 	_ = f.MarkHidden("report-interval")
 	return cmd
 }
@@ -234,8 +226,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	if err != nil {
 		return worker.Report{}, maxFailed, err
 	}
-	retry := worker.DefaultBackoff
-	retry.MaxElapsed = s.opts.retryTimeout
+	retry := s.opts.retry()
 	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
 		DSN: s.env.DSN, Parallel: 1, SkipMigrate: s.opts.skipMigrate, Retry: retry, Log: s.log,
 	})

@@ -183,15 +183,7 @@ func maskKeywordValue(s string) string {
 // false for a quote that is never closed.
 func valueEnd(s string, i int) (int, bool) {
 	if i < len(s) && s[i] == '\'' {
-		for j := i + 1; j < len(s); j++ {
-			switch s[j] {
-			case '\\':
-				j++
-			case '\'':
-				return j + 1, true
-			}
-		}
-		return len(s), false
+		return quotedEnd(s, i, false)
 	}
 	j := i
 	for ; j < len(s) && !isSpace(s[j]); j++ {
@@ -200,6 +192,25 @@ func valueEnd(s string, i int) (int, bool) {
 		}
 	}
 	return min(j, len(s)), true
+}
+
+// quotedEnd returns the end of the '...' value that starts at i (a backslash
+// escapes the next character), and false for a quote never closed (within
+// the line, when the value is embedded in text: atNewline).
+func quotedEnd(s string, i int, atNewline bool) (int, bool) {
+	for j := i + 1; j < len(s); j++ {
+		switch s[j] {
+		case '\\':
+			j++
+		case '\'':
+			return j + 1, true
+		case '\n':
+			if atNewline {
+				return j, false
+			}
+		}
+	}
+	return len(s), false
 }
 
 const spaces = " \t\n\r\v\f"
@@ -253,17 +264,8 @@ var secretKey = regexp.MustCompile(`(?:^|[^A-Za-z0-9_.%-])((?:ssl)?password)=`)
 
 func embeddedValueEnd(s string, i int, inQuery bool) int {
 	if i < len(s) && s[i] == '\'' {
-		for j := i + 1; j < len(s); j++ {
-			switch s[j] {
-			case '\\':
-				j++
-			case '\'':
-				return j + 1
-			case '\n':
-				return j
-			}
-		}
-		return len(s)
+		end, _ := quotedEnd(s, i, true)
+		return end
 	}
 	j := i
 	for ; j < len(s); j++ {
