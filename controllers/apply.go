@@ -25,6 +25,9 @@ func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.Processi
 	if st.CompletionTime != nil {
 		status.WithCompletionTime(*st.CompletionTime)
 	}
+	if st.Duration != nil {
+		status.WithDuration(*st.Duration)
+	}
 	final := make(map[int32]bool, len(shards))
 	for _, d := range shards {
 		final[d.index] = d.final

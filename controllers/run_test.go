@@ -85,6 +85,9 @@ func TestRunCreatesPodsAndFollowsReports(t *testing.T) {
 	require.EqualValues(t, 1, cols["Already-Handled"])
 	require.EqualValues(t, 0, cols["Failed"])
 	require.EqualValues(t, 5, cols["Total"])
+	require.Equal(t, r.Status.Duration.Duration.String(), cols["Duration"])
+	require.Equal(t, r.Status.CompletionTime.Sub(r.Status.StartTime.Time).Round(time.Second), r.Status.Duration.Duration)
+	require.Empty(t, cols["Reason"], "nothing to explain")
 	waitEvent(t, env, ns, "invoices", corev1.EventTypeNormal, ReasonSucceeded, "5 items: 4 completed, 1 already handled")
 
 	// Ownership: the controller alone writes the run's status; the
@@ -177,6 +180,9 @@ func TestBadInputFailsTheRunWithoutRetry(t *testing.T) {
 	))
 	require.Contains(t, condition(r, v1alpha1.ConditionFailed).Message, "line 3: occurrence is empty")
 	require.Contains(t, condition(r, v1alpha1.ConditionFailed).Message, "shard 0")
+	cols := printerColumns(t, env, ns, "bad")
+	require.Equal(t, ReasonBadInput, cols["Reason"], "kubectl get says why it failed")
+	require.NotEmpty(t, cols["Duration"])
 	// The other shard's live pod is stopped; nothing is retried.
 	waitPods(t, env, ns, "bad", "bad-0-0")
 	stillPods(t, env, ns, "bad", time.Second, "bad-0-0")
@@ -267,6 +273,9 @@ func TestMissingSecretThenCreated(t *testing.T) {
 	create(t, env, run)
 	waitRun(t, env, ns, "later", "Stalled", conditionIs(v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonSecretNotFound))
 	stillPods(t, env, ns, "later", 500*time.Millisecond)
+	cols := printerColumns(t, env, ns, "later")
+	require.Equal(t, ReasonSecretNotFound, cols["Reason"], "kubectl get says why")
+	require.Empty(t, cols["Duration"], "not finished")
 
 	require.NoError(t, env.Client.Create(context.Background(), &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "created-later", Namespace: ns},

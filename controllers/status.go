@@ -186,6 +186,10 @@ func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.Processin
 	if !o.finished {
 		st.CompletionTime = nil
 	}
+	st.Duration = nil
+	if st.CompletionTime != nil && st.StartTime != nil {
+		st.Duration = &metav1.Duration{Duration: st.CompletionTime.Sub(st.StartTime.Time).Round(time.Second)}
+	}
 
 	entries := make(map[int32]v1alpha1.ShardStatus, len(st.Shards))
 	for _, e := range st.Shards {

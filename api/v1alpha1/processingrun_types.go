@@ -19,6 +19,8 @@ import (
 // +kubebuilder:printcolumn:name="Already-Handled",type=integer,JSONPath=`.status.alreadyHandled`
 // +kubebuilder:printcolumn:name="Failed",type=integer,JSONPath=`.status.failed`
 // +kubebuilder:printcolumn:name="Total",type=integer,JSONPath=`.status.total`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Stalled")].reason`,description="Why the run is stuck or failed (the Stalled condition's reason)"
+// +kubebuilder:printcolumn:name="Duration",type=string,JSONPath=`.status.duration`,description="How long the finished run took, from its first pod to its outcome"
 // +kubebuilder:printcolumn:name="Workers",type=integer,JSONPath=`.spec.workers`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is used as a label value on the worker pods"
@@ -488,6 +490,10 @@ type ProcessingRunStatus struct {
 	// completionTime is when the run Succeeded or Failed.
 	// +optional
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+	// duration is completionTime - startTime, to the second, once the run
+	// is finished (the Duration column).
+	// +optional
+	Duration *metav1.Duration `json:"duration,omitempty"`
 
 	// shards has one entry per shard.
 	// +optional

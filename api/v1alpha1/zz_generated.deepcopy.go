@@ -246,6 +246,11 @@ func (in *ProcessingRunStatus) DeepCopyInto(out *ProcessingRunStatus) {
 		in, out := &in.CompletionTime, &out.CompletionTime
 		*out = (*in).DeepCopy()
 	}
+	if in.Duration != nil {
+		in, out := &in.Duration, &out.Duration
+		*out = new(metav1.Duration)
+		**out = **in
+	}
 	if in.Shards != nil {
 		in, out := &in.Shards, &out.Shards
 		*out = make([]ShardStatus, len(*in))

@@ -36,6 +36,9 @@ type ProcessingRunStatusApplyConfiguration struct {
 	StartTime *v1.Time `json:"startTime,omitempty"`
 	// completionTime is when the run Succeeded or Failed.
 	CompletionTime *v1.Time `json:"completionTime,omitempty"`
+	// duration is completionTime - startTime, to the second, once the run
+	// is finished (the Duration column).
+	Duration *v1.Duration `json:"duration,omitempty"`
 	// shards has one entry per shard.
 	Shards []ShardStatusApplyConfiguration `json:"shards,omitempty"`
 	// conditions: Complete, Failed and Suspended (as batch/v1 Job), Ready,
@@ -110,6 +113,14 @@ func (b *ProcessingRunStatusApplyConfiguration) WithStartTime(value v1.Time) *Pr
 // If called multiple times, the CompletionTime field is set to the value of the last call.
 func (b *ProcessingRunStatusApplyConfiguration) WithCompletionTime(value v1.Time) *ProcessingRunStatusApplyConfiguration {
 	b.CompletionTime = &value
+	return b
+}
+
+// WithDuration sets the Duration field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Duration field is set to the value of the last call.
+func (b *ProcessingRunStatusApplyConfiguration) WithDuration(value v1.Duration) *ProcessingRunStatusApplyConfiguration {
+	b.Duration = &value
 	return b
 }
 
