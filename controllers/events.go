@@ -87,10 +87,12 @@ func (r *Reconciler) transitionEvents(ctx context.Context, s *scope, old, cur *v
 	logger := log.FromContext(ctx)
 	switch cur.Phase {
 	case v1alpha1.RunSucceeded:
+		recordFinished(cur, s.outcome.reason)
 		r.event(run, nil, corev1.EventTypeNormal, ReasonSucceeded, "Complete", s.outcome.message)
 		logger.Info("run succeeded", "total", cur.Total, "completed", cur.Completed,
 			"alreadyHandled", cur.AlreadyHandled, "failed", cur.Failed)
 	case v1alpha1.RunFailed:
+		recordFinished(cur, s.outcome.reason)
 		r.event(run, nil, corev1.EventTypeWarning, s.outcome.reason, "Fail", s.outcome.message)
 		logger.Info("run failed", "reason", s.outcome.reason, "message", s.outcome.message)
 	case v1alpha1.RunSuspended:

@@ -2,9 +2,12 @@ package controllers
 
 import (
 	"context"
+	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -34,12 +37,27 @@ var (
 		Name: "runledger_status_conflicts_total",
 		Help: "Status writes refused because the run changed since the pass read it (a worker's report, or a run created again under its name); the next pass writes.",
 	})
+	runsFinished = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "runledger_runs_finished_total",
+		Help: "ProcessingRuns that finished, by result (Succeeded, Failed) and reason (Succeeded, BadInput, BackoffLimitExceeded, TooManyFailedItems).",
+	}, []string{"result", "reason"})
+	runDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "runledger_run_duration_seconds",
+		Help:    "How long finished ProcessingRuns took, from their first pod to their outcome, by result.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 16), // 1 s to 9 h
+	}, []string{"result"})
 	runsDesc = prometheus.NewDesc("runledger_runs",
 		"ProcessingRuns by phase, as the controller's cache holds them.", []string{"phase"}, nil)
+	stalledDesc = prometheus.NewDesc("runledger_runs_stalled",
+		"ProcessingRuns that cannot progress without someone acting (Stalled=True, not Failed), by reason, as the controller's cache holds them.",
+		[]string{"reason"}, nil)
 )
 
 func init() {
-	crmetrics.Registry.MustRegister(itemsTotal, reconcileErrors, podsCreated, attemptsFailed, statusConflicts)
+	crmetrics.Registry.MustRegister(ownCollectors...)
+	for _, r := range []v1alpha1.RunPhase{v1alpha1.RunSucceeded, v1alpha1.RunFailed} {
+		runDuration.WithLabelValues(string(r))
+	}
 	for _, o := range []string{"completed", "alreadyHandled", "failed"} {
 		itemsTotal.WithLabelValues(o)
 	}
@@ -63,6 +81,42 @@ func recordItems(before, after v1alpha1.ItemCounts) {
 	}
 }
 
+// ownCollectors are runledger's metrics registered at init.
+var ownCollectors = []prometheus.Collector{itemsTotal, reconcileErrors, podsCreated, attemptsFailed, statusConflicts,
+	runsFinished, runDuration}
+
+// fqName reads a metric's name from its descriptor (prometheus.Desc keeps
+// it private and prints it).
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+// MetricNames are the names of runledger's own metrics, read from their
+// descriptors (the alert rules' test checks that the rules read only these).
+func MetricNames() []string {
+	ch := make(chan *prometheus.Desc, 16)
+	go func() {
+		for _, c := range append(ownCollectors, runsCollector{}) {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	var names []string
+	for d := range ch {
+		if m := fqName.FindStringSubmatch(d.String()); m != nil {
+			names = append(names, m[1])
+		}
+	}
+	return names
+}
+
+// recordFinished counts a run that just finished (the pass that wrote its
+// outcome; the write is conditional, so one pass per run).
+func recordFinished(st *v1alpha1.ProcessingRunStatus, reason string) {
+	runsFinished.WithLabelValues(string(st.Phase), reason).Inc()
+	if st.Duration != nil {
+		runDuration.WithLabelValues(string(st.Phase)).Observe(st.Duration.Seconds())
+	}
+}
+
 // runsCollector reports runledger_runs from the cache at scrape time, so the
 // gauge can never drift from the runs that exist.
 type runsCollector struct {
@@ -75,7 +129,10 @@ func RegisterRunsMetric(reader client.Reader) error {
 	return crmetrics.Registry.Register(runsCollector{reader: reader})
 }
 
-func (c runsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- runsDesc }
+func (c runsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- runsDesc
+	ch <- stalledDesc
+}
 
 func (c runsCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -89,14 +146,23 @@ func (c runsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range []v1alpha1.RunPhase{v1alpha1.RunPending, v1alpha1.RunRunning, v1alpha1.RunSucceeded, v1alpha1.RunFailed, v1alpha1.RunSuspended} {
 		byPhase[p] = 0
 	}
+	stalled := map[string]int{}
 	for i := range runs.Items {
-		p := runs.Items[i].Status.Phase
+		st := &runs.Items[i].Status
+		p := st.Phase
 		if p == "" {
 			p = v1alpha1.RunPending
 		}
 		byPhase[p]++
+		if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionStalled); c != nil &&
+			c.Status == metav1.ConditionTrue && p != v1alpha1.RunFailed {
+			stalled[c.Reason]++
+		}
 	}
 	for p, n := range byPhase {
 		ch <- prometheus.MustNewConstMetric(runsDesc, prometheus.GaugeValue, float64(n), string(p))
+	}
+	for reason, n := range stalled {
+		ch <- prometheus.MustNewConstMetric(stalledDesc, prometheus.GaugeValue, float64(n), reason)
 	}
 }

@@ -3,9 +3,11 @@ package controllers
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -21,20 +23,53 @@ func TestRunsMetric(t *testing.T) {
 		return &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"},
 			Status: v1alpha1.ProcessingRunStatus{Phase: phase}}
 	}
+	stalled := func(name string, phase v1alpha1.RunPhase, reason string) *v1alpha1.ProcessingRun {
+		r := run(name, phase)
+		r.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionStalled, Status: metav1.ConditionTrue, Reason: reason}}
+		return r
+	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
 		run("a", v1alpha1.RunRunning), run("b", v1alpha1.RunRunning), run("c", v1alpha1.RunSucceeded), run("d", ""),
+		stalled("e", v1alpha1.RunPending, ReasonSecretNotFound), stalled("f", v1alpha1.RunRunning, ReasonWorkerNotStarting),
+		stalled("g", v1alpha1.RunPending, ReasonSecretNotFound), stalled("h", v1alpha1.RunFailed, ReasonBadInput),
 	).Build()
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(runsCollector{reader: c}))
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP runledger_runs ProcessingRuns by phase, as the controller's cache holds them.
 # TYPE runledger_runs gauge
-runledger_runs{phase="Failed"} 0
-runledger_runs{phase="Pending"} 1
-runledger_runs{phase="Running"} 2
+runledger_runs{phase="Failed"} 1
+runledger_runs{phase="Pending"} 3
+runledger_runs{phase="Running"} 3
 runledger_runs{phase="Succeeded"} 1
 runledger_runs{phase="Suspended"} 0
-`), "runledger_runs"))
+# HELP runledger_runs_stalled ProcessingRuns that cannot progress without someone acting (Stalled=True, not Failed), by reason, as the controller's cache holds them.
+# TYPE runledger_runs_stalled gauge
+runledger_runs_stalled{reason="SecretNotFound"} 2
+runledger_runs_stalled{reason="WorkerNotStarting"} 1
+`), "runledger_runs", "runledger_runs_stalled"))
+}
+
+// durationCount is how many durations runledger_run_duration_seconds has
+// observed for a result.
+func durationCount(t *testing.T, result string) uint64 {
+	t.Helper()
+	m := &dto.Metric{}
+	require.NoError(t, runDuration.WithLabelValues(result).(prometheus.Histogram).Write(m))
+	return m.GetHistogram().GetSampleCount()
+}
+
+func TestFinishedRunMetrics(t *testing.T) {
+	// A reason no other test uses: the counters are process-wide.
+	const reason = "MetricsTestReason"
+	done := time.Now()
+	st := &v1alpha1.ProcessingRunStatus{Phase: v1alpha1.RunFailed,
+		StartTime: &metav1.Time{Time: done.Add(-90 * time.Second)}, CompletionTime: &metav1.Time{Time: done},
+		Duration: &metav1.Duration{Duration: 90 * time.Second}}
+	before := durationCount(t, "Failed")
+	recordFinished(st, reason)
+	require.Equal(t, 1.0, testutil.ToFloat64(runsFinished.WithLabelValues("Failed", reason)))
+	require.GreaterOrEqual(t, durationCount(t, "Failed"), before+1)
 }
 
 func TestItemsMetricCountsWhatStatusWritesAdd(t *testing.T) {
@@ -44,4 +79,10 @@ func TestItemsMetricCountsWhatStatusWritesAdd(t *testing.T) {
 	failed := testutil.ToFloat64(itemsTotal.WithLabelValues("failed"))
 	recordItems(v1alpha1.ItemCounts{Failed: 2}, v1alpha1.ItemCounts{Failed: 1}) // a retry fixed an item: a counter never goes down
 	require.Equal(t, failed, testutil.ToFloat64(itemsTotal.WithLabelValues("failed")))
+}
+
+func TestMetricNames(t *testing.T) {
+	require.ElementsMatch(t, []string{"runledger_items_total", "runledger_reconcile_errors_total", "runledger_worker_pods_created_total",
+		"runledger_shard_attempts_failed_total", "runledger_status_conflicts_total", "runledger_runs_finished_total",
+		"runledger_run_duration_seconds", "runledger_runs", "runledger_runs_stalled"}, MetricNames())
 }

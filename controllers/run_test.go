@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -183,6 +184,12 @@ func TestBadInputFailsTheRunWithoutRetry(t *testing.T) {
 	cols := printerColumns(t, env, ns, "bad")
 	require.Equal(t, ReasonBadInput, cols["Reason"], "kubectl get says why it failed")
 	require.NotEmpty(t, cols["Duration"])
+	waitFor(t, "runledger_runs_finished_total counts it", func() error {
+		if n := testutil.ToFloat64(runsFinished.WithLabelValues("Failed", ReasonBadInput)); n < 1 {
+			return fmt.Errorf("%v runs finished Failed/BadInput", n)
+		}
+		return nil
+	})
 	// The other shard's live pod is stopped; nothing is retried.
 	waitPods(t, env, ns, "bad", "bad-0-0")
 	stillPods(t, env, ns, "bad", time.Second, "bad-0-0")

@@ -84,6 +84,15 @@ func assetsDir() (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
+// Kubectl is the path of the kubectl binary next to the envtest binaries.
+func Kubectl() (string, error) {
+	dir, err := assetsDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "kubectl"), nil
+}
+
 // Start starts etcd and kube-apiserver and installs the CRDs of
 // config/crd/bases.
 func Start() (*Env, error) {
