@@ -91,7 +91,7 @@ func newRunCommand() *cobra.Command {
 	f.StringVar(&o.fromFile, "from-file", "", "JSON Lines file with the items of a batch.configMapRef (default: the ConfigMap in the manifest)")
 	f.IntVar(&o.parallel, "parallel", 16, "at most this many shards at once in this process")
 	f.DurationVar(&o.progressInterval, "progress-interval", 10*time.Second, "time between progress lines when stderr is not a terminal")
-	o.engineFlags.add(f, "SIGINT/SIGTERM", 5*time.Second, "how long to wait while another process runs the same shard of the same run")
+	o.add(f, "SIGINT/SIGTERM", 5*time.Second, "how long to wait while another process runs the same shard of the same run")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
 }

@@ -66,7 +66,7 @@ func newWorkerCommand() *cobra.Command {
 	f.StringVar(&o.dsnFile, flagDSNFile, "", "read the connection string from this file (a Secret mounted as a file) instead of $"+v1alpha1.EnvDatabaseURL)
 	f.StringVar(&o.terminationLog, "termination-log", v1alpha1.TerminationMessagePath, "where to write the final report (the pod's terminationMessagePath)")
 	f.DurationVar(&o.reportInterval, "report-interval", v1alpha1.ReportIntervalSeconds*time.Second, "least time between two status reports")
-	o.engineFlags.add(f, "SIGTERM", time.Minute, "how long to wait while another process holds this shard's lock (an earlier pod still finishing)")
+	o.add(f, "SIGTERM", time.Minute, "how long to wait while another process holds this shard's lock (an earlier pod still finishing)")
 	_ = f.MarkHidden("report-interval")
 	return cmd
 }
