@@ -38,6 +38,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.ProcessingRunSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProcessingRunStatus"):
 		return &apiv1alpha1.ProcessingRunStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ProcessorSpec"):
+		return &apiv1alpha1.ProcessorSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("SecretKeyRef"):
 		return &apiv1alpha1.SecretKeyRefApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ShardStatus"):

@@ -68,6 +68,9 @@ const (
 	WorkerSubcommand = "worker"
 	// WorkerContainerName is the name of the worker container.
 	WorkerContainerName = "worker"
+	// ProcessorContainerName is the name of the processor sidecar
+	// (spec.effect.processor), a restartable init container.
+	ProcessorContainerName = "processor"
 
 	// AnnotationProgress is the worker's latest report on its own pod: the
 	// JSON of a ShardReport with reportTime (see ParseShardReport).

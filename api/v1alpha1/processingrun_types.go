@@ -258,17 +258,81 @@ type Item struct {
 	Payload *apiextensionsv1.JSON `json:"payload,omitempty"`
 }
 
-// EffectSpec is the effect of processing items.
+// EffectSpec is the effect of processing items: exactly one of sql and
+// processor.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.sql) != has(self.processor)",message="effect needs exactly one of effect.sql and effect.processor"
 type EffectSpec struct {
 	// sql is one statement run in the ledger transaction over exactly the
 	// items newly claimed in a chunk, which it reads from the temporary table
 	// claimed(entity, occurrence, payload). A duplicate item's effect never
 	// runs twice; if the statement fails, nothing of that chunk is committed.
-	// +required
+	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=65536
 	// +kubebuilder:validation:XValidation:rule="self.trim() != ''",message="must hold a statement, not only white space: remove effect to only record items"
-	SQL string `json:"sql"`
+	SQL string `json:"sql,omitempty"`
+
+	// processor is a container of yours that processes the items: it runs
+	// next to each worker (a native sidecar), and the worker POSTs it the
+	// newly claimed items of each chunk, in the chunk's transaction; a key
+	// commits only once the processor answered ok for it.
+	// +optional
+	Processor *ProcessorSpec `json:"processor,omitempty"`
+}
+
+// ProcessorSpec is a container that processes items over HTTP: the worker
+// calls POST http://127.0.0.1:<port><path> with a JSON body of at most
+// maxItemsPerCall items and expects one result per item (see pkg/processor).
+type ProcessorSpec struct {
+	// image of the processor container.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Image string `json:"image"`
+	// command overrides the image's entrypoint.
+	// +optional
+	// +listType=atomic
+	Command []string `json:"command,omitempty"`
+	// args of the processor container.
+	// +optional
+	// +listType=atomic
+	Args []string `json:"args,omitempty"`
+	// env of the processor container.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Env []corev1.EnvVar `json:"env,omitempty"`
+	// resources of the processor container.
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+	// port the processor listens on, on the pod's loopback at least; also
+	// its readiness probe's port.
+	// +optional
+	// +kubebuilder:default=8080
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port,omitempty"`
+	// path the worker POSTs items to.
+	// +optional
+	// +kubebuilder:default="/process"
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^/[^?#\s]*$`
+	Path string `json:"path,omitempty"`
+	// timeout of one call. The chunk's transaction is open during the call,
+	// so a call that takes longer is abandoned and its items are retried
+	// (then Failed); at most 10m.
+	// +optional
+	// +kubebuilder:default="30s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('10m')",message="must be more than 0s and at most 10m"
+	Timeout *metav1.Duration `json:"timeout,omitempty"`
+	// maxItemsPerCall bounds the items of one call: a chunk holds at most
+	// this many items (the smaller of chunkSize and maxItemsPerCall).
+	// +optional
+	// +kubebuilder:default=100
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=50000
+	MaxItemsPerCall int32 `json:"maxItemsPerCall,omitempty"`
 }
 
 // Timeouts bound what a run's SQL may take and how soon a lost database

@@ -1,6 +1,9 @@
 package v1alpha1
 
-import "time"
+import (
+	"strconv"
+	"time"
+)
 
 // The rules and defaults of a ProcessingRun's spec. The CRD's markers need
 // literals, so each value below is also written in a marker of
@@ -87,6 +90,20 @@ const (
 	MaxTimeoutSeconds = 86400
 	MinNetworkSeconds = 2
 	MaxNetworkSeconds = 3600
+
+	// DefaultProcessorPort is spec.effect.processor.port when it is not set.
+	DefaultProcessorPort = 8080
+	// DefaultProcessorPath is spec.effect.processor.path when it is not set.
+	DefaultProcessorPath = "/process"
+	// DefaultProcessorTimeout is spec.effect.processor.timeout when it is
+	// not set.
+	DefaultProcessorTimeout = 30 * time.Second
+	// MaxProcessorTimeout bounds spec.effect.processor.timeout: the chunk's
+	// transaction stays open while the processor works.
+	MaxProcessorTimeout = 10 * time.Minute
+	// DefaultMaxItemsPerCall is spec.effect.processor.maxItemsPerCall when it
+	// is not set.
+	DefaultMaxItemsPerCall = 100
 )
 
 // RunTimeouts are a spec's timeouts as durations, with the defaults filled
@@ -113,4 +130,42 @@ func TimeoutsOf(spec *ProcessingRunSpec) RunTimeouts {
 		Lock:    secs(t.LockSeconds, DefaultLockSeconds),
 		Network: secs(t.NetworkSeconds, DefaultNetworkSeconds),
 	}
+}
+
+
+// URL is where a worker calls the processor: its own pod's loopback, the
+// processor's port and path (defaults applied).
+func (p *ProcessorSpec) URL() string {
+	port, path := p.Port, p.Path
+	if port == 0 {
+		port = DefaultProcessorPort
+	}
+	if path == "" {
+		path = DefaultProcessorPath
+	}
+	return "http://127.0.0.1:" + strconv.Itoa(int(port)) + path
+}
+
+// CallTimeout is the timeout of one call (default applied).
+func (p *ProcessorSpec) CallTimeout() time.Duration {
+	if p.Timeout == nil || p.Timeout.Duration <= 0 {
+		return DefaultProcessorTimeout
+	}
+	return p.Timeout.Duration
+}
+
+// ItemsPerCall is the most items one call carries (default applied).
+func (p *ProcessorSpec) ItemsPerCall() int {
+	if p.MaxItemsPerCall <= 0 {
+		return DefaultMaxItemsPerCall
+	}
+	return int(p.MaxItemsPerCall)
+}
+
+// ListenPort is the processor's port (default applied).
+func (p *ProcessorSpec) ListenPort() int32 {
+	if p.Port == 0 {
+		return DefaultProcessorPort
+	}
+	return p.Port
 }

@@ -67,7 +67,8 @@ type runOptions struct {
 	parallel         int
 	progressInterval time.Duration
 	engineFlags
-	stdin io.Reader
+	processorURL string
+	stdin        io.Reader
 }
 
 func newRunCommand() *cobra.Command {
@@ -79,6 +80,7 @@ func newRunCommand() *cobra.Command {
 		Example: `  runledger run -f invoices.yaml --dsn postgres://app@localhost/billing   # password from ~/.pgpass
   runledger run -f invoices.yaml --dsn-file /run/secrets/ledger-dsn
   runledger run -f invoices.yaml --shard 0/4 --output json
+  runledger run -f mail-invoices.yaml --processor-url http://127.0.0.1:8080/process
   kubectl get prun june-invoices -o yaml | runledger run -f - --skip-migrate`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
@@ -92,6 +94,7 @@ func newRunCommand() *cobra.Command {
 	f.IntVar(&o.parallel, "parallel", 16, "at most this many shards at once in this process")
 	f.DurationVar(&o.progressInterval, "progress-interval", 10*time.Second, "time between progress lines when stderr is not a terminal")
 	o.add(f, "SIGINT/SIGTERM", 5*time.Second, "how long to wait while another process runs the same shard of the same run")
+	f.StringVar(&o.processorURL, "processor-url", "", "call the spec.effect.processor you started at this URL, e.g. http://127.0.0.1:8080/process (default: the spec's port and path on 127.0.0.1; its image is not run)")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
 }
@@ -179,6 +182,11 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 		return sum, exitFor(err)
 	}
 	log = log.WithValues("run", plan.Run.Namespace+"/"+plan.Run.Name, "attempt", 0)
+	if o.processorURL != "" {
+		if err := plan.UseProcessorURL(o.processorURL); err != nil {
+			return sum, exitFor(err)
+		}
+	}
 	if m.run.Spec.Suspend {
 		log.Info("spec.suspend is true; runledger run ignores it and processes the run")
 	}

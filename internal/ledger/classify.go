@@ -118,6 +118,10 @@ func IsRetryable(err error) bool {
 	}
 	return anyInChain(err, func(e error) bool {
 		switch e := e.(type) { //nolint:errorlint // anyInChain visits every node of the chain itself
+		case *ProcessorError:
+			// A processor's call failed as a whole and nothing committed:
+			// retried with back-off, then its items are Failed.
+			return true
 		case *pgconn.PgError:
 			switch e.Code {
 			case sqlstateSerializationFailure, sqlstateDeadlockDetected,

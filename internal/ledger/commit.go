@@ -47,14 +47,24 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		return nil, nil
 	}
 	unique, indexOf := dedupe(items)
+	// settle runs the processor, if any, over what a claim claimed, in the
+	// claim's transaction.
+	settle := func(tx pgx.Tx, res []Result, err error) ([]Result, error) {
+		if err != nil || opts.Processor == nil {
+			return res, err
+		}
+		return process(ctx, tx, run, unique, res, opts.Processor)
+	}
 
 	res, err := s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
-		return claim(ctx, tx, run, unique, opts, lookupFirst)
+		res, err := claim(ctx, tx, run, unique, opts, lookupFirst)
+		return settle(tx, res, err)
 	})
 	if IsExpectedBusinessKeyConflict(err) {
 		// A writer committed one of the keys after the lookup's snapshot.
 		res, err = s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
-			return claim(ctx, tx, run, unique, opts, arbitrate)
+			res, err := claim(ctx, tx, run, unique, opts, arbitrate)
+			return settle(tx, res, err)
 		})
 	}
 	if err != nil {
@@ -64,7 +74,8 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		if isStatementLevel(err) || len(unique) == 1 {
 			res = failAll(unique, err)
 		} else if res, err = s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
-			return isolate(ctx, tx, run, unique, opts)
+			res, err := isolate(ctx, tx, run, unique, opts)
+			return settle(tx, res, err)
 		}); err != nil {
 			return nil, fmt.Errorf("committing chunk of %d items item by item: %w", len(items), err)
 		}
@@ -178,11 +189,22 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOpti
 	}
 
 	var superseded []bool
+	var supersededRow []int64 // the row superseded for item i, if any
 	if opts.OnExisting == Supersede {
 		superseded = make([]bool, len(items))
+		supersededRow = make([]int64, len(items))
+		var idErr error
 		rows, err := tx.Query(ctx, sqlSupersede, entities, occurrences, run.UID)
 		if err == nil {
-			err = forEachKey(rows, items, func(i int, _ [][]byte) { superseded[i] = true })
+			err = forEachKey(rows, items, func(i int, rest [][]byte) {
+				superseded[i] = true
+				if supersededRow[i], err = parseRowID(rest[0]); err != nil {
+					idErr = err
+				}
+			})
+		}
+		if err == nil {
+			err = idErr
 		}
 		if err != nil {
 			return nil, fmt.Errorf("superseding existing rows: %w", err)
@@ -208,6 +230,9 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOpti
 	claimed := 0
 	claimedBy := func(i int) {
 		out[i].Outcome, out[i].Superseded = Completed, superseded != nil && superseded[i]
+		if supersededRow != nil {
+			out[i].supersededRow = supersededRow[i]
+		}
 		claimed++
 	}
 	rows, err := tx.Query(ctx, insert, entities, occurrences, payloads,

@@ -212,7 +212,14 @@ WHERE l.id = ANY (ARRAY(
     ) AS h
 ))
   AND l.state = 'committed' AND l.run_uid <> $3
-RETURNING l.entity, l.occurrence`
+RETURNING l.entity, l.occurrence, l.id::text`
+
+// sqlTakeBack takes back, inside the claiming transaction, the claims of the
+// keys a processor did not accept ($1 entities, $2 occurrences): the rows
+// this transaction inserted for them are deleted, and the rows it superseded
+// for them ($3 ids) are committed again. Only the transaction's own rows:
+// migrations/00004_take_back.sql. It returns the rows deleted.
+const sqlTakeBack = `SELECT ` + Schema + `.ledger_take_back($1::text[], $2::text[], $3::bigint[])`
 
 // sqlHolders says which committed rows hold the given keys, and whose they are.
 // It serves both the preload and the attribution of keys the insert skipped.
@@ -457,6 +464,8 @@ GROUP BY b.rl_k`
 //     those to everyone anyway);
 //   - the batch: read and write a run's batch once, set its header's item
 //     count; pruning (DELETE, pruned_at) is the owner's;
+//   - taking back its own transaction's claims (ledger_take_back, for a
+//     processor's refusals; it touches no committed row);
 //   - TEMP on the database (db, quoted), for the effect's table "claimed"
 //     (PostgreSQL grants it to PUBLIC by default; granted here so that a
 //     database that revoked it still works).
@@ -470,6 +479,7 @@ GRANT SELECT ON ` + versionTable + ` TO ` + role + `;
 GRANT SELECT, INSERT, UPDATE (state, superseded_at) ON ` + Schema + `.ledger TO ` + role + `;
 GRANT SELECT, INSERT, UPDATE (items) ON ` + Schema + `.batch_run TO ` + role + `;
 GRANT SELECT, INSERT ON ` + Schema + `.batch TO ` + role + `;
+GRANT EXECUTE ON FUNCTION ` + Schema + `.ledger_take_back(text[], text[], bigint[]) TO ` + role + `;
 GRANT TEMPORARY ON DATABASE ` + db + ` TO ` + role
 }
 

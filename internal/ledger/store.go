@@ -113,6 +113,9 @@ type Result struct {
 	Superseded bool
 	// Err is set when Outcome is Failed.
 	Err error
+	// supersededRow is the id of the row this call superseded for the item,
+	// restored if a processor refuses the item.
+	supersededRow int64
 }
 
 // ChunkOptions tunes one CommitChunk call.
@@ -129,6 +132,14 @@ type ChunkOptions struct {
 	// lock_timeout, for the effect only); 0 keeps the session's own. Either
 	// one expiring fails the chunk as retryable, with nothing committed.
 	EffectTimeout, LockTimeout time.Duration
+	// Processor, if set (instead of Effect), is called in the chunk's
+	// transaction with exactly the items it newly claimed; the keys it
+	// accepts commit, the others are taken back in the same transaction and
+	// Failed (errors.Is(err, ErrRetryItem) when it asked for a retry). If the
+	// call fails as a whole, nothing commits and CommitChunk returns a
+	// *ProcessorError (retryable). The transaction stays open during the
+	// call: the Processor bounds it (its timeout).
+	Processor Processor
 }
 
 // Store is the ledger on one PostgreSQL database.

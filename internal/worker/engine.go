@@ -25,8 +25,10 @@ type ShardConfig struct {
 	Run    ledger.Run
 	Shards int
 	Source Source
-	// Effect and OnExisting go to the ledger's insert path as they are.
+	// Effect, Processor and OnExisting go to the ledger's insert path as
+	// they are.
 	Effect     string
+	Processor  ledger.Processor
 	OnExisting ledger.OnExisting
 	// Timeouts bound the effect (Effect, Lock) and the batch query (Query,
 	// Lock); a zero one keeps the session's own. Network is the pool's.
@@ -298,28 +300,50 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 		}
 	}
 
-	// Commit what the preload did not settle.
+	// Commit what the preload did not settle. Items a processor asked to
+	// retry are sent again after the back-off; once the retries are spent,
+	// they, or the items of calls that kept failing, are Failed with the
+	// processor's error.
 	results := make(map[ledger.Key]ledger.Result, len(toCommit))
 	if len(toCommit) > 0 {
 		if ctx.Err() != nil {
 			return context.Cause(ctx) // stop before starting a commit
 		}
+		pending := toCommit
 		err := s.cfg.Retry.Do(ctx, "committing", s.onRetry("commit"), func(int) error {
-			res, err := s.store.CommitChunk(work, s.cfg.Run, toCommit, ledger.ChunkOptions{
-				Effect: s.cfg.Effect, OnExisting: s.cfg.OnExisting,
+			res, err := s.store.CommitChunk(work, s.cfg.Run, pending, ledger.ChunkOptions{
+				Effect: s.cfg.Effect, Processor: s.cfg.Processor, OnExisting: s.cfg.OnExisting,
 				EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock,
 			})
 			if err != nil {
 				return err
 			}
-			if len(res) != len(toCommit) {
-				return fmt.Errorf("the ledger returned %d results for %d items", len(res), len(toCommit))
+			if len(res) != len(pending) {
+				return fmt.Errorf("the ledger returned %d results for %d items", len(res), len(pending))
 			}
-			for _, r := range res {
+			var again []ledger.Item
+			var why error
+			for i, r := range res {
 				results[r.Key] = r
+				if r.Outcome == ledger.Failed && errors.Is(r.Err, ledger.ErrRetryItem) {
+					again, why = append(again, pending[i]), r.Err
+				}
+			}
+			pending = again
+			if len(again) > 0 {
+				return &ledger.ProcessorError{Err: fmt.Errorf("%d items to retry, e.g. %w", len(again), why)}
 			}
 			return nil
 		})
+		var perr *ledger.ProcessorError
+		if err != nil && errors.As(err, &perr) && !stopped(ctx) {
+			for _, it := range pending {
+				if r, ok := results[it.Key]; !ok || !errors.Is(r.Err, ledger.ErrRetryItem) {
+					results[it.Key] = ledger.Result{Key: it.Key, Outcome: ledger.Failed, Err: perr}
+				}
+			}
+			err = nil
+		}
 		if err != nil {
 			return err
 		}
@@ -391,7 +415,7 @@ func (s *shardRun) countRepeat(t *tally, it ledger.Item, first *Failure) {
 
 func (s *shardRun) onRetry(what string) func(int, time.Duration, error) {
 	return func(attempt int, wait time.Duration, err error) {
-		s.log().Info("retrying after a retryable database error", "step", what, "retry", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
+		s.log().Info("retrying after a retryable error", "step", what, "retry", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
 	}
 }
 

@@ -16,10 +16,14 @@ import (
 // Plan is a run's spec made ready to execute: what every shard needs except
 // its index and attempt.
 type Plan struct {
-	Run            ledger.Run // Namespace, Name, UID
-	Shards         int
-	Source         Source
-	Effect         string
+	Run    ledger.Run // Namespace, Name, UID
+	Shards int
+	Source Source
+	Effect string
+	// Processor is the run's processor (spec.effect.processor), called at
+	// ProcessorSpec.URL() unless the caller points it elsewhere
+	// (UseProcessorURL).
+	Processor      *HTTPProcessor
 	OnExisting     ledger.OnExisting
 	ChunkSize      int
 	MaxFailedItems int
@@ -30,7 +34,12 @@ type Plan struct {
 func (p *Plan) ShardConfig(shard, attempt int) ShardConfig {
 	run := p.Run
 	run.Shard, run.Attempt = shard, attempt
+	var proc ledger.Processor
+	if p.Processor != nil {
+		proc = p.Processor
+	}
 	return ShardConfig{
+		Processor:      proc,
 		Run:            run,
 		Shards:         p.Shards,
 		Source:         p.Source,
@@ -89,6 +98,11 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 	}
 	if spec.Effect != nil {
 		p.Effect = strings.TrimSpace(spec.Effect.SQL)
+		if proc := spec.Effect.Processor; proc != nil {
+			p.Processor = NewHTTPProcessor(proc.URL(), proc.CallTimeout())
+			// One call per chunk, so that a transaction waits on one call.
+			p.ChunkSize = min(p.ChunkSize, proc.ItemsPerCall())
+		}
 	}
 	switch b := spec.Batch; {
 	case len(b.Items) > 0:
@@ -117,6 +131,20 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 		p.Source = NewQuerySource(b.Query)
 	}
 	return p, nil
+}
+
+// UseProcessorURL points the run's processor at url (`runledger run
+// --processor-url`: a processor the user started; the spec's image is not
+// run). A run without spec.effect.processor is bad input.
+func (p *Plan) UseProcessorURL(url string) error {
+	if p.Processor == nil {
+		return &InputError{Msg: "--processor-url is given but the run has no spec.effect.processor"}
+	}
+	if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") {
+		return &InputError{Msg: fmt.Sprintf("--processor-url %q is not an http:// or https:// URL", url)}
+	}
+	p.Processor.URL = url
+	return nil
 }
 
 // Check verifies on the database what can be verified before anything is

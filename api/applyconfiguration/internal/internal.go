@@ -60,6 +60,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.runledger.runledger.api.v1alpha1.EffectSpec
   map:
     fields:
+    - name: processor
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ProcessorSpec
     - name: sql
       type:
         scalar: string
@@ -195,6 +198,51 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: total
       type:
         scalar: numeric
+- name: com.github.runledger.runledger.api.v1alpha1.ProcessorSpec
+  map:
+    fields:
+    - name: args
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: atomic
+    - name: command
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: atomic
+    - name: env
+      type:
+        list:
+          elementType:
+            namedType: io.k8s.api.core.v1.EnvVar
+          elementRelationship: associative
+          keys:
+          - name
+    - name: image
+      type:
+        scalar: string
+    - name: maxItemsPerCall
+      type:
+        scalar: numeric
+      default: 100
+    - name: path
+      type:
+        scalar: string
+      default: /process
+    - name: port
+      type:
+        scalar: numeric
+      default: 8080
+    - name: resources
+      type:
+        namedType: io.k8s.api.core.v1.ResourceRequirements
+    - name: timeout
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
+      default: 30s
 - name: com.github.runledger.runledger.api.v1alpha1.RunPhase
   scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.SecretKeyRef

@@ -9,13 +9,19 @@ package v1alpha1
 // EffectSpecApplyConfiguration represents a declarative configuration of the EffectSpec type for use
 // with apply.
 //
-// EffectSpec is the effect of processing items.
+// EffectSpec is the effect of processing items: exactly one of sql and
+// processor.
 type EffectSpecApplyConfiguration struct {
 	// sql is one statement run in the ledger transaction over exactly the
 	// items newly claimed in a chunk, which it reads from the temporary table
 	// claimed(entity, occurrence, payload). A duplicate item's effect never
 	// runs twice; if the statement fails, nothing of that chunk is committed.
 	SQL *string `json:"sql,omitempty"`
+	// processor is a container of yours that processes the items: it runs
+	// next to each worker (a native sidecar), and the worker POSTs it the
+	// newly claimed items of each chunk, in the chunk's transaction; a key
+	// commits only once the processor answered ok for it.
+	Processor *ProcessorSpecApplyConfiguration `json:"processor,omitempty"`
 }
 
 // EffectSpecApplyConfiguration constructs a declarative configuration of the EffectSpec type for use with
@@ -29,5 +35,13 @@ func EffectSpec() *EffectSpecApplyConfiguration {
 // If called multiple times, the SQL field is set to the value of the last call.
 func (b *EffectSpecApplyConfiguration) WithSQL(value string) *EffectSpecApplyConfiguration {
 	b.SQL = &value
+	return b
+}
+
+// WithProcessor sets the Processor field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Processor field is set to the value of the last call.
+func (b *EffectSpecApplyConfiguration) WithProcessor(value *ProcessorSpecApplyConfiguration) *EffectSpecApplyConfiguration {
+	b.Processor = value
 	return b
 }

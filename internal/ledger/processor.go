@@ -1,0 +1,113 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Processor processes the items a chunk's transaction has just claimed,
+// before it commits (spec.effect.processor; the worker's HTTP client is one).
+// It answers one Verdict per item, in order. An error means the call as a
+// whole failed (no answer, a malformed one): nothing of the chunk commits.
+type Processor interface {
+	Process(ctx context.Context, run Run, items []Item) ([]Verdict, error)
+}
+
+// Verdict is a processor's answer for one item.
+type Verdict struct {
+	// OK: the item is processed; its key commits with the chunk.
+	OK bool
+	// Retryable (with OK false): try the item again later in the run.
+	Retryable bool
+	// Error says why the item was not processed.
+	Error string
+}
+
+// ProcessorError is a processor call that failed as a whole (refused
+// connection, timeout, a non-2xx status, a malformed answer, a wrong number
+// of results). It is transient: IsRetryable says so, and nothing of the
+// chunk was committed.
+type ProcessorError struct{ Err error }
+
+func (e *ProcessorError) Error() string { return "calling the processor: " + e.Err.Error() }
+func (e *ProcessorError) Unwrap() error { return e.Err }
+
+// ErrRetryItem marks the error of an item the processor asked to retry
+// ({"ok": false, "retryable": true}): the item was not committed, and the
+// caller may send it again.
+var ErrRetryItem = errors.New("retryable")
+
+// process calls p with the items this transaction has newly claimed (out[i]
+// Completed by this call: never an item another run holds, nor one this run
+// committed earlier) and takes back, in the same transaction, the claims of
+// the items it did not accept. The accepted keys stay claimed, hence locked
+// against every other writer, until the caller commits.
+func process(ctx context.Context, tx pgx.Tx, run Run, items []Item, out []Result, p Processor) ([]Result, error) {
+	var sent []int
+	for i, r := range out {
+		if r.Outcome == Completed && r.Holder == HolderNone {
+			sent = append(sent, i)
+		}
+	}
+	if len(sent) == 0 {
+		return out, nil
+	}
+	batch := make([]Item, len(sent))
+	for j, i := range sent {
+		batch[j] = items[i]
+	}
+	verdicts, err := p.Process(ctx, run, batch)
+	if err == nil && len(verdicts) != len(batch) {
+		err = fmt.Errorf("it answered %d results for %d items", len(verdicts), len(batch))
+	}
+	if err != nil {
+		return nil, &ProcessorError{Err: err}
+	}
+
+	var entities, occurrences []string
+	var restore []int64
+	for j, i := range sent {
+		v := verdicts[j]
+		if v.OK {
+			continue
+		}
+		entities = append(entities, items[i].Entity)
+		occurrences = append(occurrences, items[i].Occurrence)
+		if out[i].supersededRow != 0 {
+			restore = append(restore, out[i].supersededRow)
+		}
+		why := v.Error
+		if why == "" {
+			why = "refused (no error given)"
+		}
+		itemErr := errors.New(why)
+		if v.Retryable {
+			itemErr = fmt.Errorf("%s (%w)", why, ErrRetryItem)
+		}
+		out[i] = Result{Key: items[i].Key, Outcome: Failed, Err: fmt.Errorf("processor: %w", itemErr)}
+	}
+	if len(entities) == 0 {
+		return out, nil
+	}
+	var deleted int64
+	if err := tx.QueryRow(ctx, sqlTakeBack, entities, occurrences, restore).Scan(&deleted); err != nil {
+		return nil, fmt.Errorf("taking back %d claims the processor did not accept: %w", len(entities), err)
+	}
+	if deleted != int64(len(entities)) {
+		return nil, fmt.Errorf("taking back the claims the processor did not accept: took back %d rows for %d keys", deleted, len(entities))
+	}
+	return out, nil
+}
+
+// parseRowID reads a row id sent as text.
+func parseRowID(b []byte) (int64, error) {
+	id, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("reading a row id: %w", err)
+	}
+	return id, nil
+}

@@ -1,0 +1,115 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/pkg/processor"
+)
+
+// MaxProcessorErrorBytes bounds a processor's error text kept with a failed
+// item (its own per item, or a failed call's: a status line and body).
+const MaxProcessorErrorBytes = 512
+
+// maxProcessorResponseBytes bounds what is read of a processor's answer.
+const maxProcessorResponseBytes = 16 << 20
+
+// IdempotencyKey is the key a processor gets for an item: the hex SHA-256 of
+// the run's UID and the business key (64 ASCII characters), the same for the
+// same run and key on every retry and attempt, another for another run (a
+// deliberate Supersede is processed again).
+func IdempotencyKey(runUID string, k ledger.Key) string {
+	h := sha256.New()
+	for _, part := range []string{runUID, k.Entity, k.Occurrence} {
+		// Length-prefixed, so that no two different triples hash alike.
+		fmt.Fprintf(h, "%d:%s", len(part), part)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// HTTPProcessor calls a processor over HTTP: POST URL with a
+// processor.Request, one call per chunk, bounded by Timeout.
+type HTTPProcessor struct {
+	URL     string
+	Timeout time.Duration
+	client  *http.Client
+}
+
+// NewHTTPProcessor returns a client of the processor at url.
+func NewHTTPProcessor(url string, timeout time.Duration) *HTTPProcessor {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil // the processor is the pod's own sidecar, or the user's on a laptop
+	return &HTTPProcessor{URL: url, Timeout: timeout, client: &http.Client{Transport: t}}
+}
+
+var _ ledger.Processor = (*HTTPProcessor)(nil)
+
+// Process sends items and returns the processor's verdicts. Every answer but
+// a 2xx with one result per item is an error (the ledger makes it a
+// transient *ledger.ProcessorError).
+func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []ledger.Item) ([]ledger.Verdict, error) {
+	req := processor.Request{
+		Run:     processor.Run{Namespace: run.Namespace, Name: run.Name, UID: run.UID},
+		Shard:   run.Shard,
+		Attempt: run.Attempt,
+		Items:   make([]processor.Item, len(items)),
+	}
+	for i, it := range items {
+		req.Items[i] = processor.Item{Key: IdempotencyKey(run.UID, it.Key), Entity: it.Entity, Occurrence: it.Occurrence, Payload: it.Payload}
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the request: %w", err)
+	}
+	callCtx, cancel := context.WithTimeout(ctx, p.Timeout)
+	defer cancel()
+	hreq, err := http.NewRequestWithContext(callCtx, http.MethodPost, p.URL, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("building the request to %s: %w", p.URL, err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := p.client.Do(hreq)
+	if err == nil {
+		defer func() { _ = resp.Body.Close() }()
+		body, err = io.ReadAll(io.LimitReader(resp.Body, maxProcessorResponseBytes))
+	}
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("POST %s: no answer within the timeout of %s: %w", p.URL, p.Timeout, err)
+		}
+		return nil, fmt.Errorf("POST %s: %w", p.URL, err)
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return nil, fmt.Errorf("POST %s: %s: %s", p.URL, resp.Status, cut(string(bytes.TrimSpace(body))))
+	}
+	var out struct {
+		Results *[]processor.Result `json:"results"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		return nil, fmt.Errorf("POST %s: malformed answer: %w", p.URL, err)
+	}
+	if out.Results == nil {
+		return nil, fmt.Errorf("POST %s: malformed answer: no \"results\"", p.URL)
+	}
+	if len(*out.Results) != len(items) {
+		return nil, fmt.Errorf("POST %s: %d results for %d items", p.URL, len(*out.Results), len(items))
+	}
+	verdicts := make([]ledger.Verdict, len(items))
+	for i, r := range *out.Results {
+		verdicts[i] = ledger.Verdict{OK: r.OK, Retryable: !r.OK && r.Retryable, Error: cut(r.Error)}
+	}
+	return verdicts, nil
+}
+
+// cut bounds a processor's text to MaxProcessorErrorBytes, marking the cut.
+func cut(s string) string { return v1alpha1.Truncate(s, MaxProcessorErrorBytes) }

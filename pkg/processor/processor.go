@@ -1,0 +1,104 @@
+// Package processor is the wire contract between a runledger worker and a
+// processor (spec.effect.processor), and a tiny helper to write one in Go.
+//
+// The worker calls POST http://127.0.0.1:<port><path> with a Request (JSON)
+// holding the items its chunk's transaction has just claimed, and expects
+// 200 with a Response holding one Result per item, in the same order. A key
+// commits only once its Result is ok; any other answer (a non-2xx status, a
+// timeout, a malformed body, a wrong number of results) commits nothing of
+// the call, and its items are tried again with back-off, then Failed.
+//
+// Delivery is at least once, commit exactly once: only a crash or a timeout
+// between an ok and the commit sends an item again, with the same Item.Key.
+// Pass Item.Key on as an idempotency key (the Idempotency-Key header payment
+// APIs take), or record it in your own store under a unique constraint.
+package processor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+)
+
+// MaxKeyLength bounds Item.Key: ASCII, at most this many characters.
+const MaxKeyLength = 64
+
+// Run identifies the ProcessingRun the items belong to.
+type Run struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+}
+
+// Item is one item to process.
+type Item struct {
+	// Key is the item's idempotency key: at most MaxKeyLength ASCII
+	// characters, the same for the same run and business key across
+	// retries and attempts, different for another run.
+	Key        string          `json:"key"`
+	Entity     string          `json:"entity"`
+	Occurrence string          `json:"occurrence"`
+	Payload    json.RawMessage `json:"payload,omitempty"`
+}
+
+// Request is the body of one call.
+type Request struct {
+	Run     Run    `json:"run"`
+	Shard   int    `json:"shard"`
+	Attempt int    `json:"attempt"`
+	Items   []Item `json:"items"`
+}
+
+// Result is the answer for one item.
+type Result struct {
+	// OK: the item is processed; its key commits.
+	OK bool `json:"ok"`
+	// Retryable (with OK false): try the item again later in the run (with
+	// back-off, then Failed).
+	Retryable bool `json:"retryable,omitempty"`
+	// Error says why the item was not processed (shown in the run's
+	// failures).
+	Error string `json:"error,omitempty"`
+}
+
+// Response is the body of a 200 answer: one Result per item, in order.
+type Response struct {
+	Results []Result `json:"results"`
+}
+
+// OK is the Result of a processed item.
+func OK() Result { return Result{OK: true} }
+
+// Refuse is the Result of an item that will not be processed: it is Failed.
+func Refuse(err error) Result { return Result{Error: err.Error()} }
+
+// Retry is the Result of an item to try again later in the run.
+func Retry(err error) Result { return Result{Retryable: true, Error: err.Error()} }
+
+// Func processes one item of a request.
+type Func func(ctx context.Context, req *Request, item Item) Result
+
+// Handler serves the contract: it decodes each request, calls fn for its
+// items in order, and answers with their results. A body that does not
+// decode is answered 400 (the worker retries the call, then fails its
+// items).
+func Handler(fn Func) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			http.Error(w, "only POST", http.StatusMethodNotAllowed)
+			return
+		}
+		var req Request
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			http.Error(w, fmt.Sprintf("decoding the request: %v", err), http.StatusBadRequest)
+			return
+		}
+		resp := Response{Results: make([]Result, len(req.Items))}
+		for i, it := range req.Items {
+			resp.Results[i] = fn(r.Context(), &req, it)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(resp)
+	})
+}
