@@ -2,6 +2,7 @@ package v1alpha1_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -115,6 +116,14 @@ func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
 	require.Equal(t, int64(v1alpha1.MaxNodeLostAfterSeconds), num(nodeLost.Maximum))
 	require.Equal(t, fmt.Sprint(v1alpha1.DefaultNodeLostAfterSeconds), def64(nodeLost))
 	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultOnExisting), def64(at("spec", "onExisting")))
+	proc := func(f string) apiextensionsv1.JSONSchemaProps { return at("spec", "effect", "processor", f) }
+	require.Equal(t, fmt.Sprint(v1alpha1.DefaultProcessorPort), def64(proc("port")))
+	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultProcessorPath), def64(proc("path")))
+	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultProcessorTimeout.String()), def64(proc("timeout")))
+	require.Contains(t, rules(proc("timeout")), fmt.Sprintf("duration(self) > duration('0s') && duration(self) <= duration('%s')", strings.TrimSuffix(v1alpha1.MaxProcessorTimeout.String(), "0s")))
+	require.Equal(t, fmt.Sprint(v1alpha1.DefaultMaxItemsPerCall), def64(proc("maxItemsPerCall")))
+	require.Equal(t, int64(v1alpha1.MaxChunkSize), num(proc("maxItemsPerCall").Maximum))
+	require.Equal(t, int64(v1alpha1.MaxImageLength), *proc("image").MaxLength)
 	require.Equal(t, int64(v1alpha1.MaxWorkers-1), num(at("status", "shards", "[]", "index").Maximum), "a shard index is below spec.workers")
 	require.Equal(t, int64(v1alpha1.MaxWorkers), *at("status", "shards").MaxItems)
 }

@@ -1,0 +1,314 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/worker"
+	"github.com/runledger/runledger/pkg/processor"
+)
+
+// recorder is a processor over real HTTP that records every item of every
+// call, and what it answered. Items whose occurrence ends in -fail are
+// refused, -retry are asked to retry every time, -flaky the first time only.
+type recorder struct {
+	mu    sync.Mutex
+	calls int
+	sent  map[string]int // idempotency key -> times sent
+	oks   map[string]int // idempotency key -> times answered ok
+	keys  map[string]ledger.Key
+	delay time.Duration
+}
+
+func newRecorder() *recorder {
+	return &recorder{sent: map[string]int{}, oks: map[string]int{}, keys: map[string]ledger.Key{}}
+}
+
+func (r *recorder) handler() http.Handler {
+	h := processor.Handler(func(_ context.Context, _ *processor.Request, it processor.Item) processor.Result {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.sent[it.Key]++
+		r.keys[it.Key] = ledger.Key{Entity: it.Entity, Occurrence: it.Occurrence}
+		switch {
+		case strings.HasSuffix(it.Occurrence, "-fail"):
+			return processor.Refuse(fmt.Errorf("card declined"))
+		case strings.HasSuffix(it.Occurrence, "-retry"):
+			return processor.Retry(fmt.Errorf("try later"))
+		case strings.HasSuffix(it.Occurrence, "-flaky") && r.sent[it.Key] == 1:
+			return processor.Retry(fmt.Errorf("busy"))
+		}
+		r.oks[it.Key]++
+		return processor.OK()
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		r.calls++
+		r.mu.Unlock()
+		time.Sleep(r.delay)
+		h.ServeHTTP(w, req)
+	})
+}
+
+func (r *recorder) snapshot() (calls int, sent, oks map[string]int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sent, oks = map[string]int{}, map[string]int{}
+	for k, v := range r.sent {
+		sent[k] = v
+	}
+	for k, v := range r.oks {
+		oks[k] = v
+	}
+	return r.calls, sent, oks
+}
+
+// fastRetry keeps the tests short: 4 attempts a few milliseconds apart.
+var fastRetry = worker.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond, MaxAttempts: 4, MaxElapsed: time.Minute}
+
+func processorConfig(uid, url string, items []ledger.Item, timeout time.Duration) worker.ShardConfig {
+	return worker.ShardConfig{
+		Run: run(uid), Shards: 1, Source: worker.NewStaticSource("items", items), ChunkSize: 10,
+		Processor: worker.NewHTTPProcessor(url, timeout), Retry: fastRetry, MaxFailedItems: 1 << 30,
+	}
+}
+
+func occItems(occurrences ...string) []ledger.Item {
+	out := make([]ledger.Item, len(occurrences))
+	for i, o := range occurrences {
+		out[i] = ledger.Item{Key: ledger.Key{Entity: "acct", Occurrence: o}, Payload: json.RawMessage(`{"amount": 1}`)}
+	}
+	return out
+}
+
+// TestProcessor_MixedResults: ok items commit, refused ones fail with the
+// processor's text, a retryable one is sent again after the back-off (and
+// commits if it then succeeds, fails once the retries are spent); a rerun
+// of the run sends nothing; another run sends only the keys still free.
+func TestProcessor_MixedResults(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	rec := newRecorder()
+	srv := httptest.NewServer(rec.handler())
+	defer srv.Close()
+	items := occItems("1", "2-fail", "3", "4-retry", "5-flaky", "6", "6") // 6 twice: a repeat
+	cfg := processorConfig("uid-mixed", srv.URL, items, 5*time.Second)
+
+	reports, sum := runShards(t, f, cfg)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 7, Completed: 4, AlreadyHandled: 1, Failed: 2}, sum, "%+v", reports[0].Failures)
+	require.EqualValues(t, 4, f.committed(t), "completed == committed rows")
+	failures := map[string]string{}
+	for _, fl := range reports[0].Failures {
+		failures[fl.Occurrence] = fl.Error
+	}
+	require.Equal(t, map[string]string{"2-fail": "processor: card declined", "4-retry": "processor: try later (retryable)"}, failures)
+
+	key := func(o string) string { return worker.IdempotencyKey("uid-mixed", ledger.Key{Entity: "acct", Occurrence: o}) }
+	_, sent, oks := rec.snapshot()
+	require.Equal(t, 1, sent[key("1")], "an accepted item is sent once")
+	require.Equal(t, 1, sent[key("2-fail")], "a refused item is not retried")
+	require.Equal(t, fastRetry.MaxAttempts, sent[key("4-retry")], "a retryable item is sent until the retries are spent")
+	require.Equal(t, 2, sent[key("5-flaky")])
+	require.Equal(t, 1, sent[key("6")], "a repeat is never sent")
+	for k, n := range oks {
+		require.Equal(t, 1, n, "key %s accepted once", k)
+	}
+
+	// The same run again: its rows count as completed and are not sent;
+	// only the failed items, never committed, are sent again.
+	_, again := runShards(t, f, cfg)
+	require.Equal(t, sum, again)
+	_, sentAgain, _ := rec.snapshot()
+	for _, o := range []string{"1", "3", "5-flaky", "6"} {
+		require.Equal(t, sent[key(o)], sentAgain[key(o)], "%s, committed, is not sent again", o)
+	}
+	require.Equal(t, 2, sentAgain[key("2-fail")])
+
+	// Another run: the committed keys are already handled and not sent.
+	_, other := runShards(t, f, processorConfig("uid-other", srv.URL, items, 5*time.Second))
+	require.Equal(t, v1alpha1.ItemCounts{Total: 7, AlreadyHandled: 5, Failed: 2}, other)
+	_, sent, _ = rec.snapshot()
+	otherKey := func(o string) string { return worker.IdempotencyKey("uid-other", ledger.Key{Entity: "acct", Occurrence: o}) }
+	require.Zero(t, sent[otherKey("1")]+sent[otherKey("3")]+sent[otherKey("5-flaky")]+sent[otherKey("6")])
+	require.Equal(t, 1, sent[otherKey("2-fail")])
+}
+
+// TestProcessor_CallFails: whatever breaks the call as a whole, nothing of
+// it commits, the call is retried with back-off, and its items are then
+// Failed with the processor's error text (cut to a bounded length). The
+// same run later, with the processor fixed, completes them.
+func TestProcessor_CallFails(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 2000)
+	tests := []struct {
+		name    string
+		handler http.HandlerFunc
+		timeout time.Duration
+		want    string
+	}{
+		{"500", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "boom", http.StatusInternalServerError) }, 5 * time.Second,
+			"500 Internal Server Error: boom"},
+		{"500 with a long body", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, long, http.StatusBadGateway) }, 5 * time.Second,
+			"502 Bad Gateway: " + long[:worker.MaxProcessorErrorBytes] + "…"},
+		{"hangs past the timeout", func(_ http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body) // the server then notices the client hanging up
+			select {
+			case <-r.Context().Done():
+			case <-time.After(30 * time.Second):
+			}
+		}, 100 * time.Millisecond,
+			"no answer within the timeout of 100ms"},
+		{"closes the connection", func(w http.ResponseWriter, _ *http.Request) {
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				_ = conn.Close()
+			}
+		}, 5 * time.Second, "EOF"},
+		{"wrong number of results", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = w.Write([]byte(`{"results": [{"ok": true}]}`))
+		}, 5 * time.Second, "1 results for 3 items"},
+		{"malformed body", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"results": [`)) }, 5 * time.Second,
+			"malformed answer"},
+		{"no results", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{}`)) }, 5 * time.Second,
+			`malformed answer: no "results"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			var mu sync.Mutex
+			calls := 0
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				calls++
+				mu.Unlock()
+				tt.handler(w, r)
+			}))
+			defer srv.Close()
+			items := occItems("1", "2", "3")
+			reports, sum := runShards(t, f, processorConfig("uid-broken", srv.URL, items, tt.timeout))
+			require.Equal(t, v1alpha1.ItemCounts{Total: 3, Failed: 3}, sum)
+			require.Zero(t, f.committed(t), "nothing of a failed call commits")
+			require.Len(t, reports[0].Failures, 3)
+			for _, fl := range reports[0].Failures {
+				require.Contains(t, fl.Error, "calling the processor: POST "+srv.URL)
+				require.Contains(t, fl.Error, tt.want)
+				require.LessOrEqual(t, len(fl.Error), worker.MaxProcessorErrorBytes+200, "the processor's text is cut")
+			}
+			mu.Lock()
+			require.Equal(t, fastRetry.MaxAttempts, calls, "the call is retried with back-off")
+			mu.Unlock()
+
+			rec := newRecorder()
+			fixed := httptest.NewServer(rec.handler())
+			defer fixed.Close()
+			_, sum = runShards(t, f, processorConfig("uid-broken", fixed.URL, items, 5*time.Second))
+			require.Equal(t, v1alpha1.ItemCounts{Total: 3, Completed: 3}, sum)
+			require.EqualValues(t, 3, f.committed(t))
+		})
+	}
+}
+
+// TestProcessor_RefusedConnection: no processor listening is a failed call
+// like any other.
+func TestProcessor_RefusedConnection(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close()
+	reports, sum := runShards(t, f, processorConfig("uid-refused", url, occItems("1", "2"), time.Second))
+	require.Equal(t, v1alpha1.ItemCounts{Total: 2, Failed: 2}, sum)
+	require.Contains(t, reports[0].Failures[0].Error, "connection refused")
+	require.Zero(t, f.committed(t))
+}
+
+// TestProcessor_OverlappingRuns: two runs over overlapping keys at once,
+// several shards each, small chunks, one recording processor: no key is
+// accepted twice, each key is committed once, and the runs' completed
+// counts add up to the distinct keys.
+func TestProcessor_OverlappingRuns(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	rec := newRecorder()
+	rec.delay = 2 * time.Millisecond // widen the window between claim and commit
+	srv := httptest.NewServer(rec.handler())
+	defer srv.Close()
+	all := keyItems("acct", 300)
+	a := append([]ledger.Item(nil), all[:200]...)
+	b := append([]ledger.Item(nil), all[100:]...)
+	cfgA := processorConfig("uid-a", srv.URL, a, 5*time.Second)
+	cfgB := processorConfig("uid-b", srv.URL, b, 5*time.Second)
+	cfgA.Shards, cfgB.Shards = 3, 2
+	cfgA.ChunkSize, cfgB.ChunkSize = 7, 11
+
+	var wg sync.WaitGroup
+	var sumA, sumB v1alpha1.ItemCounts
+	wg.Add(2)
+	go func() { defer wg.Done(); _, sumA = runShards(t, f, cfgA) }()
+	go func() { defer wg.Done(); _, sumB = runShards(t, f, cfgB) }()
+	wg.Wait()
+
+	require.Zero(t, sumA.Failed+sumB.Failed)
+	require.EqualValues(t, 300, sumA.Completed+sumB.Completed, "each key completed by exactly one run")
+	require.EqualValues(t, 100, sumA.AlreadyHandled+sumB.AlreadyHandled)
+	require.EqualValues(t, 300, f.committed(t))
+	_, sent, oks := rec.snapshot()
+	perKey := map[ledger.Key]int{}
+	for k, n := range oks {
+		require.Equal(t, 1, n, "key %s accepted once", k)
+		perKey[rec.keys[k]]++
+	}
+	require.Len(t, perKey, 300)
+	for k, n := range perKey {
+		require.Equal(t, 1, n, "business key %s processed successfully by one run only", k)
+	}
+	for k, n := range sent {
+		require.Equal(t, 1, n, "key %s sent once: no call failed", k)
+	}
+	require.EqualValues(t, sumA.Completed, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'uid-a' AND state = 'committed'`))
+
+	// A rerun of either run sends nothing and writes nothing.
+	calls, _, _ := rec.snapshot()
+	writes := f.ledgerWrites(t)
+	_, againA := runShards(t, f, cfgA)
+	_, againB := runShards(t, f, cfgB)
+	require.Equal(t, sumA, againA)
+	require.Equal(t, sumB, againB)
+	callsAfter, _, _ := rec.snapshot()
+	require.Equal(t, calls, callsAfter, "a rerun sends nothing to the processor")
+	require.Equal(t, writes, f.ledgerWrites(t), "and writes nothing")
+}
+
+// TestIdempotencyKey: at most 64 ASCII characters, stable for a run and
+// business key, different for another run or key (also where a naive
+// concatenation would collide).
+func TestIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	k := worker.IdempotencyKey("uid-1", ledger.Key{Entity: "acct-1", Occurrence: "2026-01"})
+	require.Len(t, k, processor.MaxKeyLength)
+	for _, c := range k {
+		require.Less(t, c, rune(128))
+	}
+	require.Equal(t, k, worker.IdempotencyKey("uid-1", ledger.Key{Entity: "acct-1", Occurrence: "2026-01"}))
+	for _, other := range []string{
+		worker.IdempotencyKey("uid-2", ledger.Key{Entity: "acct-1", Occurrence: "2026-01"}),
+		worker.IdempotencyKey("uid-1", ledger.Key{Entity: "acct-2", Occurrence: "2026-01"}),
+		worker.IdempotencyKey("uid-1", ledger.Key{Entity: "acct-12", Occurrence: "026-01"}),
+		worker.IdempotencyKey("uid-1acct-1", ledger.Key{Entity: "", Occurrence: "2026-01"}),
+	} {
+		require.NotEqual(t, k, other)
+	}
+}
