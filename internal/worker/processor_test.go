@@ -115,7 +115,9 @@ func TestProcessor_MixedResults(t *testing.T) {
 	}
 	require.Equal(t, map[string]string{"2-fail": "processor: card declined", "4-retry": "processor: try later (retryable)"}, failures)
 
-	key := func(o string) string { return worker.IdempotencyKey("uid-mixed", ledger.Key{Entity: "acct", Occurrence: o}) }
+	key := func(o string) string {
+		return worker.IdempotencyKey("uid-mixed", ledger.Key{Entity: "acct", Occurrence: o})
+	}
 	_, sent, oks := rec.snapshot()
 	require.Equal(t, 1, sent[key("1")], "an accepted item is sent once")
 	require.Equal(t, 1, sent[key("2-fail")], "a refused item is not retried")
@@ -140,7 +142,9 @@ func TestProcessor_MixedResults(t *testing.T) {
 	_, other := runShards(t, f, processorConfig("uid-other", srv.URL, items, 5*time.Second))
 	require.Equal(t, v1alpha1.ItemCounts{Total: 7, AlreadyHandled: 5, Failed: 2}, other)
 	_, sent, _ = rec.snapshot()
-	otherKey := func(o string) string { return worker.IdempotencyKey("uid-other", ledger.Key{Entity: "acct", Occurrence: o}) }
+	otherKey := func(o string) string {
+		return worker.IdempotencyKey("uid-other", ledger.Key{Entity: "acct", Occurrence: o})
+	}
 	require.Zero(t, sent[otherKey("1")]+sent[otherKey("3")]+sent[otherKey("5-flaky")]+sent[otherKey("6")])
 	require.Equal(t, 1, sent[otherKey("2-fail")])
 }

@@ -66,7 +66,7 @@ func TestTwoRoles_MigrateGrantToAndRun(t *testing.T) {
 
 	r := runCLI(t, "", "migrate", "--dsn", d.owner.dsn, "--grant-to", d.role)
 	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
-	require.Contains(t, r.stdout, "migrations applied: 3\n")
+	require.Contains(t, r.stdout, "migrations applied: 4\n")
 	require.Contains(t, r.stdout, "worker privileges granted to "+d.role+"\n")
 
 	// The worker starts (its migration check finds nothing to do) and runs a
@@ -121,7 +121,7 @@ func TestTwoRoles_BadInput(t *testing.T) {
 
 	r := runCLI(t, "", "migrate", "--dsn", d.owner.dsn, "--grant-to", "nobody_"+d.role)
 	require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
-	require.Contains(t, r.stdout, "migrations applied: 3\n")
+	require.Contains(t, r.stdout, "migrations applied: 4\n")
 	require.Contains(t, r.stderr, `role "nobody_`+d.role+`" does not exist`)
 	r = runCLI(t, "", "migrate", "--dsn", d.owner.dsn, "--grant-to", "")
 	require.Equal(t, 2, r.code)
@@ -164,18 +164,15 @@ func TestTwoRoles_BadInput(t *testing.T) {
 	require.EqualValues(t, 2, d.owner.int(t, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed' AND run_name = 'second'`))
 	require.Zero(t, d.owner.int(t, `SELECT count(*) FROM runledger.ledger WHERE state = 'superseded'`))
 
-	// The database as the previous release left it: 00003 pending. The
+	// The database as the previous release left it: 00004 pending. The
 	// worker may not apply it: exit 2, nothing committed, nothing applied.
-	d.owner.exec(t, `DROP TRIGGER ledger_append_only_truncate ON runledger.ledger;
-DROP TRIGGER ledger_append_only ON runledger.ledger;
-DROP FUNCTION runledger.ledger_append_only();
-DROP TRIGGER ledger_superseded_replaced ON runledger.ledger;
-DROP FUNCTION runledger.ledger_superseded_replaced();
-DELETE FROM runledger.goose_db_version WHERE version_id = 3`)
+	d.owner.exec(t, `DROP FUNCTION runledger.ledger_take_back(text[], text[], bigint[]);
+DROP FUNCTION runledger.ledger_written_by_this_xact(bigint);
+DELETE FROM runledger.goose_db_version WHERE version_id = 4`)
 	before = d.owner.snapshot(t)
 	r = runCLI(t, "", "run", "-f", writeFile(t, "run.yaml", manifest("pending", inlineItems([2]string{"acct-9", "x"}))), "--dsn", d.worker.dsn, "--output", "json")
 	require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
 	require.Contains(t, r.summary(t).Error, "this login may not apply them; run runledger migrate as the schema's owner first")
 	require.Equal(t, before, d.owner.snapshot(t), "nothing committed")
-	require.Zero(t, d.owner.int(t, `SELECT count(*) FROM runledger.goose_db_version WHERE version_id = 3`))
+	require.Zero(t, d.owner.int(t, `SELECT count(*) FROM runledger.goose_db_version WHERE version_id = 4`))
 }
