@@ -132,7 +132,6 @@ func TimeoutsOf(spec *ProcessingRunSpec) RunTimeouts {
 	}
 }
 
-
 // URL is where a worker calls the processor: its own pod's loopback, the
 // processor's port and path (defaults applied).
 func (p *ProcessorSpec) URL() string {
