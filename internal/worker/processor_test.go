@@ -165,7 +165,7 @@ func TestProcessor_CallFails(t *testing.T) {
 		{"500", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "boom", http.StatusInternalServerError) }, 5 * time.Second,
 			"500 Internal Server Error: boom"},
 		{"500 with a long body", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, long, http.StatusBadGateway) }, 5 * time.Second,
-			"502 Bad Gateway: " + long[:worker.MaxProcessorErrorBytes] + "…"},
+			"502 Bad Gateway: " + v1alpha1.Truncate(long, worker.MaxProcessorErrorBytes)},
 		{"hangs past the timeout", func(_ http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body) // the server then notices the client hanging up
 			select {
