@@ -124,9 +124,11 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// effectInFlight reports whether a chunk's transaction is inside the effect.
+// effectInFlight reports whether a chunk's transaction is inside the effect
+// (which the ledger runs inside a DO block).
 func effectInFlight(t *testing.T, d *db) bool {
-	return d.int(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'active' AND query LIKE 'INSERT INTO invoices%'`) > 0
+	return d.int(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'active'
+		AND pid <> pg_backend_pid() AND query LIKE '%INSERT INTO invoices%'`) > 0
 }
 
 // TestKillAndRerun: SIGKILL mid-transaction, twice, then a run to the end:
