@@ -40,7 +40,8 @@ WHERE n.nspname = $1 AND i.relname = $2`, ledger.Schema, ledger.BusinessKeyIndex
 	require.Equal(t, "ledger", table, "the rule is on the ledger table")
 	require.True(t, unique, "the rule must be a unique index")
 	require.True(t, partial, "the rule must be partial: superseded rows must not block")
-	require.Equal(t, []string{"entity", "occurrence"}, columns, "the rule covers the composite business key, in order")
+	require.Equal(t, []string{"occurrence", "entity"}, columns,
+		"the rule covers the composite business key, occurrence first (migration 00005: a batch's new occurrence lands on adjacent leaves)")
 	require.Equal(t, "(state = 'committed'::text)", predicate, "the filter is part of the invariant")
 
 	// And pg_indexes agrees, for a reader of the catalog's friendlier view.
@@ -49,7 +50,7 @@ WHERE n.nspname = $1 AND i.relname = $2`, ledger.Schema, ledger.BusinessKeyIndex
 		`SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = $2`,
 		ledger.Schema, ledger.BusinessKeyIndex).Scan(&def))
 	require.Equal(t,
-		"CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger USING btree (entity, occurrence) WHERE (state = 'committed'::text)",
+		"CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger USING btree (occurrence, entity) WHERE (state = 'committed'::text)",
 		def)
 }
 

@@ -66,7 +66,7 @@ func TestTwoRoles_MigrateGrantToAndRun(t *testing.T) {
 
 	r := runCLI(t, "", "migrate", "--dsn", d.owner.dsn, "--grant-to", d.role)
 	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
-	require.Contains(t, r.stdout, "migrations applied: 4\n")
+	require.Contains(t, r.stdout, "migrations applied: 5\n")
 	require.Contains(t, r.stdout, "worker privileges granted to "+d.role+"\n")
 
 	// The worker starts (its migration check finds nothing to do) and runs a
@@ -121,7 +121,7 @@ func TestTwoRoles_BadInput(t *testing.T) {
 
 	r := runCLI(t, "", "migrate", "--dsn", d.owner.dsn, "--grant-to", "nobody_"+d.role)
 	require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
-	require.Contains(t, r.stdout, "migrations applied: 4\n")
+	require.Contains(t, r.stdout, "migrations applied: 5\n")
 	require.Contains(t, r.stderr, `role "nobody_`+d.role+`" does not exist`)
 	r = runCLI(t, "", "migrate", "--dsn", d.owner.dsn, "--grant-to", "")
 	require.Equal(t, 2, r.code)
@@ -157,16 +157,23 @@ func TestTwoRoles_BadInput(t *testing.T) {
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "--superseded-older-than must be a positive duration")
 
-	// The owner prunes the superseded rows, and only them.
+	// The owner prunes the superseded rows, and only them: every committed
+	// row (all older than the cutoff) stays.
+	committedBefore := d.owner.int(t, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed' AND created_at < now()`)
 	r = runCLI(t, "", "prune", "--superseded-older-than", "1ns", "--dsn", d.owner.dsn)
 	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
 	require.Contains(t, r.stdout, "superseded ledger rows pruned: 2,")
 	require.EqualValues(t, 2, d.owner.int(t, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed' AND run_name = 'second'`))
 	require.Zero(t, d.owner.int(t, `SELECT count(*) FROM runledger.ledger WHERE state = 'superseded'`))
+	require.Equal(t, committedBefore, d.owner.int(t, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed'`), "no committed row pruned")
 
-	// The database as the previous release left it: 00004 pending. The
-	// worker may not apply it: exit 2, nothing committed, nothing applied.
-	d.owner.exec(t, `DROP FUNCTION runledger.ledger_take_back(text[], text[], bigint[]);
+	// The database as the previous releases left it: 00004 and 00005
+	// pending. The worker may not apply them: exit 2, nothing committed,
+	// nothing applied.
+	d.owner.exec(t, `DROP INDEX runledger.ledger_business_key_uq;
+CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger (entity, occurrence) WHERE state = 'committed';
+DELETE FROM runledger.goose_db_version WHERE version_id = 5;
+DROP FUNCTION runledger.ledger_take_back(text[], text[], bigint[]);
 DROP FUNCTION runledger.ledger_written_by_this_xact(bigint);
 DELETE FROM runledger.goose_db_version WHERE version_id = 4`)
 	before = d.owner.snapshot(t)

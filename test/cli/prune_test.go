@@ -3,9 +3,11 @@ package clitest
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/cli"
@@ -30,6 +32,22 @@ func TestPrune(t *testing.T) {
 	}
 	_, err = pool.Exec(ctx, `UPDATE runledger.batch_run SET created_at = now() - interval '48 hours' WHERE run_uid = 'old'`)
 	require.NoError(t, err)
+	// The old run committed its items: pruning its batch keeps every one.
+	var committed []ledger.Item
+	for i := 1; i <= 10; i++ {
+		committed = append(committed, ledger.Item{Key: ledger.Key{Entity: fmt.Sprintf("e%d", i), Occurrence: "o"}})
+	}
+	_, err = store.CommitChunk(ctx, ledger.Run{Namespace: "ns", Name: "old", UID: "old"}, committed, ledger.ChunkOptions{})
+	require.NoError(t, err)
+	ledgerRows := func() (rows []string) {
+		r, err := pool.Query(ctx, `SELECT format('%s/%s %s %s', entity, occurrence, state, run_uid) FROM runledger.ledger ORDER BY id`)
+		require.NoError(t, err)
+		rows, err = pgx.CollectRows(r, pgx.RowTo[string])
+		require.NoError(t, err)
+		return rows
+	}
+	before := ledgerRows()
+	require.Len(t, before, 10)
 
 	prune := func(args ...string) (string, error) {
 		cmd := cli.NewRootCommand()
@@ -48,6 +66,7 @@ func TestPrune(t *testing.T) {
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(cardinality(seqs)), 0) FROM runledger.batch`).Scan(&left))
 	require.Equal(t, 10, left, "the newer batch is kept")
+	require.Equal(t, before, ledgerRows(), "pruning a batch never removes a committed row")
 
 	for _, bad := range [][]string{{"--older-than", "0s"}, {"--older-than", "-1h"}, {}} {
 		_, err := prune(bad...)
