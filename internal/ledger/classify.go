@@ -15,10 +15,11 @@ const Schema = "runledger"
 
 // BusinessKeyIndex is the name of THE rule: the filtered composite unique index
 //
-//	CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger (entity, occurrence)
+//	CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger (occurrence, entity)
 //	    WHERE state = 'committed'
 //
-// created by migrations/00001_ledger.sql. A violation of this index, and of no
+// created by migrations/00001_ledger.sql, its columns put occurrence first by
+// 00004 (the same rule; a batch's new occurrence lands on adjacent leaves). A violation of this index, and of no
 // other rule, proves that the logical occurrence was already committed.
 // TestBusinessKeyIndexMatchesCatalog reads the migrated catalog back so that
 // this constant and the migration cannot drift apart.

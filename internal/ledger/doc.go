@@ -3,8 +3,8 @@
 // Every writer (worker pods, `runledger run`, tests) commits items through
 // Store.CommitChunk. What may coexist in committed state is decided by
 // PostgreSQL, not by Go: the filtered composite unique index
-// runledger.ledger_business_key_uq on (entity, occurrence) WHERE state =
-// 'committed' refuses a second committed row for a business key, whichever
+// runledger.ledger_business_key_uq on the key (entity, occurrence), occurrence
+// first, WHERE state = 'committed' refuses a second committed row for a business key, whichever
 // process, retry or future caller attempts it. The layers around it each have
 // one job:
 //
