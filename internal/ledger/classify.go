@@ -19,8 +19,8 @@ const Schema = "runledger"
 //	    WHERE state = 'committed'
 //
 // created by migrations/00001_ledger.sql, its columns put occurrence first by
-// 00004 (the same rule; a batch's new occurrence lands on adjacent leaves). A violation of this index, and of no
-// other rule, proves that the logical occurrence was already committed.
+// 00005 (the same rule; a batch's new occurrence lands on adjacent leaves). A
+// violation of this index, and of no other rule, proves that the logical occurrence was already committed.
 // TestBusinessKeyIndexMatchesCatalog reads the migrated catalog back so that
 // this constant and the migration cannot drift apart.
 const BusinessKeyIndex = "ledger_business_key_uq"
