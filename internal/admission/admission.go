@@ -121,6 +121,9 @@ func (v *Validator) Create(ctx context.Context, obj map[string]any) error {
 	errs.Unknown = append(metaUnknown, pruning.PruneWithOptions(obj, v.structural, true, structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: true})...)
 	structuraldefaulting.PruneNonNullableNullsWithoutDefaults(obj, v.structural)
 	structuraldefaulting.Default(obj, v.structural)
+	// The schema defaults status ({observedGeneration: 0}, what a read shows
+	// until the controller writes); on create the apiserver drops it again.
+	delete(obj, "status")
 
 	meta, _, err := schemaobjectmeta.GetObjectMeta(obj, false)
 	if err != nil {
