@@ -252,6 +252,8 @@ type step struct {
 // otherwise runs the steps: observe the pods, check what the pods need,
 // create or delete pods, write the status.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	// The same key as the workers' and runledger run's logs.
+	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("run", req.Namespace+"/"+req.Name))
 	run := &v1alpha1.ProcessingRun{}
 	if err := r.Client.Get(ctx, req.NamespacedName, run); err != nil {
 		if apierrors.IsNotFound(err) {
