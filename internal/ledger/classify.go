@@ -2,6 +2,8 @@ package ledger
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -148,8 +150,9 @@ func IsRetryable(err error) bool {
 // ConnectionRejected reports whether err is the server refusing the
 // connection for a reason that waiting will not change, and says which in
 // words for the user: the credentials (class 28: a wrong password, an unknown
-// role, a role that may not log in, no pg_hba.conf entry) or a database that
-// does not exist (3D000). Retrying these only risks locking the account.
+// role, a role that may not log in, no pg_hba.conf entry), a database that
+// does not exist (3D000), or, on the client's side, a server TLS certificate
+// that does not verify (a wrong CA in sslrootcert, another host's name). Retrying these only risks locking the account.
 func ConnectionRejected(err error) (why string, rejected bool) {
 	anyInChain(err, func(e error) bool {
 		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
@@ -160,9 +163,23 @@ func ConnectionRejected(err error) (why string, rejected bool) {
 		case pgErr.Code == sqlstateInvalidCatalogName:
 			why = "the database named in the connection string does not exist"
 		}
+		if !ok && isCertificateVerification(e) {
+			why = "the database server's TLS certificate did not verify (sslmode verify-ca or verify-full: check sslrootcert, the CA that signed the server's certificate, and the host name)"
+		}
 		return why != ""
 	})
 	return why, why != ""
+}
+
+// isCertificateVerification reports whether e is the client refusing the
+// server's TLS certificate: a wrong or missing CA, or a certificate for
+// another host. Waiting changes none of it.
+func isCertificateVerification(e error) bool {
+	switch e.(type) { //nolint:errorlint // anyInChain visits every node of the chain itself
+	case *tls.CertificateVerificationError, x509.UnknownAuthorityError, x509.HostnameError, x509.CertificateInvalidError:
+		return true
+	}
+	return false
 }
 
 // IsConfigurationError reports whether err is PostgreSQL refusing a statement
