@@ -101,13 +101,8 @@ func newRunCommand() *cobra.Command {
 
 // runSummary is the result of `runledger run`, and its JSON output.
 type runSummary struct {
-	v1alpha1.ItemCounts
-	Failures    []worker.Failure `json:"failures"`
-	Interrupted bool             `json:"interrupted,omitempty"`
-	Error       string           `json:"error,omitempty"`
-
-	shards  []worker.Report
-	elapsed time.Duration
+	worker.RunResult
+	Error string `json:"error,omitempty"`
 }
 
 func (o *runOptions) run(cmd *cobra.Command) error {
@@ -156,7 +151,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		if werr := enc.Encode(sum); werr != nil {
 			return errors.Join(err, fmt.Errorf("writing the result: %w", werr))
 		}
-	} else if sum.shards != nil {
+	} else if sum.Shards != nil {
 		printSummary(stdout, sum)
 	}
 	return err
@@ -223,8 +218,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	})
 	progress.Stop()
 
-	sum.ItemCounts, sum.Failures, sum.Interrupted = res.ItemCounts, res.Failures, res.Interrupted
-	sum.shards, sum.elapsed = res.Shards, res.Elapsed
+	sum.RunResult = res
 	var errs []error
 	badInputs := false
 	for _, r := range res.Shards {
@@ -313,7 +307,7 @@ func shardState(r worker.Report) string {
 
 func printSummary(w io.Writer, s *runSummary) {
 	fmt.Fprintf(w, "total %d, completed %d, already handled %d, failed %d (%s)\n",
-		s.Total, s.Completed, s.AlreadyHandled, s.Failed, s.elapsed.Round(time.Millisecond))
+		s.Total, s.Completed, s.AlreadyHandled, s.Failed, s.Elapsed.Round(time.Millisecond))
 	if len(s.Failures) > 0 {
 		fmt.Fprintf(w, "failures (first %d of %d):\n", len(s.Failures), s.Failed)
 		for _, f := range s.Failures {

@@ -77,16 +77,17 @@ type ShardsConfig struct {
 	Progress func(Report)
 }
 
-// RunResult is what a set of shards did, added up.
+// RunResult is what a set of shards did, added up; its JSON is the summary
+// `runledger run --output json` prints.
 type RunResult struct {
 	v1alpha1.ItemCounts
 	// Failures lists the first MaxFailures failed items of all shards.
-	Failures []Failure
+	Failures []Failure `json:"failures"`
 	// Interrupted: some shard was stopped before it was done.
-	Interrupted bool
+	Interrupted bool `json:"interrupted,omitempty"`
 	// Shards has each shard's report, in the order asked.
-	Shards  []Report
-	Elapsed time.Duration
+	Shards  []Report      `json:"-"`
+	Elapsed time.Duration `json:"-"`
 }
 
 // RunShards runs the given shards of plan, at most cfg.Parallel at once, with
