@@ -39,7 +39,7 @@ var (
 	})
 	runsFinished = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "runledger_runs_finished_total",
-		Help: "ProcessingRuns that finished, by result (Succeeded, Failed) and reason (Succeeded, BadInput, BackoffLimitExceeded, TooManyFailedItems).",
+		Help: "ProcessingRuns that finished, by result (Succeeded, Failed) and reason (Succeeded, BadInput, BackoffLimitExceeded, ProcessorFailed, TooManyFailedItems).",
 	}, []string{"result", "reason"})
 	runDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "runledger_run_duration_seconds",

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/runledger/runledger/api/v1alpha1"
@@ -244,7 +245,56 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 			}}, userVolumes(tmpl.Volumes)...),
 		},
 	}
+	if e := run.Spec.Effect; e != nil && e.Processor != nil {
+		pod.Spec.InitContainers = []corev1.Container{processorContainer(e.Processor)}
+	}
 	return pod, nil
+}
+
+const (
+	// processorStartupSeconds is how long a processor may take to listen
+	// on its port (the startup probe's budget) before the kubelet restarts
+	// it; processorMaxRestarts restarts before its worker ever started fail
+	// the attempt (processorProblem).
+	processorStartupSeconds = 60
+	processorMaxRestarts    = 3
+)
+
+// processorContainer is the processor of spec.effect.processor as a native
+// sidecar (an init container with restartPolicy Always): the kubelet starts
+// the worker once its startup probe (a TCP connect to its port) passes, keeps
+// it running, restarting it if it crashes, while the worker runs, and stops
+// it when the worker exits. It runs as the pod's non-root user, without
+// privileges; its root filesystem is its own (user code often writes to it).
+func processorContainer(p *v1alpha1.ProcessorSpec) corev1.Container {
+	port := p.ListenPort()
+	tcp := corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)}}
+	c := corev1.Container{
+		Name:          v1alpha1.ProcessorContainerName,
+		Image:         p.Image,
+		Command:       slices.Clone(p.Command),
+		Args:          slices.Clone(p.Args),
+		RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
+		Ports:         []corev1.ContainerPort{{Name: "processor", ContainerPort: port, Protocol: corev1.ProtocolTCP}},
+		StartupProbe: &corev1.Probe{ProbeHandler: tcp, PeriodSeconds: 1, TimeoutSeconds: 1,
+			FailureThreshold: processorStartupSeconds},
+		ReadinessProbe:           &corev1.Probe{ProbeHandler: tcp, PeriodSeconds: 5, TimeoutSeconds: 1, FailureThreshold: 3},
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		SecurityContext: &corev1.SecurityContext{
+			RunAsNonRoot:             ptr.To(true),
+			Privileged:               ptr.To(false),
+			AllowPrivilegeEscalation: ptr.To(false),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+	}
+	for i := range p.Env {
+		c.Env = append(c.Env, *p.Env[i].DeepCopy())
+	}
+	if p.Resources != nil {
+		c.Resources = *p.Resources.DeepCopy()
+	}
+	return c
 }
 
 // nodeLossTolerations: a worker pod tolerates a NotReady or unreachable

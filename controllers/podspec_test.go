@@ -46,6 +46,57 @@ func TestBuildWorkerPod(t *testing.T) {
 		check   func(t *testing.T, pod *corev1.Pod)
 	}{
 		{
+			name: "processor: a native sidecar with its port probed, the spec's fields copied",
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.Effect = &v1alpha1.EffectSpec{Processor: &v1alpha1.ProcessorSpec{
+					Image: "registry.example/mailer:1", Command: []string{"/mailer"}, Args: []string{"-v"},
+					Env:       []corev1.EnvVar{{Name: "SMTP_HOST", Value: "smtp"}},
+					Resources: &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")}},
+					Port:      9000, Path: "/v1/items",
+				}}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				require.Len(t, pod.Spec.InitContainers, 1)
+				c := pod.Spec.InitContainers[0]
+				require.Equal(t, v1alpha1.ProcessorContainerName, c.Name)
+				require.Equal(t, "registry.example/mailer:1", c.Image)
+				require.Equal(t, []string{"/mailer"}, c.Command)
+				require.Equal(t, []string{"-v"}, c.Args)
+				require.Equal(t, []corev1.EnvVar{{Name: "SMTP_HOST", Value: "smtp"}}, c.Env)
+				require.Equal(t, resource.MustParse("64Mi"), c.Resources.Limits[corev1.ResourceMemory])
+				require.Equal(t, corev1.ContainerRestartPolicyAlways, *c.RestartPolicy, "a native sidecar")
+				require.Equal(t, int32(9000), c.Ports[0].ContainerPort)
+				require.Equal(t, int32(9000), c.StartupProbe.TCPSocket.Port.IntVal, "the worker starts once the processor listens")
+				require.Equal(t, int32(processorStartupSeconds), c.StartupProbe.FailureThreshold*c.StartupProbe.PeriodSeconds)
+				require.Equal(t, int32(9000), c.ReadinessProbe.TCPSocket.Port.IntVal)
+				require.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
+				require.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
+				require.Len(t, pod.Spec.Containers, 1, "the worker stays the one regular container")
+				require.Equal(t, corev1.RestartPolicyNever, pod.Spec.RestartPolicy)
+			},
+		},
+		{
+			name: "processor with defaults: port 8080",
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.Effect = &v1alpha1.EffectSpec{Processor: &v1alpha1.ProcessorSpec{Image: "mailer"}}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				c := pod.Spec.InitContainers[0]
+				require.Equal(t, int32(v1alpha1.DefaultProcessorPort), c.Ports[0].ContainerPort)
+				require.Nil(t, c.Command)
+				require.Empty(t, c.Resources)
+			},
+		},
+		{
+			name: "sql effect: no sidecar",
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.Effect = &v1alpha1.EffectSpec{SQL: "SELECT 1"}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				require.Empty(t, pod.Spec.InitContainers)
+			},
+		},
+		{
 			name: "defaults", shard: 2, attempt: 0,
 			check: func(t *testing.T, pod *corev1.Pod) {
 				require.Equal(t, "invoices-2-0", pod.Name)
@@ -286,6 +337,17 @@ func TestBuildWorkerPod(t *testing.T) {
 			}
 			for i := range pod.Spec.Containers[0].Env {
 				pod.Spec.Containers[0].Env[i].Name = "changed"
+			}
+			for _, c := range pod.Spec.InitContainers {
+				for i := range c.Env {
+					c.Env[i].Name = "changed"
+				}
+				for i := range c.Command {
+					c.Command[i] = "changed"
+				}
+				if c.Resources.Limits != nil {
+					c.Resources.Limits[corev1.ResourceMemory] = resource.MustParse("1Gi")
+				}
 			}
 			if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil {
 				a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution = nil

@@ -45,6 +45,9 @@ type podInfo struct {
 	// startProblem says why a live pod's worker cannot start (image pull,
 	// a missing Secret key), empty when there is none.
 	startProblem string
+	// processorFailure: the pod's processor crashed or never became ready
+	// before its worker started; the attempt failed.
+	processorFailure string
 	// unschedulable is the scheduler's message when it cannot place the
 	// pod (its PodScheduled condition), empty otherwise.
 	unschedulable string
@@ -160,6 +163,18 @@ func observePod(pod *corev1.Pod, shard int32) (podInfo, bool) {
 			info.startProblem = fmt.Sprintf("pod %s: %s: %s", pod.Name, w.Reason, w.Message)
 		}
 	}
+	if info.state == podLive {
+		switch failed, stuck := processorProblem(pod); {
+		case failed != "":
+			// The worker never starts without its processor: the attempt has
+			// failed, counted against backoffLimit, and the pod goes once
+			// that is recorded (lingeringToStop).
+			info.state, info.running, info.lingering = podFailed, false, true
+			info.processorFailure = failed
+		case stuck != "" && info.startProblem == "":
+			info.startProblem = stuck
+		}
+	}
 	if info.state == podLive && !info.running && pod.Spec.NodeName == "" {
 		for _, c := range pod.Status.Conditions {
 			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
@@ -172,6 +187,37 @@ func observePod(pod *corev1.Pod, shard int32) (podInfo, bool) {
 		info.finishedAt = podFinishTime(pod)
 	}
 	return info, true
+}
+
+// processorProblem reads the processor sidecar (spec.effect.processor) of a
+// pod whose worker has not started: failed says that it crashed or never
+// became ready processorMaxRestarts times, stuck that it waits for something
+// someone must fix (its image); both name the container. Empty when the pod
+// has no processor, or its worker has started (then a crashing processor is
+// restarted by the kubelet, and the worker retries its calls).
+func processorProblem(pod *corev1.Pod) (failed, stuck string) {
+	if w := workerStatus(pod); w != nil && w.State.Waiting == nil {
+		return "", ""
+	}
+	for _, cs := range pod.Status.InitContainerStatuses {
+		if cs.Name != v1alpha1.ProcessorContainerName {
+			continue
+		}
+		if cs.RestartCount >= processorMaxRestarts {
+			why := fmt.Sprintf("pod %s: container %s crashed or never became ready (restarted %d times)", pod.Name, cs.Name, cs.RestartCount)
+			if t := cs.LastTerminationState.Terminated; t != nil {
+				why += fmt.Sprintf("; it last exited %d (%s)", t.ExitCode, t.Reason)
+				if t.Message != "" {
+					why += ": " + strings.TrimSpace(t.Message)
+				}
+			}
+			return why, ""
+		}
+		if w := cs.State.Waiting; w != nil && stuckWaitingReasons[w.Reason] {
+			return "", fmt.Sprintf("pod %s: container %s: %s: %s", pod.Name, cs.Name, w.Reason, w.Message)
+		}
+	}
+	return "", ""
 }
 
 // workerStatus is the status of a pod's worker container, nil before the
@@ -213,6 +259,9 @@ func podFinishTime(pod *corev1.Pod) time.Time {
 
 // describeFailure is one line on why a failed pod failed.
 func describeFailure(p podInfo) string {
+	if p.processorFailure != "" {
+		return p.processorFailure
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "pod %s", p.pod.Name)
 	switch {
@@ -374,6 +423,9 @@ func lingeringToStop(in shardInput, p shardPolicy, d shardDecision) []*corev1.Po
 			recorded = in.entry != nil && in.entry.LastFailedAttempt != nil && *in.entry.LastFailedAttempt >= pi.attempt
 		}
 		needed := pi.attempt >= current && !d.final && d.create == nil && !p.suspended && !p.stopped
+		if pi.processorFailure != "" {
+			needed = false // it holds the next attempt back
+		}
 		if recorded && !needed {
 			out = append(out, pi.pod)
 		}
@@ -530,7 +582,11 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 		if !latest.busy && d.failures > p.backoffLimit {
 			d.phase = v1alpha1.ShardFailed
 			d.final, d.report, d.counts = true, latest.report, last
-			d.failure = &shardFailure{reason: ReasonBackoffLimitExceeded, message: fmt.Sprintf(
+			reason := ReasonBackoffLimitExceeded
+			if latest.processorFailure != "" {
+				reason = ReasonProcessorFailed
+			}
+			d.failure = &shardFailure{reason: reason, message: fmt.Sprintf(
 				"shard %d failed %d times (backoffLimit %d); last error: %s", in.index, d.failures, p.backoffLimit, d.lastFailure)}
 			return d
 		}
@@ -552,6 +608,13 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 	}
 	if now.Before(d.retryAt) {
 		return d
+	}
+	for _, pi := range pods {
+		if pi.processorFailure != "" {
+			// Its pod goes first (lingeringToStop): its worker must never
+			// start beside the next attempt's.
+			return d
+		}
 	}
 	d.create = &next
 	return d

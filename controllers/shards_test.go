@@ -33,6 +33,10 @@ type fakePod struct {
 	sidecar, nativeSidecar bool
 	// lost: on a lost node (what observe sets from podOnLostNode).
 	lost bool
+	// processorRestarts and processorWaiting: the status of the processor
+	// sidecar (spec.effect.processor), when either is set.
+	processorRestarts int32
+	processorWaiting  string
 }
 
 func (f fakePod) pod() *corev1.Pod {
@@ -72,6 +76,16 @@ func (f fakePod) pod() *corev1.Pod {
 		p.Spec.InitContainers = []corev1.Container{{Name: "proxy", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)}}
 		p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "proxy",
 			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(t0)}}}}
+	}
+	if f.processorRestarts > 0 || f.processorWaiting != "" {
+		ps := corev1.ContainerStatus{Name: v1alpha1.ProcessorContainerName, RestartCount: f.processorRestarts}
+		if f.processorRestarts > 0 {
+			ps.LastTerminationState.Terminated = &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: "listen tcp :8080: bind: address already in use\n"}
+		}
+		if f.processorWaiting != "" {
+			ps.State.Waiting = &corev1.ContainerStateWaiting{Reason: f.processorWaiting, Message: "back-off pulling image"}
+		}
+		p.Status.InitContainerStatuses = append(p.Status.InitContainerStatuses, ps)
 	}
 	if f.sidecar {
 		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: "istio-proxy",
@@ -245,6 +259,69 @@ func TestDecideShard(t *testing.T) {
 				require.Equal(t, ReasonBadInput, d.failure.reason)
 				require.Contains(t, d.failure.message, "shard 0")
 				require.Contains(t, d.failure.message, "line 3: entity is empty")
+			},
+		},
+		{
+			name: "processor crashing before its worker started: the attempt failed, no new pod until it is gone",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodPending, waiting: "PodInitializing", processorRestarts: 3}},
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardRetrying, d.phase)
+				require.Equal(t, int32(1), d.failures)
+				require.Nil(t, d.create, "the failed pod goes first")
+				require.Equal(t, "pod r-0-0: container processor crashed or never became ready (restarted 3 times); it last exited 1 (Error): listen tcp :8080: bind: address already in use", d.lastFailure)
+				require.Empty(t, d.deletePods, "not before the status records the failure")
+			},
+		},
+		{
+			name:  "processor crashing, failure recorded: its pod is deleted, still no new pod",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodPending, waiting: "PodInitializing", processorRestarts: 4}},
+			entry: failedEntry("r-0-0", v1alpha1.ShardRetrying, 1, 0),
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(1), d.failures, "counted once")
+				require.Nil(t, d.create)
+				require.Len(t, d.deletePods, 1)
+				require.Equal(t, "r-0-0", d.deletePods[0].Name)
+			},
+		},
+		{
+			name:  "processor's failed pod gone: the next attempt",
+			entry: failedEntry("r-0-0", v1alpha1.ShardRetrying, 1, 0),
+			gone:  true,
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, int32(1), *d.create)
+			},
+		},
+		{
+			name: "processor restarting while its worker runs: the kubelet's business, the worker retries its calls",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodRunning, processorRestarts: 5}},
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardRunning, d.phase)
+				require.Zero(t, d.failures)
+				require.Empty(t, d.deletePods)
+			},
+		},
+		{
+			name: "processor image not pulled: the worker does not start, said naming the container",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodPending, waiting: "PodInitializing", processorWaiting: "ImagePullBackOff"}},
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardPending, d.phase)
+				require.Equal(t, "pod r-0-0: container processor: ImagePullBackOff: back-off pulling image", d.startProblem)
+				require.Zero(t, d.failures)
+			},
+		},
+		{
+			name: "backoffLimit exceeded, last by the processor: ProcessorFailed, naming the container",
+			pods: []fakePod{
+				{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
+				{attempt: 1, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
+				{attempt: 2, phase: corev1.PodPending, waiting: "PodInitializing", processorRestarts: 3},
+			},
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardFailed, d.phase)
+				require.True(t, d.final)
+				require.Equal(t, ReasonProcessorFailed, d.failure.reason)
+				require.Contains(t, d.failure.message, "shard 0 failed 3 times (backoffLimit 2)")
+				require.Contains(t, d.failure.message, "container processor crashed or never became ready")
 			},
 		},
 		{

@@ -30,6 +30,10 @@ const (
 	ReasonInvalidImage           = "InvalidImage"
 	ReasonPodCreateFailed        = "PodCreateFailed"
 	ReasonWorkerNotStarting      = "WorkerNotStarting"
+	// ReasonProcessorFailed: a shard failed backoffLimit+1 times, the last
+	// time because its processor (spec.effect.processor) crashed or never
+	// became ready.
+	ReasonProcessorFailed = "ProcessorFailed"
 	// ReasonReconcileError: a reconcile pass failed (an API error); it is
 	// retried with back-off and the message says what failed.
 	ReasonReconcileError = "ReconcileError"

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"github.com/distribution/reference"
 	"strconv"
 	"time"
 
@@ -179,6 +180,12 @@ func (r *Reconciler) checkDependencies(ctx context.Context, s *scope) error {
 func (r *Reconciler) dependencyProblem(ctx context.Context, run *v1alpha1.ProcessingRun) (*problem, error) {
 	if p := imageProblem(workerImage(run, r.Pods)); p != nil {
 		return p, nil
+	}
+	if e := run.Spec.Effect; e != nil && e.Processor != nil {
+		if _, err := reference.ParseNormalizedNamed(e.Processor.Image); err != nil {
+			return &problem{reason: ReasonInvalidImage, message: fmt.Sprintf(
+				"invalid processor image %q: %v: spec.effect.processor.image is immutable, create a new ProcessingRun", e.Processor.Image, err)}, nil
+		}
 	}
 	ns := run.Namespace
 
