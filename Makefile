@@ -43,9 +43,10 @@ IMG ?=
 SOURCE_URL ?= https://github.com/runledger/runledger
 IMAGE_TOOL := $(BIN)/cluster-tools/image
 IMAGE_LAYOUT := $(BIN)/image
+PROCESSOR_IMAGE_LAYOUT := $(BIN)/image-processor
 
 .PHONY: image
-image: ## Build the runledger image into bin/image (OCI layout, no daemon): static binaries for PLATFORMS, no shell, user 65532, OCI labels; same commit, same digest.
+image: ## Build the runledger image into bin/image and the example processor's (examples/processor) into bin/image-processor (OCI layouts, no daemon): static binaries for PLATFORMS, no shell, user 65532, OCI labels; same commit, same digest.
 	@mkdir -p $(dir $(IMAGE_TOOL))
 	cd $(ROOT)/hack/tools/image && GOWORK=off CGO_ENABLED=0 go build -trimpath -o $(IMAGE_TOOL) .
 	bins=(); for p in $(PLATFORMS); do \
@@ -57,6 +58,20 @@ image: ## Build the runledger image into bin/image (OCI layout, no daemon): stat
 		-label org.opencontainers.image.source=$(SOURCE_URL) \
 		-label org.opencontainers.image.version=$(VERSION) \
 		-label org.opencontainers.image.revision=$(COMMIT)
+	bins=(); for p in $(PLATFORMS); do \
+		out=$(BIN)/platforms/$${p//\//_}/example-processor; \
+		CGO_ENABLED=0 GOOS=$${p%%/*} GOARCH=$${p#*/} go build -trimpath -ldflags "-s -w" -o $$out $(ROOT)/examples/processor; \
+		bins+=(-binary "$$p=$$out"); \
+	done; \
+	$(IMAGE_TOOL) build -o $(PROCESSOR_IMAGE_LAYOUT) "$${bins[@]}" -path /processor \
+		-label org.opencontainers.image.source=$(SOURCE_URL) \
+		-label org.opencontainers.image.version=$(VERSION) \
+		-label org.opencontainers.image.revision=$(COMMIT)
+
+.PHONY: push-processor
+push-processor: image ## Push the example processor's image (examples/processor, built by make image into bin/image-processor): make push-processor IMG=registry.example/runledger-example-processor:TAG; prints REPOSITORY@DIGEST.
+	@[ -n "$(IMG)" ] || { echo "make push-processor: set IMG=REGISTRY/REPOSITORY:TAG"; exit 1; }
+	$(IMAGE_TOOL) push $(if $(INSECURE),-insecure) $(PROCESSOR_IMAGE_LAYOUT) $(IMG)
 
 .PHONY: push
 push: image ## Push the image: make push IMG=registry.example/runledger:TAG (credentials of ~/.docker/config.json; INSECURE=1 for plain HTTP); prints REPOSITORY@DIGEST.

@@ -42,7 +42,7 @@ func newDB(t *testing.T) *db {
 CREATE TABLE ledger_writes (n bigint NOT NULL);
 INSERT INTO ledger_writes VALUES (0);
 CREATE FUNCTION count_ledger_write() RETURNS trigger LANGUAGE plpgsql AS
-  $$ BEGIN UPDATE ledger_writes SET n = n + 1; RETURN NULL; END $$;
+  $$ BEGIN UPDATE public.ledger_writes SET n = n + 1; RETURN NULL; END $$; -- qualified: ledger_take_back pins search_path
 CREATE TRIGGER count_ledger_writes AFTER INSERT OR UPDATE OR DELETE ON runledger.ledger
   FOR EACH STATEMENT EXECUTE FUNCTION count_ledger_write();`)
 	return d
