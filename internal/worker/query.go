@@ -113,7 +113,7 @@ func (q *QuerySource) batchQuery(shards int, t v1alpha1.RunTimeouts) ledger.Batc
 func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shards int, opt streamOptions) (stream, error) {
 	s := &queryStream{store: store, shard: shard, opt: opt}
 	if opt.fetchSize <= 0 {
-		s.opt.fetchSize = 1000
+		s.opt.fetchSize = v1alpha1.DefaultChunkSize
 	}
 	onRetry := func(attempt int, wait time.Duration, err error) {
 		opt.log.Info("fixing the batch failed, trying again", "retry", attempt, "wait", wait.Round(time.Millisecond), "error", err.Error())
