@@ -131,6 +131,9 @@ func TestGeneratedRoleCreatesPodsThatBlockOwnerDeletion(t *testing.T) {
 	var generated rbacv1.ClusterRole
 	require.NoError(t, yaml.Unmarshal(b, &generated))
 	require.Equal(t, "runledger-manager", generated.Name)
+	for _, rule := range generated.Rules {
+		require.NotContains(t, rule.Resources, "secrets", "the manager reads no Secret: a missing one shows on its pod")
+	}
 
 	for _, tc := range []struct {
 		name      string

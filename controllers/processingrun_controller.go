@@ -37,7 +37,6 @@ import (
 // +kubebuilder:rbac:groups=processing.runledger.dev,resources=processingruns/status,verbs=get;patch
 // +kubebuilder:rbac:groups=processing.runledger.dev,resources=processingruns/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch

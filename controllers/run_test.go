@@ -205,12 +205,6 @@ func TestMissingDependenciesStallTheRun(t *testing.T) {
 		message string
 	}{
 		{
-			name:    "Secret",
-			mutate:  func(r *v1alpha1.ProcessingRun) { r.Spec.Database.SecretRef.Name = "missing-db" },
-			reason:  ReasonSecretNotFound,
-			message: `Secret "missing-db" not found`,
-		},
-		{
 			name: "ConfigMap",
 			mutate: func(r *v1alpha1.ProcessingRun) {
 				r.Spec.Batch = v1alpha1.BatchSpec{ConfigMapRef: &v1alpha1.ConfigMapKeyRef{Name: "batch", Key: "items.jsonl"}}
@@ -271,6 +265,13 @@ func TestMissingDependenciesStallTheRun(t *testing.T) {
 	}
 }
 
+// TestMissingSecretThenCreated: the manager does not read Secrets, so a run
+// whose Secret is missing gets its pod, and the kubelet's
+// CreateContainerConfigError names the Secret: the run is Stalled
+// (SecretNotFound) with no second pod, until the kubelet starts the worker
+// once the Secret exists. A missing key shows the same way
+// (SecretKeyNotFound); another reason the container cannot start stays the
+// kubelet's own words.
 func TestMissingSecretThenCreated(t *testing.T) {
 	t.Parallel()
 	env, ns := setup(t)
@@ -278,8 +279,12 @@ func TestMissingSecretThenCreated(t *testing.T) {
 	run := newRun(ns, "later", 1, 2)
 	run.Spec.Database.SecretRef.Name = "created-later"
 	create(t, env, run)
-	waitRun(t, env, ns, "later", "Stalled", conditionIs(v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonSecretNotFound))
-	stillPods(t, env, ns, "later", 500*time.Millisecond)
+	waitPods(t, env, ns, "later", "later-0-0")
+	setPodWaiting(t, env, ns, "later-0-0", "CreateContainerConfigError", `secret "created-later" not found`)
+	r := waitRun(t, env, ns, "later", "Stalled", conditionIs(v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonSecretNotFound))
+	require.Contains(t, condition(r, v1alpha1.ConditionStalled).Message, `Secret "created-later" not found in namespace "`+ns+`": create it with the key "dsn"`)
+	waitEvent(t, env, ns, "later", corev1.EventTypeWarning, ReasonSecretNotFound, `Secret "created-later" not found`)
+	stillPods(t, env, ns, "later", 500*time.Millisecond, "later-0-0")
 	cols := printerColumns(t, env, ns, "later")
 	require.Equal(t, ReasonSecretNotFound, cols["Reason"], "kubectl get says why")
 	require.Empty(t, cols["Duration"], "not finished")
@@ -288,15 +293,15 @@ func TestMissingSecretThenCreated(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "created-later", Namespace: ns},
 		StringData: map[string]string{"dsn": "postgres://db/ledger"},
 	}))
-	waitPods(t, env, ns, "later", "later-0-0")
-	r := waitRun(t, env, ns, "later", "Running", all(phaseIs(v1alpha1.RunRunning),
+	setPod(t, env, ns, "later-0-0", corev1.PodRunning, 0, nil) // the kubelet started it
+	r = waitRun(t, env, ns, "later", "Running", all(phaseIs(v1alpha1.RunRunning), noCondition(v1alpha1.ConditionStalled),
 		conditionIs(v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonRunning)))
 	require.Nil(t, condition(r, v1alpha1.ConditionStalled))
 
-	// A pod whose container cannot start (here: the Secret's key is wrong,
-	// which only the kubelet can see) stalls the run too; no new pod.
-	setPodWaiting(t, env, ns, "later-0-0", "CreateContainerConfigError", `couldn't find key dsn in Secret`)
-	r = waitRun(t, env, ns, "later", "Stalled", conditionIs(v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonWorkerNotStarting))
+	// The Secret's key is wrong, which only the kubelet can see.
+	setPodWaiting(t, env, ns, "later-0-0", "CreateContainerConfigError", `couldn't find key dsn in Secret `+ns+`/created-later`)
+	r = waitRun(t, env, ns, "later", "Stalled", conditionIs(v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonSecretKeyNotFound))
+	require.Contains(t, condition(r, v1alpha1.ConditionStalled).Message, `has no key "dsn"`)
 	require.Contains(t, condition(r, v1alpha1.ConditionStalled).Message, "later-0-0: CreateContainerConfigError")
 	stillPods(t, env, ns, "later", 500*time.Millisecond, "later-0-0")
 }

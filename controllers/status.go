@@ -24,6 +24,7 @@ const (
 	ReasonBackoffLimitExceeded   = "BackoffLimitExceeded"
 	ReasonTooManyFailedItems     = "TooManyFailedItems"
 	ReasonSecretNotFound         = "SecretNotFound"
+	ReasonSecretKeyNotFound      = "SecretKeyNotFound"
 	ReasonConfigMapNotFound      = "ConfigMapNotFound"
 	ReasonConfigMapKeyNotFound   = "ConfigMapKeyNotFound"
 	ReasonServiceAccountNotFound = "ServiceAccountNotFound"

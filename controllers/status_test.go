@@ -366,3 +366,23 @@ func TestDeadlineLeft(t *testing.T) {
 		require.Equal(t, tt.left, left, tt.name)
 	}
 }
+
+func TestStartProblemOf(t *testing.T) {
+	t.Parallel()
+	run := &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Namespace: "billing"},
+		Spec: v1alpha1.ProcessingRunSpec{Database: v1alpha1.DatabaseSpec{SecretRef: v1alpha1.SecretKeyRef{Name: "db", Key: "dsn"}}}}
+	for _, tt := range []struct{ what, reason, message string }{
+		{`pod r-0-0: CreateContainerConfigError: secret "db" not found`, ReasonSecretNotFound,
+			`Secret "db" not found in namespace "billing": create it with the key "dsn" holding the ledger's PostgreSQL connection string (pod r-0-0: CreateContainerConfigError: secret "db" not found)`},
+		{`pod r-0-0: CreateContainerConfigError: couldn't find key dsn in Secret billing/db`, ReasonSecretKeyNotFound,
+			`Secret "db" in namespace "billing" has no key "dsn": add the ledger's PostgreSQL connection string under that key (pod r-0-0: CreateContainerConfigError: couldn't find key dsn in Secret billing/db)`},
+		// Another Secret, another key, another reason: the kubelet's words.
+		{`pod r-0-0: CreateContainerConfigError: secret "other" not found`, ReasonWorkerNotStarting, `pod r-0-0: CreateContainerConfigError: secret "other" not found`},
+		{`pod r-0-0: CreateContainerConfigError: couldn't find key url in Secret billing/db`, ReasonWorkerNotStarting, `pod r-0-0: CreateContainerConfigError: couldn't find key url in Secret billing/db`},
+		{`pod r-0-0: ErrImagePull: secret "db" not found`, ReasonWorkerNotStarting, `pod r-0-0: ErrImagePull: secret "db" not found`},
+	} {
+		p := startProblemOf(run, tt.what)
+		require.Equal(t, tt.reason, p.reason, tt.what)
+		require.Equal(t, tt.message, p.message, tt.what)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/distribution/reference"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -150,13 +151,16 @@ func (r *Reconciler) podGone(ctx context.Context, run *v1alpha1.ProcessingRun, n
 }
 
 // checkDependencies makes sure a pod can start before creating it: a valid
-// image, the Secret, the ConfigMap and the ServiceAccount exist. A missing
-// one stalls the run (condition and Event) and no pod is created, so nothing
-// crash-loops; the run looks again every DependencyRetry.
+// image, the ConfigMap and the ServiceAccount exist. A missing one stalls the
+// run (condition and Event) and no pod is created, so nothing crash-loops;
+// the run looks again every DependencyRetry. The Secret is not looked at:
+// the manager may not read Secrets, so a missing Secret or key shows as the
+// kubelet's CreateContainerConfigError on the pod (startProblemOf), and the
+// kubelet starts the worker once it exists.
 func (r *Reconciler) checkDependencies(ctx context.Context, s *scope) error {
 	for _, d := range s.shards {
 		if d.startProblem != "" {
-			s.stalled = &problem{reason: ReasonWorkerNotStarting, message: d.startProblem}
+			s.stalled = startProblemOf(s.run, d.startProblem)
 			s.requeueIn(r.DependencyRetry)
 		}
 	}
@@ -188,17 +192,6 @@ func (r *Reconciler) dependencyProblem(ctx context.Context, run *v1alpha1.Proces
 		}
 	}
 	ns := run.Namespace
-
-	ref := run.Spec.Database.SecretRef
-	found, err := r.exists(ctx, "Secret", client.ObjectKey{Namespace: ns, Name: ref.Name})
-	if err != nil {
-		return nil, err
-	}
-	if !found {
-		return &problem{reason: ReasonSecretNotFound, message: fmt.Sprintf(
-			"Secret %q not found in namespace %q: create it with the key %q holding the ledger's PostgreSQL connection string",
-			ref.Name, ns, ref.Key)}, nil
-	}
 
 	if cm := run.Spec.Batch.ConfigMapRef; cm != nil {
 		var obj corev1.ConfigMap
@@ -234,6 +227,28 @@ func (r *Reconciler) dependencyProblem(ctx context.Context, run *v1alpha1.Proces
 	return nil, nil
 }
 
+// startProblemOf is the problem of a worker pod that cannot start (what,
+// the pod's name and the kubelet's waiting reason and message): named after
+// the run's Secret when the kubelet cannot find it or its key
+// (CreateContainerConfigError, in the kubelet's own words), else the
+// kubelet's words as they are.
+func startProblemOf(run *v1alpha1.ProcessingRun, what string) *problem {
+	ref := run.Spec.Database.SecretRef
+	if strings.Contains(what, "CreateContainerConfigError") {
+		switch {
+		case strings.Contains(what, fmt.Sprintf("secret %q not found", ref.Name)):
+			return &problem{reason: ReasonSecretNotFound, message: fmt.Sprintf(
+				"Secret %q not found in namespace %q: create it with the key %q holding the ledger's PostgreSQL connection string (%s)",
+				ref.Name, run.Namespace, ref.Key, what)}
+		case strings.Contains(what, fmt.Sprintf("couldn't find key %s in Secret %s/%s", ref.Key, run.Namespace, ref.Name)):
+			return &problem{reason: ReasonSecretKeyNotFound, message: fmt.Sprintf(
+				"Secret %q in namespace %q has no key %q: add the ledger's PostgreSQL connection string under that key (%s)",
+				ref.Name, run.Namespace, ref.Key, what)}
+		}
+	}
+	return &problem{reason: ReasonWorkerNotStarting, message: what}
+}
+
 // imageProblem says why the worker image cannot be used, nil when it can.
 func imageProblem(image string) *problem {
 	err := validateImage(image)
@@ -251,8 +266,7 @@ func (r *Reconciler) serviceAccount(run *v1alpha1.ProcessingRun) string {
 	return r.Pods.ServiceAccountName
 }
 
-// exists reads only the metadata of a core object, from the API server: for
-// a Secret, its data never reaches the controller.
+// exists reads only the metadata of a core object, from the API server.
 func (r *Reconciler) exists(ctx context.Context, kind string, key client.ObjectKey) (bool, error) {
 	obj := &metav1.PartialObjectMetadata{}
 	obj.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind(kind))

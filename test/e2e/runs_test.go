@@ -202,10 +202,11 @@ func TestWorkerPodKilled(t *testing.T) {
 	f.requireExactlyOnce(2000)
 }
 
-// TestBadInput: what a user sees when the input is wrong. A missing Secret
-// or ConfigMap, or an invalid worker image, stalls the run (condition,
-// Event) without creating a pod, and
-// the run starts once the Secret exists; a malformed ConfigMap line fails the
+// TestBadInput: what a user sees when the input is wrong. A missing
+// ConfigMap, or an invalid worker image, stalls the run (condition, Event)
+// without creating a pod; a missing Secret (which the manager may not read)
+// stalls it once the kubelet reports its pods' CreateContainerConfigError,
+// and the run starts once the Secret exists; a malformed ConfigMap line fails the
 // run at once with the line in its condition, one pod per shard, no retry,
 // nothing committed.
 func TestBadInput(t *testing.T) {
@@ -220,12 +221,12 @@ func TestBadInput(t *testing.T) {
 		require.Equal(t, "SecretNotFound", c.Reason)
 		require.Contains(t, c.Message, `Secret "late-secret" not found`)
 		require.Contains(t, c.Message, `"dsn"`, "the message says which key to put there")
-		require.Equal(t, v1alpha1.RunPending, run.Status.Phase)
+		require.Contains(t, c.Message, "CreateContainerConfigError", "as the kubelet reported it")
 		ev := f.waitEvent(run.Name, "SecretNotFound", 30*time.Second)
 		require.Equal(t, corev1.EventTypeWarning, ev.Type)
 		require.Contains(t, ev.Message, "late-secret")
 		time.Sleep(3 * time.Second)
-		require.Empty(t, f.runPods(run), "no pod while the Secret is missing")
+		require.Len(t, f.runPods(run), 2, "one pod per shard, waiting for the Secret; none replaced")
 
 		f.createSecret("late-secret")
 		run = f.waitComplete(run.Name, runTimeout)
