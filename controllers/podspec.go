@@ -30,9 +30,6 @@ const (
 	labelAppInstance  = "app.kubernetes.io/instance"
 	labelAppManagedBy = "app.kubernetes.io/managed-by"
 
-	// nonRootUID is the user the worker runs as (the distroless "nonroot").
-	nonRootUID = 65532
-
 	workerGracePeriodSeconds = 30
 )
 
@@ -211,9 +208,10 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 			RuntimeClassName:              tmpl.RuntimeClassName,
 			ImagePullSecrets:              tmpl.ImagePullSecrets,
 			SecurityContext: &corev1.PodSecurityContext{
+				// No runAsUser/runAsGroup: the image's numeric user satisfies
+				// runAsNonRoot, and clusters that assign user ids (OpenShift's
+				// restricted SCC) refuse a fixed one.
 				RunAsNonRoot:   ptr.To(true),
-				RunAsUser:      ptr.To[int64](nonRootUID),
-				RunAsGroup:     ptr.To[int64](nonRootUID),
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
 			Containers: []corev1.Container{{

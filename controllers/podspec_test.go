@@ -170,7 +170,9 @@ func TestBuildWorkerPod(t *testing.T) {
 			check: func(t *testing.T, pod *corev1.Pod) {
 				psc := pod.Spec.SecurityContext
 				require.True(t, *psc.RunAsNonRoot)
-				require.EqualValues(t, 65532, *psc.RunAsUser)
+				require.Nil(t, psc.RunAsUser, "the image's numeric user, or the one the cluster assigns")
+				require.Nil(t, psc.RunAsGroup)
+				require.Nil(t, pod.Spec.Containers[0].SecurityContext.RunAsUser)
 				require.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, psc.SeccompProfile.Type)
 				sc := pod.Spec.Containers[0].SecurityContext
 				require.True(t, *sc.RunAsNonRoot)
