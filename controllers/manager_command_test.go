@@ -17,6 +17,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
@@ -69,7 +71,10 @@ func httpGet(url string) (string, error) {
 var managerCommandRan atomic.Bool
 
 // `runledger manager` as it runs in the cluster (leader election, probes,
-// metrics, the pod cache), against the test apiserver.
+// metrics, the pod cache), against the test apiserver, installed namespaced
+// (config/namespaced): it runs as its ServiceAccount with only the overlay's
+// Roles in its namespace, --watch-namespaces names that namespace, and a run
+// elsewhere is left alone.
 func TestManagerCommand(t *testing.T) {
 	if managerCommandRan.Swap(true) {
 		t.Skip("runledger manager runs once per process (-count > 1)")
@@ -91,8 +96,17 @@ func TestManagerCommand(t *testing.T) {
 	require.NoError(t, env.Client.Status().Update(ctx, self))
 	t.Setenv("POD_NAME", self.Name)
 	t.Setenv("POD_NAMESPACE", ns)
+	user := "system:serviceaccount:" + ns + ":runledger-manager"
+	installNamespaced(t, env, ns)
+	kc, err := clientcmd.Load(env.KubeConfig)
+	require.NoError(t, err)
+	for _, a := range kc.AuthInfos {
+		a.Impersonate = user
+	}
+	b, err := clientcmd.Write(*kc)
+	require.NoError(t, err)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(kubeconfig, env.KubeConfig, 0o600))
+	require.NoError(t, os.WriteFile(kubeconfig, b, 0o600))
 
 	probes, metrics := freePort(t), freePort(t)
 	cmd := cli.NewRootCommand()
@@ -102,6 +116,7 @@ func TestManagerCommand(t *testing.T) {
 		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probes),
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metrics),
 		"--metrics-secure=false",
+		"--watch-namespaces", ns,
 		"--zap-log-level", "error",
 	})
 	cmdCtx, cancel := context.WithCancel(ctx)
@@ -167,6 +182,18 @@ func TestManagerCommand(t *testing.T) {
 		}
 		return nil
 	})
+	// A run in another namespace: not this manager's to see.
+	other := env.Namespace(t)
+	elsewhere := run.DeepCopy()
+	elsewhere.ResourceVersion, elsewhere.Namespace = "", other
+	require.NoError(t, env.Client.Create(ctx, elsewhere))
+	time.Sleep(2 * time.Second)
+	var otherPods corev1.PodList
+	require.NoError(t, env.Client.List(ctx, &otherPods, client.InNamespace(other)))
+	require.Empty(t, otherPods.Items, "no pod for a run outside --watch-namespaces")
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(elsewhere), elsewhere))
+	require.Empty(t, elsewhere.Status.Phase, "its status untouched")
+
 	build := version.Get()
 	eventually(t, "metrics", func() error {
 		body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
@@ -186,4 +213,56 @@ func TestManagerCommand(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// installNamespaced creates the Roles and RoleBindings of config/namespaced
+// in ns, for the manager's ServiceAccount there, and checks that the
+// overlay's manager watches its own namespace only.
+func installNamespaced(t *testing.T, env *envtestutil.Env, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	var roles, watches, nodes int
+	for _, obj := range env.Kustomize(t, "config/namespaced") {
+		switch obj.GetKind() {
+		case "ClusterRole", "ClusterRoleBinding":
+			require.NotEqual(t, "runledger-manager", obj.GetName(), "the manager's rules are a Role")
+			if obj.GetName() != "runledger-manager-nodes" {
+				continue
+			}
+			// Cluster-wide names are shared by the test binary's apiserver.
+			obj.SetName(obj.GetName() + "-" + ns)
+			if obj.GetKind() == "ClusterRole" {
+				require.NoError(t, env.Client.Create(ctx, obj))
+				t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+				continue
+			}
+			require.NoError(t, unstructured.SetNestedField(obj.Object, obj.GetName(), "roleRef", "name"))
+			subjects, _, _ := unstructured.NestedSlice(obj.Object, "subjects")
+			subjects[0].(map[string]any)["namespace"] = ns
+			require.NoError(t, unstructured.SetNestedSlice(obj.Object, subjects, "subjects"))
+			require.NoError(t, env.Client.Create(ctx, obj))
+			t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+			nodes++
+		case "Role", "RoleBinding":
+			obj.SetNamespace(ns)
+			if subjects, ok, _ := unstructured.NestedSlice(obj.Object, "subjects"); ok {
+				for _, s := range subjects {
+					s.(map[string]any)["namespace"] = ns
+				}
+				require.NoError(t, unstructured.SetNestedSlice(obj.Object, subjects, "subjects"))
+			}
+			require.NoError(t, env.Client.Create(ctx, obj))
+			roles++
+		case "Deployment":
+			containers, _, err := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
+			require.NoError(t, err)
+			args, _, err := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+			require.NoError(t, err)
+			require.Contains(t, args, "--watch-namespaces=$(POD_NAMESPACE)")
+			watches++
+		}
+	}
+	require.Equal(t, 4, roles, "the manager's and the leader election's Role and RoleBinding")
+	require.Equal(t, 1, watches)
+	require.Equal(t, 1, nodes, "reading Nodes, cluster-wide")
 }

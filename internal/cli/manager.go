@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
@@ -42,8 +44,9 @@ type managerOptions struct {
 	logging                 logging.Options
 	// zapLevel and zapDevel are the deprecated --zap-log-level and
 	// --zap-devel, read into logging.
-	zapLevel string
-	zapDevel bool
+	zapLevel        string
+	zapDevel        bool
+	watchNamespaces []string
 }
 
 func newManagerCommand() *cobra.Command {
@@ -74,6 +77,7 @@ run; only the leader acts.`,
 	f.DurationVar(&o.backoffBase, "retry-backoff", controllers.DefaultBackoffBase, "back-off before a failed shard's first retry; it doubles with each failure")
 	f.DurationVar(&o.backoffMax, "retry-backoff-max", controllers.DefaultBackoffMax, "longest back-off between a shard's retries")
 	f.IntVar(&o.concurrency, "max-concurrent-reconciles", 4, "runs reconciled in parallel")
+	f.StringSliceVar(&o.watchNamespaces, "watch-namespaces", nil, "reconcile only the runs in these namespaces (comma-separated), with Roles there instead of a ClusterRole (config/namespaced); default: every namespace")
 
 	o.logging.AddFlags(f)
 	f.StringVar(&o.zapLevel, "zap-log-level", "", "least level logged (use --log-level)")
@@ -122,6 +126,12 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 		return fmt.Errorf("scheme: %w", err)
 	}
 
+	for _, ns := range o.watchNamespaces {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return badInput(fmt.Errorf("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; ")))
+		}
+	}
+
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		return badInput(fmt.Errorf("kubernetes client configuration: %w", err))
@@ -133,7 +143,7 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
-		Cache:                         controllers.CacheOptions(),
+		Cache:                         controllers.CacheOptions(o.watchNamespaces...),
 		Metrics:                       metrics,
 		HealthProbeBindAddress:        o.probeAddr,
 		LeaderElection:                o.leaderElect,
@@ -185,7 +195,7 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	}
 
 	log.Info("starting manager", "version", build.Version, "commit", build.Commit, "leaderElect", o.leaderElect, "workerImage", workerImage,
-		"workerServiceAccount", o.workerServiceAccount)
+		"workerServiceAccount", o.workerServiceAccount, "watchNamespaces", o.watchNamespaces)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}

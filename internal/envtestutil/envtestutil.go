@@ -30,11 +30,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 )
@@ -199,4 +201,28 @@ func sanitize(s string) string {
 		}
 	}
 	return strings.Trim(b.String(), "-")
+}
+
+// Kustomize renders the kustomization in dir (relative to the repository's
+// root) with the kubectl of the test binaries, as `kubectl apply -k` would,
+// into unstructured objects.
+func (e *Env) Kustomize(t testing.TB, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(e.env.BinaryAssetsDirectory, "kubectl"), "kustomize", filepath.Join(RepoRoot(), dir))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v", dir, err)
+	}
+	var objs []*unstructured.Unstructured
+	for _, doc := range strings.Split(string(out), "\n---\n") {
+		obj := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil {
+			t.Fatalf("kubectl kustomize %s: %v", dir, err)
+		}
+		if len(obj.Object) > 0 {
+			objs = append(objs, obj)
+		}
+	}
+	return objs
 }
