@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -102,4 +104,73 @@ func TestNetworkTimeout_ConnectGivesUp(t *testing.T) {
 	require.Error(t, err)
 	require.Less(t, time.Since(start), 5*time.Second, "gave up after about a second: %v", err)
 	require.True(t, ledger.IsRetryable(err), "a connect timeout is retryable: %v", err)
+}
+
+// partitionEnv marks the run of TestNetworkTimeout_Partition inside its own
+// network namespace.
+const partitionEnv = "RUNLEDGER_TEST_IN_NETNS"
+
+// TestNetworkTimeout_Partition: a real partition. Inside a network namespace
+// of its own (so that cutting its loopback cuts nobody else), two pools reach
+// the server over TCP; each sends a statement that sleeps 20 s, then the
+// namespace's loopback goes down, so no packet arrives anymore and nothing
+// is closed. The pool with NetworkTimeout(2s) fails within a few seconds,
+// retryably; the pool without it is still waiting.
+func TestNetworkTimeout_Partition(t *testing.T) {
+	if os.Getenv(partitionEnv) == "" {
+		if os.Geteuid() != 0 {
+			t.Skip("a network namespace of its own (unshare --net) needs root")
+		}
+		unshare, err := exec.LookPath("unshare")
+		require.NoError(t, err, "unshare (util-linux)")
+		cmd := exec.Command(unshare, "--net", os.Args[0], "-test.run=^TestNetworkTimeout_Partition$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), partitionEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "in its own network namespace:\n%s", out)
+		require.Contains(t, string(out), "--- PASS: TestNetworkTimeout_Partition", "%s", out)
+		t.Logf("in its own network namespace:\n%s", out)
+		return
+	}
+	ip := func(args ...string) {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %v: %s", args, out)
+	}
+	ip("link", "set", "lo", "up")
+	cfg := newPool(t).Config().ConnConfig
+	dsn := tcpProxy(t, cfg.Host, cfg.Port, cfg.User, cfg.Database)
+	ctx := context.Background()
+	bounded, err := ledger.Open(ctx, dsn, 1, ledger.NetworkTimeout(2*time.Second))
+	require.NoError(t, err)
+	t.Cleanup(bounded.Close)
+	plain, err := ledger.Open(ctx, dsn, 1)
+	require.NoError(t, err)
+	t.Cleanup(plain.Close)
+	require.NoError(t, bounded.Ping(ctx))
+	require.NoError(t, plain.Ping(ctx))
+
+	plainCtx, cancelPlain := context.WithCancel(ctx)
+	defer cancelPlain()
+	boundedDone, plainDone := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := bounded.Exec(ctx, `SELECT pg_sleep(20)`); boundedDone <- err }()
+	go func() { _, err := plain.Exec(plainCtx, `SELECT pg_sleep(20)`); plainDone <- err }()
+	time.Sleep(500 * time.Millisecond)
+	ip("link", "set", "lo", "down")
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "set", "lo", "up").Run() })
+	cut := time.Now()
+
+	select {
+	case err := <-boundedDone:
+		require.Error(t, err)
+		t.Logf("noticed after %s: %v", time.Since(cut).Round(100*time.Millisecond), err)
+		require.True(t, ledger.IsRetryable(err), "a lost connection is retryable: %v", err)
+	case <-time.After(8 * time.Second):
+		t.Fatal("the partition was not noticed within 8s with a network timeout of 2s")
+	}
+	select {
+	case err := <-plainDone:
+		t.Fatalf("without a network timeout the statement should still wait, got: %v", err)
+	default:
+	}
+	cancelPlain()
+	<-plainDone
 }
