@@ -172,5 +172,5 @@ func TestNetworkTimeout_Partition(t *testing.T) {
 	default:
 	}
 	cancelPlain()
-	<-plainDone
+	require.Error(t, <-plainDone, "cancelled")
 }
