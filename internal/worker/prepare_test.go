@@ -2,9 +2,12 @@ package worker_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
@@ -73,4 +76,29 @@ func TestPrepareBadDSN(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, worker.IsInputError(err), "%v", err)
 	require.NotContains(t, err.Error(), "s3cret")
+}
+
+// TestPrepareUsesTheRunsNetworkTimeout: the pool Prepare opens takes the
+// plan's spec.timeouts.networkSeconds: a server that accepts connections and
+// never answers is given up on after it (one attempt here), not after the
+// default's 30 seconds.
+func TestPrepareUsesTheRunsNetworkTimeout(t *testing.T) {
+	t.Parallel()
+	host, port, _ := strings.Cut(pgtest.SilentServer(t), ":")
+	prun := &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Name: "silent"}, Spec: v1alpha1.ProcessingRunSpec{
+		Batch:    v1alpha1.BatchSpec{Items: specItems("acct", 1)},
+		Timeouts: &v1alpha1.Timeouts{NetworkSeconds: 2},
+	}}
+	plan, err := worker.NewPlan(context.Background(), prun, nil, worker.Limits{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // pgx alone waits forever
+	defer cancel()
+	start := time.Now()
+	_, _, err = worker.Prepare(ctx, plan, worker.PrepareConfig{
+		DSN:   "host=" + host + " port=" + port + " user=app dbname=app sslmode=disable",
+		Retry: worker.Backoff{Initial: time.Millisecond, Max: time.Millisecond, MaxAttempts: 1, MaxElapsed: time.Minute},
+	})
+	require.Error(t, err)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the connect timeout: %v", err)
+	require.Less(t, time.Since(start), 10*time.Second, "bounded by networkSeconds (2s)")
 }
