@@ -34,6 +34,7 @@ func main() {
 	listen := flag.String("listen", ":8080", "address to listen on (all interfaces: the kubelet probes the port)")
 	payments := flag.String("payments", os.Getenv("PAYMENTS_URL"), "base URL of the payment service (default $PAYMENTS_URL; empty: only log the items)")
 	servePayments := flag.Bool("serve-payments", false, "be the example payment service instead")
+	delay := flag.Duration("delay", 0, "wait this long per call (to watch a run, or kill a pod mid-run)")
 	flag.Parse()
 
 	var h http.Handler
@@ -41,7 +42,11 @@ func main() {
 		h = newPaymentService()
 	} else {
 		mux := http.NewServeMux()
-		mux.Handle("POST /process", processor.Handler(charger{base: *payments, client: &http.Client{Timeout: 10 * time.Second}}.process))
+		process := processor.Handler(charger{base: *payments, client: &http.Client{Timeout: 10 * time.Second}}.process)
+		mux.Handle("POST /process", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(*delay)
+			process.ServeHTTP(w, r)
+		}))
 		h = mux
 	}
 	srv := &http.Server{Addr: *listen, Handler: h, ReadHeaderTimeout: 10 * time.Second}
