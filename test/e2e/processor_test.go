@@ -73,7 +73,7 @@ func (f *fixture) deployPayments(image string) string {
 	require.NoError(f.t, f.c.Create(f.ctx, dep))
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "payments"},
-		Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromString("http")}}},
+		Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromString("http")}}},
 	}
 	require.NoError(f.t, f.c.Create(f.ctx, svc))
 	require.Eventually(f.t, func() bool {
