@@ -100,7 +100,8 @@ func IsAppendOnlyViolation(err error) bool {
 // established (refused, or pgx's connect_timeout expired), the server is
 // shutting down or refusing connections for now, the transaction lost a
 // serialization or deadlock race, or it waited too long for a lock or for a
-// statement (lock_timeout, statement_timeout). Everything else is permanent,
+// statement (lock_timeout, statement_timeout), or a processor's call failed
+// as a whole (*ProcessorError: nothing of it committed). Everything else is permanent,
 // including a connection the server rejected for good (ConnectionRejected).
 //
 // Retrying a chunk whose COMMIT outcome is unknown is safe: the business-key
