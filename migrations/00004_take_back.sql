@@ -11,7 +11,7 @@
 --
 -- The append-only trigger allows exactly that: inside
 -- runledger.ledger_take_back only (the function sets runledger.take_back for
--- its own duration), on a row version this same transaction wrote (its xmin
+-- its own duration, in its body), on a row version this same transaction wrote (its xmin
 -- is still in progress: a row version of another transaction in progress is
 -- never visible to a DELETE or UPDATE, so "in progress" means "ours"). Such a
 -- row was never committed; every committed row keeps all its protection, and
@@ -106,11 +106,15 @@ $$;
 CREATE FUNCTION runledger.ledger_take_back(entities text[], occurrences text[], restore bigint[]) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog
-    SET runledger.take_back = 'on'
 AS $$
 DECLARE
     deleted bigint;
 BEGIN
+    -- Set in the body, not as the function's SET clause: that would need
+    -- a superuser's (or GRANT SET's) right to a custom parameter at CREATE
+    -- time. Transaction-local, and cleared before returning; an error ends
+    -- the (sub)transaction, which takes the setting back with it.
+    PERFORM set_config('runledger.take_back', 'on', true);
     DELETE FROM runledger.ledger AS l
     USING unnest(entities, occurrences) AS k(entity, occurrence)
     WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
@@ -119,6 +123,7 @@ BEGIN
     UPDATE runledger.ledger AS l SET state = 'committed', superseded_at = NULL
     WHERE l.id = ANY (restore) AND l.state = 'superseded'
       AND runledger.ledger_written_by_this_xact(l.id);
+    PERFORM set_config('runledger.take_back', '', true);
     RETURN deleted;
 END
 $$;

@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
 )
 
 // funcProcessor answers each item by its occurrence's suffix: "-fail" is
@@ -171,4 +173,41 @@ func TestProcessor_TakeBackOnlyOwnRows(t *testing.T) {
 	require.EqualValues(t, 1, n)
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, before, ledgerSnapshot(t, owner))
+}
+
+// TestProcessor_NonSuperuserOwner: the migrations apply, and a processor's
+// refusals are taken back, when the schema's owner is an ordinary role (no
+// superuser): ledger_take_back sets its parameter in its body, which needs
+// no privilege, not in a SET clause, which did (seen failing in e2e:
+// "permission denied to set parameter runledger.take_back").
+func TestProcessor_NonSuperuserOwner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := pgtest.Pool(t, pgtest.NewEmptyDatabase(t))
+	cfg := admin.Config().ConnConfig
+	role := "owner_" + cfg.Database
+	mustExec(t, admin, `CREATE ROLE `+role+` LOGIN NOSUPERUSER`)
+	mustExec(t, admin, `ALTER DATABASE `+cfg.Database+` OWNER TO `+role)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `ALTER DATABASE `+cfg.Database+` OWNER TO CURRENT_USER`)
+		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	owner := pgtest.Pool(t, fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, role, cfg.Database))
+	require.False(t, scalar[bool](t, owner, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`))
+	_, err := ledger.Migrate(ctx, owner)
+	require.NoError(t, err, "an ordinary owner applies every migration")
+
+	wrole := "worker_" + cfg.Database
+	mustExec(t, admin, `CREATE ROLE `+wrole+` LOGIN`)
+	t.Cleanup(func() {
+		_, _ = owner.Exec(context.Background(), `DROP OWNED BY `+wrole)
+		_, _ = admin.Exec(context.Background(), `DROP ROLE `+wrole)
+	})
+	require.NoError(t, ledger.GrantWorker(ctx, owner, wrole))
+	worker := pgtest.Pool(t, fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, wrole, cfg.Database))
+	res := commit(t, ledger.NewStore(worker), runNamed("a"), keyed("1", "2-fail", "3-retry"), ledger.ChunkOptions{Processor: &funcProcessor{}})
+	require.Equal(t, tally{completed: 1, failed: 2}, count(res))
+	require.EqualValues(t, 1, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger`))
+	require.Empty(t, scalar[string](t, worker, `SELECT coalesce(current_setting('runledger.take_back', true), '')`), "the parameter does not outlive the call")
 }
