@@ -44,6 +44,9 @@ type BatchQuery struct {
 	// (statement_timeout, lock_timeout); 0 keeps the session's own. Either
 	// one expiring is retryable, with nothing written.
 	Timeout, LockTimeout time.Duration
+	// NetworkTimeout, with Timeout, bounds the wait for the query's answer
+	// on the client, as ChunkOptions.NetworkTimeout does the effect's.
+	NetworkTimeout time.Duration
 }
 
 func (q BatchQuery) shardOf() func(entity, occurrence string) string {
@@ -195,7 +198,10 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 		return err
 	}
 	var items int64
-	err = tx.QueryRow(ctx, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.shardOf()), run.UID, run.Namespace, run.Name, q.Shards).Scan(&items)
+	bounded, cancel := answerBy(ctx, q.Timeout, q.NetworkTimeout)
+	err = tx.QueryRow(bounded, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.shardOf()), run.UID, run.Namespace, run.Name, q.Shards).Scan(&items)
+	err = noAnswer(ctx, bounded, err)
+	cancel()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBatchQuery, err)
 	}

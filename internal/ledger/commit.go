@@ -299,7 +299,11 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 	if _, err := tx.Exec(ctx, sqlBeforeEffect(opts.EffectTimeout, opts.LockTimeout)); err != nil {
 		return fmt.Errorf("preparing effect: %w", err)
 	}
-	if _, err := tx.Exec(ctx, effectBlock(opts.Effect)); err != nil {
+	bounded, cancel := answerBy(ctx, opts.EffectTimeout, opts.NetworkTimeout)
+	_, err := tx.Exec(bounded, effectBlock(opts.Effect))
+	err = noAnswer(ctx, bounded, err)
+	cancel()
+	if err != nil {
 		if IsTransactionControl(err) {
 			return fmt.Errorf("running effect: %w: %w", ErrEffectTransactionControl, err)
 		}

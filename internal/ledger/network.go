@@ -1,6 +1,9 @@
 package ledger
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"time"
@@ -51,4 +54,29 @@ func NetworkTimeout(d time.Duration) Option {
 			}
 		}
 	}
+}
+
+// ErrNoAnswer: a statement with a server-side timeout got no answer, not even
+// the timeout's error, within that timeout plus the network timeout: the
+// server hangs or the connection is cut in a way TCP does not see (the
+// server's host still answers). The connection is closed; retryable.
+var ErrNoAnswer = errors.New("the database server did not answer within the statement's timeout and the network timeout; the connection is presumed lost")
+
+// answerBy bounds, on the client, one statement whose server-side timeout is
+// timeout: its answer must arrive within timeout+grace. Either one 0: no
+// bound.
+func answerBy(ctx context.Context, timeout, grace time.Duration) (context.Context, context.CancelFunc) {
+	if timeout <= 0 || grace <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeoutCause(ctx, timeout+grace, ErrNoAnswer)
+}
+
+// noAnswer marks err with ErrNoAnswer when the statement ended because
+// answerBy's deadline passed, not the caller's context.
+func noAnswer(ctx, bounded context.Context, err error) error {
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(bounded), ErrNoAnswer) {
+		return fmt.Errorf("%w: %w", ErrNoAnswer, err)
+	}
+	return err
 }

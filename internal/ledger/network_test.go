@@ -3,14 +3,15 @@ package ledger_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -21,10 +22,43 @@ import (
 // tcpProxy forwards TCP connections on a loopback port to the unix socket
 // of the test's server, and returns a TCP connection string for dbname.
 func tcpProxy(t *testing.T, socketDir string, port uint16, user, dbname string) string {
+	dsn, _, _ := freezableProxy(t, socketDir, port, user, dbname)
+	return dsn
+}
+
+// freezableProxy is tcpProxy with a switch: once freeze is called, it stops
+// forwarding in both directions without closing anything (a hung server, as
+// the client sees it, whose host still answers TCP); stop closes it all.
+func freezableProxy(t *testing.T, socketDir string, port uint16, user, dbname string) (dsn string, freeze, stop func()) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = ln.Close() })
+	frozen := make(chan struct{})
+	var freezeOnce, stopOnce sync.Once
+	done := make(chan struct{})
+	stop = func() { stopOnce.Do(func() { close(done); _ = ln.Close() }) }
+	t.Cleanup(stop)
+	pipe := func(dst, src net.Conn) {
+		defer func() { _ = dst.Close() }()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			select {
+			case <-frozen:
+				<-done // hold everything open, forward nothing
+				return
+			default:
+			}
+			if n > 0 {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -36,12 +70,13 @@ func tcpProxy(t *testing.T, socketDir string, port uint16, user, dbname string) 
 				_ = c.Close()
 				continue
 			}
-			go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
-			go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
+			go pipe(s, c)
+			go pipe(c, s)
 		}
 	}()
 	addr := ln.Addr().(*net.TCPAddr)
-	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", addr.Port, user, dbname)
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", addr.Port, user, dbname),
+		func() { freezeOnce.Do(func() { close(frozen) }) }, stop
 }
 
 // TestNetworkTimeout_TCP: a pool opened with NetworkTimeout(6s) over TCP
@@ -173,4 +208,77 @@ func TestNetworkTimeout_Partition(t *testing.T) {
 	}
 	cancelPlain()
 	require.Error(t, <-plainDone, "cancelled")
+}
+
+// TestCommitChunk_HungServerIsNoticed: the server stops answering in the
+// middle of an effect while its host still answers TCP (the proxy forwards
+// nothing more and closes nothing), so neither TCP nor the server's own
+// statement_timeout ends the wait. The chunk's effect gets its answer within
+// EffectTimeout + NetworkTimeout or the connection is dropped: the chunk fails
+// retryably (ErrNoAnswer) in about 3 s, not never.
+func TestCommitChunk_HungServerIsNoticed(t *testing.T) {
+	t.Parallel()
+	admin := newPool(t)
+	mustExec(t, admin, `CREATE TABLE notes (account text NOT NULL, occurrence text PRIMARY KEY)`)
+	cfg := admin.Config().ConnConfig
+	dsn, freeze, stop := freezableProxy(t, cfg.Host, cfg.Port, cfg.User, cfg.Database)
+	pool, err := ledger.Open(context.Background(), dsn, 2, ledger.NetworkTimeout(2*time.Second))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	defer stop() // before the pool closes: the dropped connection's goodbye needs no 15 s
+	s := ledger.NewStore(pool)
+	opts := ledger.ChunkOptions{Effect: noteEffect + `; SELECT pg_sleep(0.5)`, EffectTimeout: time.Second, NetworkTimeout: 2 * time.Second}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // without a bound: forever
+	defer cancel()
+	go freezeWhenRunning(admin, `DO $runledger\_effect%`, freeze)
+	start := time.Now()
+	res, err := s.CommitChunk(ctx, runNamed("run-a"), noteItems(10), opts)
+	require.Error(t, err, "results: %v", res)
+	require.NoError(t, ctx.Err(), "ended by the bound, not by the test's own deadline")
+	require.Less(t, time.Since(start), 8*time.Second)
+	require.ErrorIs(t, err, ledger.ErrNoAnswer)
+	require.True(t, ledger.IsRetryable(err), "a lost connection is retryable: %v", err)
+	require.Zero(t, scalar[int64](t, admin, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed'`), "nothing committed")
+}
+
+// TestFixQueryBatch_HungServerIsNoticed: the same for the batch's query.
+func TestFixQueryBatch_HungServerIsNoticed(t *testing.T) {
+	t.Parallel()
+	admin := newPool(t)
+	mustExec(t, admin, batchSource)
+	cfg := admin.Config().ConnConfig
+	dsn, freeze, stop := freezableProxy(t, cfg.Host, cfg.Port, cfg.User, cfg.Database)
+	pool, err := ledger.Open(context.Background(), dsn, 2, ledger.NetworkTimeout(2*time.Second))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	defer stop()
+	q := batchQuery()
+	q.SQL = `SELECT entity, occurrence, payload FROM src WHERE pg_sleep(0.001)::text IS NOT NULL`
+	q.Timeout, q.NetworkTimeout = time.Second, 2*time.Second
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	go freezeWhenRunning(admin, `%pg_sleep(0.001)%`, freeze)
+	start := time.Now()
+	_, err = ledger.NewStore(pool).FixQueryBatch(ctx, runNamed("q"), q)
+	require.Error(t, err)
+	require.NoError(t, ctx.Err(), "ended by the bound, not by the test's own deadline")
+	require.Less(t, time.Since(start), 8*time.Second)
+	require.ErrorIs(t, err, ledger.ErrNoAnswer)
+	require.True(t, ledger.IsRetryable(err), "%v", err)
+}
+
+// freezeWhenRunning calls freeze once another session runs a statement LIKE
+// pattern (or after 10 s, when the test fails anyway).
+func freezeWhenRunning(admin *pgxpool.Pool, pattern string, freeze func()) {
+	defer freeze()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var n int
+		err := admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid() AND query LIKE $1`, pattern).Scan(&n)
+		if err != nil || n > 0 {
+			return
+		}
+	}
 }

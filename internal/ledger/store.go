@@ -132,6 +132,10 @@ type ChunkOptions struct {
 	// lock_timeout, for the effect only); 0 keeps the session's own. Either
 	// one expiring fails the chunk as retryable, with nothing committed.
 	EffectTimeout, LockTimeout time.Duration
+	// NetworkTimeout, with EffectTimeout, bounds the wait for the effect's
+	// answer on the client: none within EffectTimeout+NetworkTimeout (a hung
+	// server) closes the connection, retryably (ErrNoAnswer).
+	NetworkTimeout time.Duration
 	// Processor, if set (instead of Effect), is called in the chunk's
 	// transaction with exactly the items it newly claimed; the keys it
 	// accepts commit, the others are taken back in the same transaction and

@@ -117,17 +117,21 @@ END $$`)
 	one := poolWith(t, admin, map[string]string{"pool_max_conns": "1"})
 	s := ledger.NewStore(one)
 
-	sleepy := ledger.ChunkOptions{Effect: noteEffect + ` WHERE pace()`, EffectTimeout: 200 * time.Millisecond}
+	// The client-side bound (NetworkTimeout) is far: the server's answers,
+	// the timeouts' errors, come first and keep their meaning.
+	sleepy := ledger.ChunkOptions{Effect: noteEffect + ` WHERE pace()`, EffectTimeout: 200 * time.Millisecond, NetworkTimeout: 10 * time.Second}
 	start := time.Now()
 	res, err := s.CommitChunk(ctx, runNamed("run-a"), noteItems(10), sleepy)
 	require.Error(t, err, "the effect ran too long (results: %v)", res)
 	require.Less(t, time.Since(start), 10*time.Second, "stopped by its timeout, not by the sleep's end")
 	require.True(t, ledger.IsRetryable(err), "a statement timeout is retryable: %v", err)
 	require.ErrorContains(t, err, "57014")
+	require.NotErrorIs(t, err, ledger.ErrNoAnswer)
 	require.Zero(t, scalar[int64](t, admin, `SELECT count(*) FROM runledger.ledger`), "nothing of the chunk committed")
 	require.Equal(t, "0", scalar[string](t, one, `SHOW statement_timeout`), "the session keeps its own statement_timeout")
 
-	blocked := ledger.ChunkOptions{Effect: `UPDATE accounts SET balance = balance + 1 FROM claimed WHERE accounts.id = claimed.payload->>'account'`, LockTimeout: 100 * time.Millisecond}
+	blocked := ledger.ChunkOptions{Effect: `UPDATE accounts SET balance = balance + 1 FROM claimed WHERE accounts.id = claimed.payload->>'account'`,
+		LockTimeout: 100 * time.Millisecond, EffectTimeout: 10 * time.Second, NetworkTimeout: 10 * time.Second}
 	holder, err := admin.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = holder.Rollback(ctx) }()
@@ -137,6 +141,8 @@ END $$`)
 	require.Error(t, err, "the effect waited too long for a lock (results: %v)", res)
 	require.True(t, ledger.IsRetryable(err), "a lock timeout is retryable: %v", err)
 	require.ErrorContains(t, err, "55P03")
+	require.NotErrorIs(t, err, ledger.ErrNoAnswer)
+	require.NotErrorIs(t, err, context.Canceled)
 	require.Zero(t, scalar[int64](t, admin, `SELECT count(*) FROM runledger.ledger`), "nothing of the chunk committed")
 	require.Equal(t, "0", scalar[string](t, one, `SHOW lock_timeout`), "the session keeps its own lock_timeout")
 

@@ -313,7 +313,7 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 		err := s.cfg.Retry.Do(ctx, "committing", s.onRetry("commit"), func(int) error {
 			res, err := s.store.CommitChunk(work, s.cfg.Run, pending, ledger.ChunkOptions{
 				Effect: s.cfg.Effect, Processor: s.cfg.Processor, OnExisting: s.cfg.OnExisting,
-				EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock,
+				EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock, NetworkTimeout: s.cfg.Timeouts.Network,
 			})
 			if err != nil {
 				return err

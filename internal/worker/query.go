@@ -107,7 +107,8 @@ func queryError(where string, err error) error {
 
 // batchQuery is the query as the ledger materialises it for shards shards.
 func (q *QuerySource) batchQuery(shards int, t v1alpha1.RunTimeouts) ledger.BatchQuery {
-	return ledger.BatchQuery{SQL: q.sql, HasPayload: q.hasPayload, Shards: shards, Timeout: t.Query, LockTimeout: t.Lock}
+	return ledger.BatchQuery{SQL: q.sql, HasPayload: q.hasPayload, Shards: shards,
+		Timeout: t.Query, LockTimeout: t.Lock, NetworkTimeout: t.Network}
 }
 
 func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shards int, opt streamOptions) (stream, error) {
