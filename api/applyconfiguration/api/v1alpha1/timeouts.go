@@ -25,7 +25,9 @@ type TimeoutsApplyConfiguration struct {
 	// networkSeconds is how soon a database connection whose server stopped
 	// answering at the network level is dropped (TCP keep-alive and
 	// TCP_USER_TIMEOUT, on both ends; the connect timeout unless the
-	// connection string sets one). A long statement is not affected.
+	// connection string sets one). A long statement is not affected; an
+	// effect or query with no answer at all within its own timeout plus this
+	// (a hung server) is given up on and retried.
 	NetworkSeconds *int32 `json:"networkSeconds,omitempty"`
 }
 
