@@ -15,6 +15,10 @@
 #                       RUNLEDGER_DATABASE_URL):
 #                         eval "$(hack/cluster.sh env)"
 #   dsn                 print the PostgreSQL DSN, valid from the host and pods
+#                       (sslmode=disable; PostgreSQL also serves TLS)
+#   pg-ca               print the path of the CA of PostgreSQL's TLS
+#                       certificate (a CA of its own; the certificate names
+#                       ${NODE_IP}): sslmode=verify-full&sslrootcert=...
 #   registry            print the address of the cluster's registry
 #                       (${REGISTRY}, plain HTTP; containerd pulls from it):
 #                         make push IMG="$(hack/cluster.sh registry)/runledger:dev" INSECURE=1
@@ -102,6 +106,7 @@ main() {
     state-dir) echo "${RUN}"; return 0 ;;
     dsn) cat "${RUN}/postgres.dsn" 2>/dev/null || die "the cluster is not up"; return 0 ;;
     registry) echo "${REGISTRY}"; return 0 ;;
+    pg-ca) [[ -f "${RUN}/pki/postgres-ca.crt" ]] || die "the cluster is not up"; echo "${RUN}/pki/postgres-ca.crt"; return 0 ;;
   esac
   [[ "$(id -u)" == 0 ]] || die "must run as root (network namespaces, mounts, cgroups)"
   mkdir -p "${STATE}"

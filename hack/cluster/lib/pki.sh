@@ -3,8 +3,9 @@
 # hack/tools/pki (Go: crypto/x509 reads better than openssl invocations).
 
 # make_pki: the CA, every component's certificate and kubeconfig, the
-# service account key, under ${RUN}/pki and ${RUN}/*.kubeconfig.
+# service account key, under ${RUN}/pki and ${RUN}/*.kubeconfig; PostgreSQL's
+# own CA and serving certificate (${RUN}/pki/postgres-ca.crt, postgres.{crt,key}).
 make_pki() {
   "${TOOLS}/pki" -dir "${RUN}" -apiserver-ip "${NODE_IP}" -service-ip "${SERVICE_IP}" \
-    -node "${NODE_NAME}=${NODE_IP}" || die "generating certificates and kubeconfigs failed"
+    -node "${NODE_NAME}=${NODE_IP}" -postgres-ip "${NODE_IP}" || die "generating certificates and kubeconfigs failed"
 }

@@ -7,7 +7,10 @@ start_postgres_fresh() {
   local pg pgdir="${RUN}/postgres"
   pg="$(pg_bin)"
   step "PostgreSQL $("${pg}/postgres" --version | awk '{print $3}') on ${NODE_IP}:${PG_PORT} (initdb; in the background)"
-  mkdir -p "${pgdir}/data" "${pgdir}/run"
+  mkdir -p "${pgdir}/data" "${pgdir}/run" "${pgdir}/tls"
+  # TLS with a CA of its own (hack/cluster.sh pg-ca), as a managed database.
+  install -m 0644 "${RUN}/pki/postgres.crt" "${pgdir}/tls/server.crt"
+  install -m 0600 "${RUN}/pki/postgres.key" "${pgdir}/tls/server.key"
   chown -R postgres:postgres "${pgdir}"
   chmod 700 "${pgdir}/data"
   as_postgres test -w "${pgdir}/data" -a -w "${pgdir}/run" ||
@@ -43,7 +46,8 @@ start_postgres() {
   start_daemon postgres setpriv --reuid=postgres --regid=postgres --init-groups -- \
     "${pg}/postgres" -D "${pgdir}/data" -p "${PG_PORT}" \
     -c listen_addresses="${NODE_IP}" -c unix_socket_directories="${pgdir}/run" \
-    -c max_connections=300 -c log_line_prefix='%m [%p] %q%u@%d ' -c logging_collector=off
+    -c max_connections=300 -c log_line_prefix='%m [%p] %q%u@%d ' -c logging_collector=off \
+    -c ssl=on -c ssl_cert_file="${pgdir}/tls/server.crt" -c ssl_key_file="${pgdir}/tls/server.key"
   WATCH=postgres wait_for "PostgreSQL" 30 as_postgres "${pg}/pg_isready" -q -h "${pgdir}/run" -p "${PG_PORT}" -U postgres -d postgres
 }
 

@@ -10,6 +10,9 @@
 // controller-manager,scheduler,kube-proxy}.{crt,key}, DIR/pki/sa.{key,pub},
 // DIR/pki/kubelet-NODE.{crt,key} (serving), DIR/pki/kubelet-client-NODE.{crt,key},
 // and DIR/{admin,controller-manager,scheduler,kube-proxy,kubelet-NODE}.kubeconfig.
+// With -postgres-ip, PostgreSQL's TLS gets a CA of its own, as a managed
+// database's does: DIR/pki/postgres-ca.{crt,key} and its serving certificate
+// DIR/pki/postgres.{crt,key} for that address.
 package main
 
 import (
@@ -63,6 +66,8 @@ type config struct {
 	apiserverIP net.IP
 	serviceIP   net.IP
 	nodes       []node
+	// postgresIP, when set, gets PostgreSQL's CA and serving certificate.
+	postgresIP net.IP
 }
 
 func main() {
@@ -79,12 +84,18 @@ func run(args []string) error {
 	serviceIP := fs.String("service-ip", "", "the apiserver's ClusterIP (required)")
 	var nodes nodeFlag
 	fs.Var(&nodes, "node", "a node as NAME=IP (repeatable, at least one)")
+	postgresIP := fs.String("postgres-ip", "", "PostgreSQL's address: a CA of its own and a serving certificate")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	cfg := config{dir: *dir, apiserverIP: net.ParseIP(*apiserverIP), serviceIP: net.ParseIP(*serviceIP), nodes: nodes}
+	if *postgresIP != "" {
+		if cfg.postgresIP = net.ParseIP(*postgresIP); cfg.postgresIP == nil {
+			return fmt.Errorf("-postgres-ip: not an IP address: %q", *postgresIP)
+		}
+	}
 	if cfg.dir == "" || cfg.apiserverIP == nil || cfg.serviceIP == nil || len(cfg.nodes) == 0 || fs.NArg() > 0 {
-		return errors.New("usage: pki -dir DIR -apiserver-ip IP -service-ip IP -node NAME=IP [-node NAME=IP]...")
+		return errors.New("usage: pki -dir DIR -apiserver-ip IP -service-ip IP -node NAME=IP [-node NAME=IP]... [-postgres-ip IP]")
 	}
 	return generate(cfg)
 }
@@ -131,30 +142,11 @@ func generate(cfg config) error {
 		return fmt.Errorf("creating %s: %w", pki, err)
 	}
 	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, caKey, err := newCA(pki, "ca", clusterName+"-local-ca", now)
 	if err != nil {
-		return fmt.Errorf("generating the CA key: %w", err)
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: clusterName + "-local-ca"},
-		NotBefore:             now.Add(-time.Minute),
-		NotAfter:              now.Add(validity),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
-	if err != nil {
-		return fmt.Errorf("signing the CA: %w", err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return fmt.Errorf("parsing the CA: %w", err)
-	}
-	if err := writePair(pki, "ca", caDER, caKey); err != nil {
 		return err
 	}
+	caDER := ca.Raw
 	caPEM := pemBlock("CERTIFICATE", caDER)
 	for _, l := range leaves(cfg) {
 		der, key, err := sign(l, ca, caKey, now)
@@ -174,6 +166,20 @@ func generate(cfg config) error {
 		kc := kubeconfig(fmt.Sprintf("https://%s:6443", cfg.apiserverIP), l.file, caPEM, pemBlock("CERTIFICATE", der), keyPEM)
 		if err := os.WriteFile(filepath.Join(cfg.dir, l.kubeconfig+".kubeconfig"), kc, 0o600); err != nil {
 			return fmt.Errorf("writing the kubeconfig %s: %w", l.kubeconfig, err)
+		}
+	}
+	if cfg.postgresIP != nil {
+		pgCA, pgKey, err := newCA(pki, "postgres-ca", clusterName+"-postgres-ca", now)
+		if err != nil {
+			return err
+		}
+		l := leaf{file: "postgres", subject: pkix.Name{CommonName: clusterName + "-postgres"}, server: true, ips: []net.IP{cfg.postgresIP}}
+		der, key, err := sign(l, pgCA, pgKey, now)
+		if err != nil {
+			return fmt.Errorf("%s: %w", l.file, err)
+		}
+		if err := writePair(pki, l.file, der, key); err != nil {
+			return err
 		}
 	}
 	// Service account tokens: RSA, as every client expects.
@@ -196,6 +202,35 @@ func generate(cfg config) error {
 		return fmt.Errorf("writing sa.pub: %w", err)
 	}
 	return nil
+}
+
+// newCA creates a self-signed CA, written as DIR/NAME.{crt,key}.
+func newCA(dir, name, commonName string, now time.Time) (*x509.Certificate, crypto.Signer, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generating the key of %s: %w", name, err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: commonName},
+		NotBefore:             now.Add(-time.Minute),
+		NotAfter:              now.Add(validity),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("signing %s: %w", name, err)
+	}
+	ca, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, fmt.Errorf("parsing %s: %w", name, err)
+	}
+	if err := writePair(dir, name, der, key); err != nil {
+		return nil, nil, err
+	}
+	return ca, key, nil
 }
 
 func sign(l leaf, ca *x509.Certificate, caKey crypto.Signer, now time.Time) ([]byte, crypto.Signer, error) {

@@ -14,7 +14,7 @@ import (
 func TestGenerate(t *testing.T) {
 	dir := t.TempDir()
 	err := run([]string{"-dir", dir, "-apiserver-ip", "10.250.0.2", "-service-ip", "10.96.0.1",
-		"-node", "n1=10.250.0.2", "-node", "n2=10.250.1.2"})
+		"-node", "n1=10.250.0.2", "-node", "n2=10.250.1.2", "-postgres-ip", "10.250.0.2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,21 @@ func TestGenerate(t *testing.T) {
 			t.Errorf("%s: %v", kc, err)
 		}
 	}
-	for _, f := range []string{"sa.key", "sa.pub", "ca.key"} {
+	// PostgreSQL's certificate verifies against its own CA only, as a
+	// managed database's does (sslmode=verify-full with the wrong CA fails).
+	pgPool := x509.NewCertPool()
+	pgPool.AddCert(readCert(t, filepath.Join(dir, "pki", "postgres-ca.crt")))
+	pg := readCert(t, filepath.Join(dir, "pki", "postgres.crt"))
+	if _, err := pg.Verify(x509.VerifyOptions{Roots: pgPool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		t.Errorf("postgres: %v", err)
+	}
+	if err := pg.VerifyHostname("10.250.0.2"); err != nil {
+		t.Errorf("postgres: %v", err)
+	}
+	if _, err := pg.Verify(x509.VerifyOptions{Roots: pool}); err == nil {
+		t.Error("postgres: verifies against the cluster's CA, want a CA of its own")
+	}
+	for _, f := range []string{"sa.key", "sa.pub", "ca.key", "postgres-ca.key", "postgres.key"} {
 		if _, err := os.Stat(filepath.Join(dir, "pki", f)); err != nil {
 			t.Error(err)
 		}
@@ -85,6 +99,7 @@ func TestBadFlags(t *testing.T) {
 		{"-dir", "x", "-apiserver-ip", "10.0.0.1", "-service-ip", "10.96.0.1"},
 		{"-dir", "x", "-apiserver-ip", "nope", "-service-ip", "10.96.0.1", "-node", "a=10.0.0.1"},
 		{"-dir", "x", "-apiserver-ip", "10.0.0.1", "-service-ip", "10.96.0.1", "-node", "a"},
+		{"-dir", "x", "-apiserver-ip", "10.0.0.1", "-service-ip", "10.96.0.1", "-node", "a=10.0.0.1", "-postgres-ip", "db"},
 	} {
 		if err := run(args); err == nil {
 			t.Errorf("%q: no error", args)
