@@ -21,23 +21,25 @@
 -- uncommitted rows.
 
 -- runledger.ledger_written_by_this_xact: is the visible version of ledger row
--- row_id written by the current transaction (or one of its
--- subtransactions)? xmin is a 32-bit xid; pg_xact_status wants the 64-bit
--- one, which is the current epoch's unless xmin is above the current xid.
+-- row_id written by the current transaction or one of its subtransactions (a
+-- savepoint's rows carry the savepoint's xid, above the top-level one)?
+-- age(xmin) is the distance from this transaction's top-level xid: 0 for its
+-- own, negative for a later xid (a subtransaction's, or a later transaction's
+-- committed row), positive for an earlier one. Only for a distance <= 0 is
+-- the 64-bit xid (top-level minus the distance) looked up: it is then an xid
+-- already assigned, never one of another epoch or a frozen one.
 -- +goose StatementBegin
 CREATE FUNCTION runledger.ledger_written_by_this_xact(row_id bigint) RETURNS boolean
     LANGUAGE sql STABLE
     SET search_path = pg_catalog
 AS $$
     SELECT coalesce(bool_or(CASE
-               WHEN v.x <= v.c THEN pg_xact_status(v.x::text::xid8) = 'in progress'
-               WHEN v.x >= 4294967296 THEN pg_xact_status((v.x - 4294967296)::text::xid8) = 'in progress'
+               WHEN v.age <= 0 THEN pg_xact_status((v.c - v.age)::text::xid8) = 'in progress'
                ELSE false
            END), false)
     FROM (
-        SELECT ((cur.c >> 32) << 32) | l.xmin::text::bigint AS x, cur.c
+        SELECT age(l.xmin) AS age, pg_current_xact_id()::text::bigint AS c
         FROM runledger.ledger AS l
-        CROSS JOIN (SELECT pg_current_xact_id()::text::bigint AS c) AS cur
         WHERE l.id = row_id
     ) AS v
 $$;

@@ -211,3 +211,25 @@ func TestProcessor_NonSuperuserOwner(t *testing.T) {
 	require.EqualValues(t, 1, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger`))
 	require.Empty(t, scalar[string](t, worker, `SELECT coalesce(current_setting('runledger.take_back', true), '')`), "the parameter does not outlive the call")
 }
+
+// TestProcessor_TakeBackAfterIsolation: when a chunk is claimed item by item
+// under savepoints (one item has a malformed payload), its rows carry the
+// savepoints' transaction ids; the processor's refusals are still taken back,
+// and only the accepted keys commit.
+func TestProcessor_TakeBackAfterIsolation(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	worker, _ := workerRole(t, owner)
+	s := ledger.NewStore(worker)
+	p := &funcProcessor{}
+	chunk := keyed("1", "2-fail", "3-bad", "4-retry", "5")
+	chunk[2].Payload = []byte(`{not json`)
+	res := commit(t, s, runNamed("a"), chunk, ledger.ChunkOptions{Processor: p})
+	require.Equal(t, tally{completed: 2, failed: 3}, count(res))
+	require.ErrorContains(t, res[1].Err, "processor: card declined")
+	require.ErrorContains(t, res[2].Err, "invalid input syntax for type json")
+	require.ErrorIs(t, res[3].Err, ledger.ErrRetryItem)
+	require.EqualValues(t, 2, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger`), "only the accepted keys")
+	require.Equal(t, 1, countRows(t, owner, "acct", "1", "committed"))
+	require.Equal(t, 1, countRows(t, owner, "acct", "5", "committed"))
+}
