@@ -212,3 +212,39 @@ GRANT INSERT ON notes TO `+role)
 	require.EqualValues(t, 8, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed' AND run_uid = 'd'`))
 	requireOneCommittedPerKey(t, owner, 15)
 }
+
+// TestAppendOnly_EffectCannotTakeBackItsClaims: ledger_take_back (a
+// processor's refused items) may delete rows of the calling transaction, so an
+// effect could call it on its own chunk's claims, commit its own writes and
+// leave the keys free for a later run to process again. The insert path checks
+// after the effect that every key it claimed still has its committed row: the
+// items fail, nothing commits, and a later run still counts the seeded keys.
+func TestAppendOnly_EffectCannotTakeBackItsClaims(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	worker, _ := workerRole(t, owner)
+	mustExec(t, owner, `CREATE TABLE effects (entity text, occurrence text)`)
+	mustExec(t, owner, `GRANT INSERT, SELECT ON effects TO PUBLIC`)
+	const takeBack = `INSERT INTO effects SELECT entity, occurrence FROM claimed;
+SELECT runledger.ledger_take_back(array_agg(entity), array_agg(occurrence), '{}') FROM claimed`
+	for _, who := range []struct {
+		name string
+		pool *pgxpool.Pool
+	}{{"worker", worker}, {"owner", owner}} {
+		t.Run(who.name, func(t *testing.T) {
+			s := ledger.NewStore(who.pool)
+			if scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger`) == 0 {
+				seedHistory(t, s)
+			}
+			before := ledgerSnapshot(t, owner)
+			res := commit(t, s, runNamed("taker-"+who.name), items("mal-"+who.name, 0, 4), ledger.ChunkOptions{Effect: takeBack})
+			require.Equal(t, tally{failed: 4}, count(res), "every item of the chunk fails")
+			for _, r := range res {
+				require.ErrorIs(t, r.Err, ledger.ErrEffectTookBackClaims)
+			}
+			require.Equal(t, before, ledgerSnapshot(t, owner), "every ledger row is untouched, none added")
+			require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM effects`), "the effect's writes rolled back with the claims")
+			requireHandledStill(t, s, owner)
+		})
+	}
+}

@@ -150,6 +150,12 @@ func isolate(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOp
 	if err := walk(0, len(items), true); err != nil {
 		return nil, err
 	}
+	if opts.Effect != "" {
+		// A later group's effect may have taken back an earlier group's claims.
+		if err := claimsHeld(ctx, tx, run, out); err != nil {
+			return nil, err
+		}
+	}
 	return out, nil
 }
 
@@ -280,6 +286,9 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOpti
 		if err := runEffect(ctx, tx, opts); err != nil {
 			return nil, err
 		}
+		if err := claimsHeld(ctx, tx, run, out); err != nil {
+			return nil, err
+		}
 	}
 
 	for i, r := range out {
@@ -314,6 +323,32 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 	}
 	return nil
 }
+
+// claimsHeld checks, after an effect, that every key out counts as Completed
+// still has a committed row of run, in one statement.
+func claimsHeld(ctx context.Context, tx pgx.Tx, run Run, out []Result) error {
+	var entities, occurrences []string
+	for _, r := range out {
+		if r.Outcome == Completed {
+			entities, occurrences = append(entities, r.Key.Entity), append(occurrences, r.Key.Occurrence)
+		}
+	}
+	if len(entities) == 0 {
+		return nil
+	}
+	var held int
+	if err := tx.QueryRow(ctx, sqlClaimsHeld, entities, occurrences, run.UID).Scan(&held); err != nil {
+		return fmt.Errorf("checking the chunk's claims after the effect: %w", err)
+	}
+	if held != len(entities) {
+		return fmt.Errorf("%d of %d claimed keys have no committed row after the effect: %w", len(entities)-held, len(entities), ErrEffectTookBackClaims)
+	}
+	return nil
+}
+
+// ErrEffectTookBackClaims: the effect deleted (took back) committed rows its
+// own transaction had claimed; the chunk's items fail and nothing commits.
+var ErrEffectTookBackClaims = errors.New("the effect took back its chunk's claims (every claimed key must keep its committed row)")
 
 // ErrEffectTransactionControl: the effect tried to COMMIT, ROLLBACK or open
 // a savepoint, which would commit the claim without the rest of the effect or

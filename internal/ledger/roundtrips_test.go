@@ -138,11 +138,12 @@ func TestCommitChunk_ThreeRoundTrips(t *testing.T) {
 	require.Equal(t, 1500, n)
 }
 
-// TestCommitChunk_EffectRoundTrips: with an effect, a chunk costs seven round
+// TestCommitChunk_EffectRoundTrips: with an effect, a chunk costs eight round
 // trips: begin (with the table "claimed"), emptying "claimed", the claim, the
 // effect's planner setting, the effect, the check of the constraints it
-// deferred together with the ledger's setting, commit. The deferred check
-// adds no round trip of its own.
+// deferred together with the ledger's setting, the check that every claimed
+// key kept its committed row (ErrEffectTookBackClaims), commit. The deferred
+// check adds no round trip of its own.
 func TestCommitChunk_EffectRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -157,6 +158,6 @@ func TestCommitChunk_EffectRoundTrips(t *testing.T) {
 	before := writes.Load()
 	res, err := s.CommitChunk(ctx, runNamed("run-a"), items("acct", 0, 1000), opts)
 	require.NoError(t, err)
-	require.Equal(t, int64(7), writes.Load()-before, "round trips")
+	require.Equal(t, int64(8), writes.Load()-before, "round trips")
 	require.Equal(t, tally{completed: 1000}, count(res))
 }

@@ -214,6 +214,16 @@ WHERE l.id = ANY (ARRAY(
   AND l.state = 'committed' AND l.run_uid <> $3
 RETURNING l.entity, l.occurrence, l.id::text`
 
+// sqlClaimsHeld counts the keys ($1, $2) that have a committed row of run $3.
+// After an effect every key its chunk claimed must: the append-only trigger
+// lets a transaction take back its own rows (ledger_take_back), so an effect
+// could otherwise free its own chunk's keys and commit its writes.
+const sqlClaimsHeld = `SELECT count(*) FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
+WHERE EXISTS (
+    SELECT 1 FROM runledger.ledger AS l
+    WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed' AND l.run_uid = $3
+)`
+
 // sqlTakeBack takes back, inside the claiming transaction, the claims of the
 // keys a processor did not accept ($1 entities, $2 occurrences): the rows
 // this transaction inserted for them are deleted, and the rows it superseded
