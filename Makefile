@@ -107,8 +107,20 @@ envtest-assets: ## Build (once, cached under bin/k8s/) kube-apiserver, etcd and 
 	$(ROOT)/hack/k8s-bins.sh kube-apiserver etcd kubectl
 
 .PHONY: bench
-bench: ## Benchmarks of the insert path against its baselines; prints items/s and ratios (fsync on).
-	go test -run '^$$' -bench . -benchtime 1x -timeout 60m ./internal/bench/...
+bench: ## Benchmarks of the insert path and the worker against their baselines; prints items/s and ratios (fsync on).
+	go test -run '^$$' -bench '^Benchmark(Ledger|Worker)$$' -benchtime 1x -timeout 60m ./internal/bench/...
+
+.PHONY: bench-growth
+bench-growth: ## The worker's items/s on a ledger of 10M and 50M committed rows beside an empty one, with table and index sizes (about 30 minutes, 15 GB of disk).
+	go test -run '^$$' -bench '^BenchmarkGrowth$$' -benchtime 1x -timeout 120m ./internal/bench/...
+
+.PHONY: bench-status
+bench-status: envtest-assets ## Writes to the run object and bytes into etcd per second while 1, 16 and 256 shards report (envtest, the real manager), now and with the protocol before.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -run '^$$' -bench '^BenchmarkStatusWrites$$' -benchtime 1x -timeout 60m ./internal/bench/...
+
+.PHONY: bench-runs
+bench-runs: envtest-assets ## One manager, 1,000 runs (most finished): memory, reconcile p50/p99, API requests/s (envtest, the real manager).
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -run '^$$' -bench '^BenchmarkManyRuns$$' -benchtime 1x -timeout 60m ./internal/bench/...
 
 ##@ Generate
 

@@ -130,6 +130,12 @@ func Start() (*Env, error) {
 	return &Env{Config: cfg, KubeConfig: te.KubeConfig, Scheme: scheme, Client: c, env: te}, nil
 }
 
+// EtcdURL is the client URL of the Env's etcd (its Prometheus metrics are at
+// /metrics there).
+func (e *Env) EtcdURL() string {
+	return e.env.ControlPlane.Etcd.URL.String()
+}
+
 // Stop stops kube-apiserver and etcd.
 func (e *Env) Stop() error {
 	if err := e.env.Stop(); err != nil {
