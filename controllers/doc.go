@@ -63,6 +63,11 @@
 // security) stalls the run with the reason and ends the pass's creates, as
 // the Job controller does; the run tries again every DependencyRetry.
 //
+// A pod the scheduler cannot place (PodScheduled=False, reason
+// Unschedulable) is not a stall: the scheduler keeps trying and an
+// autoscaler may add a node. The run stays Reconciling with the reason
+// Unschedulable and the scheduler's message, and a Warning Event names it.
+//
 // # Counts
 //
 // Each worker reports its shard on its own pod (annotation
