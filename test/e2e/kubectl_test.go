@@ -28,14 +28,17 @@ func TestWhatAUserSees(t *testing.T) {
 	t.Logf("$ kubectl get processingruns\n%s", out)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2)
-	require.Equal(t, []string{"NAME", "PHASE", "COMPLETED", "ALREADY-HANDLED", "FAILED", "TOTAL", "AGE"}, strings.Fields(lines[0]), "printer columns")
-	require.Equal(t, []string{"ok", "Succeeded", "10", "0", "0", "10"}, strings.Fields(lines[1])[:6])
+	require.Equal(t, []string{"NAME", "PHASE", "COMPLETED", "ALREADY-HANDLED", "FAILED", "TOTAL", "REASON", "DURATION", "AGE"}, strings.Fields(lines[0]), "printer columns")
+	ok := tableRow(lines[0], lines[1])
+	require.Equal(t, []string{"ok", "Succeeded", "10", "0", "0", "10", ""},
+		[]string{ok["NAME"], ok["PHASE"], ok["COMPLETED"], ok["ALREADY-HANDLED"], ok["FAILED"], ok["TOTAL"], ok["REASON"]}, "a run that succeeded has no reason")
+	require.NotEmpty(t, ok["DURATION"], "a finished run shows how long it took")
 
 	out, err = f.kubectl("get", "prun", "-o", "wide")
 	require.NoError(t, err, out)
 	lines = strings.Split(strings.TrimSpace(out), "\n")
-	require.Equal(t, []string{"NAME", "PHASE", "COMPLETED", "ALREADY-HANDLED", "FAILED", "TOTAL", "WORKERS", "AGE"}, strings.Fields(lines[0]), "-o wide adds WORKERS")
-	require.Equal(t, "2", strings.Fields(lines[1])[6])
+	require.Equal(t, []string{"NAME", "PHASE", "COMPLETED", "ALREADY-HANDLED", "FAILED", "TOTAL", "REASON", "DURATION", "WORKERS", "AGE"}, strings.Fields(lines[0]), "-o wide adds WORKERS")
+	require.Equal(t, "2", tableRow(lines[0], lines[1])["WORKERS"])
 
 	out, err = f.kubectl("get", "runledger")
 	require.NoError(t, err, "the runledger category: %s", out)
@@ -70,7 +73,10 @@ func TestWhatAUserSees(t *testing.T) {
 
 	out, err = f.kubectl("get", "prun", "bad")
 	require.NoError(t, err, out)
-	require.Equal(t, []string{"bad", "Failed", "0", "0", "0", "5"}, strings.Fields(strings.Split(strings.TrimSpace(out), "\n")[1])[:6])
+	lines = strings.Split(strings.TrimSpace(out), "\n")
+	badRow := tableRow(lines[0], lines[1])
+	require.Equal(t, []string{"bad", "Failed", "0", "0", "0", "5", "BadInput"},
+		[]string{badRow["NAME"], badRow["PHASE"], badRow["COMPLETED"], badRow["ALREADY-HANDLED"], badRow["FAILED"], badRow["TOTAL"], badRow["REASON"]}, "a failed run says why")
 	out, err = f.kubectl("describe", "prun", "bad")
 	require.NoError(t, err, out)
 	t.Logf("$ kubectl describe processingrun bad (status and events)\n%s", out[strings.Index(out, "Status:"):])
@@ -83,4 +89,23 @@ func TestWhatAUserSees(t *testing.T) {
 	} {
 		require.Regexp(t, regexp.MustCompile(want), out, "kubectl describe shows %s", want)
 	}
+}
+
+// tableRow reads a line of kubectl's table by the header's column positions,
+// so that an empty cell (REASON of a run that succeeded) stays in its column.
+func tableRow(header, line string) map[string]string {
+	names := strings.Fields(header)
+	starts := make([]int, len(names)+1)
+	pos := 0
+	for i, name := range names {
+		starts[i] = pos + strings.Index(header[pos:], name)
+		pos = starts[i] + len(name)
+	}
+	starts[len(names)] = len(line)
+	out := make(map[string]string, len(names))
+	for i, name := range names {
+		lo, hi := min(starts[i], len(line)), min(starts[i+1], len(line))
+		out[name] = strings.TrimSpace(line[lo:hi])
+	}
+	return out
 }
