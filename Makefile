@@ -163,9 +163,11 @@ fmt: ## Format the code.
 
 ##@ Local cluster
 
+NODES ?= 1
+
 .PHONY: cluster-up
-cluster-up: ## Start a single-node Kubernetes cluster and PostgreSQL in a network namespace (root; hack/cluster.sh; the first run builds the binaries, ~15 min).
-	$(ROOT)/hack/cluster.sh up
+cluster-up: ## Start a Kubernetes cluster of NODES nodes (default 1) and PostgreSQL in network namespaces (root; hack/cluster.sh; the first run builds the binaries, ~15 min).
+	$(ROOT)/hack/cluster.sh up --nodes $(NODES)
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local cluster and leave the host as it was found.

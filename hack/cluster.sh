@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# A real single-node Kubernetes cluster on this machine, for `make demo` and
-# `make e2e`: no Docker, no systemd; images come from the cluster's own OCI
+# A real Kubernetes cluster of one or more nodes on this machine, for
+# `make demo` (one node) and `make e2e` (two): no Docker, no systemd; images come from the cluster's own OCI
 # registry, as they come from a registry in any cluster.
 #
 # Usage: hack/cluster.sh COMMAND [ARGS]
 #
-#   up                  start the cluster (idempotent: reuses a healthy one)
+#   up [--nodes N]      start the cluster with N nodes (default 1, or
+#                       RUNLEDGER_CLUSTER_NODES; idempotent: reuses a
+#                       healthy one)
 #   down                stop it and leave the host as it was found
 #   status              what runs, node state, addresses
 #   state-dir           print the directory of the cluster's state
@@ -35,14 +37,21 @@
 #                       stop/start the cluster's PostgreSQL (tests of outages)
 #   smoke               run pods that show the cluster works: a local image
 #                       runs, pods reach the apiserver ClusterIP and PostgreSQL
+#   node-env NAME       print what a test needs to power node NAME off or
+#                       partition it (test/e2e's node helper)
+#   node-start NAME     power node NAME on again: its daemons start on the
+#                       state they left, as after a reboot
 #
-# Everything runs as root inside a network namespace this script creates
-# (${NETNS}), joined to the host by a veth pair: the host is ${HOST_IP}, the
-# node ${NODE_IP}. The apiserver (https://${NODE_IP}:6443), PostgreSQL
-# (${NODE_IP}:5432) and the registry (http://${REGISTRY}) listen on the node
-# address, reachable from the host and from pods; nothing listens on or
-# targets the host's other interfaces.
-# Pods get ${POD_CIDR}, Services ${SERVICE_CIDR}; there is no cluster DNS.
+# Everything runs as root inside network namespaces this script creates. The
+# control plane, PostgreSQL and the registry run in ${CP_NETNS}, joined to the
+# host by a veth pair: the host is ${HOST_IP}, the control plane ${CP_IP}.
+# The apiserver (https://${CP_IP}:6443), PostgreSQL (${CP_IP}:5432) and the
+# registry (http://${REGISTRY}) listen there, reachable from the host and from
+# every node and pod. Node K (runledger-K: its own netns, containerd, kubelet
+# and kube-proxy) is 10.250.K.2, joined to ${CP_NETNS} by a veth pair; its
+# pods get 10.244.K.0/24, routed through ${CP_NETNS} to every other node.
+# Nothing listens on or targets the host's other interfaces. Services get
+# ${SERVICE_CIDR}; there is no cluster DNS.
 #
 # State (etcd, containerd, kubelet, PostgreSQL, registry, certificates) lives in
 # ${RUN} (removed by `down`), outside the checkout:
@@ -66,8 +75,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 
 usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//' |
-    sed -e "s|\${NETNS}|${NETNS}|; s|\${HOST_IP}|${HOST_IP}|; s|\${NODE_IP}|${NODE_IP}|g" \
-      -e "s|\${POD_CIDR}|${POD_CIDR}|; s|\${SERVICE_CIDR}|${SERVICE_CIDR}|; s|\${RUN}|${RUN}|" \
+    sed -e "s|\${CP_NETNS}|${CP_NETNS}|g; s|\${HOST_IP}|${HOST_IP}|; s|\${CP_IP}|${CP_IP}|g" \
+      -e "s|\${SERVICE_CIDR}|${SERVICE_CIDR}|; s|\${RUN}|${RUN}|" \
       -e "s|\${REGISTRY}|${REGISTRY}|g" >&2
   exit "${1:-2}"
 }
@@ -122,6 +131,8 @@ main() {
     postgres) cmd_postgres "$@" ;;
     smoke) cmd_smoke "$@" ;;
     apply-k) cmd_apply_k "$@" ;;
+    node-env) cmd_node_env "$@" ;;
+    node-start) cmd_node_start "$@" ;;
     *) log "unknown command: ${cmd}"; usage ;;
   esac
 }

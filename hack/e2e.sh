@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make e2e`: runledger's end-to-end tests on a real single-node cluster.
+# `make e2e`: runledger's end-to-end tests on a real two-node cluster
+# (RUNLEDGER_CLUSTER_NODES=N for another count).
 #
 # Usage: hack/e2e.sh [GO TEST ARGS...]     e.g. hack/e2e.sh -run TestHappyPath
 #
@@ -145,7 +146,9 @@ finish() {
 trap finish EXIT
 trap 'exit 130' INT TERM
 
-say "cluster and operator (hack/demo.sh install)"
+# Two nodes: the tests of lost nodes power one off or cut it off.
+export RUNLEDGER_CLUSTER_NODES="${RUNLEDGER_CLUSTER_NODES:-2}"
+say "cluster of ${RUNLEDGER_CLUSTER_NODES} nodes and the operator (hack/demo.sh install)"
 "${ROOT}/hack/demo.sh" install
 
 say "go test -tags e2e ./test/e2e/... $*"

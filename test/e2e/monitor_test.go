@@ -31,11 +31,22 @@ type podMonitor struct {
 	pods  map[string]*corev1.Pod // by name: the pods that exist now
 	seen  map[string][]string    // shard key -> every pod name it ever had
 	found []string               // violations
+	// lost: nodes the test powered off or cut off; their pods do not count
+	// as live (the controller replaces them without waiting for them).
+	lost map[string]bool
+}
+
+// nodeLost tells the monitor that the test takes a node away: its pods
+// may overlap with their replacements from now on.
+func (m *podMonitor) nodeLost(node string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lost[node] = true
 }
 
 func startPodMonitor(parent context.Context, t *testing.T, cs kubernetes.Interface, ns string) *podMonitor {
 	ctx, cancel := context.WithCancel(parent)
-	m := &podMonitor{t: t, cancel: cancel, done: make(chan struct{}), pods: map[string]*corev1.Pod{}, seen: map[string][]string{}}
+	m := &podMonitor{t: t, cancel: cancel, done: make(chan struct{}), pods: map[string]*corev1.Pod{}, seen: map[string][]string{}, lost: map[string]bool{}}
 	ready := make(chan struct{})
 	go func() {
 		defer close(m.done)
@@ -116,7 +127,7 @@ func (m *podMonitor) apply(t watch.EventType, pod *corev1.Pod) {
 	}
 	var liveNames []string
 	for _, p := range m.pods {
-		if shardKey(p) == key && live(p) {
+		if shardKey(p) == key && live(p) && !m.lost[p.Spec.NodeName] {
 			liveNames = append(liveNames, fmt.Sprintf("%s(%s)", p.Name, p.Status.Phase))
 		}
 	}

@@ -10,7 +10,7 @@ cmd_status() {
   fi
   k8s_bin_dir 2>/dev/null || true
   local d pid rc=0
-  for d in "${DAEMONS[@]}"; do
+  for d in $(all_daemons); do
     if pid="$(daemon_pid "${d}")"; then
       printf '  %-24s running  pid %s\n' "${d}" "${pid}"
     else
@@ -19,13 +19,30 @@ cmd_status() {
     fi
   done
   echo "  state      ${RUN} (started from $(cat "${RUN}/checkout" 2>/dev/null || echo '?'))"
-  echo "  apiserver  https://${NODE_IP}:6443   kubeconfig ${RUN}/admin.kubeconfig"
-  echo "  postgres   ${NODE_IP}:${PG_PORT}   (hack/cluster.sh dsn)"
+  echo "  apiserver  https://${CP_IP}:6443   kubeconfig ${RUN}/admin.kubeconfig"
+  echo "  postgres   ${CP_IP}:${PG_PORT}   (hack/cluster.sh dsn)"
   echo "  registry   http://${REGISTRY}"
   if [[ -n "${BIN_DIR:-}" ]]; then
     kubectl_ get nodes -o wide 2>&1 | sed 's/^/  /' || rc=1
   fi
   return "${rc}"
+}
+
+# node-env NAME: what test/e2e's node helper needs to power node NAME off
+# or partition it, as KEY=VALUE lines.
+cmd_node_env() {
+  [[ $# -eq 1 ]] || usage
+  [[ -d "${RUN}" ]] || die "the cluster is not up"
+  local k name
+  k="$(node_index "$1")" || die "$1: no such node"
+  name="$(node_name "${k}")"
+  echo "NETNS=${name}"
+  echo "NODE_IP=$(node_ip "${k}")"
+  echo "CP_NETNS=${CP_NETNS}"
+  echo "CP_IP=${CP_IP}"
+  echo "CP_LINK=$(node_link "${k}")"
+  echo "DAEMON_CGROUP=/sys/fs/cgroup/pids/${DAEMON_CGROUP}/${name}"
+  echo "POD_CGROUP=/sys/fs/cgroup/pids/${CGROUP_ROOT}/${name}"
 }
 
 print_usage_hint() {

@@ -10,14 +10,23 @@ LOGS="${RUNLEDGER_CLUSTER_LOGS:-${STATE}/logs}"
 PIDS="${RUN}/pids"
 HOSTSAVE="${RUN}/host" # what the host looked like before `up`
 
-NETNS=runledger
+# The control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler), PostgreSQL and the registry run in network namespace
+# CP_NETNS at CP_IP, joined to the host (HOST_IP) by a veth pair.
+CP_NETNS=runledger
 HOST_IF=rl-host
-NODE_IF=rl-node
+CP_IF=rl-cp
 HOST_IP=10.250.0.1
-NODE_IP=10.250.0.2
+CP_IP=10.250.0.2
 NET_PREFIX=30
-NODE_NAME=runledger
-POD_CIDR=10.244.0.0/24
+# Nodes: `up --nodes N` (or RUNLEDGER_CLUSTER_NODES=N); later commands read
+# ${RUN}/node-count. Node K is named runledger-K and has a network namespace of
+# that name, joined to the control plane's by a veth pair (node_* below), with
+# its own containerd, kubelet and kube-proxy.
+NODES="${RUNLEDGER_CLUSTER_NODES:-1}"
+MAX_NODES=8
+CLUSTER_POD_CIDR=10.244.0.0/16 # node K's pods: 10.244.K.0/24
+NODE_UPLINK=rl-up              # a node's end of its veth pair, in its netns
 SERVICE_CIDR=10.96.0.0/16
 SERVICE_IP=10.96.0.1 # the apiserver's ClusterIP, first of SERVICE_CIDR
 PG_PORT=5432
@@ -26,14 +35,15 @@ PG_DB=runledger
 
 IMAGE_LAYOUTS="${ROOT}/bin/images" # OCI layouts of the images pushed by push_image
 TOOLS="${ROOT}/bin/cluster-tools"
-REGISTRY="${NODE_IP}:5000"
+REGISTRY="${CP_IP}:5000"
 PAUSE_IMAGE="${REGISTRY}/pause:dev"
 SMOKE_IMAGE="${REGISTRY}/smoke:dev"
 
-CGROUP_ROOT=runledger              # kubelet's cgroupRoot (pods), in every v1 hierarchy
-DAEMON_CGROUP=runledger-daemons    # pids hierarchy: every daemon and shim, to prove none is left
+CGROUP_ROOT=runledger              # pods: node N's kubelet's cgroupRoot is /runledger/N, in every v1 hierarchy
+DAEMON_CGROUP=runledger-daemons    # pids hierarchy: every daemon and shim (a node's in a child cgroup), to prove none is left
 K8S_COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
-DAEMONS=(registry containerd postgres etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet)
+CP_DAEMONS=(registry postgres etcd kube-apiserver kube-controller-manager kube-scheduler)
+NODE_DAEMONS=(containerd kube-proxy kubelet) # each node's, named DAEMON-NODE
 
 # Host sysctls that kubelet (vm.*, kernel.*) or kube-proxy and the CNI bridge
 # plugin (net.*; those run in the netns, but the host values are checked too)
@@ -62,13 +72,50 @@ T0="$(now_ms)"
 
 # --- small helpers ---------------------------------------------------------------
 
-in_ns() { nsenter --net="/run/netns/${NETNS}" -- "$@"; }
-netns_exists() { [[ -e "/run/netns/${NETNS}" ]]; }
+# in_ns NETNS COMMAND...: run COMMAND in a network namespace.
+in_ns() {
+  local ns="$1"
+  shift
+  nsenter --net="/run/netns/${ns}" -- "$@"
+}
+netns_exists() { [[ -e "/run/netns/$1" ]]; }
 # The script's own kubectl calls keep their discovery cache in the state
 # directory, not in ~/.kube.
 kubectl_() { "${BIN_DIR}/kubectl" --kubeconfig "${RUN}/admin.kubeconfig" --cache-dir "${RUN}/kube-cache" "$@"; }
-ctr_() { ctr --address "${RUN}/containerd/containerd.sock" --namespace k8s.io "$@"; }
+# ctr_ K ARGS...: ctr against node K's containerd.
+ctr_() {
+  local k="$1"
+  shift
+  ctr --address "$(node_dir "${k}")/containerd/containerd.sock" --namespace k8s.io "$@"
+}
 as_postgres() { setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"; }
+
+# --- nodes -------------------------------------------------------------------------
+
+# node_count: how many nodes the cluster has (or `up` is about to start).
+node_count() {
+  if [[ -f "${RUN}/node-count" ]]; then cat "${RUN}/node-count"; else echo "${NODES}"; fi
+}
+node_name() { echo "runledger-$1"; }
+node_ip() { echo "10.250.$1.2"; }
+node_gateway() { echo "10.250.$1.1"; } # the control plane's end of the node's veth pair
+node_link() { echo "rl-n$1"; }          # ... and its name, in CP_NETNS
+node_pod_cidr() { echo "10.244.$1.0/24"; }
+node_dir() { echo "${RUN}/nodes/$(node_name "$1")"; }
+# node_index NAME: K of node runledger-K, or fail.
+node_index() {
+  local k="${1#runledger-}"
+  [[ "$1" == runledger-* && "${k}" =~ ^[1-9][0-9]*$ ]] && ((k <= $(node_count))) || return 1
+  echo "${k}"
+}
+# all_daemons: the control plane's daemons, then every node's.
+all_daemons() {
+  local k d
+  printf '%s\n' "${CP_DAEMONS[@]}"
+  for k in $(seq "$(node_count)"); do
+    for d in "${NODE_DAEMONS[@]}"; do echo "${d}-$(node_name "${k}")"; done
+  done
+}
 
 # wait_for DESCRIPTION TIMEOUT_SECONDS COMMAND...: poll until COMMAND succeeds.
 # With WATCH=NAME, give up as soon as daemon NAME is no longer running.
@@ -89,10 +136,15 @@ wait_for() {
   done
 }
 
-# render TEMPLATE OUT: fill in @WORDS@ of a hack/cluster/ template.
+# render TEMPLATE OUT [K]: fill in @WORDS@ of a hack/cluster/ template, with
+# node K's values.
 render() {
-  sed -e "s|@RUN@|${RUN}|g" -e "s|@NODE_IP@|${NODE_IP}|g" -e "s|@NODE_NAME@|${NODE_NAME}|g" \
-    -e "s|@POD_CIDR@|${POD_CIDR}|g" -e "s|@PAUSE_IMAGE@|${PAUSE_IMAGE}|g" -e "s|@REGISTRY@|${REGISTRY}|g" \
+  local k="${3:-1}"
+  sed -e "s|@RUN@|${RUN}|g" -e "s|@NODE_DIR@|$(node_dir "${k}")|g" \
+    -e "s|@NODE_IP@|$(node_ip "${k}")|g" -e "s|@NODE_NAME@|$(node_name "${k}")|g" \
+    -e "s|@POD_CIDR@|$(node_pod_cidr "${k}")|g" -e "s|@CLUSTER_POD_CIDR@|${CLUSTER_POD_CIDR}|g" \
+    -e "s|@CGROUP_ROOT@|/${CGROUP_ROOT}/$(node_name "${k}")|g" \
+    -e "s|@PAUSE_IMAGE@|${PAUSE_IMAGE}|g" -e "s|@REGISTRY@|${REGISTRY}|g" \
     "${CONF}/$1" >"$2"
   if grep -q '@[A-Z_]*@' "$2"; then die "unfilled placeholder in $2"; fi
 }

@@ -18,18 +18,30 @@ daemon_pid() {
   echo "${pid}"
 }
 
-# start_daemon NAME COMMAND...: run COMMAND in the cluster netns, in its own
-# session, logging to .cluster/logs/NAME.log; record its PID.
-start_daemon() {
-  local name="$1"
-  shift
-  mkdir -p "${PIDS}" "${LOGS}"
+# start_daemon NAME COMMAND...: a control plane daemon (start_daemon_in).
+start_daemon() { start_daemon_in "${CP_NETNS}" "${DAEMON_CGROUP}" "$@"; }
+
+# start_node_daemon K DAEMON COMMAND...: node K's DAEMON, named DAEMON-NODE,
+# in the node's netns and its own cgroup (what its power loss kills).
+start_node_daemon() {
+  local k="$1" d="$2"
+  shift 2
+  start_daemon_in "$(node_name "${k}")" "${DAEMON_CGROUP}/$(node_name "${k}")" "${d}-$(node_name "${k}")" "$@"
+}
+
+# start_daemon_in NETNS CGROUP NAME COMMAND...: run COMMAND in network
+# namespace NETNS and pids cgroup CGROUP, in its own session, logging to
+# .cluster/logs/NAME.log; record its PID.
+start_daemon_in() {
+  local netns="$1" cgroup="$2" name="$3"
+  shift 3
+  mkdir -p "${PIDS}" "${LOGS}" "/sys/fs/cgroup/pids/${cgroup}"
   (
     exec 9>&- # the lock (see main) must not outlive this script
-    echo "${BASHPID}" >"/sys/fs/cgroup/pids/${DAEMON_CGROUP}/cgroup.procs"
+    echo "${BASHPID}" >"/sys/fs/cgroup/pids/${cgroup}/cgroup.procs"
     # setsid and nsenter exec (this subshell is no process group leader, so
     # setsid does not fork): the PID stays the daemon's.
-    exec setsid nsenter --net="/run/netns/${NETNS}" -- "$@"
+    exec setsid nsenter --net="/run/netns/${netns}" -- "$@"
   ) >>"${LOGS}/${name}.log" 2>&1 </dev/null &
   local pid=$!
   local start=""
@@ -64,9 +76,11 @@ stop_daemon() {
   step "stopped ${name} (pid ${pid})"
 }
 
-# The processes in DAEMON_CGROUP: daemons we started, and what they started
-# outside any pod (containerd shims).
-cgroup_pids() { cat "/sys/fs/cgroup/pids/${DAEMON_CGROUP}/cgroup.procs" 2>/dev/null || true; }
+# The processes in DAEMON_CGROUP and below: daemons we started, and what they
+# started outside any pod (containerd shims).
+cgroup_pids() {
+  find "/sys/fs/cgroup/pids/${DAEMON_CGROUP}" -name cgroup.procs -exec cat {} + 2>/dev/null || true
+}
 
 # --- cgroups -------------------------------------------------------------------------
 
@@ -82,16 +96,21 @@ v1_hierarchies() {
   done
 }
 
+# setup_cgroups: CGROUP_ROOT and one child per node (each kubelet's
+# cgroupRoot: a kubelet removes pod cgroups it does not know) in every v1
+# hierarchy; DAEMON_CGROUP and one child per node in the pids hierarchy.
 setup_cgroups() {
-  local h
+  local h k c
   for h in $(v1_hierarchies); do
-    mkdir -p "${h}/${CGROUP_ROOT}"
-    if [[ -f "${h}/cpuset.cpus" ]]; then
-      cat "${h}/cpuset.cpus" >"${h}/${CGROUP_ROOT}/cpuset.cpus"
-      cat "${h}/cpuset.mems" >"${h}/${CGROUP_ROOT}/cpuset.mems"
-    fi
+    for c in "${h}/${CGROUP_ROOT}" $(for k in $(seq "$(node_count)"); do echo "${h}/${CGROUP_ROOT}/$(node_name "${k}")"; done); do
+      mkdir -p "${c}"
+      if [[ -f "${h}/cpuset.cpus" ]]; then
+        cat "${h}/cpuset.cpus" >"${c}/cpuset.cpus"
+        cat "${h}/cpuset.mems" >"${c}/cpuset.mems"
+      fi
+    done
   done
-  mkdir -p "/sys/fs/cgroup/pids/${DAEMON_CGROUP}"
+  for k in $(seq "$(node_count)"); do mkdir -p "/sys/fs/cgroup/pids/${DAEMON_CGROUP}/$(node_name "${k}")"; done
 }
 
 remove_cgroups() {

@@ -6,17 +6,33 @@
 # Pods are stopped through the cluster while it still runs, so containerd
 # tears down their sandboxes properly (network namespaces, veths, IPAM, mounts).
 drain_pods() {
-  daemon_pid kube-apiserver >/dev/null && daemon_pid kubelet >/dev/null && daemon_pid containerd >/dev/null ||
-    return 0
+  daemon_pid kube-apiserver >/dev/null || return 0
+  local k name up=()
+  for k in $(seq "$(node_count)"); do
+    name="$(node_name "${k}")"
+    if daemon_pid "kubelet-${name}" >/dev/null && daemon_pid "containerd-${name}" >/dev/null; then up+=("${k}"); fi
+  done
+  ((${#up[@]} > 0)) || return 0
   stop_daemon kube-controller-manager
   stop_daemon kube-scheduler
   kubectl_ delete pods --all --all-namespaces --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
-  if wait_for "kubelet to stop every pod" 60 no_running_tasks; then
+  # A node powered off (test/e2e) leaves its pods' network namespaces to
+  # the cleanup below.
+  if wait_for "the kubelets to stop every pod" 60 no_running_tasks "$((${#up[@]} == $(node_count)))" "${up[@]}"; then
     step "all pods stopped"
   fi
 }
 
-no_running_tasks() { [[ -z "$(ctr_ tasks ls -q 2>/dev/null)" ]] && ! pod_netns_left; }
+# no_running_tasks ALL K...: no container task runs on nodes K...; with ALL
+# 1 (every node up), no pod network namespace is left either.
+no_running_tasks() {
+  local all="$1" k
+  shift
+  for k in "$@"; do
+    [[ -z "$(ctr_ "${k}" tasks ls -q 2>/dev/null)" ]] || return 1
+  done
+  [[ "${all}" != 1 ]] || ! pod_netns_left
+}
 
 # pod_netns: the pod network namespaces containerd created (cni-*), not
 # there before up.
@@ -32,17 +48,19 @@ pod_netns_left() { [[ -n "$(pod_netns)" ]]; }
 
 # Whatever kubelet did not stop: kill the tasks through containerd, delete
 # the containers (and with them their sandboxes' state).
+# force_remove_containers K: on node K.
 force_remove_containers() {
-  daemon_pid containerd >/dev/null || return 0
+  local k="$1"
+  daemon_pid "containerd-$(node_name "${k}")" >/dev/null || return 0
   local ids id
-  ids="$(ctr_ tasks ls -q 2>/dev/null || true)"
+  ids="$(ctr_ "${k}" tasks ls -q 2>/dev/null || true)"
   for id in ${ids}; do
-    ctr_ tasks kill -s SIGKILL "${id}" >/dev/null 2>&1 || true
+    ctr_ "${k}" tasks kill -s SIGKILL "${id}" >/dev/null 2>&1 || true
   done
   for id in ${ids}; do
-    ctr_ tasks delete -f "${id}" >/dev/null 2>&1 || true
+    ctr_ "${k}" tasks delete -f "${id}" >/dev/null 2>&1 || true
   done
-  if [[ -n "${ids}" ]]; then warn "killed $(wc -w <<<"${ids}") container tasks kubelet had not stopped"; fi
+  if [[ -n "${ids}" ]]; then warn "killed $(wc -w <<<"${ids}") container tasks the kubelet of $(node_name "${k}") had not stopped"; fi
 }
 
 # umount_under DIR: every mount point below DIR, deepest first (lazily if busy).
@@ -56,7 +74,11 @@ umount_under() {
 
 cmd_down() {
   mkdir -p "${STATE}"
-  if [[ ! -d "${RUN}" ]] && ! netns_exists; then
+  local k ns nss=()
+  for ns in "${CP_NETNS}" $(for k in $(seq "${MAX_NODES}"); do node_name "${k}"; done); do
+    if netns_exists "${ns}"; then nss+=("${ns}"); fi
+  done
+  if [[ ! -d "${RUN}" ]] && ((${#nss[@]} == 0)); then
     log "not up"
     return 0
   fi
@@ -65,12 +87,14 @@ cmd_down() {
   drain_pods
   stop_daemon kube-controller-manager
   stop_daemon kube-scheduler
-  stop_daemon kubelet
-  force_remove_containers
-  stop_daemon kube-proxy
+  for k in $(seq "$(node_count)"); do
+    stop_daemon "kubelet-$(node_name "${k}")"
+    force_remove_containers "${k}"
+    stop_daemon "kube-proxy-$(node_name "${k}")"
+  done
   stop_daemon kube-apiserver
   stop_daemon etcd
-  stop_daemon containerd
+  for k in $(seq "$(node_count)"); do stop_daemon "containerd-$(node_name "${k}")"; done
   stop_daemon registry
   stop_daemon postgres INT 30
 
@@ -102,13 +126,13 @@ cmd_down() {
   done
   umount_under "${RUN}"
 
-  if netns_exists; then
-    if ip netns delete "${NETNS}"; then
-      step "deleted network namespace ${NETNS} (and the veth pair)"
+  for ns in "${nss[@]}"; do
+    if ip netns delete "${ns}"; then
+      step "deleted network namespace ${ns} (and its veth pairs)"
     else
-      warn "could not delete network namespace ${NETNS}"
+      warn "could not delete network namespace ${ns}"
     fi
-  fi
+  done
   # Deleting the netns deletes the veth pair, asynchronously: maybe gone already.
   ip link delete "${HOST_IF}" >/dev/null 2>&1 || true
 

@@ -6,6 +6,9 @@
 # service account key, under ${RUN}/pki and ${RUN}/*.kubeconfig; PostgreSQL's
 # own CA and serving certificate (${RUN}/pki/postgres-ca.crt, postgres.{crt,key}).
 make_pki() {
-  "${TOOLS}/pki" -dir "${RUN}" -apiserver-ip "${NODE_IP}" -service-ip "${SERVICE_IP}" \
-    -node "${NODE_NAME}=${NODE_IP}" -postgres-ip "${NODE_IP}" || die "generating certificates and kubeconfigs failed"
+  local k nodes=()
+  for k in $(seq "$(node_count)"); do nodes+=(-node "$(node_name "${k}")=$(node_ip "${k}")"); done
+  "${TOOLS}/pki" -dir "${RUN}" -apiserver-ip "${CP_IP}" -service-ip "${SERVICE_IP}" "${nodes[@]}" \
+    -postgres-ip "${CP_IP}" ||
+    die "generating certificates and kubeconfigs failed"
 }

@@ -6,7 +6,7 @@
 start_postgres_fresh() {
   local pg pgdir="${RUN}/postgres"
   pg="$(pg_bin)"
-  step "PostgreSQL $("${pg}/postgres" --version | awk '{print $3}') on ${NODE_IP}:${PG_PORT} (initdb; in the background)"
+  step "PostgreSQL $("${pg}/postgres" --version | awk '{print $3}') on ${CP_IP}:${PG_PORT} (initdb; in the background)"
   mkdir -p "${pgdir}/data" "${pgdir}/run" "${pgdir}/tls"
   # TLS with a CA of its own (hack/cluster.sh pg-ca), as a managed database.
   install -m 0644 "${RUN}/pki/postgres.crt" "${pgdir}/tls/server.crt"
@@ -22,9 +22,9 @@ start_postgres_fresh() {
   cat >>"${pgdir}/data/pg_hba.conf" <<EOF
 
 # hack/cluster.sh: pods and the host (veth) log in as ${PG_USER} with a password.
-host all ${PG_USER} ${POD_CIDR} scram-sha-256
+host all ${PG_USER} ${CLUSTER_POD_CIDR} scram-sha-256
 host all ${PG_USER} ${HOST_IP}/32 scram-sha-256
-host all ${PG_USER} ${NODE_IP}/32 scram-sha-256
+host all ${PG_USER} ${CP_IP}/32 scram-sha-256
 EOF
   start_postgres
   local pw
@@ -36,7 +36,7 @@ CREATE DATABASE :"db" OWNER :"user";
 EOF
   : >"${RUN}/postgres.dsn"
   chmod 600 "${RUN}/postgres.dsn"
-  echo "postgres://${PG_USER}:${pw}@${NODE_IP}:${PG_PORT}/${PG_DB}?sslmode=disable" >"${RUN}/postgres.dsn"
+  echo "postgres://${PG_USER}:${pw}@${CP_IP}:${PG_PORT}/${PG_DB}?sslmode=disable" >"${RUN}/postgres.dsn"
   step "PostgreSQL ready: database ${PG_DB}, role ${PG_USER} (hack/cluster.sh dsn)"
 }
 
@@ -45,7 +45,7 @@ start_postgres() {
   pg="$(pg_bin)"
   start_daemon postgres setpriv --reuid=postgres --regid=postgres --init-groups -- \
     "${pg}/postgres" -D "${pgdir}/data" -p "${PG_PORT}" \
-    -c listen_addresses="${NODE_IP}" -c unix_socket_directories="${pgdir}/run" \
+    -c listen_addresses="${CP_IP}" -c unix_socket_directories="${pgdir}/run" \
     -c max_connections=300 -c log_line_prefix='%m [%p] %q%u@%d ' -c logging_collector=off \
     -c ssl=on -c ssl_cert_file="${pgdir}/tls/server.crt" -c ssl_key_file="${pgdir}/tls/server.key"
   WATCH=postgres wait_for "PostgreSQL" 30 as_postgres "${pg}/pg_isready" -q -h "${pgdir}/run" -p "${PG_PORT}" -U postgres -d postgres
