@@ -76,14 +76,29 @@ func (e *env) node(t *testing.T, name string) *clusterNode {
 	return n
 }
 
-// powerOff stops the node the hard way, like a power loss: its link to the
-// control plane goes down first (a dead machine sends nothing, not even the
-// FIN of its connections), then its kubelet, containerd, kube-proxy, the
-// containerd shims and every process of its pods are killed (SIGKILL, by
-// PID), until none is left.
+// blackholeRules, in the control plane's netns, drop every packet to or
+// from the node: a dead machine answers nothing, and its peers find out only
+// by their timeouts (a link set down would instead remove the routes and
+// fail their sends at once).
+func (n *clusterNode) blackholeRules() [][]string {
+	link := n.vars["CP_LINK"]
+	return [][]string{
+		{"FORWARD", "-i", link, "-j", "DROP"},
+		{"FORWARD", "-o", link, "-j", "DROP"},
+		{"INPUT", "-i", link, "-j", "DROP"},
+		{"OUTPUT", "-o", link, "-j", "DROP"},
+	}
+}
+
+// powerOff stops the node the hard way, like a power loss: first nothing
+// gets to or from it any more (not even the FIN of its connections), then
+// its kubelet, containerd, kube-proxy, the containerd shims and every
+// process of its pods are killed (SIGKILL, by PID), until none is left.
 func (n *clusterNode) powerOff(t *testing.T) {
 	t.Helper()
-	n.ip(t, "-n", n.vars["CP_NETNS"], "link", "set", n.vars["CP_LINK"], "down")
+	for _, r := range n.blackholeRules() {
+		n.iptables(t, n.vars["CP_NETNS"], append([]string{"-I"}, r...)...)
+	}
 	n.off = true
 	killed := 0
 	for i := 0; ; i++ {
@@ -99,15 +114,18 @@ func (n *clusterNode) powerOff(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("node %s powered off: link %s down, %d processes killed", n.name, n.vars["CP_LINK"], killed)
+	t.Logf("node %s powered off: its link %s drops everything, %d processes killed", n.name, n.vars["CP_LINK"], killed)
 }
 
-// powerOn starts the node again (hack/cluster.sh node-start), as a machine
-// that reboots, and waits until it is Ready.
+// powerOn reconnects the node and starts it again (hack/cluster.sh
+// node-start), as a machine that reboots, and waits until it is Ready.
 func (n *clusterNode) powerOn(t *testing.T) {
 	t.Helper()
 	if !n.off {
 		return
+	}
+	for _, r := range n.blackholeRules() {
+		n.iptables(t, n.vars["CP_NETNS"], append([]string{"-D"}, r...)...)
 	}
 	out, err := exec.Command(n.e.clusterSh, "node-start", n.name).CombinedOutput()
 	require.NoError(t, err, "hack/cluster.sh node-start %s:\n%s", n.name, out)
@@ -132,7 +150,7 @@ func (n *clusterNode) partitionRules() [][]string {
 func (n *clusterNode) partition(t *testing.T) {
 	t.Helper()
 	for _, r := range n.partitionRules() {
-		n.iptables(t, append([]string{"-I"}, r...)...)
+		n.iptables(t, n.vars["NETNS"], append([]string{"-I"}, r...)...)
 	}
 	n.cut = true
 	t.Logf("node %s partitioned from the apiserver (%s:6443); PostgreSQL (%s:5432) still reachable", n.name, n.vars["CP_IP"], n.vars["CP_IP"])
@@ -145,23 +163,18 @@ func (n *clusterNode) heal(t *testing.T) {
 		return
 	}
 	for _, r := range n.partitionRules() {
-		n.iptables(t, append([]string{"-D"}, r...)...)
+		n.iptables(t, n.vars["NETNS"], append([]string{"-D"}, r...)...)
 	}
 	n.cut = false
 	t.Logf("node %s healed", n.name)
 }
 
-func (n *clusterNode) iptables(t *testing.T, args ...string) {
+// iptables runs iptables in network namespace netns.
+func (n *clusterNode) iptables(t *testing.T, netns string, args ...string) {
 	t.Helper()
-	cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + n.vars["NETNS"], "--", "iptables", "-w"}, args...)...)
+	cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + netns, "--", "iptables", "-w"}, args...)...)
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "iptables %v in %s: %s", args, n.vars["NETNS"], out)
-}
-
-func (n *clusterNode) ip(t *testing.T, args ...string) {
-	t.Helper()
-	out, err := exec.Command("ip", args...).CombinedOutput()
-	require.NoError(t, err, "ip %v: %s", args, out)
+	require.NoError(t, err, "iptables %v in %s: %s", args, netns, out)
 }
 
 // waitReady waits until the node's Ready condition is status.

@@ -33,10 +33,17 @@ setup_node_netns() {
   ip -n "${ns}" link set lo up
   ip -n "${ns}" addr add "${ip}/${NET_PREFIX}" dev "${NODE_UPLINK}"
   ip -n "${ns}" link set "${NODE_UPLINK}" up
+  setup_node_routes "${k}"
+  in_ns "${ns}" sysctl -qw net.ipv4.ip_forward=1
+}
+
+# setup_node_routes K: the routes between node K and the control plane's
+# netns, again after its link was down (which removes them).
+setup_node_routes() {
+  local k="$1"
   # Everything else through the control plane's netns: the apiserver,
   # PostgreSQL, the registry, other nodes and their pods. ClusterIPs too,
   # for host-network processes, before kube-proxy's DNAT applies.
-  ip -n "${ns}" route add default via "${gw}"
-  ip -n "${CP_NETNS}" route add "$(node_pod_cidr "${k}")" via "${ip}"
-  in_ns "${ns}" sysctl -qw net.ipv4.ip_forward=1
+  ip -n "$(node_name "${k}")" route replace default via "$(node_gateway "${k}")"
+  ip -n "${CP_NETNS}" route replace "$(node_pod_cidr "${k}")" via "$(node_ip "${k}")"
 }

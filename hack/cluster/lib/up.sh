@@ -240,6 +240,7 @@ cmd_node_start() {
     if daemon_pid "${d}-${name}" >/dev/null; then die "${d} of ${name} is running: the node is on"; fi
   done
   ip -n "${CP_NETNS}" link set "$(node_link "${k}")" up
+  setup_node_routes "${k}"
   start_node "${k}"
   wait_node_ready "${k}"
 }
