@@ -40,6 +40,13 @@
 // a forgotten expectation) fail with AlreadyExists instead of starting a
 // second pod.
 //
+// The one exception: a pod on a lost node (NotReady or unreachable for
+// spec.nodeLostAfterSeconds, or being deleted there; podOnLostNode) no
+// longer counts as live, since no kubelet will ever confirm it gone. It is
+// deleted and replaced; if it still runs (a partition), the shard's advisory
+// lock makes the replacement wait for it, and the ledger's rule commits each
+// item once.
+//
 // # Retries
 //
 // A failed attempt (exit 1, a crash, OOM, eviction) is replaced by attempt+1
