@@ -239,10 +239,10 @@ func TestNodePartition(t *testing.T) {
 	node.waitReady(t, corev1.ConditionTrue, 2*time.Minute)
 }
 
-// TestLeaderNodeLost: two manager replicas on different nodes; the leader's
+// TestNodeOfTheLeaderLost: two manager replicas on different nodes; the leader's
 // node loses power in the middle of a run. The standby takes the Lease
 // within its duration, and the run in flight completes with exact counts.
-func TestLeaderNodeLost(t *testing.T) {
+func TestNodeOfTheLeaderLost(t *testing.T) {
 	e := setup(t)
 	e.clusterNodes(t, 2)
 	pods := e.scaleManager(t, 2)
