@@ -133,16 +133,20 @@ func (n *clusterNode) powerOn(t *testing.T) {
 	t.Logf("node %s powered on", n.name)
 }
 
-// partitionRules cut the node off the control plane (the apiserver, both
-// ways: its kubelet, kube-proxy and pods cannot reach it, it cannot reach
-// the kubelet) while everything else, PostgreSQL on the same address
-// included, still gets through.
+// partitionRules cut the node off the control plane (the apiserver, every
+// packet both ways: its kubelet, kube-proxy and pods cannot reach it nor
+// hear from it, it cannot reach the kubelet; dropping one direction only
+// would still deliver a watch's events) while everything else, PostgreSQL
+// on the same address included, still gets through.
 func (n *clusterNode) partitionRules() [][]string {
 	cp := n.vars["CP_IP"]
 	return [][]string{
 		{"OUTPUT", "-d", cp, "-p", "tcp", "--dport", "6443", "-j", "DROP"},
 		{"FORWARD", "-d", cp, "-p", "tcp", "--dport", "6443", "-j", "DROP"},
+		{"INPUT", "-s", cp, "-p", "tcp", "--sport", "6443", "-j", "DROP"},
+		{"FORWARD", "-s", cp, "-p", "tcp", "--sport", "6443", "-j", "DROP"},
 		{"INPUT", "-s", cp, "-p", "tcp", "--dport", "10250", "-j", "DROP"},
+		{"OUTPUT", "-d", cp, "-p", "tcp", "--sport", "10250", "-j", "DROP"},
 	}
 }
 
