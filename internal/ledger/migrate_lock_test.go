@@ -1,0 +1,89 @@
+package ledger_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/migrations"
+)
+
+// TestMigrate_RuleRebuildWhileAShardReads: migration 00005 rebuilds the
+// rule's index, which needs the ledger to itself. Applied while a shard of a
+// query-source run has its batch cursor open (that transaction reads the
+// ledger until the shard ends) and its worker keeps committing, it must
+// neither freeze that worker nor hang itself: it gives up at once with a
+// retryable error that says why, the worker's chunk commits, and once the
+// cursor is closed the migration applies, every row kept.
+func TestMigrate_RuleRebuildWhileAShardReads(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDatabase(t)
+	pool := pgtest.Pool(t, dsn)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	// A ledger as a release before 00005 left it, with rows.
+	db := stdlib.OpenDBFromPool(pool)
+	defer func() { _ = db.Close() }()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
+		goose.WithTableName(ledger.Schema+".goose_db_version"), goose.WithDisableGlobalRegistry(true))
+	require.NoError(t, err)
+	_, err = provider.DownTo(ctx, 4)
+	require.NoError(t, err)
+	s := ledger.NewStore(pool)
+	commit(t, s, runNamed("earlier"), items("e", 0, 50), ledger.ChunkOptions{})
+
+	// A shard of a query-source run reads its batch.
+	mustExec(t, pool, batchSource)
+	run := runNamed("in-flight")
+	h, err := s.FixQueryBatch(ctx, run, batchQuery())
+	require.NoError(t, err)
+	cur, err := s.OpenBatch(ctx, h, run.UID, 0, 0)
+	require.NoError(t, err)
+	open := true
+	defer func() {
+		if open {
+			cur.Close()
+		}
+	}()
+	rows, _, err := cur.Fetch(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, rows, 10)
+
+	migrated := make(chan error, 1)
+	go func() {
+		_, err := ledger.Migrate(ctx, pool)
+		migrated <- err
+	}()
+	// The shard's worker commits its chunk meanwhile, and the next.
+	for i := range 3 {
+		chunkCtx, chunkCancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err := s.CommitChunk(chunkCtx, run, items("w"+string(rune('a'+i)), 0, 10), ledger.ChunkOptions{})
+		chunkCancel()
+		require.NoError(t, err, "a worker's chunk while the migration waits for the ledger")
+		time.Sleep(500 * time.Millisecond)
+	}
+	select {
+	case err = <-migrated:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the migration still waits for the ledger the shard reads")
+	}
+	require.Error(t, err, "the migration cannot have the ledger to itself while the shard reads it")
+	require.True(t, ledger.IsRetryable(err), "a retryable error, got %v", err)
+	require.ErrorContains(t, err, "runledger migrate")
+
+	cur.Close()
+	open = false
+	_, err = ledger.Migrate(ctx, pool)
+	require.NoError(t, err, "with no shard reading, the migration applies")
+	require.Equal(t, "CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger USING btree (occurrence, entity) WHERE (state = 'committed'::text)",
+		scalar[string](t, pool, `SELECT pg_get_indexdef('runledger.ledger_business_key_uq'::regclass)`))
+	require.Equal(t, 80, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.ledger WHERE state = 'committed'`))
+	requireOneCommittedPerKey(t, pool, 80)
+}
