@@ -72,6 +72,15 @@ var hostileEffects = []struct {
 	{"resurrect a superseded row", `UPDATE runledger.ledger SET state = 'committed', superseded_at = NULL WHERE state = 'superseded'`, "23001"},
 	{"rewrite a superseded row's time", `UPDATE runledger.ledger SET superseded_at = now() - interval '1 day' WHERE state = 'superseded'`, "23001"},
 	{"truncate the ledger", `TRUNCATE runledger.ledger`, "42501"},
+	// Superseded then restored, another run's row is a row version this
+	// transaction wrote, yet not a row it inserted: take_back must not
+	// delete it (a forged replacement would satisfy the deferred check).
+	{"supersede, restore and take back another run's rows", `UPDATE runledger.ledger SET state = 'superseded', superseded_at = now() WHERE run_uid = 'victim';
+SELECT set_config('runledger.take_back', 'on', true);
+UPDATE runledger.ledger SET state = 'committed', superseded_at = NULL WHERE run_uid = 'victim' AND state = 'superseded';
+SELECT runledger.ledger_take_back(array_agg(entity), array_agg(occurrence), '{}') FROM runledger.ledger WHERE run_uid = 'victim';
+INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
+SELECT 'acct', 'occ-' || lpad(i::text, 6, '0'), 'default', 'victim', 'victim', 0, 0 FROM generate_series(0, 9) AS i`, "23001"},
 }
 
 // TestAppendOnly_HostileEffect: an effect that deletes, re-keys, resurrects

@@ -124,9 +124,10 @@ func TestMigrate_LeastPrivilegeRole(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, tally{completed: 3}, count(res))
 
-	// The database as an earlier release left it: 00003, 00004 and 00005
-	// not applied.
-	mustExec(t, owner, `DROP INDEX runledger.ledger_business_key_uq;
+	// The database as an earlier release left it: 00003 and later not
+	// applied (00006 only replaces 00004's trigger function, dropped below).
+	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 6;
+DROP INDEX runledger.ledger_business_key_uq;
 CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger (entity, occurrence) WHERE state = 'committed';
 DELETE FROM runledger.goose_db_version WHERE version_id = 5;
 DROP FUNCTION runledger.ledger_take_back(text[], text[], bigint[]);
@@ -148,7 +149,7 @@ DELETE FROM runledger.goose_db_version WHERE version_id = 3`)
 	require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'ledger_%'`))
 	applied, err = ledger.Migrate(ctx, owner)
 	require.NoError(t, err)
-	require.Equal(t, 3, applied, "the owner applies them")
+	require.Equal(t, migrationCount(t)-2, applied, "the owner applies them")
 }
 
 // TestGrantWorker: the privileges a worker login gets, exactly, read back

@@ -66,7 +66,7 @@ func TestTwoRoles_MigrateGrantToAndRun(t *testing.T) {
 
 	r := runCLI(t, "", "migrate", "--dsn", d.owner.dsn, "--grant-to", d.role)
 	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
-	require.Contains(t, r.stdout, "migrations applied: 5\n")
+	require.Contains(t, r.stdout, "migrations applied: 6\n")
 	require.Contains(t, r.stdout, "worker privileges granted to "+d.role+"\n")
 
 	// The worker starts (its migration check finds nothing to do) and runs a
@@ -121,7 +121,7 @@ func TestTwoRoles_BadInput(t *testing.T) {
 
 	r := runCLI(t, "", "migrate", "--dsn", d.owner.dsn, "--grant-to", "nobody_"+d.role)
 	require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
-	require.Contains(t, r.stdout, "migrations applied: 5\n")
+	require.Contains(t, r.stdout, "migrations applied: 6\n")
 	require.Contains(t, r.stderr, `role "nobody_`+d.role+`" does not exist`)
 	r = runCLI(t, "", "migrate", "--dsn", d.owner.dsn, "--grant-to", "")
 	require.Equal(t, 2, r.code)
@@ -167,10 +167,11 @@ func TestTwoRoles_BadInput(t *testing.T) {
 	require.Zero(t, d.owner.int(t, `SELECT count(*) FROM runledger.ledger WHERE state = 'superseded'`))
 	require.Equal(t, committedBefore, d.owner.int(t, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed'`), "no committed row pruned")
 
-	// The database as the previous releases left it: 00004 and 00005
-	// pending. The worker may not apply them: exit 2, nothing committed,
-	// nothing applied.
-	d.owner.exec(t, `DROP INDEX runledger.ledger_business_key_uq;
+	// The database as the previous releases left it: 00004 and later
+	// pending (00006 only replaces 00004's trigger function). The worker
+	// may not apply them: exit 2, nothing committed, nothing applied.
+	d.owner.exec(t, `DELETE FROM runledger.goose_db_version WHERE version_id = 6;
+DROP INDEX runledger.ledger_business_key_uq;
 CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger (entity, occurrence) WHERE state = 'committed';
 DELETE FROM runledger.goose_db_version WHERE version_id = 5;
 DROP FUNCTION runledger.ledger_take_back(text[], text[], bigint[]);
