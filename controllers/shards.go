@@ -357,6 +357,9 @@ type shardDecision struct {
 	createFloor v1alpha1.ItemCounts
 	// retryAt is when the next attempt may start, while Retrying.
 	retryAt time.Time
+	// awaitRecord: the latest attempt's failure is not in the status yet;
+	// the next attempt is created once it is.
+	awaitRecord bool
 	// waitForCache: the recorded pod is missing from the cache but may
 	// exist; decide nothing until the cache or the API says more.
 	waitForCache bool
@@ -615,6 +618,14 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 			// start beside the next attempt's.
 			return d
 		}
+	}
+	if latest != nil && latest.state == podFailed && !latest.deleting && !latest.busy && latest.attempt > counted && latestAttempt >= in.recordedAttempt {
+		// The failure is counted first: the status write records it, and
+		// its watch event brings the pass that creates. Creating now would
+		// lose it if the write were refused (a stale view) and the failed
+		// pod deleted before the next pass, giving the shard a free retry.
+		d.awaitRecord = true
+		return d
 	}
 	d.create = &next
 	return d

@@ -114,6 +114,13 @@ func report(attempt int32, c v1alpha1.ItemCounts, msg string) *v1alpha1.ShardRep
 	return &v1alpha1.ShardReport{Shard: 0, Attempt: attempt, ItemCounts: c, Message: msg}
 }
 
+// failureRecorded is e with failures failed attempts counted, the latest
+// attempt last.
+func failureRecorded(e *v1alpha1.ShardStatus, failures, last int32) *v1alpha1.ShardStatus {
+	e.FailedAttempts, e.LastFailedAttempt = failures, ptr.To(last)
+	return e
+}
+
 func entry(pod string, phase v1alpha1.ShardPhase, attempt int32, c v1alpha1.ItemCounts) *v1alpha1.ShardStatus {
 	return &v1alpha1.ShardStatus{Index: 0, Pod: pod, Phase: phase, Attempt: attempt,
 		ItemCounts: c}
@@ -227,14 +234,26 @@ func TestDecideShard(t *testing.T) {
 			},
 		},
 		{
-			name:  "failed, back-off over: attempt 1 starts from the failed attempt's counts",
+			name:  "failed, back-off over, failure recorded: attempt 1 starts from the failed attempt's counts",
 			pods:  []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(137), finished: now.Add(-11 * time.Second)}},
-			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, v1alpha1.ItemCounts{Total: 10, Completed: 6}),
+			entry: failureRecorded(entry("r-0-0", v1alpha1.ShardRunning, 0, v1alpha1.ItemCounts{Total: 10, Completed: 6}), 1, 0),
 			check: func(t *testing.T, d shardDecision) {
 				require.Equal(t, int32(1), *d.create)
 				require.Equal(t, "r-0-0", d.pod, "until the new pod is created")
 				require.Equal(t, "r-0-0", d.failedPod)
 				require.Equal(t, v1alpha1.ItemCounts{Total: 10, Completed: 6}, d.createFloor)
+			},
+		},
+		{
+			name:  "failed, back-off over, failure not in the status yet: nothing is created until it is",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(137), finished: now.Add(-11 * time.Second)}},
+			entry: entry("r-0-0", v1alpha1.ShardRunning, 0, v1alpha1.ItemCounts{Total: 10, Completed: 6}),
+			check: func(t *testing.T, d shardDecision) {
+				require.Nil(t, d.create, "a refused status write and a deleted pod would lose the failure")
+				require.True(t, d.awaitRecord)
+				require.Equal(t, int32(1), d.failures, "the write counts it")
+				require.Equal(t, ptr.To[int32](0), d.lastFailedAttempt)
+				require.Equal(t, v1alpha1.ShardRetrying, d.phase)
 			},
 		},
 		{
