@@ -257,3 +257,40 @@ SELECT runledger.ledger_take_back(array_agg(entity), array_agg(occurrence), '{}'
 		})
 	}
 }
+
+// TestAppendOnly_EffectBreakingTheRuleIsNoHandledItem: an effect that
+// inserts into the ledger a key another run committed violates the rule
+// itself. That says nothing about the chunk's own keys: its items fail with
+// PostgreSQL's error, never "already handled" (nothing committed them), and
+// a later run may still commit them.
+func TestAppendOnly_EffectBreakingTheRuleIsNoHandledItem(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	worker, _ := workerRole(t, owner)
+	const forge = `INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
+VALUES ('acct', 'occ-000000', 'default', 'forged', 'forged', 0, 0)`
+	for _, who := range []struct {
+		name string
+		pool *pgxpool.Pool
+	}{{"worker", worker}, {"owner", owner}} {
+		t.Run(who.name, func(t *testing.T) {
+			s := ledger.NewStore(who.pool)
+			if scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger`) == 0 {
+				seedHistory(t, s)
+			}
+			before := ledgerSnapshot(t, owner)
+			for _, chunk := range [][]ledger.Item{items("rule-"+who.name, 0, 4), items("rule1-"+who.name, 0, 1)} {
+				res := commit(t, s, runNamed("forger-"+who.name), chunk, ledger.ChunkOptions{Effect: forge})
+				require.Equal(t, tally{failed: len(chunk)}, count(res), "every item of the chunk fails")
+				for _, r := range res {
+					require.False(t, ledger.IsExpectedBusinessKeyConflict(r.Err), "not the item's own conflict: %v", r.Err)
+					require.ErrorIs(t, r.Err, ledger.ErrEffectBrokeRule)
+					require.ErrorContains(t, r.Err, "duplicate key value")
+				}
+			}
+			require.Equal(t, before, ledgerSnapshot(t, owner), "every ledger row is untouched, none added")
+			res := commit(t, s, runNamed("honest-"+who.name), items("rule-"+who.name, 0, 4), ledger.ChunkOptions{})
+			require.Equal(t, tally{completed: 4}, count(res), "nothing committed the keys: a later run does")
+		})
+	}
+}

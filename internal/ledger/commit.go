@@ -316,6 +316,11 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 		if IsTransactionControl(err) {
 			return fmt.Errorf("running effect: %w: %w", ErrEffectTransactionControl, err)
 		}
+		if IsExpectedBusinessKeyConflict(err) {
+			// The effect's own write broke the rule: PostgreSQL's text only, so
+			// that no caller reads the chunk's items as already handled.
+			return fmt.Errorf("running effect: %w: %s", ErrEffectBrokeRule, err.Error())
+		}
 		return fmt.Errorf("running effect: %w", err)
 	}
 	if _, err := tx.Exec(ctx, sqlAfterEffect); err != nil {
@@ -349,6 +354,11 @@ func claimsHeld(ctx context.Context, tx pgx.Tx, run Run, out []Result) error {
 // ErrEffectTookBackClaims: the effect deleted (took back) committed rows its
 // own transaction had claimed; the chunk's items fail and nothing commits.
 var ErrEffectTookBackClaims = errors.New("the effect took back its chunk's claims (every claimed key must keep its committed row)")
+
+// ErrEffectBrokeRule: the effect itself wrote a ledger row that the
+// business-key rule refused. That says nothing about the chunk's keys: its
+// items fail, never already handled.
+var ErrEffectBrokeRule = errors.New("the effect wrote a ledger row the business-key rule refused (an effect never writes the ledger)")
 
 // ErrEffectTransactionControl: the effect tried to COMMIT, ROLLBACK or open
 // a savepoint, which would commit the claim without the rest of the effect or
