@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/runledger/runledger/api/v1alpha1"
@@ -46,10 +47,10 @@ type HTTPProcessor struct {
 }
 
 // NewHTTPProcessor returns a client of the processor at url.
-func NewHTTPProcessor(url string, timeout time.Duration) *HTTPProcessor {
+func NewHTTPProcessor(rawURL string, timeout time.Duration) *HTTPProcessor {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.Proxy = nil // the processor is the pod's own sidecar, or the user's on a laptop
-	return &HTTPProcessor{URL: url, Timeout: timeout, client: &http.Client{Transport: t}}
+	return &HTTPProcessor{URL: rawURL, Timeout: timeout, client: &http.Client{Transport: t}}
 }
 
 var _ ledger.Processor = (*HTTPProcessor)(nil)
@@ -71,11 +72,18 @@ func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []led
 	if err != nil {
 		return nil, fmt.Errorf("encoding the request: %w", err)
 	}
+	// Error texts name the URL with its password masked: they reach logs,
+	// the shard's failures and the run's status.
+	target, err := url.Parse(p.URL)
+	if err != nil {
+		return nil, errors.New("building the request: the processor's URL does not parse")
+	}
+	shown := target.Redacted()
 	callCtx, cancel := context.WithTimeout(ctx, p.Timeout)
 	defer cancel()
 	hreq, err := http.NewRequestWithContext(callCtx, http.MethodPost, p.URL, bytes.NewReader(body))
 	if err != nil {
-		return nil, fmt.Errorf("building the request to %s: %w", p.URL, err)
+		return nil, fmt.Errorf("building the request to %s: %w", shown, err)
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	resp, err := p.client.Do(hreq)
@@ -85,24 +93,24 @@ func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []led
 	}
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("POST %s: no answer within the timeout of %s: %w", p.URL, p.Timeout, err)
+			return nil, fmt.Errorf("POST %s: no answer within the timeout of %s: %w", shown, p.Timeout, err)
 		}
-		return nil, fmt.Errorf("POST %s: %w", p.URL, err)
+		return nil, fmt.Errorf("POST %s: %w", shown, err)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return nil, fmt.Errorf("POST %s: %s: %s", p.URL, resp.Status, cut(string(bytes.TrimSpace(body))))
+		return nil, fmt.Errorf("POST %s: %s: %s", shown, resp.Status, cut(string(bytes.TrimSpace(body))))
 	}
 	var out struct {
 		Results *[]processor.Result `json:"results"`
 	}
 	if err := json.Unmarshal(body, &out); err != nil {
-		return nil, fmt.Errorf("POST %s: malformed answer: %w", p.URL, err)
+		return nil, fmt.Errorf("POST %s: malformed answer: %w", shown, err)
 	}
 	if out.Results == nil {
-		return nil, fmt.Errorf("POST %s: malformed answer: no \"results\"", p.URL)
+		return nil, fmt.Errorf("POST %s: malformed answer: no \"results\"", shown)
 	}
 	if len(*out.Results) != len(items) {
-		return nil, fmt.Errorf("POST %s: %d results for %d items", p.URL, len(*out.Results), len(items))
+		return nil, fmt.Errorf("POST %s: %d results for %d items", shown, len(*out.Results), len(items))
 	}
 	verdicts := make([]ledger.Verdict, len(items))
 	for i, r := range *out.Results {

@@ -316,3 +316,27 @@ func TestIdempotencyKey(t *testing.T) {
 		require.NotEqual(t, k, other)
 	}
 }
+
+// TestHTTPProcessor_URLPasswordNeverInErrors: a processor URL may carry
+// credentials (`--processor-url http://user:password@host/...`); a failed
+// call's error, which goes to logs, the shard's failures and the run's
+// status, names the URL with its password masked.
+func TestHTTPProcessor_URLPasswordNeverInErrors(t *testing.T) {
+	t.Parallel()
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "boom", http.StatusInternalServerError)
+	}))
+	defer failing.Close()
+	refused := httptest.NewServer(http.NotFoundHandler())
+	refused.Close()
+	for name, base := range map[string]string{"500": failing.URL, "refused": refused.URL} {
+		t.Run(name, func(t *testing.T) {
+			url := strings.Replace(base, "http://", "http://proc:s3cret-word@", 1) + "/process"
+			p := worker.NewHTTPProcessor(url, 2*time.Second)
+			_, err := p.Process(context.Background(), ledger.Run{UID: "uid"}, []ledger.Item{{Key: ledger.Key{Entity: "e", Occurrence: "o"}}})
+			require.Error(t, err)
+			require.NotContains(t, err.Error(), "s3cret-word")
+			require.Contains(t, err.Error(), "proc:xxxxx@", "the URL is still named")
+		})
+	}
+}
