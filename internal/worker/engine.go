@@ -337,8 +337,16 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 		})
 		var perr *ledger.ProcessorError
 		if err != nil && errors.As(err, &perr) && !stopped(ctx) {
+			// A try whose COMMIT lost its answer may have committed some of
+			// them: the ledger says which, and those are completed.
+			held, herr := s.heldBySameRun(ctx, work, pending)
+			if herr != nil {
+				return herr
+			}
 			for _, it := range pending {
-				if r, ok := results[it.Key]; !ok || !errors.Is(r.Err, ledger.ErrRetryItem) {
+				if r, ok := results[it.Key]; held[it.Key] {
+					results[it.Key] = ledger.Result{Key: it.Key, Outcome: ledger.Completed, Holder: ledger.HolderSameRun}
+				} else if !ok || !errors.Is(r.Err, ledger.ErrRetryItem) {
 					results[it.Key] = ledger.Result{Key: it.Key, Outcome: ledger.Failed, Err: perr}
 				}
 			}
@@ -401,6 +409,23 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 	}
 	s.cfg.Budget.add(t.counts.Failed)
 	return nil
+}
+
+// heldBySameRun says which of items' keys this run has committed.
+func (s *shardRun) heldBySameRun(ctx, work context.Context, items []ledger.Item) (map[ledger.Key]bool, error) {
+	keys := make([]ledger.Key, len(items))
+	for i, it := range items {
+		keys[i] = it.Key
+	}
+	held := make(map[ledger.Key]bool, len(keys))
+	err := s.cfg.Retry.Do(ctx, "reading which keys this run committed", s.onRetry("preload"), func(int) error {
+		h, err := s.store.Preload(work, s.cfg.Run.UID, keys)
+		for k, v := range h {
+			held[k] = v == ledger.HolderSameRun
+		}
+		return err
+	})
+	return held, err
 }
 
 // countRepeat counts a later copy of a key: already handled (its first copy

@@ -1,0 +1,131 @@
+package worker_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+)
+
+// commitCutProxy forwards TCP connections to the test server's unix socket.
+// Once armed, it forwards the next COMMIT to the server, lets the server
+// commit, and closes the connection before the answer reaches the client:
+// the client cannot tell whether its transaction committed.
+func commitCutProxy(t *testing.T, socketDir string, port uint16, user, dbname string) (dsn string, arm func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	var armed atomic.Bool
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("unix", filepath.Join(socketDir, fmt.Sprintf(".s.PGSQL.%d", port)))
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			var once sync.Once
+			cut := func() { once.Do(func() { _ = c.Close(); _ = s.Close() }) }
+			go func() { // server -> client
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 {
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							break
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
+				cut()
+			}()
+			go func() { // client -> server
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						if bytes.Contains(buf[:n], []byte("commit\x00")) && armed.CompareAndSwap(true, false) {
+							// Forward the COMMIT, close the client's side at once so
+							// the answer never reaches it, and let the server commit.
+							_ = c.Close()
+							_, _ = s.Write(buf[:n])
+							time.Sleep(300 * time.Millisecond)
+							break
+						}
+						if _, werr := s.Write(buf[:n]); werr != nil {
+							break
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
+				cut()
+			}()
+		}
+	}()
+	addr := ln.Addr().(*net.TCPAddr)
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", addr.Port, user, dbname), func() { armed.Store(true) }
+}
+
+// lostAnswerProcessor accepts the first item of its first call and asks to
+// retry the others, with the COMMIT that follows cut off; every later call
+// fails as a whole (a processor that went down).
+type lostAnswerProcessor struct {
+	arm   func()
+	calls atomic.Int32
+}
+
+func (p *lostAnswerProcessor) Process(_ context.Context, _ ledger.Run, items []ledger.Item) ([]ledger.Verdict, error) {
+	if p.calls.Add(1) > 1 {
+		return nil, errors.New("503 Service Unavailable")
+	}
+	p.arm()
+	out := make([]ledger.Verdict, len(items))
+	out[0].OK = true
+	for i := 1; i < len(out); i++ {
+		out[i] = ledger.Verdict{Retryable: true, Error: "try later"}
+	}
+	return out, nil
+}
+
+// TestProcessor_LostCommitAnswerThenProcessorDown: the processor accepts
+// one item and asks to retry the other; that chunk's COMMIT reaches the
+// server but its answer is lost, so the chunk is sent again; the accepted
+// item is then this run's committed row (never sent again), and the
+// processor fails every later call until the retries are spent. The
+// committed item counts as completed, not failed: completed equals the
+// run's committed rows.
+func TestProcessor_LostCommitAnswerThenProcessorDown(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	cfg := f.pool.Config().ConnConfig
+	dsn, arm := commitCutProxy(t, cfg.Host, cfg.Port, cfg.User, cfg.Database)
+	proxied := pgtest.Pool(t, dsn)
+	p := &lostAnswerProcessor{arm: arm}
+	shard := processorConfig("uid-lost-answer", "http://127.0.0.1:1/unused", occItems("1", "2"), time.Second)
+	shard.Processor = p
+
+	reports, sum := runShards(t, &fixture{pool: f.pool, store: ledger.NewStore(proxied)}, shard)
+	require.GreaterOrEqual(t, p.calls.Load(), int32(2), "the chunk was sent again after the lost answer")
+	require.Equal(t, int64(1), f.committed(t), "the accepted item committed")
+	require.Equal(t, v1alpha1.ItemCounts{Total: 2, Completed: 1, Failed: 1}, sum, "%+v", reports[0].Failures)
+}
