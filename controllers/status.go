@@ -217,14 +217,14 @@ func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.Processin
 			// No retry comes after the run is finished.
 			e.Phase = v1alpha1.ShardFailed
 		}
-		if d.final {
-			// Restore the final report in case the worker's last status
-			// write was lost (the termination message survived it).
-			e.ItemCounts = d.counts
-			if d.report != nil {
-				e.Attempt = d.report.Attempt
-				e.Message = d.report.Message
-			}
+		// While the shard runs, the most any attempt reported (a new attempt
+		// catching up never makes it go down); once finished, the final
+		// report, restored in case the worker's last report was lost (the
+		// termination message survived it).
+		e.ItemCounts = d.counts
+		if d.final && d.report != nil {
+			e.Attempt = d.report.Attempt
+			e.Message = d.report.Message
 		}
 		st.Shards = append(st.Shards, e)
 	}

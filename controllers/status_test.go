@@ -386,3 +386,33 @@ func TestStartProblemOf(t *testing.T) {
 		require.Equal(t, tt.message, p.message, tt.what)
 	}
 }
+
+// TestBuildStatusShardCountsNeverGoDown: while a new attempt catches up, its
+// reports are below what the previous attempt reached; the shard's entry
+// shows, per field, the most any attempt reported (the decision's counts, as
+// the run's totals do), with the new attempt's message and report time. Once
+// finished it shows the final report's exact numbers.
+func TestBuildStatusShardCountsNeverGoDown(t *testing.T) {
+	run := testRun()
+	run.Spec.Workers = 1
+	reached := v1alpha1.ItemCounts{Total: 9, Completed: 5, Failed: 1}
+	t1, t2 := metav1.NewTime(t0), metav1.NewTime(t0.Add(time.Minute))
+	run.Status.ItemCounts = reached
+	run.Status.Shards = []v1alpha1.ShardStatus{{Index: 0, Attempt: 0, ItemCounts: reached, Message: "processing", LastReportTime: &t1}}
+	catchingUp := &v1alpha1.ShardStatus{Index: 0, Attempt: 1, ItemCounts: v1alpha1.ItemCounts{Total: 9, Completed: 2}, Message: "attempt 1", LastReportTime: &t2}
+	d := shard(0, v1alpha1.ShardRunning, reached) // the floor: decidePods' counts
+	st := buildStatus(run, statusInput{shards: []shardDecision{d}, entries: map[int32]*v1alpha1.ShardStatus{0: catchingUp},
+		outcome: decideRun(run, []shardDecision{d}, true), startTime: &t1, now: t0})
+	require.Equal(t, reached, st.ItemCounts)
+	require.Equal(t, reached, st.Shards[0].ItemCounts, "the shard's counts do not go down")
+	require.Equal(t, int32(1), st.Shards[0].Attempt)
+	require.Equal(t, "attempt 1", st.Shards[0].Message)
+	require.Equal(t, &t2, st.Shards[0].LastReportTime)
+
+	final := v1alpha1.ItemCounts{Total: 9, Completed: 9}
+	d = shardDecision{index: 0, phase: v1alpha1.ShardSucceeded, final: true, counts: final,
+		report: &v1alpha1.ShardReport{Shard: 0, Attempt: 1, ItemCounts: final, Message: "done"}}
+	st = buildStatus(run, statusInput{shards: []shardDecision{d}, outcome: decideRun(run, []shardDecision{d}, true), now: t0})
+	require.Equal(t, final, st.Shards[0].ItemCounts, "finished: the final report's exact numbers (failed went down)")
+	require.Equal(t, final, st.ItemCounts)
+}
