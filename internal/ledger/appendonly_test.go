@@ -236,26 +236,17 @@ func TestAppendOnly_EffectCannotTakeBackItsClaims(t *testing.T) {
 	mustExec(t, owner, `GRANT INSERT, SELECT ON effects TO PUBLIC`)
 	const takeBack = `INSERT INTO effects SELECT entity, occurrence FROM claimed;
 SELECT runledger.ledger_take_back(array_agg(entity), array_agg(occurrence), '{}') FROM claimed`
-	for _, who := range []struct {
-		name string
-		pool *pgxpool.Pool
-	}{{"worker", worker}, {"owner", owner}} {
-		t.Run(who.name, func(t *testing.T) {
-			s := ledger.NewStore(who.pool)
-			if scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger`) == 0 {
-				seedHistory(t, s)
-			}
-			before := ledgerSnapshot(t, owner)
-			res := commit(t, s, runNamed("taker-"+who.name), items("mal-"+who.name, 0, 4), ledger.ChunkOptions{Effect: takeBack})
-			require.Equal(t, tally{failed: 4}, count(res), "every item of the chunk fails")
-			for _, r := range res {
-				require.ErrorIs(t, r.Err, ledger.ErrEffectTookBackClaims)
-			}
-			require.Equal(t, before, ledgerSnapshot(t, owner), "every ledger row is untouched, none added")
-			require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM effects`), "the effect's writes rolled back with the claims")
-			requireHandledStill(t, s, owner)
-		})
-	}
+	asWorkerThenOwner(t, owner, worker, func(t *testing.T, who string, s *ledger.Store) {
+		before := ledgerSnapshot(t, owner)
+		res := commit(t, s, runNamed("taker-"+who), items("mal-"+who, 0, 4), ledger.ChunkOptions{Effect: takeBack})
+		require.Equal(t, tally{failed: 4}, count(res), "every item of the chunk fails")
+		for _, r := range res {
+			require.ErrorIs(t, r.Err, ledger.ErrEffectTookBackClaims)
+		}
+		require.Equal(t, before, ledgerSnapshot(t, owner), "every ledger row is untouched, none added")
+		require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM effects`), "the effect's writes rolled back with the claims")
+		requireHandledStill(t, s, owner)
+	})
 }
 
 // TestAppendOnly_EffectBreakingTheRuleIsNoHandledItem: an effect that
@@ -269,28 +260,38 @@ func TestAppendOnly_EffectBreakingTheRuleIsNoHandledItem(t *testing.T) {
 	worker, _ := workerRole(t, owner)
 	const forge = `INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
 VALUES ('acct', 'occ-000000', 'default', 'forged', 'forged', 0, 0)`
-	for _, who := range []struct {
+	asWorkerThenOwner(t, owner, worker, func(t *testing.T, who string, s *ledger.Store) {
+		before := ledgerSnapshot(t, owner)
+		for _, chunk := range [][]ledger.Item{items("rule-"+who, 0, 4), items("rule1-"+who, 0, 1)} {
+			res := commit(t, s, runNamed("forger-"+who), chunk, ledger.ChunkOptions{Effect: forge})
+			require.Equal(t, tally{failed: len(chunk)}, count(res), "every item of the chunk fails")
+			for _, r := range res {
+				require.False(t, ledger.IsExpectedBusinessKeyConflict(r.Err), "not the item's own conflict: %v", r.Err)
+				require.ErrorIs(t, r.Err, ledger.ErrEffectBrokeRule)
+				require.ErrorContains(t, r.Err, "duplicate key value")
+			}
+		}
+		require.Equal(t, before, ledgerSnapshot(t, owner), "every ledger row is untouched, none added")
+		res := commit(t, s, runNamed("honest-"+who), items("rule-"+who, 0, 4), ledger.ChunkOptions{})
+		require.Equal(t, tally{completed: 4}, count(res), "nothing committed the keys: a later run does")
+	})
+}
+
+// asWorkerThenOwner runs fn as a subtest per role, a worker login granted by
+// GrantWorker and then the table's owner (a superuser, whom only the trigger
+// stops), on a ledger holding seedHistory's rows.
+func asWorkerThenOwner(t *testing.T, owner, worker *pgxpool.Pool, fn func(t *testing.T, who string, s *ledger.Store)) {
+	t.Helper()
+	for _, role := range []struct {
 		name string
 		pool *pgxpool.Pool
 	}{{"worker", worker}, {"owner", owner}} {
-		t.Run(who.name, func(t *testing.T) {
-			s := ledger.NewStore(who.pool)
+		t.Run(role.name, func(t *testing.T) {
+			s := ledger.NewStore(role.pool)
 			if scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger`) == 0 {
 				seedHistory(t, s)
 			}
-			before := ledgerSnapshot(t, owner)
-			for _, chunk := range [][]ledger.Item{items("rule-"+who.name, 0, 4), items("rule1-"+who.name, 0, 1)} {
-				res := commit(t, s, runNamed("forger-"+who.name), chunk, ledger.ChunkOptions{Effect: forge})
-				require.Equal(t, tally{failed: len(chunk)}, count(res), "every item of the chunk fails")
-				for _, r := range res {
-					require.False(t, ledger.IsExpectedBusinessKeyConflict(r.Err), "not the item's own conflict: %v", r.Err)
-					require.ErrorIs(t, r.Err, ledger.ErrEffectBrokeRule)
-					require.ErrorContains(t, r.Err, "duplicate key value")
-				}
-			}
-			require.Equal(t, before, ledgerSnapshot(t, owner), "every ledger row is untouched, none added")
-			res := commit(t, s, runNamed("honest-"+who.name), items("rule-"+who.name, 0, 4), ledger.ChunkOptions{})
-			require.Equal(t, tally{completed: 4}, count(res), "nothing committed the keys: a later run does")
+			fn(t, role.name, s)
 		})
 	}
 }
