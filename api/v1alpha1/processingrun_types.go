@@ -340,7 +340,9 @@ type ProcessorSpec struct {
 // batch's query) with nothing committed, and it is retried like any
 // transient error, with back-off, within the shard's retries.
 type Timeouts struct {
-	// effectSeconds is the effect's statement timeout, per chunk.
+	// effectSeconds is the effect's statement timeout, per chunk; it bounds
+	// each of the chunk's own ledger statements too (the claim, the checks
+	// after the effect, a processor's take-back).
 	// +optional
 	// +kubebuilder:default=300
 	// +kubebuilder:validation:Minimum=1
@@ -353,8 +355,9 @@ type Timeouts struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=86400
 	QuerySeconds int32 `json:"querySeconds,omitempty"`
-	// lockSeconds is how long the effect or the query may wait for a lock
-	// (lock_timeout).
+	// lockSeconds is how long any statement of a chunk (the claim of a key
+	// another transaction holds uncommitted, the effect, a processor run's
+	// take-back) or of the batch's query may wait for a lock (lock_timeout).
 	// +optional
 	// +kubebuilder:default=60
 	// +kubebuilder:validation:Minimum=1

@@ -40,9 +40,11 @@ type BatchQuery struct {
 	HasPayload bool
 	Shards     int
 	ShardOf    func(entity, occurrence string) string
-	// Timeout and LockTimeout bound the statement that runs the query
-	// (statement_timeout, lock_timeout); 0 keeps the session's own. Either
-	// one expiring is retryable, with nothing written.
+	// Timeout and LockTimeout bound the statement that runs the query and
+	// every statement after it in its transaction (statement_timeout,
+	// lock_timeout); 0 keeps the session's own, or DefaultQueryTimeout and
+	// DefaultLockTimeout where the session has none. Either one expiring is
+	// retryable, with nothing written.
 	Timeout, LockTimeout time.Duration
 	// NetworkTimeout, with Timeout, bounds the wait for the query's answer
 	// on the client, as ChunkOptions.NetworkTimeout does the effect's.
@@ -190,7 +192,8 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 		return fmt.Errorf("beginning the batch's transaction: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, sqlBeforeBatchQuery(q.Timeout, q.LockTimeout)); err != nil {
+	bounds := sqlBounds(q.Timeout, q.LockTimeout, DefaultQueryTimeout, DefaultLockTimeout)
+	if _, err := tx.Exec(ctx, sqlBeforeBatchQuery(bounds)); err != nil {
 		return fmt.Errorf("preparing the batch's query: %w", err)
 	}
 	before, err := tableWrites(ctx, tx)
@@ -205,7 +208,7 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBatchQuery, err)
 	}
-	if _, err := tx.Exec(ctx, sqlResetSession); err != nil {
+	if _, err := tx.Exec(ctx, sqlAfterBatchQuery(bounds)); err != nil {
 		return fmt.Errorf("resetting the session after the batch's query: %w", err)
 	}
 	after, err := tableWrites(ctx, tx)

@@ -85,11 +85,7 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 
 // inTx runs fn in a transaction prepared for opts and commits it.
 func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]Result, error)) ([]Result, error) {
-	begin := sqlBeginChunk
-	if opts.Effect != "" {
-		begin = sqlBeginChunkEffect
-	}
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginChunk(opts.sqlBounds(), opts.Effect != "")})
 	if err != nil {
 		return nil, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -299,13 +295,13 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOpti
 	return out, nil
 }
 
-// runEffect runs the caller's effect with the session's planner settings and
-// the run's timeouts, inside a block that refuses transaction control
-// (effectBlock), checks the constraints it deferred, and restores the
-// session's settings and the ledger's (isolate claims again in the same
-// transaction), whatever the effect set.
+// runEffect runs the caller's effect with the session's planner settings
+// under the run's bounds (in force since BEGIN), inside a block that refuses
+// transaction control (effectBlock), checks the constraints it deferred, and
+// restores the session's settings, the ledger's and the run's bounds (isolate
+// claims again in the same transaction), whatever the effect set.
 func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
-	if _, err := tx.Exec(ctx, sqlBeforeEffect(opts.EffectTimeout, opts.LockTimeout)); err != nil {
+	if _, err := tx.Exec(ctx, sqlBeforeEffect); err != nil {
 		return fmt.Errorf("preparing effect: %w", err)
 	}
 	bounded, cancel := answerBy(ctx, opts.EffectTimeout, opts.NetworkTimeout)
@@ -323,7 +319,7 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 		}
 		return fmt.Errorf("running effect: %w", err)
 	}
-	if _, err := tx.Exec(ctx, sqlAfterEffect); err != nil {
+	if _, err := tx.Exec(ctx, sqlAfterEffect(opts.sqlBounds())); err != nil {
 		return fmt.Errorf("checking the effect's deferred constraints: %w", err)
 	}
 	return nil

@@ -114,18 +114,30 @@ const (
 )
 
 // sqlBeforeEffect runs right before the caller's effect: the session's own
-// planner setting (see sqlIndexProbesOnly) and the run's bounds on the effect,
-// transaction-local (0: the session's own value).
-func sqlBeforeEffect(statementTimeout, lockTimeout time.Duration) string {
-	q := sqlPlannerDefaults
-	if statementTimeout > 0 {
-		q += `; SET LOCAL statement_timeout = ` + strconv.FormatInt(statementTimeout.Milliseconds(), 10)
-	}
-	if lockTimeout > 0 {
-		q += `; SET LOCAL lock_timeout = ` + strconv.FormatInt(lockTimeout.Milliseconds(), 10)
-	}
-	return q
+// planner setting (see sqlIndexProbesOnly). The run's bounds (sqlBounds) are
+// in force since the transaction began.
+const sqlBeforeEffect = sqlPlannerDefaults
+
+// sqlBounds bounds every statement that follows it in the transaction
+// (transaction-local): each runs at most statement (statement_timeout) and
+// waits at most lock for any lock (lock_timeout): a key another transaction
+// inserted or superseded and has not committed, a row or table an effect
+// needs. A bound of 0 (none given) keeps the session's own value, or def*
+// where the session has none (0 would wait for ever). Either one expiring is
+// retryable (55P03, 57014: classify.go).
+func sqlBounds(statement, lock, defStatement, defLock time.Duration) string {
+	return sqlBound("statement_timeout", statement, defStatement) + `; ` + sqlBound("lock_timeout", lock, defLock)
 }
+
+func sqlBound(name string, d, def time.Duration) string {
+	if d > 0 {
+		return `SET LOCAL ` + name + ` = ` + milliseconds(d)
+	}
+	return `SELECT set_config('` + name + `', '` + milliseconds(def) + `', true) WHERE current_setting('` + name + `') = '0'`
+}
+
+// milliseconds is d as a setting's value, at least 1 (0 means no bound).
+func milliseconds(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
 
 // effectBlock wraps the caller's effect (one or more statements) in an
 // anonymous PL/pgSQL block that EXECUTEs it. Inside a transaction block the
@@ -155,27 +167,39 @@ func effectTag(n int, what string) string {
 const sqlResetSession = `RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL`
 
 // sqlAfterEffect runs right after the caller's effect, in one round trip.
-// It resets the session (sqlResetSession). SET CONSTRAINTS ALL IMMEDIATE
-// fires the checks the effect deferred (a DEFERRABLE INITIALLY DEFERRED
-// foreign key, a deferred constraint trigger) now, inside the chunk's
-// savepoint, where a violation can be pinned on its items, instead of at
-// COMMIT, where it would fail the whole chunk every time. The ledger's one
-// deferred check, that a superseded key has a committed row again
-// (migrations/00003_append_only.sql), fires here too, so an effect that
-// supersedes rows fails its items; it is deferred again at once, since a
-// later claim in the same transaction (isolate) supersedes before it inserts.
-const sqlAfterEffect = sqlResetSession + `; SET CONSTRAINTS ALL IMMEDIATE; SET CONSTRAINTS ` + Schema + `.ledger_superseded_replaced DEFERRED; ` + sqlIndexProbesOnly
+// It resets the session (sqlResetSession), which drops the run's bounds too,
+// so it sets them again (sqlBounds) before anything else runs. SET
+// CONSTRAINTS ALL IMMEDIATE fires the checks the effect deferred (a
+// DEFERRABLE INITIALLY DEFERRED foreign key, a deferred constraint trigger)
+// now, inside the chunk's savepoint, where a violation can be pinned on its
+// items, instead of at COMMIT, where it would fail the whole chunk every
+// time. The ledger's one deferred check, that a superseded key has a
+// committed row again (migrations/00003_append_only.sql), fires here too, so
+// an effect that supersedes rows fails its items; it is deferred again at
+// once, since a later claim in the same transaction (isolate) supersedes
+// before it inserts.
+func sqlAfterEffect(bounds string) string {
+	return sqlResetSession + `; ` + bounds + `; SET CONSTRAINTS ALL IMMEDIATE; SET CONSTRAINTS ` + Schema + `.ledger_superseded_replaced DEFERRED; ` + sqlIndexProbesOnly
+}
 
 // How the ledger's transactions begin, each in one round trip. A chunk's
-// transaction begins with its planner setting (and, for an effect, the table
-// "claimed") in one simple query; the preload's read-only one is sent in one
-// pipeline with its lookup and COMMIT.
+// transaction begins with its planner setting and the run's bounds
+// (sqlBounds; and, for an effect, the table "claimed") in one simple query;
+// the preload's read-only one is sent in one pipeline with its lookup and
+// COMMIT.
 const (
-	sqlBeginChunk       = `BEGIN; ` + sqlIndexProbesOnly
-	sqlBeginChunkEffect = sqlBeginChunk + `; ` + sqlCreateClaimed
-	sqlBeginReadOnly    = `BEGIN READ ONLY`
-	sqlCommit           = `COMMIT`
+	sqlBeginReadOnly = `BEGIN READ ONLY`
+	sqlCommit        = `COMMIT`
 )
+
+// sqlBeginChunk begins a chunk's transaction under bounds (sqlBounds).
+func sqlBeginChunk(bounds string, effect bool) string {
+	q := `BEGIN; ` + sqlIndexProbesOnly + `; ` + bounds
+	if effect {
+		q += `; ` + sqlCreateClaimed
+	}
+	return q
+}
 
 // sqlCreateClaimed makes the per-session table the effect reads. ON COMMIT
 // DELETE ROWS empties it at every commit; sqlClearClaimed empties it between
@@ -371,10 +395,13 @@ SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone)`
 )
 
 // sqlBeforeBatchQuery prepares the materialising transaction: its work_mem
-// and the run's bounds on the query (0: the session's own).
-func sqlBeforeBatchQuery(statementTimeout, lockTimeout time.Duration) string {
-	return sqlBatchWorkMem + strings.TrimPrefix(sqlBeforeEffect(statementTimeout, lockTimeout), sqlPlannerDefaults)
-}
+// and the run's bounds on the query and the statements after it (sqlBounds).
+func sqlBeforeBatchQuery(bounds string) string { return sqlBatchWorkMem + `; ` + bounds }
+
+// sqlAfterBatchQuery resets the session after the user's query
+// (sqlResetSession) and sets the run's bounds again for the rest of the
+// transaction.
+func sqlAfterBatchQuery(bounds string) string { return sqlResetSession + `; ` + bounds }
 
 // sqlPruneSuperseded deletes the superseded ledger rows retired before $1:
 // history that no rule reads. Only a member of the ledger's owner role may

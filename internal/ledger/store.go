@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/runledger/runledger/api/v1alpha1"
 )
 
 // dbtx is what a statement of the ledger runs on: a pool, a connection or a
@@ -128,9 +130,15 @@ type ChunkOptions struct {
 	Effect string
 	// OnExisting: Skip (default) or Supersede.
 	OnExisting OnExisting
-	// EffectTimeout and LockTimeout bound the effect (statement_timeout,
-	// lock_timeout, for the effect only); 0 keeps the session's own. Either
-	// one expiring fails the chunk as retryable, with nothing committed.
+	// EffectTimeout and LockTimeout bound every statement of the chunk's
+	// transactions, the ledger's own (claim, arbitrate, supersede, take-back,
+	// the checks after the effect) and the effect: each runs at most
+	// EffectTimeout (statement_timeout) and waits at most LockTimeout for any
+	// lock (lock_timeout), such as a key another transaction claimed and
+	// has not committed. 0 keeps the session's own value, or
+	// DefaultStatementTimeout and DefaultLockTimeout where the session has
+	// none. Either one expiring fails the chunk as retryable, with nothing
+	// committed.
 	EffectTimeout, LockTimeout time.Duration
 	// NetworkTimeout, with EffectTimeout, bounds the wait for the effect's
 	// answer on the client: none within EffectTimeout+NetworkTimeout (a hung
@@ -145,6 +153,22 @@ type ChunkOptions struct {
 	// call: the Processor bounds it (its timeout).
 	Processor Processor
 }
+
+// sqlBounds is the chunk's bounds as SQL (sqlBounds).
+func (o ChunkOptions) sqlBounds() string {
+	return sqlBounds(o.EffectTimeout, o.LockTimeout, DefaultStatementTimeout, DefaultLockTimeout)
+}
+
+// The bounds of the ledger's statements where the caller gives none and the
+// session has none either (0, PostgreSQL's default: no bound): a wait for a
+// lock that another transaction holds for ever (a stopped process whose
+// connection stays up) must end. They are spec.timeouts' defaults
+// (effectSeconds, querySeconds, lockSeconds).
+const (
+	DefaultStatementTimeout = v1alpha1.DefaultEffectSeconds * time.Second
+	DefaultQueryTimeout     = v1alpha1.DefaultQuerySeconds * time.Second
+	DefaultLockTimeout      = v1alpha1.DefaultLockSeconds * time.Second
+)
 
 // Store is the ledger on one PostgreSQL database.
 type Store struct {

@@ -14,13 +14,16 @@ package v1alpha1
 // batch's query) with nothing committed, and it is retried like any
 // transient error, with back-off, within the shard's retries.
 type TimeoutsApplyConfiguration struct {
-	// effectSeconds is the effect's statement timeout, per chunk.
+	// effectSeconds is the effect's statement timeout, per chunk; it bounds
+	// each of the chunk's own ledger statements too (the claim, the checks
+	// after the effect, a processor's take-back).
 	EffectSeconds *int32 `json:"effectSeconds,omitempty"`
 	// querySeconds is the batch query's statement timeout (the query runs
 	// once per run, when its first shard starts).
 	QuerySeconds *int32 `json:"querySeconds,omitempty"`
-	// lockSeconds is how long the effect or the query may wait for a lock
-	// (lock_timeout).
+	// lockSeconds is how long any statement of a chunk (the claim of a key
+	// another transaction holds uncommitted, the effect, a processor run's
+	// take-back) or of the batch's query may wait for a lock (lock_timeout).
 	LockSeconds *int32 `json:"lockSeconds,omitempty"`
 	// networkSeconds is how soon a database connection whose server stopped
 	// answering at the network level is dropped (TCP keep-alive and
