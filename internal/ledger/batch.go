@@ -27,7 +27,7 @@ type BatchHeader struct {
 	Source  string // BatchSourceQuery or BatchSourceStatic
 	Shards  int    // the shard count the batch was fixed for
 	Items   int64  // items of the whole batch
-	Digest  string // static sources: sha256 of the items
+	Digest  string // sha256 of a static source's items, of a query source's text ("": fixed before it was recorded)
 	Created time.Time
 	Pruned  *time.Time // set once `runledger prune` deleted the rows
 }
@@ -36,7 +36,10 @@ type BatchHeader struct {
 // columns entity, occurrence and, if HasPayload, payload), and the shard
 // function as SQL over two text expressions (nil: ShardOf's).
 type BatchQuery struct {
-	SQL        string
+	SQL string
+	// Digest identifies the query text; it is recorded with the batch
+	// (batch_run.digest), so that a later attempt tells an edited query.
+	Digest     string
 	HasPayload bool
 	Shards     int
 	ShardOf    func(entity, occurrence string) string
@@ -202,7 +205,7 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 	}
 	var items int64
 	bounded, cancel := answerBy(ctx, q.Timeout, q.NetworkTimeout)
-	err = tx.QueryRow(bounded, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.shardOf()), run.UID, run.Namespace, run.Name, q.Shards).Scan(&items)
+	err = tx.QueryRow(bounded, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.shardOf()), run.UID, run.Namespace, run.Name, q.Shards, q.Digest).Scan(&items)
 	err = noAnswer(ctx, bounded, err)
 	cancel()
 	if err != nil {

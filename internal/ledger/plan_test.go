@@ -95,7 +95,7 @@ ANALYZE src;`)
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, ledger.SQLBatchWorkMem) // as the batch is written
 	require.NoError(t, err)
-	rows, err := tx.Query(ctx, "EXPLAIN "+ledger.SQLFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.ShardOf), "uid", "default", "run-uid", q.Shards)
+	rows, err := tx.Query(ctx, "EXPLAIN "+ledger.SQLFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.ShardOf), "uid", "default", "run-uid", q.Shards, "")
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -414,12 +414,12 @@ const sqlPruneSuperseded = `DELETE FROM runledger.ledger WHERE state = 'supersed
 // nothing (and if the first rolled back, it writes the batch itself). It
 // returns the number of items it wrote, which goes into the header it wrote
 // (sqlSetBatchItems) in the same transaction; 0 if it wrote no header.
-// $1 run uid, $2 namespace, $3 name, $4 shards.
+// $1 run uid, $2 namespace, $3 name, $4 shards, $5 the query's digest (empty: none, NULL).
 func sqlFixQueryBatch(query string, hasPayload bool, shards int, shardOf func(entity, occurrence string) string) string {
 	return `
 WITH hdr AS (
-    INSERT INTO runledger.batch_run (run_uid, run_namespace, run_name, source, shards, items)
-    VALUES ($1, $2, $3, 'query', $4, 0)
+    INSERT INTO runledger.batch_run (run_uid, run_namespace, run_name, source, shards, items, digest)
+    VALUES ($1, $2, $3, 'query', $4, 0, nullif($5, ''))
     ON CONFLICT (run_uid) DO NOTHING
     RETURNING id
 ), ins AS (

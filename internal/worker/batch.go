@@ -28,10 +28,21 @@ func batchMismatch(run ledger.Run, h *ledger.BatchHeader, source string, shards 
 		return &InputError{Where: where, Msg: fmt.Sprintf("was fixed from a %s source when the run started; this worker reads a %s source: keep the run's batch as it was, or give the run a new name", h.Source, source)}
 	case shards > 0 && h.Shards != shards:
 		return &InputError{Where: where, Msg: fmt.Sprintf("was fixed for %d shards when the run started; this worker runs %d: keep spec.workers as it was, or give the run a new name", h.Shards, shards)}
-	case digest != "" && h.Digest != digest:
+	case source == ledger.BatchSourceQuery && digest != "" && h.Digest != "" && h.Digest != digest:
+		// A batch fixed before the query's digest was recorded (NULL) is read as it was fixed.
+		return &InputError{Where: where, Msg: "is what another query returned: batch.query has changed since the run started (the batch is fixed once, from the query text its first shard ran); restore the query, or give the run a new name to process the new query's rows"}
+	case source == ledger.BatchSourceStatic && digest != "" && h.Digest != digest:
 		return &InputError{Where: where, Msg: "has changed since the run started: its items (the ConfigMap or file) differ from those its first shard read; restore them, or give the run a new name to process the new items"}
 	}
 	return nil
+}
+
+// queryDigest is the sha256 of a query source's text (as NewQuerySource
+// trimmed it), recorded with the batch: any edit, white space included,
+// makes another batch.
+func queryDigest(sql string) string {
+	sum := sha256.Sum256([]byte(sql))
+	return hex.EncodeToString(sum[:])
 }
 
 // itemsDigest is the sha256 of a static batch's items in their declared

@@ -54,3 +54,16 @@ func TestItemsDigest(t *testing.T) {
 	require.NotEqual(t, itemsDigest(a), itemsDigest(withPayload))
 	require.Len(t, itemsDigest(nil), 64)
 }
+
+func TestBatchMismatchQueryDigest(t *testing.T) {
+	t.Parallel()
+	run := ledger.Run{Namespace: "billing", Name: "june", UID: "u1"}
+	q1 := queryDigest("SELECT 1")
+	fixed := &ledger.BatchHeader{Source: ledger.BatchSourceQuery, Shards: 1, Digest: q1}
+	require.Nil(t, batchMismatch(run, fixed, ledger.BatchSourceQuery, 1, q1), "the same query")
+	got := batchMismatch(run, fixed, ledger.BatchSourceQuery, 1, queryDigest("SELECT 1 "))
+	require.NotNil(t, got, "white space is an edit too")
+	require.Contains(t, got.Error(), "batch.query has changed since the run started")
+	legacy := &ledger.BatchHeader{Source: ledger.BatchSourceQuery, Shards: 1}
+	require.Nil(t, batchMismatch(run, legacy, ledger.BatchSourceQuery, 1, q1), "a batch fixed before digests were recorded is accepted")
+}

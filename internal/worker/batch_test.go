@@ -221,3 +221,63 @@ func TestStaticBatchThatChangedFailsClearly(t *testing.T) {
 	require.EqualValues(t, 100, f.committed(t), "nothing more committed")
 	require.EqualValues(t, 100, ledgerRows(t, f, "uid-static", 0)+ledgerRows(t, f, "uid-static", 1))
 }
+
+// TestQueryBatchWhoseQueryChangedFailsClearly is issue #20.6: a run started
+// over one query and run again with another query text (the manifest's
+// batch.query edited) fails as bad input before committing anything,
+// instead of processing the old batch and reporting it complete; the same
+// query run again is fine.
+func TestQueryBatchWhoseQueryChangedFailsClearly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, todoTable)
+	src := worker.NewQuerySource(todoQuery)
+	require.NoError(t, src.Check(context.Background(), f.store))
+	cfg := worker.ShardConfig{Run: run("uid-query-edited"), Shards: 2, Source: src}
+	_, first := runShards(t, f, cfg)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 200, Completed: 200}, first)
+	_, again := runShards(t, f, cfg)
+	require.Equal(t, first, again, "the same query: the same counts")
+
+	for _, edited := range []string{
+		todoQuery + ` AND id <= 100`,
+		`SELECT id::text AS entity, 'y' AS occurrence FROM todo`,
+		todoQuery + ` ORDER BY id`,
+	} {
+		c := cfg
+		c.Source = worker.NewQuerySource(edited)
+		require.NoError(t, c.Source.(*worker.QuerySource).Check(context.Background(), f.store))
+		for shard := range 2 {
+			c.Run.Shard = shard
+			rep := worker.RunShard(context.Background(), f.store, c)
+			require.Error(t, rep.Err, "%s: shard %d", edited, shard)
+			require.True(t, worker.IsInputError(rep.Err), "%s: bad input: %v", edited, rep.Err)
+			require.Contains(t, rep.Err.Error(), "batch.query has changed since the run started", edited)
+			require.Zero(t, rep.Processed(), edited)
+		}
+	}
+	require.EqualValues(t, 200, f.committed(t), "nothing more committed")
+}
+
+// TestQueryBatchFixedWithoutDigestIsAccepted: a batch fixed before the
+// ledger recorded the query's digest (batch_run.digest NULL) cannot be
+// compared; a later attempt reads it as it was fixed, as before.
+func TestQueryBatchFixedWithoutDigestIsAccepted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, todoTable)
+	src := worker.NewQuerySource(todoQuery + ` AND id <= 50`)
+	require.NoError(t, src.Check(context.Background(), f.store))
+	cfg := worker.ShardConfig{Run: run("uid-query-old"), Source: src}
+	rep := worker.RunShard(context.Background(), f.store, cfg)
+	require.NoError(t, rep.Err)
+	require.EqualValues(t, 50, rep.Completed)
+	mustExec(t, f.pool, `UPDATE runledger.batch_run SET digest = NULL WHERE run_uid = 'uid-query-old'`)
+
+	cfg.Source = worker.NewQuerySource(todoQuery)
+	require.NoError(t, cfg.Source.(*worker.QuerySource).Check(context.Background(), f.store))
+	rep = worker.RunShard(context.Background(), f.store, cfg)
+	require.NoError(t, rep.Err)
+	require.True(t, rep.Done)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 50, Completed: 50}, rep.ItemCounts, "the batch as it was fixed")
+}

@@ -107,7 +107,7 @@ func queryError(where string, err error) error {
 
 // batchQuery is the query as the ledger materialises it for shards shards.
 func (q *QuerySource) batchQuery(shards int, t v1alpha1.RunTimeouts) ledger.BatchQuery {
-	return ledger.BatchQuery{SQL: q.sql, HasPayload: q.hasPayload, Shards: shards,
+	return ledger.BatchQuery{SQL: q.sql, Digest: queryDigest(q.sql), HasPayload: q.hasPayload, Shards: shards,
 		Timeout: t.Query, LockTimeout: t.Lock, NetworkTimeout: t.Network}
 }
 
@@ -126,7 +126,7 @@ func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shar
 		if h, err = store.FixQueryBatch(ctx, opt.run, q.batchQuery(shards, opt.timeouts)); err != nil {
 			return err
 		}
-		if bad := batchMismatch(opt.run, h, ledger.BatchSourceQuery, shards, ""); bad != nil {
+		if bad := batchMismatch(opt.run, h, ledger.BatchSourceQuery, shards, queryDigest(q.sql)); bad != nil {
 			return bad
 		}
 		s.batch = h
