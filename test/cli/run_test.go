@@ -135,3 +135,31 @@ func TestRunSupersede(t *testing.T) {
 	require.EqualValues(t, 40, d.int(t, `SELECT count(*) FROM invoices`))
 	require.EqualValues(t, 20, d.committed(t))
 }
+
+// TestRunEditedQueryIsRefused is issue #20.6 as a user meets it: the
+// manifest's batch.query edited and `runledger run` again under the same
+// run name exits 2 (bad input) with nothing committed, instead of processing
+// the batch the first query fixed and reporting it complete.
+func TestRunEditedQueryIsRefused(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	d.exec(t, `CREATE TABLE usage (account text, period text, amount numeric);
+INSERT INTO usage SELECT 'acct-' || i, '2024-06', i FROM generate_series(1, 100) i;`)
+	run := func(query string) result {
+		file := writeFile(t, "run.yaml", manifest("edited", "batch:", "  query: |", "    "+query))
+		return runCLI(t, "", "run", "-f", file, "--dsn", d.dsn, "--output", "json")
+	}
+	r := run(`SELECT account AS entity, period AS occurrence FROM usage WHERE amount <= 50`)
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 50, Completed: 50}, r.summary(t).counts())
+
+	r = run(`SELECT account AS entity, period AS occurrence FROM usage`)
+	require.Equal(t, 2, r.code, "an edited query is bad input; stderr:\n%s", r.stderr)
+	require.Contains(t, r.stderr, "batch.query has changed since the run started")
+	require.Equal(t, counts{}, r.summary(t).counts(), "nothing processed")
+	require.EqualValues(t, 50, d.committed(t), "nothing more committed")
+
+	r = run(`SELECT account AS entity, period AS occurrence FROM usage WHERE amount <= 50`)
+	require.Equal(t, 0, r.code, "the query as it was: fine; stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 50, Completed: 50}, r.summary(t).counts())
+}
