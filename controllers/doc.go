@@ -12,10 +12,12 @@
 //     controlling run), grouped by shard; decideShard (pure) says what they
 //     mean and what to do; decideRun (pure) says what that means for the run.
 //   - checkDependencies: before creating a pod, the image must parse and the
-//     Secret (metadata only: the controller never receives a DSN), the
 //     ConfigMap key and the ServiceAccount must exist. Otherwise the run is
 //     Stalled (condition and Event) and no pod is created, so nothing
-//     crash-loops; it looks again every DependencyRetry.
+//     crash-loops; it looks again every DependencyRetry. The Secret is not
+//     looked at (the manager has no right on Secrets): a missing Secret or
+//     key shows as the kubelet's CreateContainerConfigError on the pod,
+//     which stalls the run the same way.
 //   - syncPods: creates the decided pods and deletes the ones that must stop
 //     (suspended or finished run).
 //   - writeStatus, deferred so it runs on every path once the pods were
@@ -77,28 +79,16 @@
 //
 // # Counts
 //
-// Each worker reports its shard on its own pod (annotation
-// processing.runledger.dev/progress, a JSON merge patch with the pod's UID as
-// precondition); the controller, the only writer of the run's status
-// (field manager runledger-controller), copies the latest attempt's report
-// into the shard's entry. So a run of 256 shards costs the API server 256
-// small pod patches per report interval and one write of the run per
-// StatusInterval, not 256 writes of the whole run (inline items included). A
-// report is cumulative and exact for the whole shard. While a new attempt catches up, its reports can be lower than what
-// the previous attempt reached, so:
-//
-//   - when it creates attempt N+1 the controller records on the new pod
-//     (annotation processing.runledger.dev/counts-floor) the field-wise
-//     maximum of what the shard had reported so far (earlier floors, the
-//     last status report, attempt N's termination message);
-//   - while a shard runs, its counts are the field-wise maximum of its floor
-//     and its current report, and the run's totals never go below what the
-//     status already shows;
-//   - once a shard is finished, its counts are its final report's exact
-//     numbers, from the termination message when the worker's last status
-//     write was lost (the controller then writes them into the shard's
-//     entry). Only failed can go down then: a retry may succeed on items an
-//     earlier attempt failed.
+// The protocol between the controller and its workers (who writes what,
+// reports on the pods, termination messages, counts that never go down) is
+// stated once, in api/v1alpha1/contract.go. What the controller adds: a
+// run of 256 shards costs the API server 256 small pod patches per report
+// interval and one write of the run per StatusInterval; when it creates
+// attempt N+1 it records on the new pod (annotation
+// processing.runledger.dev/counts-floor) the field-wise maximum of what the
+// shard had reported so far (earlier floors, the last status report,
+// attempt N's termination message), which is the floor that attempt's
+// counts are shown against until it is finished.
 //
 // The run's total is the number of inline items declared (duplicates
 // included), or the sum of the shards' totals for ConfigMap and query

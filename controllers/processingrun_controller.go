@@ -27,9 +27,9 @@ import (
 )
 
 // The manager's permissions, least privilege (make manifests turns these
-// into config/rbac/role.yaml). Secrets: only get, and the controller asks
-// for metadata only (PartialObjectMetadata), so it never receives a DSN;
-// it only checks that the Secret exists before creating pods. Update on
+// into config/rbac/role.yaml). Secrets: none at all, so the manager never
+// receives a DSN; a missing Secret shows on the worker pod (see
+// checkDependencies). Update on
 // processingruns/finalizers lets its pods' owner references set
 // blockOwnerDeletion where OwnerReferencesPermissionEnforcement is on.
 //
@@ -64,8 +64,7 @@ const (
 // their status honest. See doc.go for the protocol.
 type Reconciler struct {
 	Client client.Client
-	// APIReader reads around the cache: Secret metadata, ConfigMaps and
-	// ServiceAccounts (not worth caching cluster-wide), and pods the cache
+	// APIReader reads around the cache: ConfigMaps and ServiceAccounts (not worth caching cluster-wide), and pods the cache
 	// may not show yet.
 	APIReader client.Reader
 	Recorder  events.EventRecorder

@@ -6,10 +6,8 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 )
 
-// Workers report on their own pods (annotation AnnotationProgress); the
-// controller folds the reports into the shards' status entries, so that the
-// run object is written by the controller alone, at most once per
-// StatusInterval for progress, whatever the number of shards.
+// The controller's side of the reports of api/v1alpha1/contract.go: it folds
+// the workers' reports on their pods into the shards' status entries.
 
 // parseProgress reads a pod's progress annotation; a missing or unreadable
 // value, or a report of another shard or attempt, is no report.

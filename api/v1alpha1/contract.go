@@ -34,6 +34,13 @@ import (
 // as completed, so a later attempt's final report is the truth for the
 // shard.
 //
+// Status. The controller is the only writer of the run's status (field
+// manager ControllerFieldManager, server-side apply on the status
+// subresource); workers never write the run. StatusSources names, for each
+// field of a shard's entry, whether the controller decides it or copies it
+// from the worker's report; the CRD's descriptions say the same, and a test
+// holds them to it.
+//
 // Termination. At exit the worker writes the JSON of its final ShardReport to
 // TerminationMessagePath (see ShardReport.TerminationMessage) and exits with
 // one of the Exit* codes. The controller reads that message when the last
@@ -94,6 +101,38 @@ const (
 	// one worker.
 	ReportIntervalSeconds = 2
 )
+
+// StatusSource is where the controller takes a status field from.
+type StatusSource string
+
+const (
+	// FromController: the controller decides the field itself (from the
+	// pods it observed and the run's spec).
+	FromController StatusSource = "controller"
+	// FromWorkerReport: the controller copies the field from the shard's
+	// worker's report (its pod's AnnotationProgress, or its termination
+	// message when the last report was lost).
+	FromWorkerReport StatusSource = "worker report"
+)
+
+// StatusSources says, for each field of a shard's entry in status.shards[]
+// (by its JSON name), where its value comes from. The controller writes all
+// of them; every field of the run's status outside shards[] is the
+// controller's own (FromController).
+var StatusSources = map[string]StatusSource{
+	"index":             FromController,
+	"pod":               FromController,
+	"phase":             FromController,
+	"failedAttempts":    FromController,
+	"lastFailedAttempt": FromController,
+	"attempt":           FromWorkerReport,
+	"total":             FromWorkerReport,
+	"completed":         FromWorkerReport,
+	"alreadyHandled":    FromWorkerReport,
+	"failed":            FromWorkerReport,
+	"message":           FromWorkerReport,
+	"lastReportTime":    FromWorkerReport,
+}
 
 // Worker exit codes. Any other exit (a crash, OOM kill, eviction) is a failed
 // attempt too and is retried like ExitFailed.

@@ -33,9 +33,9 @@ type ProcessingRun struct {
 	// +required
 	Spec ProcessingRunSpec `json:"spec"`
 
-	// status is written by the controller (totals, phase, conditions) and by
-	// each worker (its own entry of shards[]). Until the controller first
-	// writes it, it reads {observedGeneration: 0}: behind metadata.generation,
+	// status is written by the controller alone; workers report on their
+	// own pods and the controller copies their reports into shards[]. Until
+	// the controller first writes it, it reads {observedGeneration: 0}: behind metadata.generation,
 	// so kstatus (Flux, cli-utils) and Argo CD
 	// read a new run as in progress, never as done.
 	// +optional
@@ -533,13 +533,8 @@ const (
 
 // ProcessingRunStatus is the observed state of a ProcessingRun.
 //
-// Ownership (server-side apply field managers): the controller
-// ("runledger-controller") owns every field except the per-shard report
-// fields of shards[], which the worker of that shard
-// (WorkerFieldManager(index)) owns: attempt, total, completed,
-// alreadyHandled, failed, message and lastReportTime. The controller owns
-// shards[].pod, shards[].phase, shards[].failedAttempts and
-// shards[].lastFailedAttempt.
+// The controller is its only writer (see contract.go: StatusSources says
+// which fields of a shard's entry it copies from the worker's report).
 type ProcessingRunStatus struct {
 	// observedGeneration is the metadata.generation this status describes.
 	// +optional
@@ -550,7 +545,7 @@ type ProcessingRunStatus struct {
 	// +optional
 	Phase RunPhase `json:"phase,omitempty"`
 
-	// The run's counts, the sum of its shards'.
+	// The run's counts, the sum of its shards' (computed by the controller).
 	ItemCounts `json:",inline"`
 
 	// startTime is when the controller created the run's first pod.
@@ -589,22 +584,23 @@ type ProcessingRunStatus struct {
 type ItemCounts struct {
 	// total is the number of items: of a run, declared in the batch (known up
 	// front for inline items, otherwise the sum of what the shards have
-	// reported); of a shard, in that shard.
+	// reported); of a shard, in that shard, from its worker's report.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Total int64 `json:"total"`
 	// completed is the number of items this run committed (its effect ran),
-	// by any of its attempts.
+	// by any of its attempts; of a shard, from its worker's report.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Completed int64 `json:"completed"`
 	// alreadyHandled is the number of items found already committed, by
-	// another run or as a repeat inside the batch.
+	// another run or as a repeat inside the batch; of a shard, from its
+	// worker's report.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	AlreadyHandled int64 `json:"alreadyHandled"`
 	// failed is the number of items that failed (each shard's message says
-	// why).
+	// why); of a shard, from its worker's report.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Failed int64 `json:"failed"`
@@ -636,49 +632,53 @@ func (c ItemCounts) Negative() bool {
 	return c.Total < 0 || c.Completed < 0 || c.AlreadyHandled < 0 || c.Failed < 0
 }
 
-// ShardStatus is the state of one shard. pod and phase are written by the
-// controller; the other fields are the report of the shard's worker.
+// ShardStatus is the state of one shard, written by the controller: index,
+// pod, phase, failedAttempts and lastFailedAttempt are its own decisions; the
+// other fields it copies from the report of the shard's worker (see
+// StatusSources in contract.go).
 type ShardStatus struct {
-	// index of the shard, 0 <= index < spec.workers.
+	// index of the shard, 0 <= index < spec.workers (set by the controller).
 	// +required
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=255
 	Index int32 `json:"index"`
 
 	// pod is the name of the shard's current pod, <run>-<index>-<attempt>
-	// (written by the controller).
+	// (decided by the controller).
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	Pod string `json:"pod,omitempty"`
-	// phase of the shard (written by the controller).
+	// phase of the shard (decided by the controller).
 	// +optional
 	Phase ShardPhase `json:"phase,omitempty"`
 	// failedAttempts is the number of this shard's attempts that failed and
 	// count against spec.backoffLimit, as a Job's status.failed counts pods
-	// (written by the controller). It never goes down: deleting failed pods
+	// (counted by the controller). It never goes down: deleting failed pods
 	// does not reset it.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	FailedAttempts int32 `json:"failedAttempts,omitempty"`
 	// lastFailedAttempt is the attempt of the latest failure counted in
-	// failedAttempts (written by the controller).
+	// failedAttempts (counted by the controller).
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	LastFailedAttempt *int32 `json:"lastFailedAttempt,omitempty"`
 
-	// attempt that wrote the counts below, 0 for the first pod (written by
-	// the worker).
+	// attempt whose worker reported the counts below, 0 for the first pod
+	// (from the worker's report).
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Attempt int32 `json:"attempt,omitempty"`
 	// The shard's counts: the items of this shard and their outcomes, by any
-	// attempt of this run.
+	// attempt of this run (from the worker's report).
 	ItemCounts `json:",inline"`
-	// message is the worker's last word, e.g. its first item error.
+	// message is the worker's last word, e.g. its first item error (from the
+	// worker's report).
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	Message string `json:"message,omitempty"`
-	// lastReportTime is when the worker wrote this entry.
+	// lastReportTime is when the worker made the report this entry shows
+	// (from the worker's report).
 	// +optional
 	LastReportTime *metav1.Time `json:"lastReportTime,omitempty"`
 }

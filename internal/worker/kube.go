@@ -149,13 +149,10 @@ func Items(n int64) string {
 	return fmt.Sprintf("%d items", n)
 }
 
-// StatusReporter reports the worker's shard on its own pod: a JSON merge
-// patch of the annotation v1alpha1.AnnotationProgress, with the pod's UID as
-// precondition. The controller aggregates the pods' reports into the run's
-// status, so the run object is written at most once per status interval
-// whatever the number of shards, and a report is a few hundred bytes whatever
-// the batch's size. Reports are cumulative and exact, so a lost write loses
-// nothing: the next one (or the termination message) carries the numbers.
+// StatusReporter reports the worker's shard on its own pod, as the contract
+// (api/v1alpha1/contract.go, "Reports") says. Reports are cumulative and
+// exact, so a lost write loses nothing: the next one (or the termination
+// message) carries the numbers.
 type StatusReporter struct {
 	c        client.Client
 	env      PodEnv

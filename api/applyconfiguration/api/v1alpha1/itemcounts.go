@@ -16,16 +16,17 @@ package v1alpha1
 type ItemCountsApplyConfiguration struct {
 	// total is the number of items: of a run, declared in the batch (known up
 	// front for inline items, otherwise the sum of what the shards have
-	// reported); of a shard, in that shard.
+	// reported); of a shard, in that shard, from its worker's report.
 	Total *int64 `json:"total,omitempty"`
 	// completed is the number of items this run committed (its effect ran),
-	// by any of its attempts.
+	// by any of its attempts; of a shard, from its worker's report.
 	Completed *int64 `json:"completed,omitempty"`
 	// alreadyHandled is the number of items found already committed, by
-	// another run or as a repeat inside the batch.
+	// another run or as a repeat inside the batch; of a shard, from its
+	// worker's report.
 	AlreadyHandled *int64 `json:"alreadyHandled,omitempty"`
 	// failed is the number of items that failed (each shard's message says
-	// why).
+	// why); of a shard, from its worker's report.
 	Failed *int64 `json:"failed,omitempty"`
 }
 

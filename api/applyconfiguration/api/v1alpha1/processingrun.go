@@ -27,9 +27,9 @@ type ProcessingRunApplyConfiguration struct {
 	*v1.ObjectMetaApplyConfiguration `json:"metadata,omitempty"`
 	// spec declares the batch, where its ledger lives and how to run it.
 	Spec *ProcessingRunSpecApplyConfiguration `json:"spec,omitempty"`
-	// status is written by the controller (totals, phase, conditions) and by
-	// each worker (its own entry of shards[]). Until the controller first
-	// writes it, it reads {observedGeneration: 0}: behind metadata.generation,
+	// status is written by the controller alone; workers report on their
+	// own pods and the controller copies their reports into shards[]. Until
+	// the controller first writes it, it reads {observedGeneration: 0}: behind metadata.generation,
 	// so kstatus (Flux, cli-utils) and Argo CD
 	// read a new run as in progress, never as done.
 	Status *ProcessingRunStatusApplyConfiguration `json:"status,omitempty"`

@@ -17,20 +17,15 @@ import (
 //
 // ProcessingRunStatus is the observed state of a ProcessingRun.
 //
-// Ownership (server-side apply field managers): the controller
-// ("runledger-controller") owns every field except the per-shard report
-// fields of shards[], which the worker of that shard
-// (WorkerFieldManager(index)) owns: attempt, total, completed,
-// alreadyHandled, failed, message and lastReportTime. The controller owns
-// shards[].pod, shards[].phase, shards[].failedAttempts and
-// shards[].lastFailedAttempt.
+// The controller is its only writer (see contract.go: StatusSources says
+// which fields of a shard's entry it copies from the worker's report).
 type ProcessingRunStatusApplyConfiguration struct {
 	// observedGeneration is the metadata.generation this status describes.
 	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`
 	// phase is a one-word summary: Pending, Running, Succeeded, Failed or
 	// Suspended.
 	Phase *apiv1alpha1.RunPhase `json:"phase,omitempty"`
-	// The run's counts, the sum of its shards'.
+	// The run's counts, the sum of its shards' (computed by the controller).
 	ItemCountsApplyConfiguration `json:""`
 	// startTime is when the controller created the run's first pod.
 	StartTime *v1.Time `json:"startTime,omitempty"`

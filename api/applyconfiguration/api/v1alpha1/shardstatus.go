@@ -14,33 +14,37 @@ import (
 // ShardStatusApplyConfiguration represents a declarative configuration of the ShardStatus type for use
 // with apply.
 //
-// ShardStatus is the state of one shard. pod and phase are written by the
-// controller; the other fields are the report of the shard's worker.
+// ShardStatus is the state of one shard, written by the controller: index,
+// pod, phase, failedAttempts and lastFailedAttempt are its own decisions; the
+// other fields it copies from the report of the shard's worker (see
+// StatusSources in contract.go).
 type ShardStatusApplyConfiguration struct {
-	// index of the shard, 0 <= index < spec.workers.
+	// index of the shard, 0 <= index < spec.workers (set by the controller).
 	Index *int32 `json:"index,omitempty"`
 	// pod is the name of the shard's current pod, <run>-<index>-<attempt>
-	// (written by the controller).
+	// (decided by the controller).
 	Pod *string `json:"pod,omitempty"`
-	// phase of the shard (written by the controller).
+	// phase of the shard (decided by the controller).
 	Phase *apiv1alpha1.ShardPhase `json:"phase,omitempty"`
 	// failedAttempts is the number of this shard's attempts that failed and
 	// count against spec.backoffLimit, as a Job's status.failed counts pods
-	// (written by the controller). It never goes down: deleting failed pods
+	// (counted by the controller). It never goes down: deleting failed pods
 	// does not reset it.
 	FailedAttempts *int32 `json:"failedAttempts,omitempty"`
 	// lastFailedAttempt is the attempt of the latest failure counted in
-	// failedAttempts (written by the controller).
+	// failedAttempts (counted by the controller).
 	LastFailedAttempt *int32 `json:"lastFailedAttempt,omitempty"`
-	// attempt that wrote the counts below, 0 for the first pod (written by
-	// the worker).
+	// attempt whose worker reported the counts below, 0 for the first pod
+	// (from the worker's report).
 	Attempt *int32 `json:"attempt,omitempty"`
 	// The shard's counts: the items of this shard and their outcomes, by any
-	// attempt of this run.
+	// attempt of this run (from the worker's report).
 	ItemCountsApplyConfiguration `json:""`
-	// message is the worker's last word, e.g. its first item error.
+	// message is the worker's last word, e.g. its first item error (from the
+	// worker's report).
 	Message *string `json:"message,omitempty"`
-	// lastReportTime is when the worker wrote this entry.
+	// lastReportTime is when the worker made the report this entry shows
+	// (from the worker's report).
 	LastReportTime *v1.Time `json:"lastReportTime,omitempty"`
 }
 
