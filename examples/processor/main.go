@@ -1,7 +1,10 @@
 // Command processor is an example processor for spec.effect.processor: it
 // charges each item's amount through a payment service, passing the item's
 // key on as the Idempotency-Key, so that an item delivered twice (a crash
-// between the processor's ok and the ledger's commit) is charged once.
+// or a timeout between the processor's ok and the ledger's commit, retried
+// by the same run or by a failed run's rerun under a new name: the key
+// names the work, not the run) is charged once. A deliberate reprocessing
+// (onExisting: Supersede) comes with a new key, and is charged again.
 //
 //	processor -listen :8080 -payments http://payments:8080
 //

@@ -14,7 +14,20 @@ import (
 // It answers one Verdict per item, in order. An error means the call as a
 // whole failed (no answer, a malformed one): nothing of the chunk commits.
 type Processor interface {
-	Process(ctx context.Context, run Run, items []Item) ([]Verdict, error)
+	Process(ctx context.Context, run Run, claims []Claim) ([]Verdict, error)
+}
+
+// Claim is an item as a chunk's transaction claimed it, with the generation
+// of its key's processing.
+type Claim struct {
+	Item
+	// Replaces is the id of the committed row the claim superseded
+	// (onExisting: Supersede), 0 if no committed row held the key. With the
+	// key it names the logical work: the same on every retry, attempt and
+	// run that claims the key while that row (or no row) is its committed
+	// one, another once a Supersede has committed a new generation. Row ids
+	// are never reused, pruned history included.
+	Replaces int64
 }
 
 // Verdict is a processor's answer for one item.
@@ -56,9 +69,9 @@ func process(ctx context.Context, tx pgx.Tx, run Run, items []Item, out []Result
 	if len(sent) == 0 {
 		return out, nil
 	}
-	batch := make([]Item, len(sent))
+	batch := make([]Claim, len(sent))
 	for j, i := range sent {
-		batch[j] = items[i]
+		batch[j] = Claim{Item: items[i], Replaces: out[i].supersededRow}
 	}
 	verdicts, err := p.Process(ctx, run, batch)
 	if err == nil && len(verdicts) != len(batch) {

@@ -23,7 +23,7 @@ type funcProcessor struct {
 	err  error // the call fails as a whole
 }
 
-func (p *funcProcessor) Process(_ context.Context, _ ledger.Run, items []ledger.Item) ([]ledger.Verdict, error) {
+func (p *funcProcessor) Process(_ context.Context, _ ledger.Run, items []ledger.Claim) ([]ledger.Verdict, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, it := range items {

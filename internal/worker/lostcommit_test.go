@@ -94,7 +94,7 @@ type lostAnswerProcessor struct {
 	calls atomic.Int32
 }
 
-func (p *lostAnswerProcessor) Process(_ context.Context, _ ledger.Run, items []ledger.Item) ([]ledger.Verdict, error) {
+func (p *lostAnswerProcessor) Process(_ context.Context, _ ledger.Run, items []ledger.Claim) ([]ledger.Verdict, error) {
 	if p.calls.Add(1) > 1 {
 		return nil, errors.New("503 Service Unavailable")
 	}

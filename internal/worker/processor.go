@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/runledger/runledger/api/v1alpha1"
@@ -25,14 +26,19 @@ const MaxProcessorErrorBytes = 512
 // maxProcessorResponseBytes bounds what is read of a processor's answer.
 const maxProcessorResponseBytes = 16 << 20
 
-// IdempotencyKey is the key a processor gets for an item: the hex SHA-256 of
-// the run's UID and the business key (64 ASCII characters), the same for the
-// same run and key on every retry and attempt, another for another run (a
-// deliberate Supersede is processed again).
-func IdempotencyKey(runUID string, k ledger.Key) string {
+// IdempotencyKey is the key a processor gets for an item: it names the
+// logical work, not the run that asks for it. It is the hex SHA-256 (64
+// ASCII characters) of the business key and of the committed row its claim
+// replaces (ledger.Claim.Replaces: 0 for none), so it is the same for the
+// same business key on every retry, attempt and run (a failed run given a
+// new name included), and another only when a Supersede run deliberately
+// reprocesses the key: each generation of the key's committed row gets its
+// own, the same across that generation's retries.
+func IdempotencyKey(k ledger.Key, replaces int64) string {
 	h := sha256.New()
-	for _, part := range []string{runUID, k.Entity, k.Occurrence} {
-		// Length-prefixed, so that no two different triples hash alike.
+	// Length-prefixed, so that no two different tuples hash alike; the
+	// first part names the scheme.
+	for _, part := range []string{"runledger.idempotency-key/v2", k.Entity, k.Occurrence, strconv.FormatInt(replaces, 10)} {
 		fmt.Fprintf(h, "%d:%s", len(part), part)
 	}
 	return hex.EncodeToString(h.Sum(nil))
@@ -58,7 +64,7 @@ var _ ledger.Processor = (*HTTPProcessor)(nil)
 // Process sends items and returns the processor's verdicts. Every answer but
 // a 2xx with one result per item is an error (the ledger makes it a
 // transient *ledger.ProcessorError).
-func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []ledger.Item) ([]ledger.Verdict, error) {
+func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []ledger.Claim) ([]ledger.Verdict, error) {
 	req := processor.Request{
 		Run:     processor.Run{Namespace: run.Namespace, Name: run.Name, UID: run.UID},
 		Shard:   run.Shard,
@@ -66,7 +72,7 @@ func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []led
 		Items:   make([]processor.Item, len(items)),
 	}
 	for i, it := range items {
-		req.Items[i] = processor.Item{Key: IdempotencyKey(run.UID, it.Key), Entity: it.Entity, Occurrence: it.Occurrence, Payload: it.Payload}
+		req.Items[i] = processor.Item{Key: IdempotencyKey(it.Key, it.Replaces), Entity: it.Entity, Occurrence: it.Occurrence, Payload: it.Payload}
 	}
 	body, err := json.Marshal(req)
 	if err != nil {

@@ -9,7 +9,8 @@
 // the call, and its items are tried again with back-off, then Failed.
 //
 // Delivery is at least once, commit exactly once: only a crash or a timeout
-// between an ok and the commit sends an item again, with the same Item.Key.
+// between an ok and the commit sends an item again, with the same Item.Key,
+// whichever run (or renamed rerun of a failed run) sends it.
 // Pass Item.Key on as an idempotency key (the Idempotency-Key header payment
 // APIs take), or record it in your own store under a unique constraint.
 package processor
@@ -34,8 +35,11 @@ type Run struct {
 // Item is one item to process.
 type Item struct {
 	// Key is the item's idempotency key: at most MaxKeyLength ASCII
-	// characters, the same for the same run and business key across
-	// retries and attempts, different for another run.
+	// characters naming the logical work, not the run. It is the same for
+	// the same business key across retries, attempts and runs (a failed
+	// run retried under a new name included), and another only for a
+	// deliberate reprocessing: each onExisting: Supersede generation of the
+	// key gets its own, the same across that generation's retries.
 	Key        string          `json:"key"`
 	Entity     string          `json:"entity"`
 	Occurrence string          `json:"occurrence"`
