@@ -32,14 +32,32 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.ItemApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ItemCounts"):
 		return &apiv1alpha1.ItemCountsApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("MissedTick"):
+		return &apiv1alpha1.MissedTickApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("OccurrenceShift"):
+		return &apiv1alpha1.OccurrenceShiftApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("OccurrenceSpec"):
+		return &apiv1alpha1.OccurrenceSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProcessingRun"):
 		return &apiv1alpha1.ProcessingRunApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProcessingRunSpec"):
 		return &apiv1alpha1.ProcessingRunSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProcessingRunStatus"):
 		return &apiv1alpha1.ProcessingRunStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ProcessingSchedule"):
+		return &apiv1alpha1.ProcessingScheduleApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ProcessingScheduleSpec"):
+		return &apiv1alpha1.ProcessingScheduleSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ProcessingScheduleStatus"):
+		return &apiv1alpha1.ProcessingScheduleStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProcessorSpec"):
 		return &apiv1alpha1.ProcessorSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("RunTemplate"):
+		return &apiv1alpha1.RunTemplateApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("RunTemplateMetadata"):
+		return &apiv1alpha1.RunTemplateMetadataApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ScheduledRun"):
+		return &apiv1alpha1.ScheduledRunApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("SecretKeyRef"):
 		return &apiv1alpha1.SecretKeyRefApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ShardStatus"):

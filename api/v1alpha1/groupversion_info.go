@@ -1,5 +1,5 @@
 // Package v1alpha1 contains the API of the processing.runledger.dev group,
-// version v1alpha1: the ProcessingRun kind, and the small contract between
+// version v1alpha1: the ProcessingRun and ProcessingSchedule kinds, and the small contract between
 // the controller and the worker pods it starts (contract.go).
 //
 // +kubebuilder:object:generate=true
@@ -38,7 +38,7 @@ func Resource(resource string) schema.GroupResource {
 }
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &ProcessingRun{}, &ProcessingRunList{})
+	s.AddKnownTypes(GroupVersion, &ProcessingRun{}, &ProcessingRunList{}, &ProcessingSchedule{}, &ProcessingScheduleList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

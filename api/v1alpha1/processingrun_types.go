@@ -24,6 +24,13 @@ import (
 // +kubebuilder:printcolumn:name="Workers",type=integer,JSONPath=`.spec.workers`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is used as a label value on the worker pods"
+// +kubebuilder:validation:XValidation:rule="self.spec.database == oldSelf.spec.database",message="database is immutable: a run's ledger cannot change, create a new ProcessingRun instead",fieldPath=`.spec.database`
+// +kubebuilder:validation:XValidation:rule="self.spec.batch == oldSelf.spec.batch",message="batch is immutable: create a new ProcessingRun to process a different batch",fieldPath=`.spec.batch`
+// +kubebuilder:validation:XValidation:rule="has(self.spec.effect) == has(oldSelf.spec.effect)",message="effect cannot be added or removed after creation: create a new ProcessingRun instead",fieldPath=`.spec.effect`
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.effect) || !has(oldSelf.spec.effect) || self.spec.effect == oldSelf.spec.effect",message="effect is immutable: create a new ProcessingRun to apply a different effect",fieldPath=`.spec.effect`
+// +kubebuilder:validation:XValidation:rule="(has(self.spec.onExisting) ? self.spec.onExisting : 'Skip') == (has(oldSelf.spec.onExisting) ? oldSelf.spec.onExisting : 'Skip')",message="onExisting is immutable: create a new ProcessingRun to change it",fieldPath=`.spec.onExisting`
+// +kubebuilder:validation:XValidation:rule="(has(self.spec.workers) ? self.spec.workers : 1) == (has(oldSelf.spec.workers) ? oldSelf.spec.workers : 1)",message="workers is immutable: the number of shards decides which shard owns each item, create a new ProcessingRun to change it",fieldPath=`.spec.workers`
+// +kubebuilder:validation:XValidation:rule="(has(self.spec.occurrence) ? self.spec.occurrence : '') == (has(oldSelf.spec.occurrence) ? oldSelf.spec.occurrence : '')",message="occurrence is immutable: create a new ProcessingRun for another occurrence",fieldPath=`.spec.occurrence`
 type ProcessingRun struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
@@ -55,26 +62,23 @@ type ProcessingRunList struct {
 
 // ProcessingRunSpec is the desired state of a ProcessingRun. Everything that
 // defines the batch and its effect (database, batch, effect, onExisting,
-// workers) is immutable: to process something else, create another run.
-//
-// +kubebuilder:validation:XValidation:rule="has(self.effect) == has(oldSelf.effect)",message="effect cannot be added or removed after creation: create a new ProcessingRun instead"
+// workers, occurrence) is immutable: to process something else, create
+// another run. (The rules sit on ProcessingRun itself, not here, because a
+// ProcessingSchedule's runTemplate embeds this type and stays editable.)
 type ProcessingRunSpec struct {
 	// database says where the ledger is: a Secret key holding the PostgreSQL
 	// connection string. The DSN is never part of the spec.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="database is immutable: a run's ledger cannot change, create a new ProcessingRun instead"
 	Database DatabaseSpec `json:"database"`
 
 	// batch is the set of items to process: exactly one of items, configMapRef
 	// or query.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="batch is immutable: create a new ProcessingRun to process a different batch"
 	Batch BatchSpec `json:"batch"`
 
 	// effect is what processing an item does, in the same transaction that
 	// claims it in the ledger. Without an effect the run only records items.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="effect is immutable: create a new ProcessingRun to apply a different effect"
 	Effect *EffectSpec `json:"effect,omitempty"`
 
 	// onExisting says what to do with an item whose business key is already
@@ -82,7 +86,6 @@ type ProcessingRunSpec struct {
 	// Supersede the committed row (deliberate reprocessing).
 	// +optional
 	// +kubebuilder:default=Skip
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="onExisting is immutable: create a new ProcessingRun to change it"
 	OnExisting OnExistingPolicy `json:"onExisting,omitempty"`
 
 	// workers is the number of shards, one worker pod each. Every item
@@ -91,8 +94,24 @@ type ProcessingRunSpec struct {
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=256
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="workers is immutable: the number of shards decides which shard owns each item, create a new ProcessingRun to change it"
 	Workers int32 `json:"workers,omitempty"`
+
+	// occurrence is the occurrence of a recurring batch this run processes
+	// (a ProcessingSchedule sets it from the tick's scheduled time; set it
+	// yourself to run a template by hand). The batch reads it: in every
+	// item's occurrence, inline or from a configMapRef, each
+	// "$(OCCURRENCE)" is replaced by it (the result must still be a valid
+	// occurrence); a batch.query reads it as
+	// current_setting('runledger.occurrence'), a setting of the transaction
+	// that runs the query (never text pasted into the SQL). Unset: nothing
+	// is replaced and the setting does not exist.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 1024",message="must be at most 1024 bytes of UTF-8: it becomes the occurrence of items"
+	// +kubebuilder:validation:XValidation:rule="self.trim() != ''",message="must not be only white space"
+	// +kubebuilder:validation:XValidation:rule=`!self.contains('\u0000')`,message="must not contain a NUL character, which PostgreSQL text cannot hold"
+	Occurrence string `json:"occurrence,omitempty"`
 
 	// chunkSize is the number of items a worker commits per transaction.
 	// +optional

@@ -9,3 +9,9 @@ import _ "embed"
 //
 //go:embed bases/processing.runledger.dev_processingruns.yaml
 var ProcessingRun []byte
+
+// ProcessingSchedule is the ProcessingSchedule CRD as `make manifests`
+// generates it.
+//
+//go:embed bases/processing.runledger.dev_processingschedules.yaml
+var ProcessingSchedule []byte

@@ -43,6 +43,10 @@ type BatchQuery struct {
 	HasPayload bool
 	Shards     int
 	ShardOf    func(entity, occurrence string) string
+	// Occurrence, when not empty, is what the query reads as
+	// current_setting('runledger.occurrence') (a run's spec.occurrence): a
+	// setting of the query's transaction, never text in the SQL.
+	Occurrence string
 	// Timeout and LockTimeout bound the statement that runs the query and
 	// every statement after it in its transaction (statement_timeout,
 	// lock_timeout); 0 keeps the session's own, or DefaultQueryTimeout and
@@ -67,12 +71,15 @@ func (q BatchQuery) shardOf() func(entity, occurrence string) string {
 // prepares the statement that would materialise it for shards shards
 // (payload is taken when there is such a column). An error of the query
 // itself is PostgreSQL's (see RefusedStatement).
-func (s *Store) DescribeBatchQuery(ctx context.Context, query string, shards int) ([]string, error) {
+func (s *Store) DescribeBatchQuery(ctx context.Context, query string, shards int, occurrence string) ([]string, error) {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, fmt.Errorf("beginning read-only transaction: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := setOccurrence(ctx, tx, occurrence); err != nil {
+		return nil, err
+	}
 	desc, err := tx.Prepare(ctx, "", sqlDescribeQuery(query))
 	if err != nil {
 		return nil, err
@@ -198,6 +205,9 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 	bounds := sqlBounds(q.Timeout, q.LockTimeout, DefaultQueryTimeout, DefaultLockTimeout)
 	if _, err := tx.Exec(ctx, sqlBeforeBatchQuery(bounds)); err != nil {
 		return fmt.Errorf("preparing the batch's query: %w", err)
+	}
+	if err := setOccurrence(ctx, tx, q.Occurrence); err != nil {
+		return err
 	}
 	before, err := tableWrites(ctx, tx)
 	if err != nil {
@@ -373,4 +383,16 @@ func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (batches, ro
 		return 0, 0, fmt.Errorf("pruning batches created before %s: %w", cutoff.Format(time.RFC3339), err)
 	}
 	return batches, rows, nil
+}
+
+// setOccurrence makes occurrence the transaction's runledger.occurrence
+// (nothing when it is empty), a bound parameter of set_config.
+func setOccurrence(ctx context.Context, tx pgx.Tx, occurrence string) error {
+	if occurrence == "" {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, sqlSetOccurrence, occurrence); err != nil {
+		return fmt.Errorf("setting %s: %w", sqlOccurrenceSetting, err)
+	}
+	return nil
 }

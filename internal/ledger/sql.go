@@ -545,3 +545,11 @@ const (
 // sqlDescribeQuery wraps the user's query to describe its columns without
 // running it.
 func sqlDescribeQuery(query string) string { return "SELECT * FROM (\n" + query + "\n) AS q" }
+
+// sqlSetOccurrence gives a batch query its run's occurrence as
+// current_setting('runledger.occurrence'), local to the transaction that
+// runs the query: a value, never text pasted into the user's SQL.
+const (
+	sqlOccurrenceSetting = "runledger.occurrence"
+	sqlSetOccurrence     = `SELECT set_config('` + sqlOccurrenceSetting + `', $1, true)`
+)

@@ -45,6 +45,9 @@ import (
 type QuerySource struct {
 	sql        string
 	hasPayload bool
+	// occurrence is the run's spec.occurrence, the query's
+	// current_setting('runledger.occurrence'); empty: not set.
+	occurrence string
 }
 
 // NewQuerySource returns a source over the query text (trailing semicolons
@@ -72,7 +75,7 @@ func (q *QuerySource) Check(ctx context.Context, store *ledger.Store) error {
 	if q.sql == "" {
 		return &InputError{Where: "batch.query", Msg: "is empty"}
 	}
-	names, err := store.DescribeBatchQuery(ctx, q.sql, 2)
+	names, err := store.DescribeBatchQuery(ctx, q.sql, 2, q.occurrence)
 	if err != nil {
 		return queryError("batch.query", err)
 	}
@@ -107,7 +110,7 @@ func queryError(where string, err error) error {
 
 // batchQuery is the query as the ledger materialises it for shards shards.
 func (q *QuerySource) batchQuery(shards int, t v1alpha1.RunTimeouts) ledger.BatchQuery {
-	return ledger.BatchQuery{SQL: q.sql, Digest: queryDigest(q.sql), HasPayload: q.hasPayload, Shards: shards,
+	return ledger.BatchQuery{SQL: q.sql, Digest: queryDigest(q.sql), HasPayload: q.hasPayload, Shards: shards, Occurrence: q.occurrence,
 		Timeout: t.Query, LockTimeout: t.Lock, NetworkTimeout: t.Network}
 }
 

@@ -113,6 +113,7 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 				items[i].Payload = it.Payload.Raw
 			}
 		}
+		withOccurrence(items, spec.Occurrence)
 		if err := ValidateItems(items, func(i int) string { return fmt.Sprintf("spec.batch.items[%d]", i) }, l); err != nil {
 			return nil, err
 		}
@@ -126,11 +127,36 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 		if err != nil {
 			return nil, err
 		}
+		if withOccurrence(items, spec.Occurrence) {
+			// The occurrence may have made a key part too long.
+			if err := ValidateItems(items, func(i int) string { return fmt.Sprintf("%s item %d", name, i+1) }, l); err != nil {
+				return nil, err
+			}
+		}
 		p.Source = NewStaticSource(name, items)
 	default:
-		p.Source = NewQuerySource(b.Query)
+		q := NewQuerySource(b.Query)
+		q.occurrence = spec.Occurrence
+		p.Source = q
 	}
 	return p, nil
+}
+
+// withOccurrence replaces v1alpha1.OccurrencePlaceholder in the items'
+// occurrences by the run's spec.occurrence (nothing when it is unset), and
+// reports whether it replaced any.
+func withOccurrence(items []ledger.Item, occurrence string) bool {
+	if occurrence == "" {
+		return false
+	}
+	replaced := false
+	for i := range items {
+		if o := items[i].Key.Occurrence; strings.Contains(o, v1alpha1.OccurrencePlaceholder) {
+			items[i].Key.Occurrence = strings.ReplaceAll(o, v1alpha1.OccurrencePlaceholder, occurrence)
+			replaced = true
+		}
+	}
+	return replaced
 }
 
 // UseProcessorURL points the run's processor at url (`runledger run

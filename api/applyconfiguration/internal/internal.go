@@ -42,6 +42,10 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: query
       type:
         scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.CatchUpPolicy
+  scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.ConcurrencyPolicy
+  scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.ConfigMapKeyRef
   map:
     fields:
@@ -78,6 +82,48 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: payload
       type:
         namedType: io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSON
+- name: com.github.runledger.runledger.api.v1alpha1.MissedReason
+  scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.MissedTick
+  map:
+    fields:
+    - name: occurrence
+      type:
+        scalar: string
+    - name: reason
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.MissedReason
+    - name: scheduledTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+- name: com.github.runledger.runledger.api.v1alpha1.OccurrenceShift
+  map:
+    fields:
+    - name: days
+      type:
+        scalar: numeric
+    - name: hours
+      type:
+        scalar: numeric
+    - name: minutes
+      type:
+        scalar: numeric
+    - name: months
+      type:
+        scalar: numeric
+    - name: years
+      type:
+        scalar: numeric
+- name: com.github.runledger.runledger.api.v1alpha1.OccurrenceSpec
+  map:
+    fields:
+    - name: format
+      type:
+        scalar: string
+      default: 2006-01-02-1504
+    - name: shift
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.OccurrenceShift
 - name: com.github.runledger.runledger.api.v1alpha1.OnExistingPolicy
   scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.ProcessingRun
@@ -131,6 +177,9 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: numeric
       default: 60
+    - name: occurrence
+      type:
+        scalar: string
     - name: onExisting
       type:
         namedType: com.github.runledger.runledger.api.v1alpha1.OnExistingPolicy
@@ -198,6 +247,123 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: total
       type:
         scalar: numeric
+- name: com.github.runledger.runledger.api.v1alpha1.ProcessingSchedule
+  map:
+    fields:
+    - name: apiVersion
+      type:
+        scalar: string
+    - name: kind
+      type:
+        scalar: string
+    - name: metadata
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta
+    - name: spec
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ProcessingScheduleSpec
+    - name: status
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ProcessingScheduleStatus
+      default:
+        observedGeneration: 0
+- name: com.github.runledger.runledger.api.v1alpha1.ProcessingScheduleSpec
+  map:
+    fields:
+    - name: catchUp
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.CatchUpPolicy
+      default: Latest
+    - name: concurrencyPolicy
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ConcurrencyPolicy
+      default: Allow
+    - name: failedRunsHistoryLimit
+      type:
+        scalar: numeric
+      default: 1
+    - name: occurrence
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.OccurrenceSpec
+      default: {}
+    - name: runTemplate
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.RunTemplate
+    - name: schedule
+      type:
+        scalar: string
+    - name: startingDeadlineSeconds
+      type:
+        scalar: numeric
+    - name: successfulRunsHistoryLimit
+      type:
+        scalar: numeric
+      default: 3
+    - name: suspend
+      type:
+        scalar: boolean
+    - name: timeZone
+      type:
+        scalar: string
+      default: UTC
+- name: com.github.runledger.runledger.api.v1alpha1.ProcessingScheduleStatus
+  map:
+    fields:
+    - name: active
+      type:
+        list:
+          elementType:
+            namedType: com.github.runledger.runledger.api.v1alpha1.ScheduledRun
+          elementRelationship: associative
+          keys:
+          - name
+    - name: activeCount
+      type:
+        scalar: numeric
+    - name: conditions
+      type:
+        list:
+          elementType:
+            namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Condition
+          elementRelationship: associative
+          keys:
+          - type
+    - name: lastRun
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ScheduledRun
+    - name: lastScheduleLocalTime
+      type:
+        scalar: string
+    - name: lastScheduleTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: lastSuccessfulRun
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ScheduledRun
+    - name: lastSuccessfulTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: missed
+      type:
+        list:
+          elementType:
+            namedType: com.github.runledger.runledger.api.v1alpha1.MissedTick
+          elementRelationship: atomic
+    - name: missedTicks
+      type:
+        scalar: numeric
+    - name: nextOccurrence
+      type:
+        scalar: string
+    - name: nextScheduleTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: observedGeneration
+      type:
+        scalar: numeric
+    - name: timeZone
+      type:
+        scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.ProcessorSpec
   map:
     fields:
@@ -245,6 +411,37 @@ var schemaYAML = typed.YAMLObject(`types:
       default: 30s
 - name: com.github.runledger.runledger.api.v1alpha1.RunPhase
   scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.RunTemplate
+  map:
+    fields:
+    - name: metadata
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.RunTemplateMetadata
+    - name: spec
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ProcessingRunSpec
+- name: com.github.runledger.runledger.api.v1alpha1.RunTemplateMetadata
+  map:
+    fields:
+    - name: annotations
+      type:
+        map:
+          elementType:
+            scalar: string
+    - name: labels
+      type:
+        map:
+          elementType:
+            scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.ScheduledRun
+  map:
+    fields:
+    - name: name
+      type:
+        scalar: string
+    - name: occurrence
+      type:
+        scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.SecretKeyRef
   map:
     fields:

@@ -15,7 +15,9 @@ import (
 //
 // ProcessingRunSpec is the desired state of a ProcessingRun. Everything that
 // defines the batch and its effect (database, batch, effect, onExisting,
-// workers) is immutable: to process something else, create another run.
+// workers, occurrence) is immutable: to process something else, create
+// another run. (The rules sit on ProcessingRun itself, not here, because a
+// ProcessingSchedule's runTemplate embeds this type and stays editable.)
 type ProcessingRunSpecApplyConfiguration struct {
 	// database says where the ledger is: a Secret key holding the PostgreSQL
 	// connection string. The DSN is never part of the spec.
@@ -33,6 +35,16 @@ type ProcessingRunSpecApplyConfiguration struct {
 	// workers is the number of shards, one worker pod each. Every item
 	// belongs to exactly one shard (a stable hash of its business key).
 	Workers *int32 `json:"workers,omitempty"`
+	// occurrence is the occurrence of a recurring batch this run processes
+	// (a ProcessingSchedule sets it from the tick's scheduled time; set it
+	// yourself to run a template by hand). The batch reads it: in every
+	// item's occurrence, inline or from a configMapRef, each
+	// "$(OCCURRENCE)" is replaced by it (the result must still be a valid
+	// occurrence); a batch.query reads it as
+	// current_setting('runledger.occurrence'), a setting of the transaction
+	// that runs the query (never text pasted into the SQL). Unset: nothing
+	// is replaced and the setting does not exist.
+	Occurrence *string `json:"occurrence,omitempty"`
 	// chunkSize is the number of items a worker commits per transaction.
 	ChunkSize *int32 `json:"chunkSize,omitempty"`
 	// backoffLimit is the number of retries per shard: a failed shard pod is
@@ -115,6 +127,14 @@ func (b *ProcessingRunSpecApplyConfiguration) WithOnExisting(value apiv1alpha1.O
 // If called multiple times, the Workers field is set to the value of the last call.
 func (b *ProcessingRunSpecApplyConfiguration) WithWorkers(value int32) *ProcessingRunSpecApplyConfiguration {
 	b.Workers = &value
+	return b
+}
+
+// WithOccurrence sets the Occurrence field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Occurrence field is set to the value of the last call.
+func (b *ProcessingRunSpecApplyConfiguration) WithOccurrence(value string) *ProcessingRunSpecApplyConfiguration {
+	b.Occurrence = &value
 	return b
 }
 
