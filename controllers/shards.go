@@ -436,50 +436,99 @@ func lingeringToStop(in shardInput, p shardPolicy, d shardDecision) []*corev1.Po
 	return out
 }
 
-// decidePods is decideShard without the lingering pods to stop.
-func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
-	d := shardDecision{index: in.index, phase: v1alpha1.ShardPending}
-	pods := append([]podInfo(nil), in.pods...)
-	sort.Slice(pods, func(i, j int) bool { return pods[i].attempt < pods[j].attempt })
+// shardObservation is what a shard's pods and its status entry say, before
+// anything is decided.
+type shardObservation struct {
+	// pods are the shard's pods by attempt; latest is the last of them (nil
+	// without pods) and latestAttempt its attempt (-1 without pods).
+	pods          []podInfo
+	latest        *podInfo
+	latestAttempt int32
+	// floor is the most any attempt reported, per field (the entry holds the
+	// latest report that reached the API).
+	floor v1alpha1.ItemCounts
+	// entryCurrent: the status entry holds the latest attempt's report.
+	entryCurrent bool
+	// counted is the latest attempt whose failure the status counts, -1
+	// before the first.
+	counted int32
+}
 
-	var latest *podInfo
-	latestAttempt := int32(-1)
-	if len(pods) > 0 {
-		latest = &pods[len(pods)-1]
-		latestAttempt = latest.attempt
+// observeShard reads the shard's pods and status entry; it decides nothing.
+func observeShard(in shardInput) shardObservation {
+	o := shardObservation{pods: append([]podInfo(nil), in.pods...), latestAttempt: -1, counted: -1}
+	sort.Slice(o.pods, func(i, j int) bool { return o.pods[i].attempt < o.pods[j].attempt })
+	if len(o.pods) > 0 {
+		o.latest = &o.pods[len(o.pods)-1]
+		o.latestAttempt = o.latest.attempt
 	}
+	o.floor = countsOfEntry(in.entry)
+	for _, pi := range o.pods {
+		o.floor = o.floor.MaxEach(pi.floor)
+		if pi.report != nil && pi.attempt != o.latestAttempt {
+			o.floor = o.floor.MaxEach(pi.report.ItemCounts)
+		}
+	}
+	o.entryCurrent = in.entry != nil && o.latestAttempt >= 0 && in.entry.Attempt == o.latestAttempt
+	if in.entry != nil && in.entry.LastFailedAttempt != nil {
+		o.counted = *in.entry.LastFailedAttempt
+	}
+	return o
+}
+
+// latestFailed: the latest pod failed and nobody is deleting it.
+func (o shardObservation) latestFailed() bool {
+	return o.latest != nil && o.latest.state == podFailed && !o.latest.deleting
+}
+
+// shardPass is one decision over one shard: its input, the policy, the
+// time, and what was observed.
+type shardPass struct {
+	in  shardInput
+	p   shardPolicy
+	now time.Time
+	shardObservation
+}
+
+// decidePods is decideShard without the lingering pods to stop. tally fills
+// what every outcome reports about the pods; then the first phase that
+// decides the shard's state ends the pass, each filling the same decision.
+func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
+	s := shardPass{in: in, p: p, now: now, shardObservation: observeShard(in)}
+	d := s.tally()
+	for _, phase := range []func(*shardDecision) bool{
+		s.awaitCache, s.succeeded, s.live, s.failedForGood, s.nextAttempt,
+	} {
+		if phase(&d) {
+			break
+		}
+	}
+	return d
+}
+
+// tally is what the shard's pods say whatever its state: its current pod,
+// its failures, and its lost, live, busy and failed pods.
+func (s shardPass) tally() shardDecision {
+	in, p := s.in, s.p
+	d := shardDecision{index: in.index, phase: v1alpha1.ShardPending}
 	// The shard's pod is the latest one, or the recorded one when the cache
 	// shows no later pod: the record keeps the attempt numbers going up even
 	// after pods are deleted (suspend, a user).
 	switch {
-	case latest != nil && latestAttempt >= in.recordedAttempt:
-		d.pod = latest.pod.Name
+	case s.latest != nil && s.latestAttempt >= in.recordedAttempt:
+		d.pod = s.latest.pod.Name
 	case in.entry != nil:
 		d.pod = in.entry.Pod
 	}
-
-	// The floor: the most any attempt reported, per field (the entry holds
-	// the latest report that reached the API).
-	floor := countsOfEntry(in.entry)
-	for _, pi := range pods {
-		floor = floor.MaxEach(pi.floor)
-		if pi.report != nil && pi.attempt != latestAttempt {
-			floor = floor.MaxEach(pi.report.ItemCounts)
-		}
-	}
-	entryCurrent := in.entry != nil && latestAttempt >= 0 && in.entry.Attempt == latestAttempt
-
 	// Failures are durable, as a Job's status.failed: the status counts
 	// them, so deleting a failed pod does not give the shard more retries.
-	counted := int32(-1)
 	if in.entry != nil {
 		d.failures = in.entry.FailedAttempts
 		if in.entry.LastFailedAttempt != nil {
-			counted = *in.entry.LastFailedAttempt
-			d.lastFailedAttempt = ptr.To(counted)
+			d.lastFailedAttempt = ptr.To(s.counted)
 		}
 	}
-	for _, pi := range pods {
+	for _, pi := range s.pods {
 		if pi.lostIn > 0 && (d.lostIn == 0 || pi.lostIn < d.lostIn) {
 			d.lostIn = pi.lostIn
 		}
@@ -489,7 +538,7 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 			// gone (the shard's lock makes its replacement wait for it; the
 			// ledger commits each item once). Its failure is never counted:
 			// it is deleted, and deleted pods' failures are not.
-			if pi.attempt == latestAttempt {
+			if pi.attempt == s.latestAttempt {
 				d.lostWhy = fmt.Sprintf("pod %s: %s", pi.pod.Name, pi.lostWhy)
 			}
 			if !pi.deleting {
@@ -497,15 +546,13 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 			}
 		case pi.state == podLive:
 			d.live++
-			if p.suspended || p.stopped {
-				if !pi.deleting {
-					d.deletePods = append(d.deletePods, pi.pod)
-				}
+			if (p.suspended || p.stopped) && !pi.deleting {
+				d.deletePods = append(d.deletePods, pi.pod)
 			}
 		case pi.state == podFailed && !pi.deleting && pi.busy:
 			d.busyPod, d.busyAttempt = pi.pod.Name, pi.attempt
 		case pi.state == podFailed && !pi.deleting:
-			if pi.attempt > counted {
+			if pi.attempt > s.counted {
 				d.failures++
 				d.lastFailedAttempt = ptr.To(pi.attempt)
 			}
@@ -513,122 +560,140 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 			d.failedPod, d.failedAttempt = pi.pod.Name, pi.attempt
 		}
 	}
+	return d
+}
 
-	// A pod the controller recorded but the cache does not show: wait until
-	// the API confirms it is gone, so that a lagging cache never leads to a
-	// second live pod.
-	if in.recordedAttempt > latestAttempt && !in.recordedGone {
-		d.waitForCache = true
-		d.pod = v1alpha1.PodName(in.runName, in.index, in.recordedAttempt)
-		if in.entry != nil && in.entry.Pod == d.pod && in.entry.Phase != "" {
-			d.phase = in.entry.Phase
-		}
-		d.counts = floor
-		return d
+// awaitCache: a pod the controller recorded but the cache does not show.
+// Wait until the API confirms it is gone, so that a lagging cache never
+// leads to a second live pod.
+func (s shardPass) awaitCache(d *shardDecision) bool {
+	in := s.in
+	if in.recordedAttempt <= s.latestAttempt || in.recordedGone {
+		return false
 	}
+	d.waitForCache = true
+	d.pod = v1alpha1.PodName(in.runName, in.index, in.recordedAttempt)
+	if in.entry != nil && in.entry.Pod == d.pod && in.entry.Phase != "" {
+		d.phase = in.entry.Phase
+	}
+	d.counts = s.floor
+	return true
+}
 
-	// Succeeded, by its pod or (once the pod is gone) by the record.
-	if latest != nil && latest.state == podSucceeded {
-		d.phase = v1alpha1.ShardSucceeded
-		d.final = true
+// succeeded: by its pod or (once the pod is gone) by the record.
+func (s shardPass) succeeded(d *shardDecision) bool {
+	in := s.in
+	if s.latest != nil && s.latest.state == podSucceeded {
+		d.phase, d.final = v1alpha1.ShardSucceeded, true
 		switch {
-		case latest.report != nil:
-			d.report = latest.report
-			d.counts = latest.report.ItemCounts
-		case entryCurrent:
+		case s.latest.report != nil:
+			d.report = s.latest.report
+			d.counts = s.latest.report.ItemCounts
+		case s.entryCurrent:
 			d.counts = countsOfEntry(in.entry)
 		default:
-			d.counts = floor
+			d.counts = s.floor
 		}
-		return d
+		return true
 	}
-	if in.entry != nil && in.entry.Phase == v1alpha1.ShardSucceeded && d.live == 0 && in.recordedAttempt >= latestAttempt {
-		d.phase = v1alpha1.ShardSucceeded
-		d.final = true
+	if in.entry != nil && in.entry.Phase == v1alpha1.ShardSucceeded && d.live == 0 && in.recordedAttempt >= s.latestAttempt {
+		d.phase, d.final = v1alpha1.ShardSucceeded, true
 		d.pod = in.entry.Pod
 		d.counts = countsOfEntry(in.entry)
-		return d
+		return true
 	}
+	return false
+}
 
-	if d.live > 0 {
-		d.phase = v1alpha1.ShardPending
-		for _, pi := range pods {
-			if pi.state == podLive && !pi.lost {
-				if pi.running {
-					d.phase = v1alpha1.ShardRunning
-				}
-				if pi.startProblem != "" {
-					d.startProblem = pi.startProblem
-				}
-				if pi.unschedulable != "" {
-					d.unschedulable = pi.unschedulable
-				}
-			}
-		}
-		d.counts = floor
-		return d
+// live: a pod of the shard is live (pending, running or terminating); what
+// it shows is the shard's state.
+func (s shardPass) live(d *shardDecision) bool {
+	if d.live == 0 {
+		return false
 	}
-
-	// No live pod. Did the shard fail for good?
-	if latest != nil && latest.state == podFailed && !latest.deleting {
-		last := floor
-		if latest.report != nil {
-			last = latest.report.ItemCounts
+	d.phase = v1alpha1.ShardPending
+	for _, pi := range s.pods {
+		if pi.state != podLive || pi.lost {
+			continue
 		}
-		if latest.exitCode != nil && *latest.exitCode == v1alpha1.ExitBadInput {
-			d.phase = v1alpha1.ShardFailed
-			d.final, d.report, d.counts = true, latest.report, last
-			d.failure = &shardFailure{reason: ReasonBadInput, message: fmt.Sprintf(
-				"shard %d: bad input or configuration, not retried: %s", in.index, d.lastFailure)}
-			return d
+		if pi.running {
+			d.phase = v1alpha1.ShardRunning
 		}
-		if !latest.busy && d.failures > p.backoffLimit {
-			d.phase = v1alpha1.ShardFailed
-			d.final, d.report, d.counts = true, latest.report, last
-			reason := ReasonBackoffLimitExceeded
-			if latest.processorFailure != "" {
-				reason = ReasonProcessorFailed
-			}
-			d.failure = &shardFailure{reason: reason, message: fmt.Sprintf(
-				"shard %d failed %d times (backoffLimit %d); last error: %s", in.index, d.failures, p.backoffLimit, d.lastFailure)}
-			return d
+		if pi.startProblem != "" {
+			d.startProblem = pi.startProblem
+		}
+		if pi.unschedulable != "" {
+			d.unschedulable = pi.unschedulable
 		}
 	}
+	d.counts = s.floor
+	return true
+}
 
-	// The shard needs a new attempt, now or after a back-off.
-	next := max(latestAttempt, in.recordedAttempt) + 1
-	d.createFloor = floor
+// failedForGood: no live pod, and the latest failed with bad input, or the
+// shard has failed more than backoffLimit times.
+func (s shardPass) failedForGood(d *shardDecision) bool {
+	latest := s.latest
+	if !s.latestFailed() {
+		return false
+	}
+	last := s.floor
+	if latest.report != nil {
+		last = latest.report.ItemCounts
+	}
+	var failure *shardFailure
+	switch {
+	case latest.exitCode != nil && *latest.exitCode == v1alpha1.ExitBadInput:
+		failure = &shardFailure{reason: ReasonBadInput, message: fmt.Sprintf(
+			"shard %d: bad input or configuration, not retried: %s", s.in.index, d.lastFailure)}
+	case !latest.busy && d.failures > s.p.backoffLimit:
+		reason := ReasonBackoffLimitExceeded
+		if latest.processorFailure != "" {
+			reason = ReasonProcessorFailed
+		}
+		failure = &shardFailure{reason: reason, message: fmt.Sprintf(
+			"shard %d failed %d times (backoffLimit %d); last error: %s", s.in.index, d.failures, s.p.backoffLimit, d.lastFailure)}
+	default:
+		return false
+	}
+	d.phase = v1alpha1.ShardFailed
+	d.final, d.report, d.counts, d.failure = true, latest.report, last, failure
+	return true
+}
+
+// nextAttempt: the shard needs a new attempt, now or after a back-off.
+func (s shardPass) nextAttempt(d *shardDecision) bool {
+	in, p, latest := s.in, s.p, s.latest
+	next := max(s.latestAttempt, in.recordedAttempt) + 1
+	d.createFloor = s.floor
 	if latest != nil && latest.report != nil {
 		d.createFloor = d.createFloor.MaxEach(latest.report.ItemCounts)
 	}
 	d.counts = d.createFloor
-	if latest != nil && latest.state == podFailed && !latest.deleting {
+	if s.latestFailed() {
 		d.phase = v1alpha1.ShardRetrying
 		d.retryAt = latest.finishedAt.Add(backoff(d.failures, p.backoffBase, p.backoffMax))
 	}
-	if p.suspended || p.stopped {
-		return d
+	if p.suspended || p.stopped || s.now.Before(d.retryAt) {
+		return true
 	}
-	if now.Before(d.retryAt) {
-		return d
-	}
-	for _, pi := range pods {
+	for _, pi := range s.pods {
 		if pi.processorFailure != "" {
 			// Its pod goes first (lingeringToStop): its worker must never
 			// start beside the next attempt's.
-			return d
+			return true
 		}
 	}
-	if latest != nil && latest.state == podFailed && !latest.deleting && !latest.busy && latest.attempt > counted && latestAttempt >= in.recordedAttempt {
+	if s.latestFailed() && !latest.busy && latest.attempt > s.counted && s.latestAttempt >= in.recordedAttempt {
 		// The failure is counted first: the status write records it, and
 		// its watch event brings the pass that creates. Creating now would
 		// lose it if the write were refused (a stale view) and the failed
 		// pod deleted before the next pass, giving the shard a free retry.
 		d.awaitRecord = true
-		return d
+		return true
 	}
 	d.create = &next
-	return d
+	return true
 }
 
 // attemptOfPodName is the attempt of a pod named <run>-<shard>-<attempt>, or

@@ -651,6 +651,46 @@ func TestDecideShard(t *testing.T) {
 				require.Len(t, d.lostPods, 1)
 			},
 		},
+		// One case per boundary between decidePods' phases.
+		{
+			name: "bad input past the backoff limit: the bad input is the reason",
+			pods: []fakePod{
+				{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
+				{attempt: 1, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)},
+				{attempt: 2, phase: corev1.PodFailed, exit: exit(v1alpha1.ExitBadInput), finished: now},
+			},
+			policy: func(p *shardPolicy) { p.backoffLimit = 1 },
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardFailed, d.phase)
+				require.True(t, d.final)
+				require.Equal(t, ReasonBadInput, d.failure.reason)
+				require.Equal(t, int32(3), d.failures)
+				require.Nil(t, d.create)
+			},
+		},
+		{
+			name:  "the recorded pod missing from the cache outranks a succeeded earlier attempt",
+			pods:  []fakePod{{attempt: 0, phase: corev1.PodSucceeded, exit: exit(0)}},
+			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, v1alpha1.ItemCounts{Total: 4, Completed: 2}),
+			check: func(t *testing.T, d shardDecision) {
+				require.True(t, d.waitForCache)
+				require.False(t, d.final)
+				require.Equal(t, "r-0-1", d.pod)
+				require.Equal(t, v1alpha1.ShardRunning, d.phase)
+				require.Nil(t, d.create)
+			},
+		},
+		{
+			name:   "a failed attempt of a suspended run: retrying, nothing created",
+			pods:   []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(1), finished: now.Add(-time.Hour)}},
+			policy: func(p *shardPolicy) { p.suspended = true },
+			check: func(t *testing.T, d shardDecision) {
+				require.Equal(t, v1alpha1.ShardRetrying, d.phase)
+				require.Equal(t, int32(1), d.failures)
+				require.Nil(t, d.create)
+				require.False(t, d.awaitRecord, "suspended before the record is awaited")
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
