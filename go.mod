@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/distribution/reference v0.6.0
+	github.com/go-json-experiment/json v1.27.2
 	github.com/go-logr/logr v1.4.4
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0

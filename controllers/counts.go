@@ -1,9 +1,8 @@
 package controllers
 
 import (
-	"encoding/json"
-
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/strictjson"
 )
 
 func countsOfEntry(e *v1alpha1.ShardStatus) v1alpha1.ItemCounts {
@@ -18,7 +17,7 @@ func countsOfEntry(e *v1alpha1.ShardStatus) v1alpha1.ItemCounts {
 func parseFloor(annotations map[string]string) v1alpha1.ItemCounts {
 	var c v1alpha1.ItemCounts
 	if v, ok := annotations[annotationCountsFloor]; ok {
-		if err := json.Unmarshal([]byte(v), &c); err != nil {
+		if err := strictjson.Unmarshal([]byte(v), &c, false); err != nil {
 			return v1alpha1.ItemCounts{}
 		}
 	}

@@ -28,6 +28,9 @@ func TestParseProgress(t *testing.T) {
 		{"negative", ann(`{"shard":2,"attempt":1,"total":9,"completed":-3,"alreadyHandled":0,"failed":0}`), nil},
 		{"unknown field", ann(`{"shard":2,"attempt":1,"total":9,"completed":3,"alreadyHandled":0,"failed":0,"x":1}`), nil},
 		{"not JSON", ann(`processing`), nil},
+		// Issue #20.5: a report with a field given twice is no report.
+		{"field given twice", ann(`{"shard":2,"attempt":1,"total":9,"completed":3,"completed":9,"alreadyHandled":0,"failed":0}`), nil},
+		{"lone surrogate", ann(`{"shard":2,"attempt":1,"total":9,"completed":3,"alreadyHandled":0,"failed":0,"message":"\ud800"}`), nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/runledger/runledger/internal/strictjson"
 )
 
 // The contract between the controller and the worker pods it creates.
@@ -223,13 +224,10 @@ func (r ShardReport) TerminationMessage() ([]byte, error) {
 // before writing its report leaves the tail of its log there instead).
 func ParseShardReport(msg string) (ShardReport, error) {
 	var r ShardReport
-	dec := json.NewDecoder(strings.NewReader(msg))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
+	// Strict: a field given twice, invalid UTF-8 or a lone surrogate is no
+	// report, as is an unknown field or trailing data.
+	if err := strictjson.Unmarshal([]byte(msg), &r, true); err != nil {
 		return ShardReport{}, fmt.Errorf("decode shard report: %w", err)
-	}
-	if dec.More() {
-		return ShardReport{}, errors.New("decode shard report: trailing data")
 	}
 	if r.Shard < 0 || r.Attempt < 0 || r.Negative() {
 		return ShardReport{}, errors.New("decode shard report: negative field")

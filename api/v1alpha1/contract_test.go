@@ -69,6 +69,11 @@ func TestParseShardReportRejectsOtherText(t *testing.T) {
 		`{"shard": 1, "completed": -1}`,
 		`{"shard": 1, "unknown": true}`,
 		`{"shard": 1} {"shard": 2}`,
+		// Issue #20.5: a report is read as written, or not at all.
+		`{"shard": 1, "completed": 5, "completed": 500}`,
+		`{"shard": 1, "Completed": 500, "completed": 5}`,
+		`{"shard": 1, "message": "a\ud800"}`,
+		"{\"shard\": 1, \"message\": \"a\xff\"}",
 	} {
 		if _, err := ParseShardReport(msg); err == nil {
 			t.Errorf("%q parsed", msg)

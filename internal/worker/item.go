@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/strictjson"
 )
 
 // DefaultMaxPayloadBytes bounds one item's payload. (Key parts are bounded by
@@ -121,10 +121,45 @@ func checkPayload(p []byte, l Limits) string {
 	if len(p) > l.maxPayload() {
 		return fmt.Sprintf("is %s, more than the %s allowed", byteSize(len(p)), byteSize(l.maxPayload()))
 	}
-	if p != nil && !json.Valid(p) {
+	if p == nil {
+		return ""
+	}
+	// Strict: the ledger stores it as jsonb, which keeps the last of a
+	// member given twice; and encoding/json would make invalid UTF-8 U+FFFD.
+	if err := strictjson.Check(p); err != nil {
+		var se *strictjson.Error
+		if errors.As(err, &se) && se.Kind != strictjson.Syntax {
+			return strictMsg(se, se.Pointer)
+		}
 		return "is not valid JSON"
 	}
 	return ""
+}
+
+// strictMsg says what se found, of the value whose pointer below the field
+// is below ("": the field itself).
+func strictMsg(se *strictjson.Error, below string) string {
+	switch {
+	case below == "":
+		return se.Msg
+	case se.Kind == strictjson.Duplicate:
+		return "holds " + below + " twice"
+	}
+	return se.Msg + " at " + below
+}
+
+// strictProblem is the problem strictjson found in the object at where (a
+// JSON line), or nil when it is a mere syntax error (err is not an
+// *strictjson.Error of another kind), which the caller describes itself.
+func strictProblem(where string, err error) *InputError {
+	var se *strictjson.Error
+	if !errors.As(err, &se) || se.Kind == strictjson.Syntax {
+		return nil
+	}
+	if f := se.Field(); f != "" {
+		return &InputError{Where: where, Field: f, Msg: strictMsg(se, se.Below())}
+	}
+	return &InputError{Where: where, Msg: se.Msg}
 }
 
 // checkItem validates one item and returns its problems, if any.

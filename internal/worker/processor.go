@@ -16,6 +16,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/strictjson"
 	"github.com/runledger/runledger/pkg/processor"
 )
 
@@ -109,7 +110,9 @@ func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []led
 	var out struct {
 		Results *[]processor.Result `json:"results"`
 	}
-	if err := json.Unmarshal(body, &out); err != nil {
+	// Strict: a field given twice, invalid UTF-8 or a lone surrogate is a
+	// malformed answer, not one encoding/json reads its own way.
+	if err := strictjson.Unmarshal(body, &out, false); err != nil {
 		return nil, fmt.Errorf("POST %s: malformed answer: %w", shown, err)
 	}
 	if out.Results == nil {

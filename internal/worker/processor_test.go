@@ -187,6 +187,19 @@ func TestProcessor_CallFails(t *testing.T) {
 			"malformed answer"},
 		{"no results", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{}`)) }, 5 * time.Second,
 			`malformed answer: no "results"`},
+		// Issue #20.5: an answer is read as written, or refused.
+		{"results given twice", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = w.Write([]byte(`{"results": [{"error": "no"}, {"error": "no"}, {"error": "no"}], "results": [{"ok": true}, {"ok": true}, {"ok": true}]}`))
+		}, 5 * time.Second, `malformed answer: /results is given twice`},
+		{"ok given twice", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = w.Write([]byte(`{"results": [{"ok": false, "ok": true}, {"ok": true}, {"ok": true}]}`))
+		}, 5 * time.Second, `malformed answer: /results/0/ok is given twice`},
+		{"lone surrogate", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = w.Write([]byte(`{"results": [{"ok": true}, {"ok": true}, {"error": "\ud800"}]}`))
+		}, 5 * time.Second, `malformed answer: /results/2/error holds a lone UTF-16 surrogate escape`},
+		{"invalid UTF-8", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = w.Write([]byte("{\"results\": [{\"ok\": true}, {\"ok\": true}, {\"error\": \"\xff\"}]}"))
+		}, 5 * time.Second, `malformed answer: /results/2/error holds invalid UTF-8`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

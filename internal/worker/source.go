@@ -15,6 +15,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/strictjson"
 )
 
 // Source is where a shard's items come from.
@@ -207,6 +208,12 @@ func trimEOL(b []byte) []byte {
 var jsonlFields = []string{"entity", "occurrence", "payload"}
 
 func parseLine(line []byte, where string, l Limits) (ledger.Item, []*InputError) {
+	// Strict first: encoding/json would turn invalid UTF-8 and lone
+	// surrogates into U+FFFD (two keys into one) and keep the last of a
+	// field given twice.
+	if p := strictProblem(where, strictjson.Check(line)); p != nil {
+		return ledger.Item{}, []*InputError{p}
+	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(line, &obj); err != nil {
 		var typeErr *json.UnmarshalTypeError

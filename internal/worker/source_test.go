@@ -52,6 +52,17 @@ func TestParseJSONLinesErrors(t *testing.T) {
 		{"oversized payload", big, worker.Limits{MaxPayloadBytes: 100}, []string{`line 1: field "payload" is 202 bytes, more than the 100 bytes allowed`}},
 		{"line too long", "{}\n" + `{"entity":"a","occurrence":"b","payload":"` + strings.Repeat("x", 9000) + `"}`, worker.Limits{MaxPayloadBytes: 100}, []string{"line 2 is longer than"}},
 		{"empty document", "\n\n  \n", worker.Limits{}, []string{"holds no items"}},
+		// Issue #20.5: nothing is rewritten on the way in.
+		{"lone surrogate in a key part", `{"entity":"acct-\ud800","occurrence":"b"}` + "\n" + `{"entity":"acct-\udfff","occurrence":"b"}`, worker.Limits{},
+			[]string{"2 problems", `line 1: field "entity" holds a lone UTF-16 surrogate escape`, `line 2: field "entity" holds a lone UTF-16 surrogate escape`}},
+		{"invalid UTF-8 in a key part", "{\"entity\":\"acct-\xff\",\"occurrence\":\"b\"}\n{\"entity\":\"acct-\xfe\",\"occurrence\":\"b\"}", worker.Limits{},
+			[]string{"2 problems", `line 1: field "entity" holds invalid UTF-8`, `line 2: field "entity" holds invalid UTF-8`}},
+		{"invalid UTF-8 in a field name", "{\"entity\":\"a\",\"occurrence\":\"b\",\"x\xff\":1}", worker.Limits{}, []string{"line 1 holds invalid UTF-8"}},
+		{"field given twice", `{"entity":"a","occurrence":"b","entity":"c"}`, worker.Limits{}, []string{`line 1: field "entity" is given twice`}},
+		{"field given twice, once escaped", `{"entity":"a","occurrence":"b","\u0065ntity":"c"}`, worker.Limits{}, []string{`line 1: field "entity" is given twice`}},
+		{"payload member given twice", `{"entity":"a","occurrence":"b","payload":{"amount":1,"amount":2}}`, worker.Limits{}, []string{`line 1: field "payload" holds /amount twice`}},
+		{"lone surrogate in the payload", `{"entity":"a","occurrence":"b","payload":{"note":"\ud83d"}}`, worker.Limits{}, []string{`line 1: field "payload" holds a lone UTF-16 surrogate escape`, "at /note"}},
+		{"two objects on a line", `{"entity":"a","occurrence":"b"} {"entity":"c","occurrence":"d"}`, worker.Limits{}, []string{"line 1 is not valid JSON"}},
 		{"several problems", `{"entity":"a"}` + "\n" + `{"entity":"","occurrence":"b"}` + "\nnope\n", worker.Limits{}, []string{"3 problems", `line 1: field "occurrence" is missing`, `line 2: field "entity" is empty`, "line 3 is not valid JSON"}},
 	}
 	for _, tt := range tests {

@@ -19,8 +19,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+
+	"github.com/runledger/runledger/internal/strictjson"
 )
+
+// maxRequestBytes bounds a request Handler reads: a chunk of items with
+// their payloads (the worker's own bound on an answer).
+const maxRequestBytes = 256 << 20
 
 // MaxKeyLength bounds Item.Key: ASCII, at most this many characters.
 const MaxKeyLength = 64
@@ -85,7 +92,8 @@ type Func func(ctx context.Context, req *Request, item Item) Result
 
 // Handler serves the contract: it decodes each request, calls fn for its
 // items in order, and answers with their results. A body that does not
-// decode is answered 400 (the worker retries the call, then fails its
+// decode strictly (a field given twice, invalid UTF-8 or a lone surrogate
+// escape included) is answered 400 (the worker retries the call, then fails its
 // items).
 func Handler(fn Func) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -94,7 +102,18 @@ func Handler(fn Func) http.Handler {
 			return
 		}
 		var req Request
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBytes+1))
+		switch {
+		case err != nil:
+			http.Error(w, fmt.Sprintf("reading the request: %v", err), http.StatusBadRequest)
+			return
+		case len(body) > maxRequestBytes:
+			http.Error(w, "the request is too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		// Strict, as the worker reads the answer: a field given twice,
+		// invalid UTF-8 or a lone surrogate is refused, never rewritten.
+		if err := strictjson.Unmarshal(body, &req, false); err != nil {
 			http.Error(w, fmt.Sprintf("decoding the request: %v", err), http.StatusBadRequest)
 			return
 		}
