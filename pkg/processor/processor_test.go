@@ -34,8 +34,8 @@ func TestHandlerDecodesStrictly(t *testing.T) {
 	require.Equal(t, `{"amount": 12.50}`, string(got[0].Payload), "the payload as sent")
 
 	for body, want := range map[string]string{
-		`{"items":[{"key":"k","entity":"a","entity":"b","occurrence":"o"}]}`: "/items/0/entity is given twice",
-		`{"items":[{"key":"k","entity":"a\ud800","occurrence":"o"}]}`:       "lone UTF-16 surrogate",
+		`{"items":[{"key":"k","entity":"a","entity":"b","occurrence":"o"}]}`:      "/items/0/entity is given twice",
+		`{"items":[{"key":"k","entity":"a\ud800","occurrence":"o"}]}`:             "lone UTF-16 surrogate",
 		"{\"items\":[{\"key\":\"k\",\"entity\":\"a\xff\",\"occurrence\":\"o\"}]}": "invalid UTF-8",
 	} {
 		got = nil
