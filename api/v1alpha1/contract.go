@@ -155,6 +155,11 @@ const (
 	// While it waits, the worker's status message starts with
 	// ShardBusyMessage.
 	ExitShardBusy = 3
+	// ExitRunsInFlight (runledger prune, never a worker): some old batches
+	// were left unpruned because their run is in flight (a shard of it holds
+	// its lock); every other batch was pruned, and the rest of the command
+	// ran. Nothing is wrong: prune again once those runs are over.
+	ExitRunsInFlight = 4
 )
 
 // ShardBusyMessage starts the worker's status message (and final report's

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
 )
 
@@ -16,7 +17,9 @@ const pruneLong = `Delete what finished runs leave behind, as the role that owns
 whose batch was fixed more than DURATION ago. A query source's rows are
 copied into the ledger database once per run, when its first shard starts;
 they are what every shard, retry and resumption of the run reads, so prune
-only runs that are over. Each pruned run keeps its header
+only runs that are over: a run a shard of which is being processed (its
+worker holds the shard's lock) is left alone, and prune exits 4 naming it
+after pruning everything else. Each pruned run keeps its header
 (runledger.batch_run, with pruned_at set) as a tombstone: a worker of a
 pruned run fails with a clear error instead of running the query again and
 processing a different batch under the same run.
@@ -25,7 +28,12 @@ processing a different batch under the same run.
 rows that onExisting: Supersede retired) retired more than DURATION ago.
 Committed rows are never deleted: the ledger is append-only for every role
 (a trigger), and only a member of the ledger's owner role may delete a
-superseded row; a worker login may not.`
+superseded row; a worker login may not.
+
+Exit status: 0 when everything asked was pruned; 4 when some batches were
+left because their run is in flight (the rest was pruned; prune again
+later); 2 for bad input (flags, the connection string, a login that may
+not prune); 1 for any other failure.`
 
 func newPruneCommand() *cobra.Command {
 	var olderThan, supersededOlderThan time.Duration
@@ -52,10 +60,13 @@ func newPruneCommand() *cobra.Command {
 			}
 			defer pool.Close()
 			store := ledger.NewStore(pool)
+			// Runs in flight are left alone and reported at the end, once
+			// everything else was done.
+			var inFlight *ledger.RunsInFlightError
 			if batches {
 				cutoff := time.Now().Add(-olderThan)
 				n, rows, err := store.PruneBatches(cmd.Context(), cutoff)
-				if err != nil {
+				if err != nil && !errors.As(err, &inFlight) {
 					return redactExit(pruneExit(err), secrets)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "batches pruned: %d (%d rows deleted), fixed before %s\n", n, rows, cutoff.UTC().Format(time.RFC3339))
@@ -67,6 +78,9 @@ func newPruneCommand() *cobra.Command {
 					return redactExit(pruneExit(err), secrets)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "superseded ledger rows pruned: %d, superseded before %s\n", n, cutoff.UTC().Format(time.RFC3339))
+			}
+			if inFlight != nil {
+				return redactExit(&ExitError{Code: v1alpha1.ExitRunsInFlight, Err: inFlight}, secrets)
 			}
 			return nil
 		},

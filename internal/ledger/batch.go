@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -375,12 +376,69 @@ func (c *BatchCursor) Close() {
 	c.conn.Release()
 }
 
+// RunsInFlightError: PruneBatches left the batches of these runs alone,
+// because a shard of each holds its lock (ShardLock): a worker is processing
+// it. Every other batch before the cutoff was pruned.
+type RunsInFlightError struct {
+	Runs []string // namespace/name (uid)
+}
+
+func (e *RunsInFlightError) Error() string {
+	return fmt.Sprintf("%d runs in flight left unpruned (a shard of each is being processed; prune again once they are over): %s",
+		len(e.Runs), strings.Join(e.Runs, ", "))
+}
+
 // PruneBatches deletes the items of every batch created before cutoff and
 // marks its header pruned (the header stays, a tombstone). It returns the
 // number of batches pruned and of items (the query's rows) deleted.
+//
+// A run in flight is never pruned: each run's batch is pruned in a
+// transaction of its own that first takes the run's shard locks, and a run
+// any of whose shard locks another session holds is left alone and named in
+// a *RunsInFlightError, returned with the counts of what was pruned. While a
+// run's batch is being pruned, its workers wait for their shard lock, then
+// find the tombstone.
 func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (batches, rows int64, err error) {
-	if err := s.pool.QueryRow(ctx, sqlPruneBatches, cutoff).Scan(&batches, &rows); err != nil {
-		return 0, 0, fmt.Errorf("pruning batches created before %s: %w", cutoff.Format(time.RFC3339), err)
+	type candidate struct {
+		uid, namespace, name string
+		shards               int
+	}
+	list, err := s.pool.Query(ctx, sqlPruneCandidates, cutoff)
+	if err != nil {
+		return 0, 0, fmt.Errorf("listing batches created before %s: %w", cutoff.Format(time.RFC3339), err)
+	}
+	var c candidate
+	candidates, err := pgx.CollectRows(list, func(row pgx.CollectableRow) (candidate, error) {
+		err := row.Scan(&c.uid, &c.namespace, &c.name, &c.shards)
+		return c, err
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("listing batches created before %s: %w", cutoff.Format(time.RFC3339), err)
+	}
+	inFlight := &RunsInFlightError{}
+	for _, c := range candidates {
+		keys := make([]int64, max(c.shards, 1))
+		for i := range keys {
+			keys[i] = s.ShardLock(c.uid, i).key
+		}
+		var n, r int64
+		var free bool
+		err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: sqlBeginPrune()}, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, sqlTryShardLocks, keys).Scan(&free); err != nil || !free {
+				return err
+			}
+			return tx.QueryRow(ctx, sqlPruneBatch, c.uid).Scan(&n, &r)
+		})
+		if err != nil {
+			return batches, rows, fmt.Errorf("pruning the batch of run %s/%s (%s): %w", c.namespace, c.name, c.uid, err)
+		}
+		if !free {
+			inFlight.Runs = append(inFlight.Runs, fmt.Sprintf("%s/%s (%s)", c.namespace, c.name, c.uid))
+		}
+		batches, rows = batches+n, rows+r
+	}
+	if len(inFlight.Runs) > 0 {
+		return batches, rows, inFlight
 	}
 	return batches, rows, nil
 }

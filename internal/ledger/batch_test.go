@@ -310,3 +310,51 @@ FROM runledger.batch WHERE batch_id = $1 ORDER BY block`, h.ID)
 		}
 	}
 }
+
+// TestPruneBatches_LeavesRunsInFlight: a run one of whose shards holds its
+// lock (a worker processing it) is not pruned: the other old batches are,
+// and the error names the run in flight. Once its shard is over, the next
+// prune prunes it, and leaves no lock behind.
+func TestPruneBatches_LeavesRunsInFlight(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	mustExec(t, pool, batchSource)
+	s := ledger.NewStore(pool)
+	ctx := context.Background()
+	q := batchQuery()
+	q.Shards = 3
+	for _, uid := range []string{"over", "busy"} {
+		_, err := s.FixQueryBatch(ctx, runNamed(uid), q)
+		require.NoError(t, err)
+	}
+	mustExec(t, pool, `UPDATE runledger.batch_run SET created_at = now() - interval '2 days'`)
+	worker := s.ShardLock("busy", 2) // on a session of its own, like a worker's
+	require.NoError(t, worker.Acquire(ctx, time.Second, nil))
+
+	batches, rows, err := s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	var inFlight *ledger.RunsInFlightError
+	require.ErrorAs(t, err, &inFlight)
+	require.Equal(t, []string{"default/run-busy (busy)"}, inFlight.Runs)
+	require.ErrorContains(t, err, "1 runs in flight left unpruned")
+	require.EqualValues(t, 1, batches, "the run that is over is pruned")
+	require.EqualValues(t, 1000, rows)
+	h, err := s.BatchHeader(ctx, "busy")
+	require.NoError(t, err)
+	require.Nil(t, h.Pruned, "the run in flight is not")
+	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT sum(cardinality(seqs)) FROM runledger.batch WHERE batch_id = $1`, h.ID), "its rows are all there")
+
+	// The shard goes on: its lock is still its own.
+	require.NoError(t, worker.Check(ctx))
+	worker.Release()
+	batches, rows, err = s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, batches)
+	require.EqualValues(t, 1000, rows)
+	h, err = s.BatchHeader(ctx, "busy")
+	require.NoError(t, err)
+	require.NotNil(t, h.Pruned)
+	// The prune's locks ended with its transaction.
+	again := s.ShardLock("busy", 2)
+	require.NoError(t, again.Acquire(ctx, time.Second, nil))
+	again.Release()
+}

@@ -378,14 +378,27 @@ LEFT JOIN LATERAL (
 ) AS h ON true
 ORDER BY b.entity COLLATE "C" NULLS FIRST, b.occurrence COLLATE "C" NULLS FIRST, b.seq`
 
-	// sqlPruneBatches deletes the blocks of the batches created before $1
-	// and keeps their headers as tombstones (pruned_at), so that a worker of
-	// a pruned run fails instead of materialising its batch again. It
-	// returns the batches pruned and the items deleted.
-	sqlPruneBatches = `
+	// sqlPruneCandidates lists the runs whose batch was created before $1
+	// and is not pruned yet, oldest first, with their shard counts.
+	sqlPruneCandidates = `
+SELECT run_uid, run_namespace, run_name, shards FROM runledger.batch_run
+WHERE created_at < $1 AND pruned_at IS NULL
+ORDER BY created_at, run_uid`
+
+	// sqlTryShardLocks takes, for the rest of the transaction, the shard
+	// locks $1 (ShardLock's keys) that no session holds, and says whether it
+	// got them all: a run none of whose shards runs can be pruned, and none
+	// of its workers starts before the prune commits.
+	sqlTryShardLocks = `SELECT coalesce(bool_and(pg_try_advisory_xact_lock(k)), true) FROM unnest($1::bigint[]) AS k`
+
+	// sqlPruneBatch deletes the blocks of run $1's batch and keeps its
+	// header as a tombstone (pruned_at), so that a worker of a pruned run
+	// fails instead of materialising its batch again. It returns the batches
+	// pruned (0 or 1) and the items deleted.
+	sqlPruneBatch = `
 WITH old AS (
     UPDATE runledger.batch_run SET pruned_at = now()
-    WHERE created_at < $1 AND pruned_at IS NULL
+    WHERE run_uid = $1 AND pruned_at IS NULL
     RETURNING id
 ), gone AS (
     DELETE FROM runledger.batch AS b USING old WHERE b.batch_id = old.id
@@ -402,6 +415,12 @@ func sqlBeforeBatchQuery(bounds string) string { return sqlBatchWorkMem + `; ` +
 // (sqlResetSession) and sets the run's bounds again for the rest of the
 // transaction.
 func sqlAfterBatchQuery(bounds string) string { return sqlResetSession + `; ` + bounds }
+
+// sqlBeginPrune begins a run's prune, bounded like a batch's query (the
+// session's bounds, or the defaults).
+func sqlBeginPrune() string {
+	return `BEGIN; ` + sqlBounds(0, 0, DefaultQueryTimeout, DefaultLockTimeout)
+}
 
 // sqlPruneSuperseded deletes the superseded ledger rows retired before $1:
 // history that no rule reads. Only a member of the ledger's owner role may

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/cli"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/pgtest"
@@ -79,4 +81,49 @@ func TestPrune(t *testing.T) {
 	require.ErrorContains(t, err, "--older-than must be a positive duration")
 	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(cardinality(seqs)), 0) FROM runledger.batch`).Scan(&left))
 	require.Equal(t, 10, left, "a bad flag prunes nothing")
+}
+
+// TestPrune_RunInFlight: runledger prune leaves the batch of a run in flight
+// (a shard of it holds its lock) and exits 4 (not 2: nothing was wrong with
+// the input, and the rest was pruned), naming the run; once the run is over,
+// the same command prunes it and exits 0.
+func TestPrune_RunInFlight(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	ctx := context.Background()
+	d.exec(t, `CREATE TABLE src AS SELECT 'e' || i AS entity, 'o' AS occurrence FROM generate_series(1, 10) i`)
+	store := ledger.NewStore(d.pool)
+	q := ledger.BatchQuery{SQL: `SELECT entity, occurrence FROM src`, Shards: 2}
+	for _, uid := range []string{"uid-over", "uid-busy"} {
+		_, err := store.FixQueryBatch(ctx, ledger.Run{Namespace: "ns", Name: strings.TrimPrefix(uid, "uid-"), UID: uid}, q)
+		require.NoError(t, err)
+	}
+	d.exec(t, `UPDATE runledger.batch_run SET created_at = now() - interval '48 hours'`)
+	lock := store.ShardLock("uid-busy", 1)
+	require.NoError(t, lock.Acquire(ctx, time.Second, nil))
+	defer lock.Release()
+	left := func(uid string) int64 {
+		var n int64
+		require.NoError(t, d.pool.QueryRow(ctx, `SELECT coalesce(sum(cardinality(b.seqs)), 0) FROM runledger.batch AS b
+JOIN runledger.batch_run AS h ON h.id = b.batch_id WHERE h.run_uid = $1`, uid).Scan(&n))
+		return n
+	}
+
+	r := runCLI(t, "", "prune", "--older-than", "24h", "--dsn", d.dsn)
+	require.Equal(t, v1alpha1.ExitRunsInFlight, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	require.Equal(t, 4, r.code, "the code is part of the CLI's contract")
+	require.Contains(t, r.stdout, "batches pruned: 1 (10 rows deleted)")
+	require.Contains(t, r.stderr, "1 runs in flight left unpruned")
+	require.Contains(t, r.stderr, "ns/busy (uid-busy)")
+	require.Zero(t, left("uid-over"), "the run that is over is pruned")
+	require.EqualValues(t, 10, left("uid-busy"), "the run in flight is not")
+
+	help := runCLI(t, "", "prune", "--help")
+	require.Contains(t, help.stdout, "4 when some batches were\nleft because their run is in flight")
+
+	lock.Release()
+	r = runCLI(t, "", "prune", "--older-than", "24h", "--dsn", d.dsn)
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Contains(t, r.stdout, "batches pruned: 1 (10 rows deleted)")
+	require.Zero(t, left("uid-busy"))
 }
