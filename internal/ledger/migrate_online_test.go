@@ -1,0 +1,127 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/migrations"
+)
+
+// offlineMigration is the one migration that needs the ledger to itself
+// (it rebuilds the rule's index; CHANGELOG.md's upgrade note says what to do).
+const offlineMigration = 5
+
+// maxShardStall is how long a migration may hold up a running shard.
+const maxShardStall = time.Second
+
+// TestMigrationsOnline: every migration after 00005 applies while a shard
+// runs (its batch cursor open, its worker committing chunk after chunk),
+// and no chunk of that shard waits more than a second meanwhile. A
+// migration that takes a lock the shard's statements queue behind (an
+// index built without CONCURRENTLY, a constraint validated at once, a
+// rewrite) fails here: build indexes concurrently, add constraints NOT
+// VALID and validate them in a later statement.
+func TestMigrationsOnline(t *testing.T) {
+	t.Parallel()
+	probe := pgtest.NewDatabase(t)
+	db := stdlib.OpenDBFromPool(pgtest.Pool(t, probe))
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
+		goose.WithTableName(ledger.Schema+".goose_db_version"), goose.WithDisableGlobalRegistry(true))
+	require.NoError(t, err)
+	var versions []int64
+	for _, s := range provider.ListSources() {
+		if s.Version > offlineMigration {
+			versions = append(versions, s.Version)
+		}
+	}
+	_ = db.Close()
+	require.NotEmpty(t, versions, "migrations after 00005")
+	for _, v := range versions {
+		t.Run(fmt.Sprintf("%05d", v), func(t *testing.T) {
+			t.Parallel()
+			migrateWhileAShardRuns(t, v)
+		})
+	}
+}
+
+func migrateWhileAShardRuns(t *testing.T, version int64) {
+	dsn := pgtest.NewDatabase(t)
+	pool := pgtest.Pool(t, dsn)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	db := stdlib.OpenDBFromPool(pool)
+	defer func() { _ = db.Close() }()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
+		goose.WithTableName(ledger.Schema+".goose_db_version"), goose.WithDisableGlobalRegistry(true))
+	require.NoError(t, err)
+	// The ledger as the release before this migration left it, with rows.
+	_, err = ledger.Migrate(ctx, pool)
+	require.NoError(t, err)
+	_, err = provider.DownTo(ctx, version-1)
+	require.NoError(t, err)
+	s := ledger.NewStore(pool)
+	commit(t, s, runNamed("earlier"), items("e", 0, 200), ledger.ChunkOptions{})
+
+	// A running shard: its batch cursor open, its worker committing.
+	mustExec(t, pool, batchSource)
+	run := runNamed("in-flight")
+	h, err := s.FixQueryBatch(ctx, run, batchQuery())
+	require.NoError(t, err)
+	cur, err := s.OpenBatch(ctx, h, run.UID, 0, 0)
+	require.NoError(t, err)
+	defer cur.Close()
+	_, _, err = cur.Fetch(ctx, 5)
+	require.NoError(t, err)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var worst time.Duration
+	var chunks int
+	var chunkErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			chunkCtx, chunkCancel := context.WithTimeout(ctx, 20*time.Second)
+			started := time.Now()
+			_, err := s.CommitChunk(chunkCtx, run, items(fmt.Sprintf("w%d-", i), 0, 10), ledger.ChunkOptions{})
+			took := time.Since(started)
+			chunkCancel()
+			if err != nil {
+				chunkErr = err
+				return
+			}
+			chunks++
+			worst = max(worst, took)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	time.Sleep(300 * time.Millisecond) // the shard is going
+	started := time.Now()
+	_, err = provider.UpByOne(ctx)
+	migrated := time.Since(started)
+	time.Sleep(300 * time.Millisecond) // and goes on after
+	close(stop)
+	wg.Wait()
+	require.NoError(t, err, "migration %05d while a shard runs", version)
+	require.NoError(t, chunkErr, "the shard's chunks while migration %05d applies", version)
+	require.Less(t, migrated, 30*time.Second, "migration %05d waited on the running shard", version)
+	require.Less(t, worst, maxShardStall, "a chunk of the running shard waited %s on migration %05d", worst, version)
+	t.Logf("migration %05d: %s with a shard running; %d chunks, the slowest %s", version, migrated, chunks, worst)
+	_, _, err = cur.Fetch(ctx, 5)
+	require.NoError(t, err, "the shard's cursor reads on")
+}
