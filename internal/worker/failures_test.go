@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -152,4 +153,78 @@ func specItems(entity string, n int) []v1alpha1.Item {
 		out[i] = v1alpha1.Item{Entity: fmt.Sprintf("%s-%d", entity, i), Occurrence: "2026-01"}
 	}
 	return out
+}
+
+// TestSpecLockSecondsBoundTheClaim: a key of the chunk is held by another
+// transaction that inserted it and never commits (a stopped process whose
+// connection stays up). The claim waits at most spec.timeouts.lockSeconds,
+// without an effect, with one and with a processor; the chunk is retried as
+// transient and completes, each item (and its effect or call) once, as soon
+// as the holder goes.
+func TestSpecLockSecondsBoundTheClaim(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []string{"no effect", "sql effect", "processor"} {
+		t.Run(tc, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := newFixture(t)
+			mustExec(t, f.pool, `CREATE TABLE notes (entity text PRIMARY KEY)`)
+			holder, err := f.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = holder.Rollback(ctx) }()
+			_, err = holder.Exec(ctx, `INSERT INTO runledger.ledger (entity, occurrence, state, run_namespace, run_name, run_uid, shard, attempt)
+VALUES ('acct-42', '2026-01', 'committed', 'ns', 'stopped', 'uid-stopped', 0, 0)`)
+			require.NoError(t, err)
+
+			var lockTimeouts atomic.Int32
+			log := funcr.New(func(_, args string) {
+				if strings.Contains(args, "55P03") && lockTimeouts.Add(1) == 1 {
+					_ = holder.Rollback(ctx) // the holder goes after the first lock timeout
+				}
+			}, funcr.Options{})
+			prun := &v1alpha1.ProcessingRun{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "claim", UID: "uid-claim"},
+				Spec: v1alpha1.ProcessingRunSpec{
+					Batch:     v1alpha1.BatchSpec{Items: specItems("acct", 100)},
+					ChunkSize: 100,
+					Timeouts:  &v1alpha1.Timeouts{LockSeconds: 1},
+				},
+			}
+			if tc == "sql effect" {
+				prun.Spec.Effect = &v1alpha1.EffectSpec{SQL: `INSERT INTO notes SELECT entity FROM claimed`}
+			}
+			plan, err := worker.NewPlan(ctx, prun, nil, worker.Limits{})
+			require.NoError(t, err)
+			cfg := plan.ShardConfig(0, 0)
+			rec := newRecorder()
+			if tc == "processor" {
+				srv := httptest.NewServer(rec.handler())
+				defer srv.Close()
+				cfg.Processor = worker.NewHTTPProcessor(srv.URL, 5*time.Second)
+			}
+			cfg.Log = log
+			cfg.Retry = worker.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, MaxAttempts: 20, MaxElapsed: time.Minute}
+			// An unbounded wait lasts until this context ends: the test then
+			// fails instead of hanging.
+			bounded, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			rep := worker.RunShard(bounded, f.store, cfg)
+			require.NoError(t, bounded.Err(), "the claim waited for the holder without a bound")
+			require.NoError(t, rep.Err)
+			require.True(t, rep.Done)
+			require.Equal(t, v1alpha1.ItemCounts{Total: 100, Completed: 100}, rep.ItemCounts, "failures: %v", rep.Failures)
+			require.EqualValues(t, 1, lockTimeouts.Load(), "the chunk was retried after the lock timeout")
+			require.EqualValues(t, 100, f.committed(t))
+			switch tc {
+			case "sql effect":
+				require.EqualValues(t, 100, queryInt(t, f.pool, `SELECT count(*) FROM notes`), "the effect ran once per item")
+			case "processor":
+				_, sent, _ := rec.snapshot()
+				require.Len(t, sent, 100)
+				for k, n := range sent {
+					require.Equal(t, 1, n, "key %s sent once", k)
+				}
+			}
+		})
+	}
 }
