@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -99,8 +100,17 @@ func readManifest(path string, stdin io.Reader) (*manifest, error) {
 		if len(bytes.TrimSpace(stripComments(raw))) == 0 {
 			continue
 		}
+		// Strict: a key given twice is refused (yaml.YAMLToJSON keeps the
+		// last), invalid UTF-8 and lone surrogate escapes are the parser's.
+		if _, err := yaml.YAMLToJSON(raw); err != nil {
+			return nil, fmt.Errorf("%s: document %d is not a Kubernetes object: %w", m.source, doc, err)
+		}
+		j, err := yaml.YAMLToJSONStrict(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: document %d: %w", m.source, doc, err)
+		}
 		var tm metav1.TypeMeta
-		if err := yaml.Unmarshal(raw, &tm); err != nil {
+		if err := json.Unmarshal(j, &tm); err != nil {
 			return nil, fmt.Errorf("%s: document %d is not a Kubernetes object: %w", m.source, doc, err)
 		}
 		switch {
@@ -108,7 +118,7 @@ func readManifest(path string, stdin io.Reader) (*manifest, error) {
 			if tm.APIVersion != v1alpha1.GroupVersion.String() {
 				return nil, fmt.Errorf("%s: document %d: apiVersion %q: want %s", m.source, doc, tm.APIVersion, v1alpha1.GroupVersion)
 			}
-			run, err := admitRun(raw)
+			run, err := admitRun(j)
 			if err != nil {
 				return nil, fmt.Errorf("%s: document %d (ProcessingRun): %w", m.source, doc, err)
 			}
@@ -116,7 +126,7 @@ func readManifest(path string, stdin io.Reader) (*manifest, error) {
 			runs = append(runs, run.Name)
 		case tm.Kind == "ConfigMap" && tm.APIVersion == "v1":
 			var cm corev1.ConfigMap
-			if err := yaml.Unmarshal(raw, &cm); err != nil {
+			if err := json.Unmarshal(j, &cm); err != nil {
 				return nil, fmt.Errorf("%s: document %d (ConfigMap): %w", m.source, doc, err)
 			}
 			m.configMaps = append(m.configMaps, cm)
@@ -134,14 +144,11 @@ func readManifest(path string, stdin io.Reader) (*manifest, error) {
 	return nil, fmt.Errorf("%s holds %d ProcessingRuns (%s): runledger run takes one", m.source, len(runs), strings.Join(runs, ", "))
 }
 
-// admitRun decodes a ProcessingRun document and checks it as the apiserver
-// checks a run it creates, with the CRD's own schema, CEL rules and defaults,
-// so that runledger run accepts exactly the manifests a cluster accepts.
-func admitRun(raw []byte) (*v1alpha1.ProcessingRun, error) {
-	j, err := yaml.YAMLToJSON(raw)
-	if err != nil {
-		return nil, err
-	}
+// admitRun decodes a ProcessingRun document (as JSON) and checks it as the
+// apiserver checks a run it creates, with the CRD's own schema, CEL rules
+// and defaults, so that runledger run accepts exactly the manifests a
+// cluster accepts.
+func admitRun(j []byte) (*v1alpha1.ProcessingRun, error) {
 	u := &unstructured.Unstructured{}
 	if err := u.UnmarshalJSON(j); err != nil { // integers as int64, as the apiserver decodes them
 		return nil, err

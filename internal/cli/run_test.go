@@ -137,3 +137,34 @@ func TestExitForPreparationErrors(t *testing.T) {
 		require.ErrorContains(t, exit, tt.err.Error(), "%s: the cause is kept", tt.name)
 	}
 }
+
+// TestReadManifestRefusesRewrites is issue #20.5 for manifests: a key given
+// twice (in the run, its items, a ConfigMap's data), a lone surrogate escape
+// or invalid UTF-8 is refused with the document and the key named, never
+// read one way or another.
+func TestReadManifestRefusesRewrites(t *testing.T) {
+	t.Parallel()
+	const head = "apiVersion: processing.runledger.dev/v1alpha1\nkind: ProcessingRun\nmetadata: {name: june}\nspec:\n  database: {secretRef: {name: db, key: dsn}}\n"
+	cm := "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: june}\ndata:\n  items.jsonl: |\n    {\"entity\": \"a\", \"occurrence\": \"b\"}\n"
+	for name, tt := range map[string]struct{ doc, want string }{
+		"spec key twice":    {head + "  batch: {query: SELECT 1}\n  workers: 2\n  workers: 5\n", `line 8: key "workers" already set in map`},
+		"item key twice":    {head + "  batch:\n    items:\n    - {entity: a, occurrence: b, entity: c}\n", `"entity"`},
+		"payload key twice": {head + "  batch:\n    items:\n    - entity: a\n      occurrence: b\n      payload: {amount: 1, amount: 2}\n", `"amount"`},
+		"ConfigMap data key twice": {head + "  batch: {configMapRef: {name: june, key: items.jsonl}}\n" + cm + "  items.jsonl: |\n    {\"entity\": \"x\", \"occurrence\": \"y\"}\n",
+			`document 2: yaml: unmarshal errors`},
+		"kind twice":             {head + "  batch: {query: SELECT 1}\nkind: ProcessingRun\n", `"kind"`},
+		"lone surrogate in YAML": {head + "  batch:\n    items:\n    - {entity: \"a\\ud800\", occurrence: b}\n", "document 1"},
+		"lone surrogate in JSON": {`{"apiVersion": "processing.runledger.dev/v1alpha1", "kind": "ProcessingRun", "metadata": {"name": "j"}, "spec": {"database": {"secretRef": {"name": "d", "key": "k"}}, "batch": {"items": [{"entity": "a\ud800", "occurrence": "b"}]}}}`, "document 1"},
+		"key twice in JSON":      {`{"apiVersion": "processing.runledger.dev/v1alpha1", "kind": "ProcessingRun", "metadata": {"name": "j"}, "spec": {"database": {"secretRef": {"name": "d", "key": "k"}}, "batch": {"items": [{"entity": "a", "entity": "c", "occurrence": "b"}]}}}`, `"entity"`},
+		"invalid UTF-8":          {head + "  batch:\n    items:\n    - {entity: \"a\xff\", occurrence: b}\n", "document 1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(t.TempDir(), "run.yaml")
+			require.NoError(t, os.WriteFile(path, []byte(tt.doc), 0o600))
+			m, err := readManifest(path, nil)
+			require.Error(t, err, "%+v", m)
+			require.Contains(t, err.Error(), tt.want)
+		})
+	}
+}

@@ -57,6 +57,13 @@ func TestRunBadInput(t *testing.T) {
 		{name: "missing field", manifest: cmRun, jsonl: `{"entity":"a"}`, want: `line 1: field "occurrence" is missing`},
 		{name: "wrong field type", manifest: cmRun, jsonl: `{"entity":"a","occurrence":2024}`, want: `line 1: field "occurrence" must be a string, not 2024`},
 		{name: "oversized payload", manifest: cmRun, jsonl: `{"entity":"a","occurrence":"b"}` + "\n" + bigPayload, want: `line 2: field "payload" is 1.0 MiB, more than the 1 MiB allowed`},
+		// Issue #20.5: distinct lines never collapse into one key.
+		{name: "lone surrogates in a key part", manifest: cmRun, jsonl: `{"entity":"acct-\ud800","occurrence":"b"}` + "\n" + `{"entity":"acct-\udbff","occurrence":"b"}`,
+			want: `line 1: field "entity" holds a lone UTF-16 surrogate escape`},
+		{name: "invalid UTF-8 in a key part", manifest: cmRun, jsonl: "{\"entity\":\"acct-\xff\",\"occurrence\":\"b\"}\n{\"entity\":\"acct-\xfe\",\"occurrence\":\"b\"}",
+			want: `line 2: field "entity" holds invalid UTF-8`},
+		{name: "field given twice", manifest: cmRun, jsonl: `{"entity":"a","occurrence":"b","entity":"c"}`, want: `line 1: field "entity" is given twice`},
+		{name: "manifest key given twice", manifest: manifest("twice", "batch:", "  items:", "  - {entity: a, occurrence: b, entity: c}"), want: `key "entity" already set in map`},
 		{name: "empty JSON Lines", manifest: cmRun, jsonl: "\n\n", want: "holds no items"},
 		{name: "missing ConfigMap", manifest: cmRun, want: "spec.batch.configMapRef: no ConfigMap june in"},
 		{name: "ConfigMap without the key", manifest: cmRun + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: june}\ndata: {other: x}\n", want: `has no key "items.jsonl"`},
