@@ -236,12 +236,32 @@ func (t *tally) failed(f Failure) {
 	t.failures = append(t.failures, f)
 }
 
-// process settles one chunk: preload, commit, outcomes.
+// process settles one chunk: its first copies grouped, the preload, the
+// commit with its retries, and the tally of the outcomes.
 func (s *shardRun) process(ctx context.Context, chunk []entry) error {
-	// The chunk in flight may finish after ctx is cancelled, within the drain
-	// timeout; waits between retries end as soon as ctx is cancelled.
+	work, stop := s.drainContext(ctx)
+	defer stop()
+	g := groupFirstCopies(chunk)
+	if err := s.preload(ctx, work, &g); err != nil {
+		return err
+	}
+	results, err := s.commit(ctx, work, g.toCommit(s.cfg.OnExisting))
+	if err != nil {
+		return err
+	}
+	t, err := s.tallyChunk(chunk, g, results)
+	if err != nil {
+		return err
+	}
+	s.settle(t)
+	return nil
+}
+
+// drainContext is the context of the chunk in flight: it may finish after
+// ctx is cancelled, within the drain timeout; waits between retries end as
+// soon as ctx is cancelled.
+func (s *shardRun) drainContext(ctx context.Context) (context.Context, func()) {
 	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
 	stopDrain := context.AfterFunc(ctx, func() {
 		t := time.NewTimer(s.cfg.DrainTimeout)
 		defer t.Stop()
@@ -251,117 +271,135 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 		case <-work.Done():
 		}
 	})
-	defer stopDrain()
+	return work, func() { stopDrain(); cancel() }
+}
 
-	// The first copy of each key, in order; later copies follow their first.
-	var firsts []ledger.Item
-	held := make(map[ledger.Key]ledger.Holder)
-	var unchecked []ledger.Key
-	firstIdx := make([]int, len(chunk)) // entry -> index in firsts, or -1
+// firstCopies is a chunk grouped by key: the first copy of each key, in
+// order; later copies follow their first.
+type firstCopies struct {
+	firsts []ledger.Item
+	// firstIdx maps an entry of the chunk to its first copy in firsts, or
+	// -1 (a bad entry, or a repeat of the previous chunk's last key).
+	firstIdx []int
+	// held are the first copies known committed, and by whom; unchecked
+	// are the keys the source did not check.
+	held      map[ledger.Key]ledger.Holder
+	unchecked []ledger.Key
+}
+
+func groupFirstCopies(chunk []entry) firstCopies {
+	g := firstCopies{held: make(map[ledger.Key]ledger.Holder), firstIdx: make([]int, len(chunk))}
 	last := -1
 	for i, e := range chunk {
-		firstIdx[i] = -1
+		g.firstIdx[i] = -1
 		switch {
 		case e.bad != nil:
 		case !e.repeat:
-			last = len(firsts)
-			firsts = append(firsts, e.item)
-			firstIdx[i] = last
+			last = len(g.firsts)
+			g.firsts = append(g.firsts, e.item)
+			g.firstIdx[i] = last
 			switch {
 			case !e.checked:
-				unchecked = append(unchecked, e.item.Key)
+				g.unchecked = append(g.unchecked, e.item.Key)
 			case e.holder != ledger.HolderNone:
-				held[e.item.Key] = e.holder
+				g.held[e.item.Key] = e.holder
 			}
 		case last >= 0:
-			firstIdx[i] = last
+			g.firstIdx[i] = last
 		}
 	}
+	return g
+}
 
-	// Preload: which first copies are committed already, and by whom (unless
-	// the source said so already).
-	if len(unchecked) > 0 {
-		err := s.cfg.Retry.Do(ctx, "preloading committed keys", s.onRetry("preload"), func(int) error {
-			h, err := s.store.Preload(work, s.cfg.Run.UID, unchecked)
-			for k, v := range h {
-				held[k] = v
-			}
-			return err
+// toCommit are the first copies the preload did not settle.
+func (g firstCopies) toCommit(onExisting ledger.OnExisting) []ledger.Item {
+	var out []ledger.Item
+	for _, it := range g.firsts {
+		h, ok := g.held[it.Key]
+		if !ok || (h == ledger.HolderOtherRun && onExisting == ledger.Supersede) {
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// preload asks which unchecked first copies are committed already, and by
+// whom.
+func (s *shardRun) preload(ctx, work context.Context, g *firstCopies) error {
+	if len(g.unchecked) == 0 {
+		return nil
+	}
+	return s.cfg.Retry.Do(ctx, "preloading committed keys", s.onRetry("preload"), func(int) error {
+		h, err := s.store.Preload(work, s.cfg.Run.UID, g.unchecked)
+		for k, v := range h {
+			g.held[k] = v
+		}
+		return err
+	})
+}
+
+// commit commits items, with retries. Items a processor asked to retry are
+// sent again after the back-off; once the retries are spent, they, or the
+// items of calls that kept failing, are Failed with the processor's error.
+func (s *shardRun) commit(ctx, work context.Context, items []ledger.Item) (map[ledger.Key]ledger.Result, error) {
+	results := make(map[ledger.Key]ledger.Result, len(items))
+	if len(items) == 0 {
+		return results, nil
+	}
+	if ctx.Err() != nil {
+		return nil, context.Cause(ctx) // stop before starting a commit
+	}
+	pending := items
+	err := s.cfg.Retry.Do(ctx, "committing", s.onRetry("commit"), func(int) error {
+		res, err := s.store.CommitChunk(work, s.cfg.Run, pending, ledger.ChunkOptions{
+			Effect: s.cfg.Effect, Processor: s.cfg.Processor, OnExisting: s.cfg.OnExisting,
+			EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock, NetworkTimeout: s.cfg.Timeouts.Network,
 		})
 		if err != nil {
 			return err
 		}
+		if len(res) != len(pending) {
+			return fmt.Errorf("the ledger returned %d results for %d items", len(res), len(pending))
+		}
+		var again []ledger.Item
+		var why error
+		for i, r := range res {
+			results[r.Key] = r
+			if r.Outcome == ledger.Failed && errors.Is(r.Err, ledger.ErrRetryItem) {
+				again, why = append(again, pending[i]), r.Err
+			}
+		}
+		pending = again
+		if len(again) > 0 {
+			return &ledger.ProcessorError{Err: fmt.Errorf("%d items to retry, e.g. %w", len(again), why)}
+		}
+		return nil
+	})
+	var perr *ledger.ProcessorError
+	if err == nil || !errors.As(err, &perr) || stopped(ctx) {
+		return results, err
 	}
-	var toCommit []ledger.Item
-	for _, it := range firsts {
-		h, ok := held[it.Key]
-		if !ok || (h == ledger.HolderOtherRun && s.cfg.OnExisting == ledger.Supersede) {
-			toCommit = append(toCommit, it)
+	// A try whose COMMIT lost its answer may have committed some of them:
+	// the ledger says which, and those are completed.
+	held, err := s.heldBySameRun(ctx, work, pending)
+	if err != nil {
+		return nil, err
+	}
+	for _, it := range pending {
+		if r, ok := results[it.Key]; held[it.Key] {
+			results[it.Key] = ledger.Result{Key: it.Key, Outcome: ledger.Completed, Holder: ledger.HolderSameRun}
+		} else if !ok || !errors.Is(r.Err, ledger.ErrRetryItem) {
+			results[it.Key] = ledger.Result{Key: it.Key, Outcome: ledger.Failed, Err: perr}
 		}
 	}
+	return results, nil
+}
 
-	// Commit what the preload did not settle. Items a processor asked to
-	// retry are sent again after the back-off; once the retries are spent,
-	// they, or the items of calls that kept failing, are Failed with the
-	// processor's error.
-	results := make(map[ledger.Key]ledger.Result, len(toCommit))
-	if len(toCommit) > 0 {
-		if ctx.Err() != nil {
-			return context.Cause(ctx) // stop before starting a commit
-		}
-		pending := toCommit
-		err := s.cfg.Retry.Do(ctx, "committing", s.onRetry("commit"), func(int) error {
-			res, err := s.store.CommitChunk(work, s.cfg.Run, pending, ledger.ChunkOptions{
-				Effect: s.cfg.Effect, Processor: s.cfg.Processor, OnExisting: s.cfg.OnExisting,
-				EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock, NetworkTimeout: s.cfg.Timeouts.Network,
-			})
-			if err != nil {
-				return err
-			}
-			if len(res) != len(pending) {
-				return fmt.Errorf("the ledger returned %d results for %d items", len(res), len(pending))
-			}
-			var again []ledger.Item
-			var why error
-			for i, r := range res {
-				results[r.Key] = r
-				if r.Outcome == ledger.Failed && errors.Is(r.Err, ledger.ErrRetryItem) {
-					again, why = append(again, pending[i]), r.Err
-				}
-			}
-			pending = again
-			if len(again) > 0 {
-				return &ledger.ProcessorError{Err: fmt.Errorf("%d items to retry, e.g. %w", len(again), why)}
-			}
-			return nil
-		})
-		var perr *ledger.ProcessorError
-		if err != nil && errors.As(err, &perr) && !stopped(ctx) {
-			// A try whose COMMIT lost its answer may have committed some of
-			// them: the ledger says which, and those are completed.
-			held, herr := s.heldBySameRun(ctx, work, pending)
-			if herr != nil {
-				return herr
-			}
-			for _, it := range pending {
-				if r, ok := results[it.Key]; held[it.Key] {
-					results[it.Key] = ledger.Result{Key: it.Key, Outcome: ledger.Completed, Holder: ledger.HolderSameRun}
-				} else if !ok || !errors.Is(r.Err, ledger.ErrRetryItem) {
-					results[it.Key] = ledger.Result{Key: it.Key, Outcome: ledger.Failed, Err: perr}
-				}
-			}
-			err = nil
-		}
-		if err != nil {
-			return err
-		}
-	}
-
-	// Outcomes, in the chunk's order.
-	var t tally
-	t.carry = s.carry
-	firstOutcome := make([]*Failure, len(firsts)) // nil: committed (by someone)
-	for i, it := range firsts {
+// tallyChunk counts the chunk's outcomes, in the chunk's order.
+func (s *shardRun) tallyChunk(chunk []entry, g firstCopies, results map[ledger.Key]ledger.Result) (tally, error) {
+	t := tally{carry: s.carry}
+	firstOutcome := make([]*Failure, len(g.firsts)) // nil: committed (by someone)
+	for i, it := range g.firsts {
 		if r, ok := results[it.Key]; ok && r.Outcome == ledger.Failed {
 			firstOutcome[i] = &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: errString(r.Err)}
 		}
@@ -370,19 +408,19 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 		switch {
 		case e.bad != nil:
 			t.failed(Failure{Entity: e.item.Entity, Occurrence: e.item.Occurrence, Error: e.bad.Error()})
-		case e.repeat && firstIdx[i] < 0:
+		case e.repeat && g.firstIdx[i] < 0:
 			// A repeat of the last key of the previous chunk.
 			if !t.carry.ok || t.carry.key != e.item.Key {
-				return fmt.Errorf("internal error: repeat of %s without its first copy", e.item.Key)
+				return tally{}, fmt.Errorf("internal error: repeat of %s without its first copy", e.item.Key)
 			}
 			s.countRepeat(&t, e.item, t.carry.failed)
 		case e.repeat:
-			s.countRepeat(&t, e.item, firstOutcome[firstIdx[i]])
+			s.countRepeat(&t, e.item, firstOutcome[g.firstIdx[i]])
 		default:
-			it := firsts[firstIdx[i]]
+			it := g.firsts[g.firstIdx[i]]
 			r, committed := results[it.Key]
 			switch {
-			case !committed && held[it.Key] == ledger.HolderSameRun:
+			case !committed && g.held[it.Key] == ledger.HolderSameRun:
 				t.completed()
 			case !committed:
 				t.alreadyHandled()
@@ -391,12 +429,16 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 			case r.Outcome == ledger.AlreadyHandled:
 				t.alreadyHandled()
 			default:
-				t.failed(*firstOutcome[firstIdx[i]])
+				t.failed(*firstOutcome[g.firstIdx[i]])
 			}
-			t.carry = carried{ok: true, key: it.Key, failed: firstOutcome[firstIdx[i]]}
+			t.carry = carried{ok: true, key: it.Key, failed: firstOutcome[g.firstIdx[i]]}
 		}
 	}
+	return t, nil
+}
 
+// settle adds a settled chunk's tally to the shard's report.
+func (s *shardRun) settle(t tally) {
 	s.carry = t.carry
 	s.rep.Completed += t.counts.Completed
 	s.rep.AlreadyHandled += t.counts.AlreadyHandled
@@ -408,7 +450,6 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 		s.rep.Failures = append(s.rep.Failures, f)
 	}
 	s.cfg.Budget.add(t.counts.Failed)
-	return nil
 }
 
 // heldBySameRun says which of items' keys this run has committed.
