@@ -32,6 +32,13 @@ func (r *Reconciler) event(run *v1alpha1.ProcessingRun, related runtime.Object, 
 // the one just written: shard failures and retries, suspension, stalls and
 // the outcome.
 func (r *Reconciler) transitionEvents(ctx context.Context, s *scope, old, cur *v1alpha1.ProcessingRunStatus) {
+	r.shardEvents(s, old)
+	r.conditionEvents(s, old, cur)
+	r.phaseEvents(ctx, s, old, cur)
+}
+
+// shardEvents announce each shard's failed and busy attempts, once.
+func (r *Reconciler) shardEvents(s *scope, old *v1alpha1.ProcessingRunStatus) {
 	run := s.run
 	oldEntries := make(map[int32]v1alpha1.ShardStatus, len(old.Shards))
 	for _, e := range old.Shards {
@@ -56,14 +63,18 @@ func (r *Reconciler) transitionEvents(ctx context.Context, s *scope, old, cur *v
 		case d.failure != nil:
 			note += "; not retried: " + d.failure.reason
 		case d.pod != d.failedPod:
-			note += fmt.Sprintf("; retry %d of %d is pod %s", d.failures, backoffLimitOf(run), d.pod)
+			note += fmt.Sprintf("; retry %d of %d is pod %s", d.failures, run.Spec.BackoffLimitOrDefault(), d.pod)
 		case !d.retryAt.IsZero():
-			note += fmt.Sprintf("; retry %d of %d after %s", d.failures, backoffLimitOf(run),
+			note += fmt.Sprintf("; retry %d of %d after %s", d.failures, run.Spec.BackoffLimitOrDefault(),
 				d.retryAt.Sub(s.now).Round(100*time.Millisecond))
 		}
 		r.event(run, nil, corev1.EventTypeWarning, "ShardFailed", "Retry", note)
 	}
+}
 
+// conditionEvents announce a new stall and a pod the scheduler cannot place.
+func (r *Reconciler) conditionEvents(s *scope, old, cur *v1alpha1.ProcessingRunStatus) {
+	run := s.run
 	if stalled := meta.FindStatusCondition(cur.Conditions, v1alpha1.ConditionStalled); stalled != nil &&
 		stalled.Status == metav1.ConditionTrue && cur.Phase != v1alpha1.RunFailed {
 		before := meta.FindStatusCondition(old.Conditions, v1alpha1.ConditionStalled)
@@ -80,7 +91,11 @@ func (r *Reconciler) transitionEvents(ctx context.Context, s *scope, old, cur *v
 			r.event(run, nil, corev1.EventTypeWarning, ReasonUnschedulable, "Schedule", u)
 		}
 	}
+}
 
+// phaseEvents announce the run's outcome, a suspension and a resume.
+func (r *Reconciler) phaseEvents(ctx context.Context, s *scope, old, cur *v1alpha1.ProcessingRunStatus) {
+	run := s.run
 	if old.Phase == cur.Phase {
 		return
 	}

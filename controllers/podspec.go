@@ -300,7 +300,7 @@ func processorContainer(p *v1alpha1.ProcessorSpec) corev1.Container {
 // node controller evicts it when the controller replaces it (podOnLostNode).
 // A toleration of the template for the same taint wins.
 func nodeLossTolerations(run *v1alpha1.ProcessingRun, have []corev1.Toleration) []corev1.Toleration {
-	seconds := int64(ptr.Deref(run.Spec.NodeLostAfterSeconds, v1alpha1.DefaultNodeLostAfterSeconds))
+	seconds := int64(run.Spec.NodeLostAfter().Seconds())
 	var out []corev1.Toleration
 	for _, key := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
 		if slices.ContainsFunc(have, func(t corev1.Toleration) bool { return t.Key == key }) {
@@ -320,7 +320,7 @@ func workerEnv(run *v1alpha1.ProcessingRun, shard, attempt int32, ref v1alpha1.S
 		{Name: v1alpha1.EnvRunName, Value: run.Name},
 		{Name: v1alpha1.EnvRunUID, Value: string(run.UID)},
 		{Name: v1alpha1.EnvShard, Value: strconv.Itoa(int(shard))},
-		{Name: v1alpha1.EnvShards, Value: strconv.Itoa(int(run.Spec.Workers))},
+		{Name: v1alpha1.EnvShards, Value: strconv.Itoa(int(run.Spec.ShardCount()))},
 		{Name: v1alpha1.EnvAttempt, Value: strconv.Itoa(int(attempt))},
 		{Name: v1alpha1.EnvPodName, ValueFrom: &corev1.EnvVarSource{
 			FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"},

@@ -1,7 +1,6 @@
 package controllers
 
 import (
-	"cmp"
 	"fmt"
 	"time"
 
@@ -78,11 +77,6 @@ func finishedCondition(st *v1alpha1.ProcessingRunStatus) *metav1.Condition {
 		}
 	}
 	return nil
-}
-
-// shardCount is spec.workers, or its default if unset (a run built in Go).
-func shardCount(run *v1alpha1.ProcessingRun) int32 {
-	return cmp.Or(run.Spec.Workers, v1alpha1.DefaultWorkers)
 }
 
 // sumCounts adds the shards' counts. While the run is not finished, no total

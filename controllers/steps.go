@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -30,7 +29,7 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	if err := r.Client.List(ctx, &pods, client.InNamespace(run.Namespace), client.MatchingFields{podOwnerKey: run.Name}); err != nil {
 		return fmt.Errorf("list pods: %w", err)
 	}
-	n := shardCount(run)
+	n := run.Spec.ShardCount()
 	byShard := make([][]podInfo, n)
 	s.startTime = run.Status.StartTime
 	for i := range pods.Items {
@@ -110,21 +109,17 @@ func (r *Reconciler) observeNode(ctx context.Context, run *v1alpha1.ProcessingRu
 	} else if err != nil {
 		return fmt.Errorf("get node %s: %w", name, err)
 	}
-	after := time.Duration(ptr.Deref(run.Spec.NodeLostAfterSeconds, v1alpha1.DefaultNodeLostAfterSeconds)) * time.Second
-	info.lost, info.lostIn, info.lostWhy = podOnLostNode(info.pod, node, after, now)
+	info.lost, info.lostIn, info.lostWhy = podOnLostNode(info.pod, node, run.Spec.NodeLostAfter(), now)
 	return nil
 }
 
 func (r *Reconciler) decideShards(s *scope, stopped bool) []shardDecision {
 	p := shardPolicy{
-		backoffLimit: 3,
+		backoffLimit: s.run.Spec.BackoffLimitOrDefault(),
 		backoffBase:  r.BackoffBase,
 		backoffMax:   r.BackoffMax,
 		suspended:    s.run.Spec.Suspend,
 		stopped:      stopped,
-	}
-	if s.run.Spec.BackoffLimit != nil {
-		p.backoffLimit = *s.run.Spec.BackoffLimit
 	}
 	out := make([]shardDecision, len(s.inputs))
 	for i, in := range s.inputs {
@@ -364,18 +359,11 @@ func (r *Reconciler) createPod(ctx context.Context, s *scope, d *shardDecision) 
 		note += fmt.Sprintf(" to replace a pod on a lost node (%s)", d.lostWhy)
 	}
 	if d.failures > 0 {
-		note += fmt.Sprintf(" (retry %d of %d)", d.failures, backoffLimitOf(s.run))
+		note += fmt.Sprintf(" (retry %d of %d)", d.failures, s.run.Spec.BackoffLimitOrDefault())
 	}
 	r.event(s.run, pod, corev1.EventTypeNormal, "PodCreated", "CreatePod", note)
 	logger.Info("created worker pod")
 	return nil
-}
-
-func backoffLimitOf(run *v1alpha1.ProcessingRun) int32 {
-	if run.Spec.BackoffLimit != nil {
-		return *run.Spec.BackoffLimit
-	}
-	return 3
 }
 
 // deletePod deletes a pod the shard no longer needs; why says why, empty

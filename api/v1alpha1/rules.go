@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"cmp"
 	"strconv"
 	"time"
 )
@@ -110,6 +111,34 @@ const (
 // in for a run built in Go rather than decoded through the CRD's defaults.
 type RunTimeouts struct {
 	Effect, Query, Lock, Network time.Duration
+}
+
+// The spec's defaults, applied in one place: the CRD fills them in for a run
+// decoded through the API server, these methods for one built in Go.
+
+// ShardCount is spec.workers, or DefaultWorkers when unset.
+func (s *ProcessingRunSpec) ShardCount() int32 { return cmp.Or(s.Workers, DefaultWorkers) }
+
+// ChunkSizeOrDefault is spec.chunkSize, or DefaultChunkSize when unset.
+func (s *ProcessingRunSpec) ChunkSizeOrDefault() int32 { return cmp.Or(s.ChunkSize, DefaultChunkSize) }
+
+// BackoffLimitOrDefault is spec.backoffLimit, or DefaultBackoffLimit when
+// unset.
+func (s *ProcessingRunSpec) BackoffLimitOrDefault() int32 {
+	if s.BackoffLimit != nil {
+		return *s.BackoffLimit
+	}
+	return DefaultBackoffLimit
+}
+
+// NodeLostAfter is spec.nodeLostAfterSeconds, or
+// DefaultNodeLostAfterSeconds when unset.
+func (s *ProcessingRunSpec) NodeLostAfter() time.Duration {
+	secs := int32(DefaultNodeLostAfterSeconds)
+	if s.NodeLostAfterSeconds != nil {
+		secs = *s.NodeLostAfterSeconds
+	}
+	return time.Duration(secs) * time.Second
 }
 
 // TimeoutsOf returns spec's timeouts, defaults included.

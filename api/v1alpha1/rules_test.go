@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -126,4 +127,19 @@ func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
 	require.Equal(t, int64(v1alpha1.MaxImageLength), *proc("image").MaxLength)
 	require.Equal(t, int64(v1alpha1.MaxWorkers-1), num(at("status", "shards", "[]", "index").Maximum), "a shard index is below spec.workers")
 	require.Equal(t, int64(v1alpha1.MaxWorkers), *at("status", "shards").MaxItems)
+}
+
+// TestSpecDefaults: a spec built in Go, without the CRD's defaults, reads
+// the same defaults through the spec's methods as the CRD writes.
+func TestSpecDefaults(t *testing.T) {
+	var s v1alpha1.ProcessingRunSpec
+	if s.ShardCount() != v1alpha1.DefaultWorkers || s.ChunkSizeOrDefault() != v1alpha1.DefaultChunkSize ||
+		s.BackoffLimitOrDefault() != v1alpha1.DefaultBackoffLimit || s.NodeLostAfter() != v1alpha1.DefaultNodeLostAfterSeconds*time.Second {
+		t.Fatalf("defaults of an empty spec: %d %d %d %s", s.ShardCount(), s.ChunkSizeOrDefault(), s.BackoffLimitOrDefault(), s.NodeLostAfter())
+	}
+	zero := int32(0)
+	s = v1alpha1.ProcessingRunSpec{Workers: 4, ChunkSize: 10, BackoffLimit: &zero, NodeLostAfterSeconds: &zero}
+	if s.ShardCount() != 4 || s.ChunkSizeOrDefault() != 10 || s.BackoffLimitOrDefault() != 0 || s.NodeLostAfter() != 0 {
+		t.Fatalf("set values: %d %d %d %s", s.ShardCount(), s.ChunkSizeOrDefault(), s.BackoffLimitOrDefault(), s.NodeLostAfter())
+	}
 }

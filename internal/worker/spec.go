@@ -76,8 +76,8 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 	spec := &run.Spec
 	p := &Plan{
 		Run:            ledger.Run{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID)},
-		Shards:         int(spec.Workers),
-		ChunkSize:      int(spec.ChunkSize),
+		Shards:         int(spec.ShardCount()),
+		ChunkSize:      int(spec.ChunkSizeOrDefault()),
 		MaxFailedItems: int(spec.MaxFailedItems),
 		Timeouts:       v1alpha1.TimeoutsOf(spec),
 	}
@@ -86,12 +86,6 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 	}
 	if p.Run.UID == "" {
 		p.Run.UID = LocalRunUID(p.Run.Namespace, p.Run.Name)
-	}
-	if p.Shards == 0 { // a run built in Go, not decoded through the CRD's defaults
-		p.Shards = v1alpha1.DefaultWorkers
-	}
-	if p.ChunkSize == 0 {
-		p.ChunkSize = v1alpha1.DefaultChunkSize
 	}
 	if spec.OnExisting == v1alpha1.OnExistingSupersede {
 		p.OnExisting = ledger.Supersede
