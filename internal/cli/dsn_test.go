@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/api/v1alpha1"
 )
 
 // TestDatabaseURL: where the DSN comes from (--dsn, --dsn-file, then
@@ -58,7 +60,7 @@ func TestDatabaseURL(t *testing.T) {
 				if tt.wantErr != "" {
 					require.ErrorContains(t, err, tt.wantErr, cmd)
 					require.NotContains(t, err.Error(), "S3cret", "the file's content is never echoed")
-					require.Equal(t, ExitBadInput, exitCode(err), "bad input: exit 2")
+					require.Equal(t, v1alpha1.ExitBadInput, codeOf(err, v1alpha1.ExitFailed), "bad input: exit 2")
 					continue
 				}
 				require.NoError(t, err, cmd)

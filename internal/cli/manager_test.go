@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/api/v1alpha1"
 )
 
 func TestManagerFlags(t *testing.T) {
@@ -36,6 +38,6 @@ func TestManagerRejectsBadFlags(t *testing.T) {
 	err := cmd.Execute()
 	var exit *ExitError
 	require.True(t, errors.As(err, &exit), "%v", err)
-	require.Equal(t, ExitBadInput, exit.Code)
+	require.Equal(t, v1alpha1.ExitBadInput, exit.Code)
 	require.Contains(t, err.Error(), "--worker-image-pull-policy")
 }

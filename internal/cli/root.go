@@ -18,11 +18,10 @@ import (
 	"github.com/runledger/runledger/internal/version"
 )
 
-// Exit codes shared by the subcommands.
+// Every subcommand exits with a code of the contract's one table
+// (v1alpha1.Exit*): 0 done, 1 the work ran and failed, 2 bad input or
+// configuration with nothing attempted; the worker adds ExitShardBusy.
 const (
-	ExitOK          = 0
-	ExitFailed      = 1 // the work ran and failed (e.g. more failed items than allowed)
-	ExitBadInput    = 2 // bad input or configuration: nothing was attempted
 	envDatabaseURL  = "RUNLEDGER_DATABASE_URL"
 	flagDatabaseURL = "dsn"
 	flagDSNFile     = "dsn-file"
@@ -38,7 +37,7 @@ func (e *ExitError) Error() string { return e.Err.Error() }
 func (e *ExitError) Unwrap() error { return e.Err }
 
 // badInput marks err as bad input or configuration (exit 2).
-func badInput(err error) error { return &ExitError{Code: ExitBadInput, Err: err} }
+func badInput(err error) error { return &ExitError{Code: v1alpha1.ExitBadInput, Err: err} }
 
 // NewRootCommand builds the runledger command tree.
 func NewRootCommand() *cobra.Command {
@@ -66,14 +65,23 @@ func NewRootCommand() *cobra.Command {
 func Execute() int {
 	err := NewRootCommand().Execute()
 	if err == nil {
-		return ExitOK
+		return v1alpha1.ExitSucceeded
 	}
 	fmt.Fprintln(os.Stderr, "runledger:", err)
+	return codeOf(err, v1alpha1.ExitBadInput) // without a code: a command line cobra refused
+}
+
+// codeOf is the exit code err carries (an *ExitError anywhere in its chain),
+// or otherwise; nil is ExitSucceeded.
+func codeOf(err error, otherwise int) int {
+	if err == nil {
+		return v1alpha1.ExitSucceeded
+	}
 	var exit *ExitError
 	if errors.As(err, &exit) {
 		return exit.Code
 	}
-	return ExitBadInput
+	return otherwise
 }
 
 // addDatabaseFlags adds --dsn and --dsn-file.

@@ -234,11 +234,11 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	case badInputs: // e.g. the query failed when it ran, before any commit
 		return sum, badInput(errors.Join(errs...))
 	case len(errs) > 0:
-		return sum, &ExitError{Code: ExitFailed, Err: errors.Join(errs...)}
+		return sum, &ExitError{Code: v1alpha1.ExitFailed, Err: errors.Join(errs...)}
 	case sum.Interrupted:
-		return sum, &ExitError{Code: ExitFailed, Err: fmt.Errorf("interrupted: %d of %s processed; run the same command again to finish (what was committed counts as completed)", sum.Processed(), worker.Items(sum.Total))}
+		return sum, &ExitError{Code: v1alpha1.ExitFailed, Err: fmt.Errorf("interrupted: %d of %s processed; run the same command again to finish (what was committed counts as completed)", sum.Processed(), worker.Items(sum.Total))}
 	case sum.Failed > int64(plan.MaxFailedItems):
-		return sum, &ExitError{Code: ExitFailed, Err: fmt.Errorf("%s failed, more than spec.maxFailedItems (%d)", worker.Items(sum.Failed), plan.MaxFailedItems)}
+		return sum, &ExitError{Code: v1alpha1.ExitFailed, Err: fmt.Errorf("%s failed, more than spec.maxFailedItems (%d)", worker.Items(sum.Failed), plan.MaxFailedItems)}
 	}
 	return sum, nil
 }
@@ -278,7 +278,7 @@ func exitFor(err error) error {
 	if ledger.IsConfigurationError(err) { // e.g. a missing privilege or object
 		return badInput(err)
 	}
-	return &ExitError{Code: ExitFailed, Err: err}
+	return &ExitError{Code: v1alpha1.ExitFailed, Err: err}
 }
 
 // explainRejection prefixes err with why the server refused the connection

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
 )
@@ -95,9 +96,9 @@ func TestRedactExitKeepsTheCode(t *testing.T) {
 	require.NotContains(t, err.Error(), "hunter2")
 	var exit *ExitError
 	require.ErrorAs(t, err, &exit)
-	require.Equal(t, ExitBadInput, exit.Code)
+	require.Equal(t, v1alpha1.ExitBadInput, exit.Code)
 
-	plain := &ExitError{Code: ExitFailed, Err: errors.New("no secret here")}
+	plain := &ExitError{Code: v1alpha1.ExitFailed, Err: errors.New("no secret here")}
 	var same *ExitError
 	require.ErrorAs(t, redactExit(plain, secrets), &same)
 	require.Same(t, plain, same, "untouched without a secret")
@@ -118,17 +119,17 @@ func TestExitForPreparationErrors(t *testing.T) {
 		want int
 		says string
 	}{
-		{"permission denied to create the schema", pg("42501", "aclcheck_error"), ExitBadInput, ""},
-		{"undefined table", pg("42P01", ""), ExitBadInput, ""},
-		{"invalid schema name", pg("3F000", ""), ExitBadInput, ""},
-		{"feature not supported", pg("0A000", ""), ExitBadInput, ""},
-		{"bad query", &worker.InputError{Where: "batch.query", Msg: "is empty"}, ExitBadInput, "batch.query is empty"},
-		{"wrong password", pg("28P01", ""), ExitBadInput, "rejected the connection string's credentials"},
-		{"no such database", pg("3D000", ""), ExitBadInput, "does not exist"},
-		{"row refused by row-level security", pg("42501", "ExecWithCheckOptions"), ExitFailed, ""},
-		{"unreachable", fmt.Errorf("migrating the ledger: %w", io.ErrUnexpectedEOF), ExitFailed, ""},
-		{"serialization failure", pg("40001", ""), ExitFailed, ""},
-		{"already decided", &ExitError{Code: ExitFailed, Err: pg("42601", "")}, ExitFailed, ""},
+		{"permission denied to create the schema", pg("42501", "aclcheck_error"), v1alpha1.ExitBadInput, ""},
+		{"undefined table", pg("42P01", ""), v1alpha1.ExitBadInput, ""},
+		{"invalid schema name", pg("3F000", ""), v1alpha1.ExitBadInput, ""},
+		{"feature not supported", pg("0A000", ""), v1alpha1.ExitBadInput, ""},
+		{"bad query", &worker.InputError{Where: "batch.query", Msg: "is empty"}, v1alpha1.ExitBadInput, "batch.query is empty"},
+		{"wrong password", pg("28P01", ""), v1alpha1.ExitBadInput, "rejected the connection string's credentials"},
+		{"no such database", pg("3D000", ""), v1alpha1.ExitBadInput, "does not exist"},
+		{"row refused by row-level security", pg("42501", "ExecWithCheckOptions"), v1alpha1.ExitFailed, ""},
+		{"unreachable", fmt.Errorf("migrating the ledger: %w", io.ErrUnexpectedEOF), v1alpha1.ExitFailed, ""},
+		{"serialization failure", pg("40001", ""), v1alpha1.ExitFailed, ""},
+		{"already decided", &ExitError{Code: v1alpha1.ExitFailed, Err: pg("42601", "")}, v1alpha1.ExitFailed, ""},
 	} {
 		var exit *ExitError
 		require.ErrorAs(t, exitFor(tt.err), &exit, tt.name)

@@ -121,7 +121,7 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 	s.finish(ctx, rep, message)
 	log.Info("shard finished", "exitCode", code, "total", rep.Total, "completed", rep.Completed,
 		"alreadyHandled", rep.AlreadyHandled, "failed", rep.Failed, "message", message)
-	if code == ExitOK {
+	if code == v1alpha1.ExitSucceeded {
 		return nil
 	}
 	if err == nil {
@@ -154,17 +154,17 @@ func (o *workerOptions) podEnv() (worker.PodEnv, error) {
 // rejected says the database refused the connection (explainRejection).
 func workerExitCode(rep worker.Report, err error, rejected bool, maxFailed int) int {
 	switch {
-	case err != nil && (worker.IsInputError(err) || exitCode(err) == ExitBadInput),
+	case err != nil && (worker.IsInputError(err) || codeOf(err, v1alpha1.ExitFailed) == v1alpha1.ExitBadInput),
 		rep.Err != nil && (rejected || worker.IsInputError(rep.Err)): // e.g. the query failed when it ran
-		return ExitBadInput
+		return v1alpha1.ExitBadInput
 	case errors.Is(rep.Err, ledger.ErrShardBusy):
 		// Not a failure of the shard: the controller retries without
 		// counting it against backoffLimit.
 		return v1alpha1.ExitShardBusy
 	case err != nil, rep.Err != nil, rep.Interrupted, !rep.Done, rep.TooManyFailures, rep.Failed > int64(maxFailed):
-		return ExitFailed
+		return v1alpha1.ExitFailed
 	}
-	return ExitOK
+	return v1alpha1.ExitSucceeded
 }
 
 type workerRun struct {
@@ -271,12 +271,4 @@ func getRunWithRetry(ctx context.Context, c client.Reader, env worker.PodEnv, lo
 		return nil, fmt.Errorf("reading the run: %w", context.Cause(ctx))
 	}
 	return run, err
-}
-
-func exitCode(err error) int {
-	var exit *ExitError
-	if errors.As(err, &exit) {
-		return exit.Code
-	}
-	return ExitFailed
 }

@@ -77,7 +77,7 @@ func TestPrune(t *testing.T) {
 	_, err = prune("--older-than", "0s")
 	var exit *cli.ExitError
 	require.ErrorAs(t, err, &exit)
-	require.Equal(t, cli.ExitBadInput, exit.Code)
+	require.Equal(t, v1alpha1.ExitBadInput, exit.Code)
 	require.ErrorContains(t, err, "--older-than must be a positive duration")
 	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(cardinality(seqs)), 0) FROM runledger.batch`).Scan(&left))
 	require.Equal(t, 10, left, "a bad flag prunes nothing")
