@@ -172,3 +172,27 @@ func TestCheckEffect(t *testing.T) {
 		require.Contains(t, err.Error(), want)
 	}
 }
+
+// TestQuerySourcePayloadIsReadAsWritten is issue #20.5 for query rows: a
+// payload (text or json, which keep what they are given) with a member twice
+// or a lone surrogate escape is a failed item naming its row and field, not
+// a jsonb that keeps the last member.
+func TestQuerySourcePayloadIsReadAsWritten(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, `CREATE TABLE notes (id int PRIMARY KEY, note text);
+INSERT INTO notes VALUES (1, '{"amount": 1, "amount": 2}'), (2, '{"memo": "\ud800"}'), (3, '{"amount": 3}')`)
+	src := worker.NewQuerySource(`SELECT 'acct-' || id AS entity, '2024-06' AS occurrence, note::json AS payload FROM notes ORDER BY id`)
+	require.NoError(t, src.Check(context.Background(), f.store))
+	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-notes"), Source: src, MaxFailedItems: 10})
+	require.NoError(t, rep.Err)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 3, Completed: 1, Failed: 2}, rep.ItemCounts)
+	var msgs []string
+	for _, fl := range rep.Failures {
+		msgs = append(msgs, fl.Error)
+	}
+	joined := strings.Join(msgs, "\n")
+	require.Contains(t, joined, `query row 1: field "payload" holds /amount twice`)
+	require.Contains(t, joined, `query row 2: field "payload" holds a lone UTF-16 surrogate escape`)
+	require.EqualValues(t, 1, f.committed(t))
+}
