@@ -210,7 +210,7 @@ func generate(s sources) (chartFiles, error) {
 	base := keys(s.base)
 	params := policyParams(append(append([]obj{}, s.base...), s.policy...))
 	sawDeployment := false
-	add := func(o obj, cond string, fill func(*template, obj) error) error {
+	var add addFunc = func(o obj, cond string, fill func(*template, obj) error) error {
 		t := &template{}
 		if fill != nil {
 			if err := fill(t, o); err != nil {
@@ -272,31 +272,8 @@ func generate(s sources) (chartFiles, error) {
 	if !sawDeployment {
 		return nil, errors.New("config/default has no Deployment " + managerName)
 	}
-	for _, o := range s.prometheus {
-		if base[o.key()] {
-			continue
-		}
-		var value string
-		switch o.kind() {
-		case "ServiceMonitor":
-			value = "serviceMonitor"
-		case "PrometheusRule":
-			value = "prometheusRule"
-		default:
-			return nil, fmt.Errorf("config/prometheus: %s: only a ServiceMonitor and a PrometheusRule have a value in the chart", o.key())
-		}
-		err := add(o, ".Values.metrics."+value+".enabled", func(t *template, o obj) error {
-			labels, _ := o.meta()["labels"].(map[string]any)
-			if labels == nil {
-				labels = map[string]any{}
-				o.meta()["labels"] = labels
-			}
-			labels[t.entries(".Values.metrics."+value+".labels")] = ""
-			return nil
-		})
-		if err != nil {
-			return nil, err
-		}
+	if err := addPrometheus(s.prometheus, base, add); err != nil {
+		return nil, err
 	}
 	for _, o := range s.policy {
 		if base[o.key()] {
@@ -309,7 +286,52 @@ func generate(s sources) (chartFiles, error) {
 			return nil, err
 		}
 	}
-	for _, o := range s.namespaced {
+	if err := addWatched(s.namespaced, base, add); err != nil {
+		return nil, err
+	}
+	files["values.yaml"] = valuesYAML(d)
+	return files, nil
+}
+
+// addFunc adds an object's template, gated by cond, filled by fill.
+type addFunc func(o obj, cond string, fill func(*template, obj) error) error
+
+// addPrometheus adds config/prometheus' ServiceMonitor and PrometheusRule,
+// each behind its value and with the labels of its value.
+func addPrometheus(objs []obj, base map[string]bool, add addFunc) error {
+	for _, o := range objs {
+		if base[o.key()] {
+			continue
+		}
+		var value string
+		switch o.kind() {
+		case "ServiceMonitor":
+			value = "serviceMonitor"
+		case "PrometheusRule":
+			value = "prometheusRule"
+		default:
+			return fmt.Errorf("config/prometheus: %s: only a ServiceMonitor and a PrometheusRule have a value in the chart", o.key())
+		}
+		err := add(o, ".Values.metrics."+value+".enabled", func(t *template, o obj) error {
+			labels, _ := o.meta()["labels"].(map[string]any)
+			if labels == nil {
+				labels = map[string]any{}
+				o.meta()["labels"] = labels
+			}
+			labels[t.entries(".Values.metrics."+value+".labels")] = ""
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addWatched adds config/namespaced's objects that the cluster-wide install
+// lacks, behind .Values.watchNamespaces, in the manager's namespace.
+func addWatched(objs []obj, base map[string]bool, add addFunc) error {
+	for _, o := range objs {
 		switch o.kind() {
 		case "Namespace", "CustomResourceDefinition", "Role", "RoleBinding":
 			continue // the Roles of the namespaced manager: addNamespaced
@@ -329,11 +351,10 @@ func generate(s sources) (chartFiles, error) {
 			}
 		}
 		if err := add(o, ".Values.watchNamespaces", nil); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	files["values.yaml"] = valuesYAML(d)
-	return files, nil
+	return nil
 }
 
 // addNamespaced: the manager's ClusterRole (or its binding) as a Role (a
