@@ -168,6 +168,45 @@ const (
 	arbitrate
 )
 
+// supersede marks the committed rows of items' keys that other runs hold
+// superseded: which items had one, and the row superseded for each.
+func supersede(ctx context.Context, tx pgx.Tx, run Run, items []Item, entities, occurrences []string) ([]bool, []int64, error) {
+	superseded := make([]bool, len(items))
+	supersededRow := make([]int64, len(items))
+	var idErr error
+	rows, err := tx.Query(ctx, sqlSupersede, entities, occurrences, run.UID)
+	if err == nil {
+		err = forEachKey(rows, items, func(i int, rest [][]byte) {
+			superseded[i] = true
+			if supersededRow[i], err = parseRowID(rest[0]); err != nil {
+				idErr = err
+			}
+		})
+	}
+	if err == nil {
+		err = idErr
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("superseding existing rows: %w", err)
+	}
+	return superseded, supersededRow, nil
+}
+
+// claimStatement is the claim's statement: the fast path's look-up first or
+// the arbiter's plain ON CONFLICT, each with or without the effect's table.
+func claimStatement(mode claimMode, effect bool) string {
+	switch {
+	case mode == lookupFirst && !effect:
+		return sqlClaim
+	case mode == lookupFirst:
+		return sqlClaimEffect
+	case !effect:
+		return sqlInsert
+	default:
+		return sqlInsertEffect
+	}
+}
+
 // claim runs the insert path for items (keys distinct and sorted) on tx:
 // supersede (if asked), insert, attribution of the keys it did not claim, then
 // the effect.
@@ -193,37 +232,13 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOpti
 	var superseded []bool
 	var supersededRow []int64 // the row superseded for item i, if any
 	if opts.OnExisting == Supersede {
-		superseded = make([]bool, len(items))
-		supersededRow = make([]int64, len(items))
-		var idErr error
-		rows, err := tx.Query(ctx, sqlSupersede, entities, occurrences, run.UID)
-		if err == nil {
-			err = forEachKey(rows, items, func(i int, rest [][]byte) {
-				superseded[i] = true
-				if supersededRow[i], err = parseRowID(rest[0]); err != nil {
-					idErr = err
-				}
-			})
-		}
-		if err == nil {
-			err = idErr
-		}
-		if err != nil {
-			return nil, fmt.Errorf("superseding existing rows: %w", err)
+		var err error
+		if superseded, supersededRow, err = supersede(ctx, tx, run, items, entities, occurrences); err != nil {
+			return nil, err
 		}
 	}
 
-	var insert string
-	switch {
-	case mode == lookupFirst && opts.Effect == "":
-		insert = sqlClaim
-	case mode == lookupFirst:
-		insert = sqlClaimEffect
-	case opts.Effect == "":
-		insert = sqlInsert
-	default:
-		insert = sqlInsertEffect
-	}
+	insert := claimStatement(mode, opts.Effect != "")
 	if opts.Effect != "" {
 		if _, err := tx.Exec(ctx, sqlClearClaimed); err != nil {
 			return nil, fmt.Errorf("clearing table claimed: %w", err)
