@@ -10,8 +10,12 @@ GOLANGCI_LINT_VERSION := v2.15.0
 SHELLCHECK_DEB_VERSION := 0.9.0-1
 SHELLCHECK_VERSION := 0.9.0
 CONTROLLER_TOOLS_VERSION := v0.23.0
+# gocyclo: no function outside tests and generated code above this cyclomatic complexity.
+GOCYCLO_VERSION := v0.6.0
+GOCYCLO_OVER := 30
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
+GOCYCLO := $(BIN)/gocyclo-$(GOCYCLO_VERSION)
 # helm: the version hack/tools/helm/go.mod pins (one source), built from the Go module proxy.
 HELM_VERSION := $(shell awk '$$1 == "helm.sh/helm/v3" { print $$2; exit }' $(ROOT)/hack/tools/helm/go.mod)
 HELM := $(BIN)/helm-$(HELM_VERSION)
@@ -203,10 +207,12 @@ verify: manifests generate chart ## Regenerate and fail on any drift (changed or
 ##@ Code quality
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) shellcheck ## gofmt, go vet, golangci-lint and shellcheck (every script, sourced parts followed).
+lint: $(GOLANGCI_LINT) $(GOCYCLO) shellcheck ## gofmt, go vet, golangci-lint, gocyclo (no function over $(GOCYCLO_OVER) outside tests and generated code) and shellcheck (every script, sourced parts followed).
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	$(GOLANGCI_LINT) run ./...
+	@cd $(ROOT) && out=$$($(GOCYCLO) -over $(GOCYCLO_OVER) $$(git ls-files '*.go' | grep -vE '_test\.go$$|zz_generated|/applyconfiguration/')); \
+		if [ -n "$$out" ]; then echo "cyclomatic complexity over $(GOCYCLO_OVER) (split the function into named steps):"; echo "$$out"; exit 1; fi
 	cd $(ROOT) && shellcheck --external-sources $$(git ls-files '*.sh' .ci/run)
 
 .PHONY: fmt
@@ -245,6 +251,11 @@ $(GOLANGCI_LINT):
 	@mkdir -p $(BIN)
 	GOBIN=$(BIN)/.tmp-golangci go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv $(BIN)/.tmp-golangci/golangci-lint $@ && rmdir $(BIN)/.tmp-golangci
+
+$(GOCYCLO):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN)/.tmp-gocyclo go install github.com/fzipp/gocyclo/cmd/gocyclo@$(GOCYCLO_VERSION)
+	mv $(BIN)/.tmp-gocyclo/gocyclo $@ && rmdir $(BIN)/.tmp-gocyclo
 
 $(CONTROLLER_GEN):
 	@mkdir -p $(BIN)
