@@ -265,9 +265,16 @@ $(CONTROLLER_GEN):
 .PHONY: helm
 helm: $(HELM) ## Build the pinned helm (hack/tools/helm/go.mod) into bin/helm-VERSION.
 
+# As helm's own Makefile stamps it: its version, and the Kubernetes version of
+# its client-go (helm template and helm lint assume that cluster version).
+HELM_K8S_MINOR = $(shell awk '$$1 == "k8s.io/client-go" { split($$2, v, "."); print v[2]; exit }' $(ROOT)/hack/tools/helm/go.mod)
 $(HELM):
 	@mkdir -p $(BIN)
-	cd $(ROOT)/hack/tools/helm && GOWORK=off CGO_ENABLED=0 go build -trimpath -o $@.tmp helm.sh/helm/v3/cmd/helm
+	cd $(ROOT)/hack/tools/helm && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags "-s -w \
+		-X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) -X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+		-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_K8S_MINOR) \
+		-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_K8S_MINOR)" \
+		-o $@.tmp helm.sh/helm/v3/cmd/helm
 	mv $@.tmp $@
 
 .PHONY: shellcheck
