@@ -177,6 +177,9 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 		}
 		conn.Release()
 	}()
+	if _, err := conn.Exec(ctx, sqlBatchLockWait(q.Timeout, q.LockTimeout)); err != nil {
+		return nil, fmt.Errorf("bounding the wait for the batch lock of run %s: %w", run.UID, err)
+	}
 	if _, err := conn.Exec(ctx, sqlLockBatch, run.UID); err != nil {
 		return nil, fmt.Errorf("taking the batch lock of run %s: %w", run.UID, err)
 	}
@@ -191,6 +194,9 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 		return nil, err
 	}
 	if _, err := conn.Exec(ctx, sqlUnlockBatch, run.UID); err != nil {
+		return nil, fmt.Errorf("releasing the batch lock of run %s: %w", run.UID, err)
+	}
+	if _, err := conn.Exec(ctx, sqlBatchLockWaitReset); err != nil {
 		return nil, fmt.Errorf("releasing the batch lock of run %s: %w", run.UID, err)
 	}
 	ok = true
@@ -280,8 +286,13 @@ func foreignWrite(before, after map[int64]ForeignWriteError) *ForeignWriteError 
 // run has no header yet, and returns the header the run has.
 func (s *Store) FixStaticBatch(ctx context.Context, run Run, shards int, items int64, digest string) (*BatchHeader, error) {
 	// Two statements: after waiting on a concurrent insert of the header, the
-	// insert's own snapshot would not see it; the SELECT's does.
-	if _, err := s.pool.Exec(ctx, sqlFixStaticBatch, run.UID, run.Namespace, run.Name, shards, items, digest); err != nil {
+	// insert's own snapshot would not see it; the SELECT's does. That wait is
+	// bounded (the Store's bounds).
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: `BEGIN; ` + s.sqlReadBounds()}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, sqlFixStaticBatch, run.UID, run.Namespace, run.Name, shards, items, digest)
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("recording the batch of run %s: %w", run.UID, err)
 	}
 	h, err := batchHeader(ctx, s.pool, run.UID)
@@ -322,6 +333,9 @@ func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, sh
 	}
 	b := &pgx.Batch{}
 	b.Queue(sqlBeginBatchCursor)
+	for _, q := range s.sqlReadBoundList() {
+		b.Queue(q)
+	}
 	b.Queue(sqlBatchCursorWorkMem)
 	b.Queue(sqlBatchCursorNoJIT)
 	b.Queue(sqlIndexProbesOnly)

@@ -209,3 +209,62 @@ CREATE CONSTRAINT TRIGGER gate AFTER INSERT ON notes DEFERRABLE INITIALLY DEFERR
 	require.Equal(t, []struct{ Lock, Statement string }{{fmt.Sprintf("%dms", bound.Milliseconds()), "10s"}}, seen,
 		"the deferred checks after the effect ran under the run's bounds")
 }
+
+// TestFixBatch_WaitsAreBounded: fixing a run's batch waits for another
+// materialiser of the same run (the batch lock) at most the query's bound
+// plus its lock bound, and a static batch's header insert waits for a
+// concurrent one of the same header at most the Store's lock bound: held by
+// a stopped process whose connection stays up, either fails retryably
+// (55P03) instead of waiting for ever, and works once the holder goes.
+func TestFixBatch_WaitsAreBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := newPool(t)
+	mustExec(t, admin, batchSource)
+	s := ledger.NewStore(admin).WithBounds(10*time.Second, 200*time.Millisecond)
+
+	t.Run("query", func(t *testing.T) {
+		holder, err := admin.Acquire(ctx)
+		require.NoError(t, err)
+		defer holder.Release()
+		_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('runledger.batch/' || $1, 0))`, "q")
+		require.NoError(t, err)
+		q := batchQuery()
+		q.Timeout, q.LockTimeout = 200*time.Millisecond, 200*time.Millisecond
+		bounded, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err = s.FixQueryBatch(bounded, runNamed("q"), q)
+		require.NoError(t, bounded.Err(), "the wait for the batch lock had no bound")
+		require.Error(t, err)
+		require.True(t, ledger.IsRetryable(err), "%v", err)
+		require.ErrorContains(t, err, "55P03")
+		require.Less(t, time.Since(start), 5*time.Second)
+
+		_, err = holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+		require.NoError(t, err)
+		h, err := s.FixQueryBatch(ctx, runNamed("q"), q)
+		require.NoError(t, err)
+		require.EqualValues(t, 1000, h.Items)
+	})
+
+	t.Run("static", func(t *testing.T) {
+		holder, err := admin.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = holder.Rollback(ctx) }()
+		_, err = holder.Exec(ctx, `INSERT INTO runledger.batch_run (run_uid, run_namespace, run_name, source, shards, items, digest)
+VALUES ('st', 'default', 'run-st', 'static', 1, 3, 'digest')`)
+		require.NoError(t, err)
+		bounded, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_, err = s.FixStaticBatch(bounded, runNamed("st"), 1, 3, "digest")
+		require.NoError(t, bounded.Err(), "the header insert waited without a bound")
+		require.True(t, ledger.IsRetryable(err), "%v", err)
+		require.ErrorContains(t, err, "55P03")
+
+		require.NoError(t, holder.Rollback(ctx))
+		h, err := s.FixStaticBatch(ctx, runNamed("st"), 1, 3, "digest")
+		require.NoError(t, err)
+		require.EqualValues(t, 3, h.Items)
+	})
+}

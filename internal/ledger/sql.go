@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -126,7 +127,12 @@ const sqlBeforeEffect = sqlPlannerDefaults
 // where the session has none (0 would wait for ever). Either one expiring is
 // retryable (55P03, 57014: classify.go).
 func sqlBounds(statement, lock, defStatement, defLock time.Duration) string {
-	return sqlBound("statement_timeout", statement, defStatement) + `; ` + sqlBound("lock_timeout", lock, defLock)
+	return strings.Join(sqlBoundList(statement, lock, defStatement, defLock), `; `)
+}
+
+// sqlBoundList is sqlBounds as separate statements, for a pipeline.
+func sqlBoundList(statement, lock, defStatement, defLock time.Duration) []string {
+	return []string{sqlBound("statement_timeout", statement, defStatement), sqlBound("lock_timeout", lock, defLock)}
 }
 
 func sqlBound(name string, d, def time.Duration) string {
@@ -294,6 +300,8 @@ const (
 	// sqlLockBatch serialises the materialisers of one run, so that shards
 	// starting together run the query once; the header's primary key, not
 	// this lock, keeps the batch from being written twice.
+	// The wait is bounded (sqlBatchLockWait): a materialiser may hold the
+	// lock for as long as its query runs, no longer.
 	sqlLockBatch   = `SELECT pg_advisory_lock(hashtextextended('runledger.batch/' || $1, 0))`
 	sqlUnlockBatch = `SELECT pg_advisory_unlock(hashtextextended('runledger.batch/' || $1, 0))`
 
@@ -415,6 +423,15 @@ func sqlBeforeBatchQuery(bounds string) string { return sqlBatchWorkMem + `; ` +
 // (sqlResetSession) and sets the run's bounds again for the rest of the
 // transaction.
 func sqlAfterBatchQuery(bounds string) string { return sqlResetSession + `; ` + bounds }
+
+// sqlBatchLockWait bounds, for the session, the wait for the batch lock
+// (sqlLockBatch) to the query's own bound plus a lock wait;
+// sqlBatchLockWaitReset ends that once the batch is fixed.
+func sqlBatchLockWait(query, lock time.Duration) string {
+	return `SET lock_timeout = ` + milliseconds(cmp.Or(query, DefaultQueryTimeout)+cmp.Or(lock, DefaultLockTimeout))
+}
+
+const sqlBatchLockWaitReset = `RESET lock_timeout`
 
 // sqlBeginPrune begins a run's prune, bounded like a batch's query (the
 // session's bounds, or the defaults).

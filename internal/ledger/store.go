@@ -173,10 +173,31 @@ const (
 // Store is the ledger on one PostgreSQL database.
 type Store struct {
 	pool *pgxpool.Pool
+	// The bounds of its statements outside a chunk (WithBounds).
+	readTimeout, lockTimeout time.Duration
 }
 
 // NewStore returns a Store over pool. The schema must be migrated (Migrate).
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// WithBounds returns a Store on the same pool whose statements outside a
+// chunk's transaction (the preload, the batch's cursor, a static batch's
+// header) run at most statement each and wait at most lock for a lock (a
+// run's querySeconds and lockSeconds); 0 keeps the session's own, or
+// DefaultQueryTimeout and DefaultLockTimeout where the session has none, as
+// for a Store that was never given any. A chunk's own bounds are its
+// ChunkOptions'.
+func (s *Store) WithBounds(statement, lock time.Duration) *Store {
+	return &Store{pool: s.pool, readTimeout: statement, lockTimeout: lock}
+}
+
+func (s *Store) sqlReadBoundList() []string {
+	return sqlBoundList(s.readTimeout, s.lockTimeout, DefaultQueryTimeout, DefaultLockTimeout)
+}
+
+func (s *Store) sqlReadBounds() string {
+	return sqlBounds(s.readTimeout, s.lockTimeout, DefaultQueryTimeout, DefaultLockTimeout)
+}
 
 // Preload returns, for the given keys, those already committed and by whom
 // (HolderSameRun or HolderOtherRun relative to runUID), in one set-based round
@@ -184,8 +205,9 @@ func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 // caller acts on it, and CommitChunk stays correct whatever it said.
 //
 // The lookup runs in a read-only transaction that disables sequential scans
-// (sqlIndexProbesOnly, see there); the four statements (BEGIN, SET LOCAL, the
-// lookup, COMMIT) travel as one pipeline. If the lookup fails, the pool
+// (sqlIndexProbesOnly, see there), under the Store's bounds (WithBounds); its
+// statements (BEGIN, the settings, the lookup, COMMIT) travel as one
+// pipeline. If the lookup fails, the pool
 // discards the connection, whose transaction is then aborted.
 func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key]Holder, error) {
 	out := make(map[Key]Holder)
@@ -195,6 +217,9 @@ func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key
 	entities, occurrences := keyColumns(keys)
 	b := &pgx.Batch{}
 	b.Queue(sqlBeginReadOnly)
+	for _, q := range s.sqlReadBoundList() {
+		b.Queue(q)
+	}
 	b.Queue(sqlIndexProbesOnly)
 	b.Queue(sqlHolders, entities, occurrences).Query(func(rows pgx.Rows) error {
 		var k Key

@@ -30,8 +30,9 @@ type ShardConfig struct {
 	Effect     string
 	Processor  ledger.Processor
 	OnExisting ledger.OnExisting
-	// Timeouts bound the effect (Effect, Lock) and the batch query (Query,
-	// Lock); a zero one keeps the session's own. Network is the pool's.
+	// Timeouts bound every statement of a chunk (Effect, Lock) and the
+	// batch query (Query, Lock); a zero one keeps the session's own, or the
+	// ledger's default where the session has none. Network is the pool's.
 	Timeouts  v1alpha1.RunTimeouts
 	ChunkSize int
 	// MaxFailedItems: once more items than this failed, the shard stops taking

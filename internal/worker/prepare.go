@@ -54,7 +54,7 @@ func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store,
 			return nil, nil, err
 		}
 	}
-	store := ledger.NewStore(pool)
+	store := ledger.NewStore(pool).WithBounds(plan.Timeouts.Query, plan.Timeouts.Lock)
 	if err := plan.Check(ctx, store, cfg.Retry, onRetry("check")); err != nil {
 		pool.Close()
 		return nil, nil, err
