@@ -46,6 +46,22 @@ var (
 		Help:    "How long finished ProcessingRuns took, from their first pod to their outcome, by result.",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 16), // 1 s to 9 h
 	}, []string{"result"})
+	schedRunsCreated = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "runledger_schedule_runs_created_total",
+		Help: "ProcessingRuns created by ProcessingSchedules' ticks (a tick whose run already existed is not counted).",
+	}, []string{"namespace", "schedule"})
+	schedMissed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "runledger_schedule_missed_ticks_total",
+		Help: "Ticks of ProcessingSchedules that started no run, by reason (DeadlineExceeded, NotCaughtUp, Suspended, ConcurrencyForbidden).",
+	}, []string{"namespace", "schedule", "reason"})
+	schedNextTick = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "runledger_schedule_next_tick_timestamp_seconds",
+		Help: "When each ProcessingSchedule's next tick is due (Unix time); absent while it is suspended or stalled.",
+	}, []string{"namespace", "schedule"})
+	schedLastSuccess = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "runledger_schedule_last_success_timestamp_seconds",
+		Help: "When the latest succeeded run of each ProcessingSchedule completed (Unix time).",
+	}, []string{"namespace", "schedule"})
 	runsDesc = prometheus.NewDesc("runledger_runs",
 		"ProcessingRuns by phase, as the controller's cache holds them.", []string{"phase"}, nil)
 	stalledDesc = prometheus.NewDesc("runledger_runs_stalled",
@@ -83,7 +99,31 @@ func recordItems(before, after v1alpha1.ItemCounts) {
 
 // ownCollectors are runledger's metrics registered at init.
 var ownCollectors = []prometheus.Collector{itemsTotal, reconcileErrors, podsCreated, attemptsFailed, statusConflicts,
-	runsFinished, runDuration}
+	runsFinished, runDuration, schedRunsCreated, schedMissed, schedNextTick, schedLastSuccess}
+
+// recordScheduleMetrics sets a schedule's gauges from the status a pass
+// computed.
+func recordScheduleMetrics(sched *v1alpha1.ProcessingSchedule, st *v1alpha1.ProcessingScheduleStatus) {
+	ns, name := sched.Namespace, sched.Name
+	if st.NextScheduleTime != nil {
+		schedNextTick.WithLabelValues(ns, name).Set(float64(st.NextScheduleTime.Unix()))
+	} else {
+		schedNextTick.DeleteLabelValues(ns, name)
+	}
+	if st.LastSuccessfulTime != nil {
+		schedLastSuccess.WithLabelValues(ns, name).Set(float64(st.LastSuccessfulTime.Unix()))
+	}
+}
+
+// forgetScheduleMetrics drops a deleted schedule's series.
+func forgetScheduleMetrics(ns, name string) {
+	labels := prometheus.Labels{"namespace": ns, "schedule": name}
+	for _, v := range []interface {
+		DeletePartialMatch(prometheus.Labels) int
+	}{schedRunsCreated, schedMissed, schedNextTick, schedLastSuccess} {
+		v.DeletePartialMatch(labels)
+	}
+}
 
 // fqName reads a metric's name from its descriptor (prometheus.Desc keeps
 // it private and prints it).

@@ -84,5 +84,22 @@ func TestItemsMetricCountsWhatStatusWritesAdd(t *testing.T) {
 func TestMetricNames(t *testing.T) {
 	require.ElementsMatch(t, []string{"runledger_items_total", "runledger_reconcile_errors_total", "runledger_worker_pods_created_total",
 		"runledger_shard_attempts_failed_total", "runledger_status_conflicts_total", "runledger_runs_finished_total",
-		"runledger_run_duration_seconds", "runledger_runs", "runledger_runs_stalled"}, MetricNames())
+		"runledger_run_duration_seconds", "runledger_runs", "runledger_runs_stalled",
+		"runledger_schedule_runs_created_total", "runledger_schedule_missed_ticks_total",
+		"runledger_schedule_next_tick_timestamp_seconds", "runledger_schedule_last_success_timestamp_seconds"}, MetricNames())
+}
+
+// TestScheduleMetrics: a schedule's gauges follow its status, and a deleted
+// schedule's series go.
+func TestScheduleMetrics(t *testing.T) {
+	sched := &v1alpha1.ProcessingSchedule{ObjectMeta: metav1.ObjectMeta{Namespace: "metrics-ns", Name: "s"}}
+	next, ok := time.Unix(1800000000, 0), time.Unix(1700000000, 0)
+	recordScheduleMetrics(sched, &v1alpha1.ProcessingScheduleStatus{NextScheduleTime: &metav1.Time{Time: next}, LastSuccessfulTime: &metav1.Time{Time: ok}})
+	require.Equal(t, 1800000000.0, testutil.ToFloat64(schedNextTick.WithLabelValues("metrics-ns", "s")))
+	require.Equal(t, 1700000000.0, testutil.ToFloat64(schedLastSuccess.WithLabelValues("metrics-ns", "s")))
+	schedMissed.WithLabelValues("metrics-ns", "s", string(v1alpha1.MissedSuspended)).Add(3)
+	recordScheduleMetrics(sched, &v1alpha1.ProcessingScheduleStatus{})
+	require.False(t, schedNextTick.DeleteLabelValues("metrics-ns", "s"), "suspended: no next tick")
+	forgetScheduleMetrics("metrics-ns", "s")
+	require.Zero(t, schedMissed.DeletePartialMatch(prometheus.Labels{"namespace": "metrics-ns"}), "already gone")
 }

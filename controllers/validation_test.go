@@ -220,6 +220,8 @@ func TestValidationImmutability(t *testing.T) {
 			want: "effect cannot be added or removed after creation"},
 		{name: "onExisting", change: map[string]string{"onExisting": "Supersede"},
 			want: "onExisting is immutable"},
+		{name: "occurrence added", change: map[string]string{"occurrence": "2026-02"},
+			want: "occurrence is immutable"},
 		{name: "suspend", change: map[string]string{"suspend": "true"}},
 		{name: "ttl", change: map[string]string{"ttlSecondsAfterFinished": "60"}},
 		{name: "backoffLimit", change: map[string]string{"backoffLimit": "5"}},

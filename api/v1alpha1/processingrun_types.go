@@ -30,7 +30,7 @@ import (
 // +kubebuilder:validation:XValidation:rule="!has(self.spec.effect) || !has(oldSelf.spec.effect) || self.spec.effect == oldSelf.spec.effect",message="effect is immutable: create a new ProcessingRun to apply a different effect",fieldPath=`.spec.effect`
 // +kubebuilder:validation:XValidation:rule="(has(self.spec.onExisting) ? self.spec.onExisting : 'Skip') == (has(oldSelf.spec.onExisting) ? oldSelf.spec.onExisting : 'Skip')",message="onExisting is immutable: create a new ProcessingRun to change it",fieldPath=`.spec.onExisting`
 // +kubebuilder:validation:XValidation:rule="(has(self.spec.workers) ? self.spec.workers : 1) == (has(oldSelf.spec.workers) ? oldSelf.spec.workers : 1)",message="workers is immutable: the number of shards decides which shard owns each item, create a new ProcessingRun to change it",fieldPath=`.spec.workers`
-// +kubebuilder:validation:XValidation:rule="(has(self.spec.occurrence) ? self.spec.occurrence : '') == (has(oldSelf.spec.occurrence) ? oldSelf.spec.occurrence : '')",message="occurrence is immutable: create a new ProcessingRun for another occurrence",fieldPath=`.spec.occurrence`
+// +kubebuilder:validation:XValidation:rule=`has(self.spec.occurrence) == has(oldSelf.spec.occurrence) && (!has(self.spec.occurrence) || self.spec.occurrence == oldSelf.spec.occurrence)`,message="occurrence is immutable: create a new ProcessingRun for another occurrence",fieldPath=`.spec.occurrence`
 type ProcessingRun struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional

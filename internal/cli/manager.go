@@ -53,7 +53,7 @@ func newManagerCommand() *cobra.Command {
 	o := &managerOptions{}
 	cmd := &cobra.Command{
 		Use:   "manager",
-		Short: "Run the ProcessingRun controller (leader-elected): one worker pod per shard, exact status",
+		Short: "Run the ProcessingRun and ProcessingSchedule controllers (leader-elected): one worker pod per shard, exact status, one run per occurrence",
 		Long: `Run the controller of ProcessingRuns (processing.runledger.dev/v1alpha1).
 
 For each run it creates one worker pod per shard (named <run>-<shard>-<attempt>),
@@ -179,6 +179,13 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	}
 	if err := r.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: o.concurrency}); err != nil {
 		return fmt.Errorf("set up controller: %w", err)
+	}
+	sr := &controllers.ScheduleReconciler{
+		Client:   mgr.GetClient(),
+		Recorder: mgr.GetEventRecorder("runledger-controller"),
+	}
+	if err := sr.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: o.concurrency}); err != nil {
+		return fmt.Errorf("set up schedule controller: %w", err)
 	}
 	if err := controllers.RegisterRunsMetric(mgr.GetCache()); err != nil {
 		return fmt.Errorf("register metrics: %w", err)

@@ -220,8 +220,11 @@ type Input struct {
 	Since time.Time
 	Now   time.Time
 	// Suspended, Active (unfinished runs), and the policies.
-	Suspended   bool
-	Active      int
+	Suspended bool
+	// Active are the occurrences of the unfinished runs. A run of a due
+	// tick's own occurrence is that tick's run (a pass that did not see its
+	// own last write yet), not a concurrent one.
+	Active      []string
 	Concurrency v1alpha1.ConcurrencyPolicy
 	CatchUp     v1alpha1.CatchUpPolicy
 	Deadline    time.Duration
@@ -246,6 +249,8 @@ type Plan struct {
 	// MaxMissedListed: the latest); MissedCount counts them all.
 	Missed      []Missed
 	MissedCount int64
+	// MissedBy counts them by reason.
+	MissedBy map[v1alpha1.MissedReason]int64
 	// Last is the latest tick dealt with in this pass (the new
 	// lastSchedule); nil when none was due.
 	Last *Tick
@@ -287,7 +292,7 @@ func (s *Schedule) Decide(in Input) Plan {
 			p.miss(t, v1alpha1.MissedNotCaughtUp)
 			continue
 		}
-		if in.Active > 0 && in.Concurrency == v1alpha1.ConcurrencyForbid {
+		if others(in.Active, t.Occurrence) > 0 && in.Concurrency == v1alpha1.ConcurrencyForbid {
 			p.miss(t, v1alpha1.MissedConcurrencyForbidden)
 			continue
 		}
@@ -300,11 +305,11 @@ func (s *Schedule) Decide(in Input) Plan {
 			p.More = true
 			last := t
 			p.Last = &last
-			p.Missed, p.MissedCount = trimMissed(p.Missed, t.Wall, p.MissedCount)
+			p.trimMissedAfter(t.Wall)
 			if n, ok := s.NextAfter(t.Wall); ok {
 				p.Next = &n
 			}
-			p.Replace = in.Active > 0 && in.Concurrency == v1alpha1.ConcurrencyReplace
+			p.Replace = others(in.Active, t.Occurrence) > 0 && in.Concurrency == v1alpha1.ConcurrencyReplace
 			return p
 		}
 	}
@@ -313,8 +318,20 @@ func (s *Schedule) Decide(in Input) Plan {
 		p.Last = &last
 	}
 	p.Next, p.More = next, more
-	p.Replace = len(p.Start) > 0 && in.Active > 0 && in.Concurrency == v1alpha1.ConcurrencyReplace
+	p.Replace = len(p.Start) > 0 && in.Concurrency == v1alpha1.ConcurrencyReplace &&
+		others(in.Active, p.Start[len(p.Start)-1].Occurrence) > 0
 	return p
+}
+
+// others counts the active occurrences other than occ.
+func others(active []string, occ string) int {
+	n := 0
+	for _, a := range active {
+		if a != occ {
+			n++
+		}
+	}
+	return n
 }
 
 // choose picks the candidates that start, by catchUp.
@@ -345,24 +362,29 @@ func (s *Schedule) choose(cands []Tick, in Input, more bool) map[time.Time]struc
 
 func (p *Plan) miss(t Tick, reason v1alpha1.MissedReason) {
 	p.MissedCount++
+	if p.MissedBy == nil {
+		p.MissedBy = map[v1alpha1.MissedReason]int64{}
+	}
+	p.MissedBy[reason]++
 	p.Missed = append(p.Missed, Missed{Tick: t, Reason: reason})
 	if len(p.Missed) > v1alpha1.MaxMissedListed {
 		p.Missed = p.Missed[len(p.Missed)-v1alpha1.MaxMissedListed:]
 	}
 }
 
-// trimMissed drops the missed ticks after wall-clock time w (a pass that
-// stopped at w leaves them for the next).
-func trimMissed(missed []Missed, w time.Time, count int64) ([]Missed, int64) {
-	out := missed[:0]
-	for _, m := range missed {
+// trimMissedAfter drops the missed ticks after wall-clock time w (a pass
+// that stopped at w leaves them for the next).
+func (p *Plan) trimMissedAfter(w time.Time) {
+	out := p.Missed[:0]
+	for _, m := range p.Missed {
 		if m.Wall.After(w) {
-			count--
+			p.MissedCount--
+			p.MissedBy[m.Reason]--
 			continue
 		}
 		out = append(out, m)
 	}
-	return out, count
+	p.Missed = out
 }
 
 // due lists the ticks after wall-clock time from that are due at now, at

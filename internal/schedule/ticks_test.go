@@ -209,14 +209,26 @@ func TestDecide(t *testing.T) {
 	}, {
 		name: "Forbid with a run unfinished: skipped",
 		spec: v1alpha1.ProcessingScheduleSpec{Schedule: "0 * * * *"},
-		in:   Input{Last: wall("2026-01-01T10:00:00"), Now: utc("2026-01-01T11:00:00Z"), Active: 1, Concurrency: v1alpha1.ConcurrencyForbid},
+		in:   Input{Last: wall("2026-01-01T10:00:00"), Now: utc("2026-01-01T11:00:00Z"), Active: []string{"2026-01-01-1000"}, Concurrency: v1alpha1.ConcurrencyForbid},
 		want: want{missed: []string{"2026-01-01T11:00:00:ConcurrencyForbidden"}, count: 1,
 			last: "2026-01-01T11:00:00", next: "2026-01-01T12:00:00@2026-01-01T12:00:00Z"},
 	}, {
 		name: "Replace with a run unfinished: replaced",
 		spec: v1alpha1.ProcessingScheduleSpec{Schedule: "0 * * * *"},
-		in:   Input{Last: wall("2026-01-01T10:00:00"), Now: utc("2026-01-01T11:00:00Z"), Active: 1, Concurrency: v1alpha1.ConcurrencyReplace},
+		in:   Input{Last: wall("2026-01-01T10:00:00"), Now: utc("2026-01-01T11:00:00Z"), Active: []string{"2026-01-01-1000"}, Concurrency: v1alpha1.ConcurrencyReplace},
 		want: want{start: []string{"2026-01-01T11:00:00@2026-01-01T11:00:00Z=2026-01-01-1100"}, replace: true,
+			last: "2026-01-01T11:00:00", next: "2026-01-01T12:00:00@2026-01-01T12:00:00Z"},
+	}, {
+		name: "Forbid, and the unfinished run is this tick's own (a pass behind its last write): it is the tick's run",
+		spec: v1alpha1.ProcessingScheduleSpec{Schedule: "0 * * * *"},
+		in:   Input{Last: wall("2026-01-01T10:00:00"), Now: utc("2026-01-01T11:00:00Z"), Active: []string{"2026-01-01-1100"}, Concurrency: v1alpha1.ConcurrencyForbid},
+		want: want{start: []string{"2026-01-01T11:00:00@2026-01-01T11:00:00Z=2026-01-01-1100"},
+			last: "2026-01-01T11:00:00", next: "2026-01-01T12:00:00@2026-01-01T12:00:00Z"},
+	}, {
+		name: "Replace, and the unfinished run is this tick's own: nothing is replaced",
+		spec: v1alpha1.ProcessingScheduleSpec{Schedule: "0 * * * *"},
+		in:   Input{Last: wall("2026-01-01T10:00:00"), Now: utc("2026-01-01T11:00:00Z"), Active: []string{"2026-01-01-1100"}, Concurrency: v1alpha1.ConcurrencyReplace},
+		want: want{start: []string{"2026-01-01T11:00:00@2026-01-01T11:00:00Z=2026-01-01-1100"},
 			last: "2026-01-01T11:00:00", next: "2026-01-01T12:00:00@2026-01-01T12:00:00Z"},
 	}, {
 		name: "Forbid, All and three due: only the latest may run",

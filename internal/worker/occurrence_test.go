@@ -21,7 +21,6 @@ func occurrenceRun(uid string, b v1alpha1.BatchSpec) *v1alpha1.ProcessingRun {
 	}
 }
 
-
 func committedKeys(t *testing.T, f *fixture) []string {
 	t.Helper()
 	rows, err := f.pool.Query(context.Background(), `SELECT entity || '/' || occurrence FROM runledger.ledger WHERE state = 'committed' ORDER BY 1`)

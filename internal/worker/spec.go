@@ -145,8 +145,8 @@ func withOccurrence(items []ledger.Item, occurrence string) bool {
 	}
 	replaced := false
 	for i := range items {
-		if o := items[i].Key.Occurrence; strings.Contains(o, v1alpha1.OccurrencePlaceholder) {
-			items[i].Key.Occurrence = strings.ReplaceAll(o, v1alpha1.OccurrencePlaceholder, occurrence)
+		if o := items[i].Occurrence; strings.Contains(o, v1alpha1.OccurrencePlaceholder) {
+			items[i].Occurrence = strings.ReplaceAll(o, v1alpha1.OccurrencePlaceholder, occurrence)
 			replaced = true
 		}
 	}
