@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -250,25 +249,22 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 // getRunWithRetry reads the run, retrying transient API errors for a while.
 // A run that is gone (or was created again) is not retried.
 func getRunWithRetry(ctx context.Context, c client.Reader, env worker.PodEnv, log logr.Logger) (*v1alpha1.ProcessingRun, error) {
-	deadline := time.Now().Add(time.Minute)
 	var run *v1alpha1.ProcessingRun
-	err := wait.ExponentialBackoffWithContext(ctx, wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Cap: 5 * time.Second, Steps: math.MaxInt32},
-		func(ctx context.Context) (bool, error) {
+	final := func(err error) bool {
+		return worker.IsInputError(err) || apierrors.IsNotFound(err) || apierrors.IsForbidden(err)
+	}
+	policy := worker.Backoff{Initial: 250 * time.Millisecond, Max: 5 * time.Second, MaxAttempts: math.MaxInt, MaxElapsed: time.Minute}
+	err := policy.DoWhile(ctx, "reading the run", func(err error) bool { return !final(err) },
+		func(_ int, _ time.Duration, err error) {
+			log.Info("reading the run failed, retrying", "error", err.Error())
+		},
+		func(int) error {
 			var err error
 			run, err = worker.GetRun(ctx, c, env)
-			switch {
-			case err == nil:
-				return true, nil
-			case worker.IsInputError(err), apierrors.IsNotFound(err), apierrors.IsForbidden(err):
-				return false, badInput(err)
-			case time.Now().After(deadline):
-				return false, err
-			}
-			log.Info("reading the run failed, retrying", "error", err.Error())
-			return false, nil
+			return err
 		})
-	if ctx.Err() != nil && wait.Interrupted(err) {
-		return nil, fmt.Errorf("reading the run: %w", context.Cause(ctx))
+	if err != nil && final(err) {
+		return nil, badInput(err)
 	}
 	return run, err
 }

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,7 +16,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
@@ -246,19 +244,10 @@ func (s *StatusReporter) Final(ctx context.Context, r Report, message string, ti
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	rep := s.report(r, message)
-	var last error
-	err := wait.ExponentialBackoffWithContext(ctx, wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Steps: math.MaxInt32},
-		func(ctx context.Context) (bool, error) {
-			last = s.patch(ctx, rep)
-			if IsInputError(last) { // the pod is another one: retrying cannot help
-				return false, last
-			}
-			return last == nil, nil
-		})
-	if err != nil {
-		return fmt.Errorf("writing the final status report: %w", cmp.Or(last, err))
-	}
-	return nil
+	policy := Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, MaxAttempts: math.MaxInt, MaxElapsed: timeout}
+	return policy.DoWhile(ctx, "writing the final status report",
+		func(err error) bool { return !IsInputError(err) }, // the pod is another one: retrying cannot help
+		nil, func(int) error { return s.patch(ctx, rep) })
 }
 
 // patch writes rep onto the worker's pod. A pod that is gone, or is another

@@ -66,11 +66,18 @@ var errGaveUp = errors.New("giving up")
 // attempt number (1-based). onRetry, if set, is told about each retryable
 // failure before the wait.
 func (b Backoff) Do(stop context.Context, what string, onRetry func(attempt int, wait time.Duration, err error), fn func(attempt int) error) error {
+	return b.DoWhile(stop, what, ledger.IsRetryable, onRetry, fn)
+}
+
+// DoWhile is Do for errors other than the database's: retryable says which
+// of fn's errors are worth another try (the one back-off helper of the
+// worker and its command: the Kubernetes API's errors use it too).
+func (b Backoff) DoWhile(stop context.Context, what string, retryable func(error) bool, onRetry func(attempt int, wait time.Duration, err error), fn func(attempt int) error) error {
 	b = b.withDefaults()
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		err := fn(attempt)
-		if err == nil || !ledger.IsRetryable(err) {
+		if err == nil || !retryable(err) {
 			return err
 		}
 		if stopped(stop) {

@@ -165,3 +165,32 @@ func connect(ctx context.Context, dsn string) error {
 	}
 	return conn.Close(ctx)
 }
+
+// TestBackoffDoWhile: the caller's predicate, not the database's classifier,
+// says what is retried.
+func TestBackoffDoWhile(t *testing.T) {
+	transient, final := errors.New("transient"), errors.New("final")
+	policy := Backoff{Initial: time.Millisecond, Max: time.Millisecond, MaxAttempts: 10, MaxElapsed: time.Minute}
+	retryable := func(err error) bool { return errors.Is(err, transient) }
+
+	var calls int
+	err := policy.DoWhile(context.Background(), "x", retryable, nil, func(n int) error {
+		calls++
+		if n < 3 {
+			return transient
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 3, calls, "retried while the predicate said so")
+
+	calls = 0
+	err = policy.DoWhile(context.Background(), "x", retryable, nil, func(int) error { calls++; return final })
+	require.ErrorIs(t, err, final)
+	require.Equal(t, 1, calls, "not retried")
+
+	calls = 0
+	err = policy.DoWhile(context.Background(), "x", retryable, nil, func(int) error { calls++; return transient })
+	require.ErrorIs(t, err, transient)
+	require.Equal(t, 10, calls, "until the attempts are spent")
+}
