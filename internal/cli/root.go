@@ -57,6 +57,7 @@ func NewRootCommand() *cobra.Command {
 		newWorkerCommand(),
 		newRunCommand(),
 		newPruneCommand(),
+		newScheduleCommand(),
 	)
 	return root
 }

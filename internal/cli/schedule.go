@@ -1,0 +1,250 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/schedule"
+)
+
+// maxBackfill bounds the runs one backfill creates.
+const maxBackfill = 1000
+
+type scheduleOptions struct {
+	kubeconfig, context, namespace string
+	// newClient builds the client (tests replace it).
+	newClient func(o *scheduleOptions) (client.Client, string, error)
+}
+
+func newScheduleCommand() *cobra.Command { return newScheduleCommandWith(kubeClient) }
+
+func newScheduleCommandWith(newClient func(o *scheduleOptions) (client.Client, string, error)) *cobra.Command {
+	o := &scheduleOptions{newClient: newClient}
+	cmd := &cobra.Command{
+		Use:   "schedule",
+		Short: "Start a ProcessingSchedule's runs by hand: one occurrence (trigger) or a range of ticks (backfill)",
+		Long: `Create the runs of a ProcessingSchedule's occurrences by hand, with the names, labels,
+owner and spec.occurrence the controller gives them: a manual run of an occurrence
+the schedule also fires is one run (whoever comes second finds it there).
+
+The Kubernetes connection is kubectl's: --kubeconfig (default $KUBECONFIG or
+~/.kube/config), --context, and --namespace (default the context's namespace).`,
+	}
+	f := cmd.PersistentFlags()
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "path to the kubeconfig file (default $KUBECONFIG, then ~/.kube/config, then in-cluster)")
+	f.StringVar(&o.context, "context", "", "the kubeconfig context to use")
+	f.StringVarP(&o.namespace, "namespace", "n", "", "namespace of the schedule (default: the context's)")
+	cmd.AddCommand(newTriggerCommand(o), newBackfillCommand(o))
+	return cmd
+}
+
+func newTriggerCommand(o *scheduleOptions) *cobra.Command {
+	var occurrence string
+	cmd := &cobra.Command{
+		Use:   "trigger NAME [--occurrence X]",
+		Short: "Create the run of one occurrence now (by default the occurrence of the current minute)",
+		Long: `Create the run of one occurrence of schedule NAME now: --occurrence X exactly as given,
+or else the occurrence the schedule's format and shift make of the current minute in its
+time zone. If that occurrence's run exists already (the schedule fired it, or an earlier
+trigger), nothing is created and its name is printed. Suspension and concurrencyPolicy
+do not apply to a manual run.`,
+		Example: `  runledger schedule trigger invoices -n billing                  # the current minute's occurrence
+  runledger schedule trigger invoices -n billing --occurrence 2026-10`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, sched, err := o.schedule(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			p, err := schedule.Parse(sched.Name, &sched.Spec)
+			if err != nil {
+				return badInput(fmt.Errorf("schedule %s: %w", sched.Name, err))
+			}
+			at := time.Time{}
+			if !cmd.Flags().Changed("occurrence") {
+				tick := p.TickAt(p.WallOf(time.Now()).Truncate(time.Minute))
+				occurrence, at = tick.Occurrence, tick.Time
+			}
+			if err := checkOccurrence(occurrence); err != nil {
+				return err
+			}
+			return createRuns(cmd.Context(), cmd.OutOrStdout(), c, sched, []occurrenceAt{{occurrence, at}}, schedule.CreatedByTrigger)
+		},
+	}
+	cmd.Flags().StringVar(&occurrence, "occurrence", "", "the occurrence to run, exactly (e.g. 2026-10)")
+	return cmd
+}
+
+func newBackfillCommand(o *scheduleOptions) *cobra.Command {
+	var from, to string
+	cmd := &cobra.Command{
+		Use:   "backfill NAME --from X --to Y",
+		Short: "Create the runs of every tick of the schedule from X to Y (inclusive), oldest first",
+		Long: `Create the run of each tick of schedule NAME whose scheduled time is from --from up to
+and including --to, each with its own occurrence (so backfilling months that already ran
+finds their runs and creates nothing for them; their items are in the ledger anyway).
+X and Y are wall-clock times in the schedule's time zone: 2006-01, 2006-01-02,
+2006-01-02T15:04 or 2006-01-02T15:04:05, or RFC 3339 times with an offset. At most
+1000 runs per backfill. Runs are created whatever catchUp, concurrencyPolicy and
+suspend say.`,
+		Example: `  runledger schedule backfill invoices -n billing --from 2026-01 --to 2026-06`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, sched, err := o.schedule(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			p, err := schedule.Parse(sched.Name, &sched.Spec)
+			if err != nil {
+				return badInput(fmt.Errorf("schedule %s: %w", sched.Name, err))
+			}
+			fromW, err := parseWall(p, from)
+			if err != nil {
+				return badInput(fmt.Errorf("--from: %w", err))
+			}
+			toW, err := parseWall(p, to)
+			if err != nil {
+				return badInput(fmt.Errorf("--to: %w", err))
+			}
+			if toW.Before(fromW) {
+				return badInput(fmt.Errorf("--to %s is before --from %s", to, from))
+			}
+			ticks, err := p.Between(fromW, toW, maxBackfill)
+			if err != nil {
+				return badInput(err)
+			}
+			if len(ticks) == 0 {
+				return badInput(fmt.Errorf("schedule %q names no time from %s to %s (%s)", sched.Spec.Schedule, from, to, p.Location()))
+			}
+			var occs []occurrenceAt
+			for _, t := range ticks {
+				if len(occs) > 0 && occs[len(occs)-1].occurrence == t.Occurrence {
+					continue // one run per occurrence
+				}
+				occs = append(occs, occurrenceAt{t.Occurrence, t.Time})
+			}
+			return createRuns(cmd.Context(), cmd.OutOrStdout(), c, sched, occs, schedule.CreatedByBackfill)
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", "", "first scheduled time (inclusive), in the schedule's time zone")
+	cmd.Flags().StringVar(&to, "to", "", "last scheduled time (inclusive), in the schedule's time zone")
+	_ = cmd.MarkFlagRequired("from")
+	_ = cmd.MarkFlagRequired("to")
+	return cmd
+}
+
+// checkOccurrence applies the run CRD's rules on spec.occurrence, so the
+// error is ours and says which flag.
+func checkOccurrence(occ string) error {
+	switch {
+	case strings.TrimSpace(occ) == "":
+		return badInput(fmt.Errorf("--occurrence must not be empty or only white space"))
+	case len(occ) > v1alpha1.MaxKeyPartBytes:
+		return badInput(fmt.Errorf("--occurrence is %d bytes, more than %d", len(occ), v1alpha1.MaxKeyPartBytes))
+	case strings.ContainsRune(occ, 0):
+		return badInput(fmt.Errorf("--occurrence must not contain a NUL character"))
+	}
+	return nil
+}
+
+// wallLayouts are the forms of --from and --to without an offset.
+var wallLayouts = []string{"2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02", "2006-01"}
+
+// parseWall reads a time as a wall-clock time of the schedule's zone (an
+// RFC 3339 time with an offset is converted to it).
+func parseWall(p *schedule.Schedule, s string) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return p.WallOf(t), nil
+	}
+	for _, l := range wallLayouts {
+		if t, err := time.Parse(l, s); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%q is not a time: use 2006-01, 2006-01-02, 2006-01-02T15:04[:05] (the schedule's zone) or RFC 3339", s)
+}
+
+type occurrenceAt struct {
+	occurrence string
+	at         time.Time
+}
+
+// createRuns creates the run of each occurrence and prints a line per run:
+// "created NAME (occurrence X)" or "exists NAME (occurrence X)". A name
+// taken by a run that is not this schedule's of that occurrence is an error.
+func createRuns(ctx context.Context, out io.Writer, c client.Client, sched *v1alpha1.ProcessingSchedule, occs []occurrenceAt, by string) error {
+	for _, o := range occs {
+		run := schedule.NewRun(sched, o.occurrence, o.at, by)
+		err := c.Create(ctx, run)
+		switch {
+		case err == nil:
+			fmt.Fprintf(out, "created processingrun/%s (occurrence %s)\n", run.Name, o.occurrence)
+		case apierrors.IsAlreadyExists(err):
+			existing := &v1alpha1.ProcessingRun{}
+			if err := c.Get(ctx, client.ObjectKeyFromObject(run), existing); err != nil {
+				return fmt.Errorf("reading run %s, which exists: %w", run.Name, err)
+			}
+			if !schedule.IsRunOf(existing, sched, o.occurrence) {
+				return fmt.Errorf("run name %s (occurrence %s) is taken by a ProcessingRun that is not this schedule's run of that occurrence", run.Name, o.occurrence)
+			}
+			fmt.Fprintf(out, "exists processingrun/%s (occurrence %s)\n", run.Name, o.occurrence)
+		case apierrors.IsInvalid(err):
+			return badInput(fmt.Errorf("run %s of occurrence %s: %w", run.Name, o.occurrence, err))
+		default:
+			return fmt.Errorf("creating run %s: %w", run.Name, err)
+		}
+	}
+	return nil
+}
+
+// schedule reads the named schedule.
+func (o *scheduleOptions) schedule(ctx context.Context, name string) (client.Client, *v1alpha1.ProcessingSchedule, error) {
+	c, ns, err := o.newClient(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	sched := &v1alpha1.ProcessingSchedule{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sched); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil, badInput(fmt.Errorf("processingschedule %s not found in namespace %s", name, ns))
+		}
+		return nil, nil, fmt.Errorf("reading processingschedule %s/%s: %w", ns, name, err)
+	}
+	return c, sched, nil
+}
+
+// kubeClient is a client configured as kubectl would be, and the namespace.
+func kubeClient(o *scheduleOptions) (client.Client, string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = o.kubeconfig
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: o.context})
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, "", badInput(fmt.Errorf("kubernetes client configuration: %w", err))
+	}
+	ns := o.namespace
+	if ns == "" {
+		if ns, _, err = cc.Namespace(); err != nil {
+			return nil, "", badInput(fmt.Errorf("kubernetes namespace: %w", err))
+		}
+	}
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, "", fmt.Errorf("scheme: %w", err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, "", fmt.Errorf("kubernetes client: %w", err)
+	}
+	return c, ns, nil
+}
