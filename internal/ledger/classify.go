@@ -62,8 +62,20 @@ const (
 )
 
 // IsExpectedBusinessKeyConflict reports whether err is, anywhere in its wrapped
-// chain, a unique violation (SQLSTATE 23505) of the ledger's business-key index
-// (BusinessKeyIndex in schema runledger).
+// chain, the engine's own unique check of the business-key index
+// (BusinessKeyIndex on runledger.ledger) refusing a second committed row.
+//
+// It identifies the violation by what only that check produces. A PL/pgSQL
+// RAISE can set the SQLSTATE and every field the classifier used to read
+// (constraint, schema, table, column, detail, message), so those are
+// necessary but not sufficient: the error must also come from the B-tree's
+// own unique check (routine _bt_check_unique, file nbtinsert.c), which no
+// user code can name as its source (a RAISE reports exec_stmt_raise in
+// pl_exec.c; TestRuleViolationFieldsOnEngine pins both on the real server).
+//
+// An error raised while user code ran (a *UserCodeError: the effect, the
+// triggers and deferred constraints it set off; a *ProcessorError) is never
+// read through, whatever it carries: it is a failure of its items.
 //
 // It is deliberately narrow: a different unique index (even on the same table),
 // a foreign-key or check violation, a persistence error without a PostgreSQL
@@ -71,15 +83,59 @@ const (
 // The chain is walked through fmt.Errorf("%w"), errors.Join and any custom
 // Unwrap() error / Unwrap() []error, so a PgError is found however deeply the
 // layers above wrapped it.
+//
+// It only ever selects a path (the chunk is claimed again with the rule as
+// the arbiter); an item is AlreadyHandled only with the committed row that
+// holds its key, read back (Result.HolderUID).
 func IsExpectedBusinessKeyConflict(err error) bool {
-	return anyInChain(err, func(e error) bool {
+	return anyInChainOutsideUserCode(err, func(e error) bool {
 		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		return ok && pgErr.Code == sqlstateUniqueViolation &&
-			pgErr.ConstraintName == BusinessKeyIndex &&
-			// PostgreSQL reports the schema of the violated table; an index of
-			// the same name on a table in another schema is another rule.
-			(pgErr.SchemaName == "" || pgErr.SchemaName == Schema)
+		return ok && isRuleCheck(pgErr)
 	})
+}
+
+// The B-tree's unique check, as the server names it in every error it raises
+// (the R and F fields of the protocol, never translated, never settable).
+const (
+	ruleCheckRoutine = "_bt_check_unique"
+	ruleCheckFile    = "nbtinsert.c"
+)
+
+// isRuleCheck reports whether pgErr is the engine's unique check of
+// runledger.ledger's business-key index.
+func isRuleCheck(pgErr *pgconn.PgError) bool {
+	return pgErr.Code == sqlstateUniqueViolation &&
+		pgErr.Routine == ruleCheckRoutine && pgErr.File == ruleCheckFile &&
+		pgErr.ConstraintName == BusinessKeyIndex &&
+		pgErr.SchemaName == Schema && pgErr.TableName == "ledger"
+}
+
+// UserCodeError is an error raised while user code ran: the effect, the
+// triggers and deferred constraints its writes set off (checked at the insert
+// path's SET CONSTRAINTS ALL IMMEDIATE). Whatever it says, it is a failure
+// of the items whose user code raised it, never "already handled"
+// (IsExpectedBusinessKeyConflict does not look inside); the other
+// classifiers do (a lock_timeout in the effect stays retryable, a syntax
+// error statement-level).
+type UserCodeError struct {
+	// Doing says what the insert path was doing: "running effect".
+	Doing string
+	Err   error
+}
+
+func (e *UserCodeError) Error() string { return e.Doing + ": " + e.Err.Error() }
+func (e *UserCodeError) Unwrap() error { return e.Err }
+
+// anyInChainOutsideUserCode is anyInChain that does not descend into what
+// user code raised (*UserCodeError, *ProcessorError).
+func anyInChainOutsideUserCode(err error, match func(error) bool) bool {
+	return walkChain(err, func(e error) bool {
+		switch e.(type) { //nolint:errorlint // walkChain visits every node itself
+		case *UserCodeError, *ProcessorError:
+			return true
+		}
+		return false
+	}, match)
 }
 
 // IsAppendOnlyViolation reports whether err is, anywhere in its chain, the
@@ -265,7 +321,13 @@ func isRowSecurityCheck(pgErr *pgconn.PgError) bool {
 // anyInChain walks err's whole wrap tree, depth first, and reports whether
 // match holds for any node.
 func anyInChain(err error, match func(error) bool) bool {
-	if err == nil {
+	return walkChain(err, func(error) bool { return false }, match)
+}
+
+// walkChain walks err's wrap tree, depth first, skipping every subtree whose
+// root prune selects, and reports whether match holds for any node visited.
+func walkChain(err error, prune, match func(error) bool) bool {
+	if err == nil || prune(err) {
 		return false
 	}
 	if match(err) {
@@ -273,10 +335,10 @@ func anyInChain(err error, match func(error) bool) bool {
 	}
 	switch u := err.(type) { //nolint:errorlint // this is the chain walk: it unwraps by hand
 	case interface{ Unwrap() error }:
-		return anyInChain(u.Unwrap(), match)
+		return walkChain(u.Unwrap(), prune, match)
 	case interface{ Unwrap() []error }:
 		for _, e := range u.Unwrap() {
-			if anyInChain(e, match) {
+			if walkChain(e, prune, match) {
 				return true
 			}
 		}

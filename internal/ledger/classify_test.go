@@ -43,9 +43,17 @@ func wrap(err error, times int) error {
 // the same with errors PostgreSQL itself produced.
 func TestIsExpectedBusinessKeyConflict_BuiltErrors(t *testing.T) {
 	t.Parallel()
-	expected := &pgconn.PgError{Code: "23505", ConstraintName: ledger.BusinessKeyIndex, SchemaName: "runledger", TableName: "ledger"}
-	otherUnique := &pgconn.PgError{Code: "23505", ConstraintName: "ledger_pkey", SchemaName: "runledger", TableName: "ledger"}
-	otherSchema := &pgconn.PgError{Code: "23505", ConstraintName: ledger.BusinessKeyIndex, SchemaName: "billing", TableName: "ledger"}
+	expected := &pgconn.PgError{Code: "23505", ConstraintName: ledger.BusinessKeyIndex, SchemaName: "runledger", TableName: "ledger",
+		Routine: "_bt_check_unique", File: "nbtinsert.c"}
+	// What a PL/pgSQL RAISE sets: every field but the routine and file.
+	forged := &pgconn.PgError{Code: "23505", ConstraintName: ledger.BusinessKeyIndex, SchemaName: "runledger", TableName: "ledger",
+		Routine: "exec_stmt_raise", File: "pl_exec.c"}
+	noTable := &pgconn.PgError{Code: "23505", ConstraintName: ledger.BusinessKeyIndex, SchemaName: "runledger",
+		Routine: "_bt_check_unique", File: "nbtinsert.c"}
+	otherUnique := &pgconn.PgError{Code: "23505", ConstraintName: "ledger_pkey", SchemaName: "runledger", TableName: "ledger",
+		Routine: "_bt_check_unique", File: "nbtinsert.c"}
+	otherSchema := &pgconn.PgError{Code: "23505", ConstraintName: ledger.BusinessKeyIndex, SchemaName: "billing", TableName: "ledger",
+		Routine: "_bt_check_unique", File: "nbtinsert.c"}
 	fk := &pgconn.PgError{Code: "23503", ConstraintName: "invoices_account_fkey"}
 	check := &pgconn.PgError{Code: "23514", ConstraintName: "ledger_state_check"}
 	notNull := &pgconn.PgError{Code: "23502", ColumnName: "entity"}
@@ -63,6 +71,11 @@ func TestIsExpectedBusinessKeyConflict_BuiltErrors(t *testing.T) {
 		{"expected conflict inside errors.Join", errors.Join(errors.New("rollback: conn busy"), wrap(expected, 1)), true},
 		{"expected conflict behind a custom Unwrap", layer{wrap(expected, 2)}, true},
 		{"expected conflict behind a custom Unwrap []error", multiWrap{[]error{io.ErrClosedPipe, layer{expected}}}, true},
+		{"forged by RAISE, every settable field", wrap(forged, 1), false},
+		{"the check's routine, but no table", noTable, false},
+		{"genuine, raised while user code ran", wrap(&ledger.UserCodeError{Doing: "running effect", Err: wrap(expected, 1)}, 1), false},
+		{"genuine, inside a processor's error", &ledger.ProcessorError{Err: expected}, false},
+		{"genuine beside user code's error", errors.Join(&ledger.UserCodeError{Doing: "x", Err: forged}, expected), true},
 		{"another unique index on the same table", wrap(otherUnique, 1), false},
 		{"same index name in another schema", otherSchema, false},
 		{"foreign-key violation", wrap(fk, 2), false},
@@ -140,6 +153,10 @@ func TestIsExpectedBusinessKeyConflict_RealEngine(t *testing.T) {
 			`INSERT INTO runledger.ledger (id, entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
 			 OVERRIDING SYSTEM VALUE SELECT id, 'acct-4', 'x', 'ns', 'r', 'u', 0, 0 FROM runledger.ledger LIMIT 1`), false},
 		{"same index name in another schema", engineError(t, pool, `INSERT INTO billing.ledger VALUES ('a', 'b', 'committed')`), false},
+		{"RAISE with every settable field of the rule's violation", engineError(t, pool, forgedRaise), false},
+		{"RAISE SQLSTATE with the rule's names", engineError(t, pool, `DO $$ BEGIN RAISE SQLSTATE '23505' USING
+			MESSAGE = 'duplicate key value violates unique constraint "ledger_business_key_uq"',
+			CONSTRAINT = 'ledger_business_key_uq', SCHEMA = 'runledger', TABLE = 'ledger'; END $$`), false},
 		{"foreign-key violation", wrap(engineError(t, pool, `INSERT INTO invoices VALUES ('nobody', '2026-11')`), 2), false},
 		{"check violation", engineError(t, pool, directInsert, "acct-5", "2026-11", "bogus"), false},
 		{"check violation, empty key part", engineError(t, pool, directInsert, "", "2026-11", "committed"), false},
@@ -160,6 +177,41 @@ func TestIsExpectedBusinessKeyConflict_RealEngine(t *testing.T) {
 	}
 	// The expected conflict left exactly one committed row behind.
 	require.Equal(t, 1, countRows(t, pool, "acct-1", "2026-11", "committed"))
+}
+
+// forgedRaise raises, from PL/pgSQL, an error with every field a RAISE can
+// set equal to the rule's own violation.
+const forgedRaise = `DO $$ BEGIN RAISE EXCEPTION 'duplicate key value violates unique constraint "ledger_business_key_uq"'
+USING ERRCODE = 'unique_violation', CONSTRAINT = 'ledger_business_key_uq', SCHEMA = 'runledger', TABLE = 'ledger',
+      COLUMN = 'entity', DATATYPE = 'text', DETAIL = 'Key (occurrence, entity)=(2026-11, acct-1) already exists.',
+      HINT = 'runledger'; END $$`
+
+// TestRuleViolationFieldsOnEngine pins, on the real server, what the
+// classifier relies on: the rule's genuine violation comes from the B-tree's
+// unique check (routine _bt_check_unique in nbtinsert.c) and names the index,
+// schema and table; a RAISE can set all of those names and the SQLSTATE, but
+// its routine and file are PL/pgSQL's own, whatever it sets.
+func TestRuleViolationFieldsOnEngine(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	mustExec(t, pool, directInsert, "acct-1", "2026-11", "committed")
+	var genuine, forged *pgconn.PgError
+	require.ErrorAs(t, engineError(t, pool, directInsert, "acct-1", "2026-11", "committed"), &genuine)
+	require.ErrorAs(t, engineError(t, pool, forgedRaise), &forged)
+	t.Logf("genuine: %+v", *genuine)
+	t.Logf("forged: %+v", *forged)
+	for _, e := range []*pgconn.PgError{genuine, forged} {
+		require.Equal(t, "23505", e.Code)
+		require.Equal(t, ledger.BusinessKeyIndex, e.ConstraintName)
+		require.Equal(t, "runledger", e.SchemaName)
+		require.Equal(t, "ledger", e.TableName)
+	}
+	require.Equal(t, "_bt_check_unique", genuine.Routine)
+	require.Equal(t, "nbtinsert.c", genuine.File)
+	require.Equal(t, "exec_stmt_raise", forged.Routine)
+	require.Equal(t, "pl_exec.c", forged.File)
+	require.True(t, ledger.IsExpectedBusinessKeyConflict(genuine))
+	require.False(t, ledger.IsExpectedBusinessKeyConflict(forged))
 }
 
 // TestIsAppendOnlyViolation: the append-only trigger's refusal, as the real

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // errHolderVanished: the insert skipped a key because a committed row held it,
@@ -80,7 +81,7 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 			return nil, fmt.Errorf("committing chunk of %d items item by item: %w", len(items), err)
 		}
 	}
-	return spread(items, indexOf, res), nil
+	return spread(items, indexOf, proven(run, res)), nil
 }
 
 // inTx runs fn in a transaction prepared for opts and commits it.
@@ -168,30 +169,6 @@ const (
 	arbitrate
 )
 
-// supersede marks the committed rows of items' keys that other runs hold
-// superseded: which items had one, and the row superseded for each.
-func supersede(ctx context.Context, tx pgx.Tx, run Run, items []Item, entities, occurrences []string) ([]bool, []int64, error) {
-	superseded := make([]bool, len(items))
-	supersededRow := make([]int64, len(items))
-	var idErr error
-	rows, err := tx.Query(ctx, sqlSupersede, entities, occurrences, run.UID)
-	if err == nil {
-		err = forEachKey(rows, items, func(i int, rest [][]byte) {
-			superseded[i] = true
-			if supersededRow[i], err = parseRowID(rest[0]); err != nil {
-				idErr = err
-			}
-		})
-	}
-	if err == nil {
-		err = idErr
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("superseding existing rows: %w", err)
-	}
-	return superseded, supersededRow, nil
-}
-
 // claimStatement is the claim's statement: the fast path's look-up first or
 // the arbiter's plain ON CONFLICT, each with or without the effect's table.
 func claimStatement(mode claimMode, effect bool) string {
@@ -207,107 +184,208 @@ func claimStatement(mode claimMode, effect bool) string {
 	}
 }
 
+// supersedeRounds bounds how often one claim supersedes again the keys that
+// a concurrent Supersede run committed between its supersede and its insert.
+const supersedeRounds = 4
+
 // claim runs the insert path for items (keys distinct and sorted) on tx:
 // supersede (if asked), insert, attribution of the keys it did not claim, then
 // the effect.
+//
+// A Supersede run's round can find a key held by another run's committed row
+// that its supersede did not see: a concurrent Supersede run retired the row
+// it found and committed its own meanwhile (READ COMMITTED re-checks the row
+// it waited for, not the one that replaced it). Such keys go round again, in
+// the same transaction, whose next statements see the new row.
 func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOptions, mode claimMode) ([]Result, error) {
-	entities, occurrences, payloads := columns(items)
-	out := make([]Result, len(items)) // Outcome 0: not resolved yet
+	c := &claimer{tx: tx, run: run, items: items, opts: opts, out: make([]Result, len(items))}
 	for i, it := range items {
-		out[i].Key = it.Key
+		c.out[i].Key = it.Key
 	}
-	// held attributes item i, which this call did not claim, to the run whose
-	// committed row holds it.
-	held := func(i int, holder []byte) {
-		if out[i].Outcome != 0 {
-			return
-		}
-		if out[i].Holder = holderOf(holder, run.UID); out[i].Holder == HolderSameRun {
-			out[i].Outcome = Completed
-		} else {
-			out[i].Outcome = AlreadyHandled
-		}
-	}
-
-	var superseded []bool
-	var supersededRow []int64 // the row superseded for item i, if any
 	if opts.OnExisting == Supersede {
-		var err error
-		if superseded, supersededRow, err = supersede(ctx, tx, run, items, entities, occurrences); err != nil {
-			return nil, err
-		}
+		c.supersededRow = make([]int64, len(items))
 	}
-
-	insert := claimStatement(mode, opts.Effect != "")
 	if opts.Effect != "" {
 		if _, err := tx.Exec(ctx, sqlClearClaimed); err != nil {
 			return nil, fmt.Errorf("clearing table claimed: %w", err)
 		}
 	}
-	claimed := 0
-	claimedBy := func(i int) {
-		out[i].Outcome, out[i].Superseded = Completed, superseded != nil && superseded[i]
-		if supersededRow != nil {
-			out[i].supersededRow = supersededRow[i]
+	for round := 0; ; round++ {
+		if err := c.round(ctx, mode); err != nil {
+			return nil, err
 		}
-		claimed++
-	}
-	rows, err := tx.Query(ctx, insert, entities, occurrences, payloads,
-		run.Namespace, run.Name, run.UID, run.Shard, run.Attempt)
-	switch {
-	case err != nil: // reported below
-	case mode == lookupFirst: // rows: the skipped keys, with their holders
-		err = forEachSkipped(rows, len(items), func(i int, sameRun bool) {
-			out[i].Outcome, out[i].Holder = AlreadyHandled, HolderOtherRun
-			if sameRun {
-				out[i].Outcome, out[i].Holder = Completed, HolderSameRun
-			}
-		})
-		if err == nil { // the statement inserted every key it did not skip
-			for i := range out {
-				if out[i].Outcome == 0 {
-					claimedBy(i)
-				}
-			}
+		if opts.OnExisting != Supersede || round+1 == supersedeRounds || !c.reopenHeldByOthers() {
+			break
 		}
-	default: // rows: the inserted keys
-		err = forEachKey(rows, items, func(i int, _ [][]byte) { claimedBy(i) })
-	}
-	if err != nil {
-		return nil, fmt.Errorf("inserting into ledger: %w", err)
+		mode = arbitrate // the rule arbitrates from now on: no conflict aborts the rounds
 	}
 
-	var skipped []Key
-	for _, r := range out {
-		if r.Outcome == 0 {
-			skipped = append(skipped, r.Key)
-		}
-	}
-	if len(skipped) > 0 {
-		rows, err := queryHolders(ctx, tx, skipped)
-		if err == nil {
-			err = forEachKey(rows, items, func(i int, rest [][]byte) { held(i, rest[0]) })
-		}
-		if err != nil {
-			return nil, fmt.Errorf("attributing skipped keys: %w", err)
-		}
-	}
-
-	if opts.Effect != "" && claimed > 0 {
+	if opts.Effect != "" && c.claimed > 0 {
 		if err := runEffect(ctx, tx, opts); err != nil {
 			return nil, err
 		}
-		if err := claimsHeld(ctx, tx, run, out); err != nil {
+		if err := claimsHeld(ctx, tx, run, c.out); err != nil {
 			return nil, err
 		}
 	}
 
-	for i, r := range out {
+	for i, r := range c.out {
 		if r.Outcome == 0 {
-			out[i].Outcome, out[i].Err = Failed, fmt.Errorf("claiming %s: %w", r.Key, errHolderVanished)
+			c.out[i].Outcome, c.out[i].Err = Failed, fmt.Errorf("claiming %s: %w", r.Key, errHolderVanished)
 		}
 	}
-	return out, nil
+	return c.out, nil
+}
+
+// claimer is one claim's state across its rounds.
+type claimer struct {
+	tx            pgx.Tx
+	run           Run
+	items         []Item
+	opts          ChunkOptions
+	out           []Result // Outcome 0: not resolved yet
+	supersededRow []int64  // Supersede: the row superseded for item i, if any
+	claimed       int
+}
+
+// held attributes item i, which this call did not claim, to the run whose
+// committed row holds it (read back in this transaction: the proof).
+func (c *claimer) held(i int, holder string) {
+	if c.out[i].Outcome != 0 {
+		return
+	}
+	c.out[i].HolderUID = holder
+	if c.out[i].Holder = holderOf([]byte(holder), c.run.UID); c.out[i].Holder == HolderSameRun {
+		c.out[i].Outcome = Completed
+	} else {
+		c.out[i].Outcome = AlreadyHandled
+	}
+}
+
+func (c *claimer) claimedBy(i int) {
+	c.out[i].Outcome = Completed
+	if c.supersededRow != nil {
+		c.out[i].supersededRow = c.supersededRow[i]
+		c.out[i].Superseded = c.supersededRow[i] != 0
+	}
+	c.claimed++
+}
+
+// reopenHeldByOthers makes the keys another run holds unresolved again and
+// reports whether there were any.
+func (c *claimer) reopenHeldByOthers() bool {
+	found := false
+	for i, r := range c.out {
+		if r.Outcome == AlreadyHandled {
+			c.out[i] = Result{Key: r.Key}
+			found = true
+		}
+	}
+	return found
+}
+
+// round claims the unresolved items once: supersede (if asked), insert,
+// attribution of the keys it did not claim.
+func (c *claimer) round(ctx context.Context, mode claimMode) error {
+	if c.opts.OnExisting == Supersede {
+		_, open := unresolved(c.items, c.out)
+		entities, occurrences, _ := columns(open)
+		var idErr error
+		rows, err := c.tx.Query(ctx, sqlSupersede, entities, occurrences, c.run.UID)
+		if err == nil {
+			err = forEachKey(rows, c.items, func(i int, rest [][]byte) {
+				if rest[0] == nil { // a key this run committed before
+					c.held(i, c.run.UID)
+					return
+				}
+				if c.supersededRow[i], err = parseRowID(rest[0]); err != nil {
+					idErr = err
+				}
+			})
+		}
+		if err == nil {
+			err = idErr
+		}
+		if err != nil {
+			return fmt.Errorf("superseding existing rows: %w", err)
+		}
+	}
+
+	// The insert is sent the keys still open (a Supersede run's own keys are
+	// settled above); todo maps its positions back to items.
+	todo, sub := unresolved(c.items, c.out)
+	insert := claimStatement(mode, c.opts.Effect != "")
+	var err error
+	if len(sub) > 0 {
+		entities, occurrences, payloads := columns(sub)
+		var rows pgx.Rows
+		rows, err = c.tx.Query(ctx, insert, entities, occurrences, payloads,
+			c.run.Namespace, c.run.Name, c.run.UID, c.run.Shard, c.run.Attempt)
+		switch {
+		case err != nil: // reported below
+		case mode == lookupFirst: // rows: the skipped keys, with their holders
+			err = forEachSkipped(rows, len(sub), func(j int, holder string) { c.held(todo.at(j), holder) })
+			if err == nil { // the statement inserted every key it did not skip
+				for j := range sub {
+					if i := todo.at(j); c.out[i].Outcome == 0 {
+						c.claimedBy(i)
+					}
+				}
+			}
+		default: // rows: the inserted keys
+			err = forEachKey(rows, sub, func(j int, _ [][]byte) { c.claimedBy(todo.at(j)) })
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("inserting into ledger: %w", err)
+	}
+
+	if _, skipped := unresolved(c.items, c.out); len(skipped) > 0 {
+		keys := make([]Key, len(skipped))
+		for j, it := range skipped {
+			keys[j] = it.Key
+		}
+		holders, args := sqlHolders, []any(nil)
+		if c.opts.OnExisting == Supersede {
+			holders, args = sqlHoldersSupersede, []any{c.run.UID}
+		}
+		rows, err := queryHolders(ctx, c.tx, holders, keys, args...)
+		if err == nil {
+			err = forEachKey(rows, c.items, func(i int, rest [][]byte) { c.held(i, string(rest[0])) })
+		}
+		if err != nil {
+			return fmt.Errorf("attributing skipped keys: %w", err)
+		}
+	}
+	return nil
+}
+
+// positions maps the positions of a sub-list of items back to items; nil is
+// the identity (the sub-list is items itself).
+type positions []int
+
+func (p positions) at(j int) int {
+	if p == nil {
+		return j
+	}
+	return p[j]
+}
+
+// unresolved returns the items whose outcome is not resolved yet, and their
+// positions in items (nil, without a copy, when none is resolved yet: the
+// usual case).
+func unresolved(items []Item, out []Result) (positions, []Item) {
+	var pos positions
+	var sub []Item
+	for i, r := range out {
+		if r.Outcome == 0 {
+			pos, sub = append(pos, i), append(sub, items[i])
+		}
+	}
+	if len(sub) == len(items) {
+		return nil, items
+	}
+	return pos, sub
 }
 
 // runEffect runs the caller's effect with the session's planner settings
@@ -325,27 +403,37 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 	cancel()
 	if err != nil {
 		if IsTransactionControl(err) {
-			return fmt.Errorf("running effect: %w: %w", ErrEffectTransactionControl, err)
+			return &UserCodeError{Doing: "running effect", Err: fmt.Errorf("%w: %w", ErrEffectTransactionControl, err)}
 		}
-		if IsExpectedBusinessKeyConflict(err) {
-			// The effect's own write broke the rule: PostgreSQL's text only, so
-			// that no caller reads the chunk's items as already handled.
-			return fmt.Errorf("running effect: %w: %s", ErrEffectBrokeRule, err.Error())
+		if anyInChain(err, isRuleCheckError) {
+			// The effect's own write broke the rule: that says nothing about
+			// the chunk's keys.
+			return &UserCodeError{Doing: "running effect", Err: fmt.Errorf("%w: %w", ErrEffectBrokeRule, err)}
 		}
-		return fmt.Errorf("running effect: %w", err)
+		return &UserCodeError{Doing: "running effect", Err: err}
 	}
+	// The checks the effect deferred run its users' code (a constraint
+	// trigger) or judge its writes: whatever they raise is the effect's.
 	if _, err := tx.Exec(ctx, sqlAfterEffect(opts.sqlBounds())); err != nil {
-		return fmt.Errorf("checking the effect's deferred constraints: %w", err)
+		return &UserCodeError{Doing: "checking the effect's deferred constraints", Err: err}
 	}
 	return nil
 }
 
-// claimsHeld checks, after an effect, that every key out counts as Completed
-// still has a committed row of run, in one statement.
+// isRuleCheckError: e is the engine's unique check of the business-key index.
+func isRuleCheckError(e error) bool {
+	pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
+	return ok && isRuleCheck(pgErr)
+}
+
+// claimsHeld checks, after an effect, that every key out counts as claimed by
+// this transaction (Completed, HolderNone) still has a committed row of run,
+// in one statement. (A key this run committed before may be held by another
+// Supersede run since: see sqlSupersede.)
 func claimsHeld(ctx context.Context, tx pgx.Tx, run Run, out []Result) error {
 	var entities, occurrences []string
 	for _, r := range out {
-		if r.Outcome == Completed {
+		if r.Outcome == Completed && r.Holder == HolderNone {
 			entities, occurrences = append(entities, r.Key.Entity), append(occurrences, r.Key.Occurrence)
 		}
 	}
@@ -393,22 +481,48 @@ func (s *Store) PrepareEffect(ctx context.Context, effect string) error {
 	return err
 }
 
-// interpret is the one place where an item's error becomes an outcome: only
-// the expected business-key conflict means "already handled"; every other
-// error is a failure, kept with its cause.
-func interpret(k Key, err error) Result {
-	if IsExpectedBusinessKeyConflict(err) {
-		return Result{Key: k, Outcome: AlreadyHandled, Holder: HolderOtherRun}
-	}
-	return Result{Key: k, Outcome: Failed, Err: fmt.Errorf("item %s: %w", k, err)}
-}
-
+// failAll fails every item with err. An error is never a verdict of
+// "already handled", whatever it says: that verdict needs the committed row
+// holding the key, read back (claim's held), and an error carries none. A
+// conflict with the rule that reaches here had no holder to show for it (the
+// arbiter path absorbs every conflict it can attribute), so it fails too.
 func failAll(items []Item, err error) []Result {
 	out := make([]Result, len(items))
 	for i, it := range items {
-		out[i] = interpret(it.Key, err)
+		out[i] = Result{Key: it.Key, Outcome: Failed, Err: fmt.Errorf("item %s: %w", it.Key, err)}
 	}
 	return out
+}
+
+// errUnproven: a verdict of "already handled" (or "completed by this run
+// before") without the committed row that proves it. claim never gives one;
+// CommitChunk checks every result all the same (proven), so that no path,
+// now or later, can make an item already handled on an error's say-so.
+var errUnproven = errors.New("no committed row holding the key was read back to prove the verdict; not committed")
+
+// proven checks the invariant of every outcome: AlreadyHandled carries the
+// run uid of the committed row of another run that holds the key (read back
+// in the claiming transaction), or the chunk's earlier copy of the key
+// (HolderSameChunk, set by spread); Completed by an earlier commit of this run
+// carries this run's uid. Any other verdict becomes Failed.
+func proven(run Run, res []Result) []Result {
+	for i, r := range res {
+		var ok bool
+		switch {
+		case r.Outcome == AlreadyHandled:
+			ok = r.Holder == HolderOtherRun && r.HolderUID != "" && r.HolderUID != run.UID
+		case r.Outcome == Completed && r.Holder == HolderSameRun:
+			ok = r.HolderUID == run.UID
+		case r.Outcome == Completed:
+			ok = r.Holder == HolderNone
+		default:
+			ok = r.Outcome == Failed
+		}
+		if !ok {
+			res[i] = Result{Key: r.Key, Outcome: Failed, Err: fmt.Errorf("item %s (%s, holder %q): %w", r.Key, r.Outcome, r.HolderUID, errUnproven)}
+		}
+	}
+	return res
 }
 
 // columns turns items into the statement's array parameters. A nil payload
@@ -445,18 +559,26 @@ func forEachKey(rows pgx.Rows, items []Item, fn func(i int, rest [][]byte)) erro
 	return rows.Err()
 }
 
-// forEachSkipped reads the rows of sqlClaim, (position from 1, holder is the
-// same run) for each key it skipped, and calls fn with the key's index in the
-// chunk of n items. A position outside the chunk, or a NULL, is an error: it
-// would mean the statement answered about rows it was not asked for.
-func forEachSkipped(rows pgx.Rows, n int, fn func(i int, sameRun bool)) error {
-	var pos int64
-	var sameRun bool
-	_, err := pgx.ForEachRow(rows, []any{&pos, &sameRun}, func() error {
-		if pos < 1 || pos > int64(n) {
-			return fmt.Errorf("position %d is outside the chunk of %d", pos, n)
+// forEachSkipped reads the rows of sqlClaim, (holder's run uid, positions
+// from 1 of the keys it holds), and calls fn with each key's index in the
+// chunk of n items and the uid of the run whose committed row holds it. A
+// position outside the chunk, or a NULL, is an error: it would mean the
+// statement answered about rows it was not asked for.
+func forEachSkipped(rows pgx.Rows, n int, fn func(i int, holder string)) error {
+	var holder string
+	var pos []int64
+	_, err := pgx.ForEachRow(rows, []any{&holder, &pos}, func() error {
+		for _, p := range pos {
+			if p < 1 || p > int64(n) {
+				return fmt.Errorf("position %d is outside the chunk of %d", p, n)
+			}
 		}
-		fn(int(pos-1), sameRun)
+		if holder == "" {
+			return errors.New("a skipped key's holder has no run uid")
+		}
+		for _, p := range pos {
+			fn(int(p-1), holder)
+		}
 		return nil
 	})
 	if err != nil {

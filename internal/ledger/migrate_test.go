@@ -125,8 +125,12 @@ func TestMigrate_LeastPrivilegeRole(t *testing.T) {
 	require.Equal(t, tally{completed: 3}, count(res))
 
 	// The database as an earlier release left it: 00003 and later not
-	// applied (00006 only replaces 00004's trigger function, dropped below).
-	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 6;
+	// applied (00006 only replaces 00004's trigger function, dropped below;
+	// 00009 replaced 00001's ledger_run_uid_idx).
+	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 9;
+DROP INDEX runledger.ledger_run_key_idx;
+CREATE INDEX ledger_run_uid_idx ON runledger.ledger (run_uid);
+DELETE FROM runledger.goose_db_version WHERE version_id = 6;
 DROP INDEX runledger.ledger_business_key_uq;
 CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger (entity, occurrence) WHERE state = 'committed';
 DELETE FROM runledger.goose_db_version WHERE version_id = 5;

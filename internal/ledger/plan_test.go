@@ -68,6 +68,10 @@ FROM generate_series(1, $1) AS i`, ledgerRows)
 					require.NotContains(t, plan, "Seq Scan on ledger", "the lookup must not scan the ledger:\n%s", plan)
 					require.Contains(t, plan, "Index Scan using "+ledger.BusinessKeyIndex,
 						"the lookup must probe the rule's index per key:\n%s", plan)
+					if st.name == "supersede" {
+						require.Contains(t, plan, "using ledger_run_key_idx",
+							"the run's own rows of a key are one probe of (run_uid, occurrence, entity):\n%s", plan)
+					}
 				})
 			}
 		})

@@ -23,20 +23,22 @@ func TestResultReaders(t *testing.T) {
 		for _, tc := range []struct {
 			name    string
 			sql     string
-			want    map[int]bool // index in chunk -> same run
+			want    map[int]string // index in chunk -> holder's run uid
 			wantErr string
 		}{
-			{name: "none skipped", sql: `SELECT 1::bigint, true WHERE false`, want: map[int]bool{}},
-			{name: "first and last", sql: `VALUES (1::bigint, true), (3::bigint, false)`, want: map[int]bool{0: true, 2: false}},
-			{name: "position 0", sql: `SELECT 0::bigint, true`, wantErr: "reading skipped keys: position 0 is outside the chunk of 3"},
-			{name: "past the end", sql: `SELECT 4::bigint, true`, wantErr: "reading skipped keys: position 4 is outside the chunk of 3"},
-			{name: "NULL holder", sql: `SELECT 2::bigint, NULL::bool`, wantErr: "NULL"},
+			{name: "none skipped", sql: `SELECT 'u'::text, ARRAY[1::bigint] WHERE false`, want: map[int]string{}},
+			{name: "first and last", sql: `VALUES ('run-a', ARRAY[1::bigint]), ('run-b', ARRAY[3::bigint])`, want: map[int]string{0: "run-a", 2: "run-b"}},
+			{name: "two of one holder", sql: `VALUES ('run-a', ARRAY[3::bigint, 1])`, want: map[int]string{0: "run-a", 2: "run-a"}},
+			{name: "position 0", sql: `SELECT 'u'::text, ARRAY[0::bigint]`, wantErr: "reading skipped keys: position 0 is outside the chunk of 3"},
+			{name: "past the end", sql: `SELECT 'u'::text, ARRAY[2::bigint, 4]`, wantErr: "reading skipped keys: position 4 is outside the chunk of 3"},
+			{name: "NULL holder", sql: `SELECT NULL::text, ARRAY[2::bigint]`, wantErr: "NULL"},
+			{name: "empty holder", sql: `SELECT ''::text, ARRAY[2::bigint]`, wantErr: "has no run uid"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				rows, err := pool.Query(ctx, tc.sql)
 				require.NoError(t, err)
-				got := map[int]bool{}
-				err = ledger.ForEachSkipped(rows, len(chunk), func(i int, sameRun bool) { got[i] = sameRun })
+				got := map[int]string{}
+				err = ledger.ForEachSkipped(rows, len(chunk), func(i int, holder string) { got[i] = holder })
 				if tc.wantErr != "" {
 					require.ErrorContains(t, err, tc.wantErr)
 					require.ErrorContains(t, err, "reading skipped keys: ", "the error must say what was being read")

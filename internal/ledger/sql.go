@@ -40,9 +40,10 @@ copied AS (
 // sqlClaim is the fast path. In one statement it looks up, per key, the
 // committed row that holds it (one probe of the rule's index, as in
 // sqlHolders) and inserts exactly the keys no committed row held, with a plain
-// INSERT. It returns only the keys it skipped, as (position in the chunk from
-// 1, holder is this same run $6); every other key was inserted, since a plain
-// INSERT inserts all its rows or fails the statement.
+// INSERT. It returns only the keys it skipped, as (the holding row's run uid,
+// the positions in the chunk from 1 of the keys it holds); every other key
+// was inserted, since a plain INSERT inserts all its rows or fails the
+// statement.
 //
 // Each key costs one index probe, like the bare INSERT ... ON CONFLICT it
 // replaces, and the holders of the skipped keys come with it. The lookup sees
@@ -52,8 +53,9 @@ copied AS (
 // with sqlInsert, whose arbiter absorbs such conflicts. The rule decides
 // either way.
 //
-// The answer is kept small on purpose: the positions of the skipped keys only
-// (measured against the alternatives in docs/insert-path.md).
+// The answer is kept small on purpose: the positions of the skipped keys,
+// grouped by the run that holds them (measured against the alternatives in
+// docs/insert-path.md).
 const (
 	sqlClaim = claimWith + claimInsert + `
 )` + claimResult
@@ -79,8 +81,11 @@ ins AS (
     ` + insertInto + `
     FROM k
     WHERE k.holder IS NULL`
+	// One row per holding run: its uid and the positions of the keys it
+	// holds. The holder is the proof of "already handled" (or, $6, of
+	// "completed earlier by this run"), read in this very statement.
 	claimResult = `
-SELECT n, holder = $6 FROM k WHERE holder IS NOT NULL`
+SELECT holder, array_agg(n) FROM k WHERE holder IS NOT NULL GROUP BY holder`
 )
 
 // sqlInsert is the arbiter path: the chunk's keys inserted with ON CONFLICT DO
@@ -220,29 +225,53 @@ const (
 )
 
 // sqlSupersede marks the committed rows of the given keys superseded, except
-// rows this same run committed (an earlier attempt of this run already did the
-// reprocessing). It runs in the chunk's transaction right before the insert,
-// so the old row is retired and the new one committed atomically.
+// for the keys this same run $3 has ever committed (a row of the run in any
+// state: its own committed row, or one another Supersede run retired since).
+// Such a key is done for this run: within one run each key is processed at
+// most once, so it is neither superseded again nor claimed again. It runs in
+// the chunk's transaction right before the insert, so the old row is retired
+// and the new one committed atomically.
+//
+// It answers one row per key it settled: (entity, occurrence, the id of the
+// row it superseded), or (entity, occurrence, NULL) for a key this run
+// committed before (the row of the run read back in this statement, its
+// proof). Keys it does not name have no committed row, or one that a
+// concurrent writer retired meanwhile: the insert decides.
 //
 // Like sqlHolders, it finds the rows by one probe of the rule's index per key,
-// then updates them by primary key, so its cost follows the chunk, not the
-// ledger. Under READ COMMITTED a row updated concurrently is re-checked
+// and the run's own rows by one probe of ledger_run_key_idx (run_uid,
+// occurrence, entity) per key, then updates them by primary key, so its cost
+// follows the chunk, not the ledger. The two lookups share the statement's
+// snapshot. Under READ COMMITTED a row updated concurrently is re-checked
 // against state and run_uid before it is touched.
 const sqlSupersede = `
-UPDATE runledger.ledger AS l
-SET state = 'superseded', superseded_at = now()
-WHERE l.id = ANY (ARRAY(
-    SELECT h.id
+WITH k AS (
+    SELECT k.entity, k.occurrence, EXISTS (
+        SELECT 1 FROM runledger.ledger AS m
+        WHERE m.run_uid = $3 AND m.occurrence = k.occurrence AND m.entity = k.entity
+    ) AS mine
     FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
-    CROSS JOIN LATERAL (
-        SELECT c.id
-        FROM runledger.ledger AS c
-        WHERE c.entity = k.entity AND c.occurrence = k.occurrence AND c.state = 'committed'
-        LIMIT 1
-    ) AS h
-))
-  AND l.state = 'committed' AND l.run_uid <> $3
-RETURNING l.entity, l.occurrence, l.id::text`
+),
+up AS (
+    UPDATE runledger.ledger AS l
+    SET state = 'superseded', superseded_at = now()
+    WHERE l.id = ANY (ARRAY(
+        SELECT h.id
+        FROM k
+        CROSS JOIN LATERAL (
+            SELECT c.id
+            FROM runledger.ledger AS c
+            WHERE c.entity = k.entity AND c.occurrence = k.occurrence AND c.state = 'committed'
+            LIMIT 1
+        ) AS h
+        WHERE NOT k.mine
+    ))
+      AND l.state = 'committed' AND l.run_uid <> $3
+    RETURNING l.entity, l.occurrence, l.id
+)
+SELECT entity, occurrence, id::text FROM up
+UNION ALL
+SELECT entity, occurrence, NULL FROM k WHERE mine`
 
 // sqlClaimsHeld counts the keys ($1, $2) that have a committed row of run $3.
 // After an effect every key its chunk claimed must: the append-only trigger
@@ -281,13 +310,33 @@ CROSS JOIN LATERAL (
     LIMIT 1
 ) AS h`
 
+// sqlHoldersSupersede is sqlHolders for a Supersede run $3: a key this run
+// has ever committed (a row of the run in any state, see sqlSupersede) is
+// held by the run itself, whoever holds its committed row now.
+const sqlHoldersSupersede = `
+SELECT k.entity, k.occurrence, CASE WHEN EXISTS (
+        SELECT 1 FROM runledger.ledger AS m
+        WHERE m.run_uid = $3 AND m.occurrence = k.occurrence AND m.entity = k.entity
+    ) THEN $3 ELSE h.run_uid END
+FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
+CROSS JOIN LATERAL (
+    SELECT l.run_uid
+    FROM runledger.ledger AS l
+    WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
+    LIMIT 1
+) AS h`
+
 // Migrate's statements. The advisory lock is session-level: goose runs each
-// migration in a transaction of its own, all under the one lock.
+// migration in a transaction of its own, all under the one lock. It is
+// polled for (sqlMigrationTryLock), never waited for in one statement: a
+// statement waiting holds a snapshot, and a CREATE INDEX CONCURRENTLY under
+// the lock (migrations/00009) waits for every older snapshot to go, which
+// would be a deadlock.
 const (
-	sqlMigrationLock   = `SELECT pg_advisory_lock($1)`
-	sqlMigrationUnlock = `SELECT pg_advisory_unlock($1)`
-	sqlSchemaExists    = `SELECT to_regnamespace($1) IS NOT NULL`
-	sqlCreateSchema    = `CREATE SCHEMA IF NOT EXISTS ` + Schema
+	sqlMigrationTryLock = `SELECT pg_try_advisory_lock($1)`
+	sqlMigrationUnlock  = `SELECT pg_advisory_unlock($1)`
+	sqlSchemaExists     = `SELECT to_regnamespace($1) IS NOT NULL`
+	sqlCreateSchema     = `CREATE SCHEMA IF NOT EXISTS ` + Schema
 )
 
 // A run's batch (migrations/00002_batch.sql): what a query source returned,

@@ -111,6 +111,12 @@ type Result struct {
 	Key     Key
 	Outcome Outcome
 	Holder  Holder
+	// HolderUID is the run uid of the committed row holding the key, read back
+	// in the claiming transaction: the proof of AlreadyHandled (another run's
+	// uid) and of Completed by an earlier commit of this run (its own uid,
+	// HolderSameRun). Empty for a key this call claimed, a Failed item and a
+	// repeat within the chunk (HolderSameChunk: its first copy is the proof).
+	HolderUID string
 	// Superseded: claiming this item retired another run's committed row.
 	Superseded bool
 	// Err is set when Outcome is Failed.
@@ -237,11 +243,12 @@ func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key
 	return out, nil
 }
 
-// queryHolders runs sqlHolders for keys: rows of (entity, occurrence, run_uid)
-// for the keys a committed row holds.
-func queryHolders(ctx context.Context, db dbtx, keys []Key) (pgx.Rows, error) {
+// queryHolders runs holders (sqlHolders, or sqlHoldersSupersede with the
+// run's uid in args) for keys: rows of (entity, occurrence, run_uid) for the
+// keys a committed row holds.
+func queryHolders(ctx context.Context, db dbtx, holders string, keys []Key, args ...any) (pgx.Rows, error) {
 	entities, occurrences := keyColumns(keys)
-	rows, err := db.Query(ctx, sqlHolders, entities, occurrences)
+	rows, err := db.Query(ctx, holders, append([]any{entities, occurrences}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("looking up committed keys: %w", err)
 	}
