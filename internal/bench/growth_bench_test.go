@@ -151,7 +151,7 @@ func growLedger(ctx context.Context, b *testing.B, pool *pgxpool.Pool, from, siz
 	// The migrated definitions, to build the same indexes again.
 	var defs []string
 	rows, err := conn.Query(ctx, `SELECT indexdef FROM pg_indexes WHERE schemaname = 'runledger' AND tablename = 'ledger'
-AND indexname IN ('ledger_business_key_uq', 'ledger_run_key_idx') ORDER BY indexname`)
+AND indexname IN ('ledger_business_key_uq', 'ledger_run_uid_idx') ORDER BY indexname`)
 	if err == nil {
 		defs, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
@@ -159,7 +159,7 @@ AND indexname IN ('ledger_business_key_uq', 'ledger_run_key_idx') ORDER BY index
 		b.Fatalf("reading the ledger's index definitions: %v (%d found)", err, len(defs))
 	}
 	exec(`DROP INDEX runledger.ledger_business_key_uq`)
-	exec(`DROP INDEX runledger.ledger_run_key_idx`)
+	exec(`DROP INDEX runledger.ledger_run_uid_idx`)
 	// Row k is account k % growthEntities in month k / growthEntities.
 	exec(`
 INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt, payload, created_at)

@@ -5,14 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
-	kwait "k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/runledger/runledger/migrations"
 )
@@ -64,10 +62,8 @@ func ensureSchema(ctx context.Context, pool *pgxpool.Pool) (err error) {
 		return fmt.Errorf("acquiring connection for migration lock: %w", err)
 	}
 	defer conn.Release()
-	if err := lockMigrations(ctx, func(ctx context.Context) (got bool, err error) {
-		return got, conn.QueryRow(ctx, sqlMigrationTryLock, migrationLockKey).Scan(&got)
-	}); err != nil {
-		return err
+	if _, err := conn.Exec(ctx, sqlMigrationLock, migrationLockKey); err != nil {
+		return fmt.Errorf("taking migration lock: %w", err)
 	}
 	defer func() {
 		if _, uerr := conn.Exec(context.WithoutCancel(ctx), sqlMigrationUnlock, migrationLockKey); uerr != nil {
@@ -89,30 +85,18 @@ func ensureSchema(ctx context.Context, pool *pgxpool.Pool) (err error) {
 	return nil
 }
 
-// migrationLockPoll is how often a migrator waiting for the migration lock
-// asks for it again.
-const migrationLockPoll = 100 * time.Millisecond
-
-// lockMigrations takes the migration lock with try, polling for as long as
-// ctx allows (see sqlMigrationTryLock for why it polls).
-func lockMigrations(ctx context.Context, try func(context.Context) (bool, error)) error {
-	if err := kwait.PollUntilContextCancel(ctx, migrationLockPoll, true, try); err != nil {
-		return fmt.Errorf("taking migration lock: %w", err)
-	}
-	return nil
-}
-
 // migrationLocker is goose's session lock, taken on the connection goose
-// migrates with. It polls every 100 ms for as long as ctx allows (goose's
-// own Postgres locker polls every five seconds).
+// migrates with. It waits in pg_advisory_lock for as long as ctx allows
+// (goose's own Postgres locker polls every five seconds instead).
 type migrationLocker struct{}
 
 var _ lock.SessionLocker = migrationLocker{}
 
 func (migrationLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
-	return lockMigrations(ctx, func(ctx context.Context) (got bool, err error) {
-		return got, conn.QueryRowContext(ctx, sqlMigrationTryLock, migrationLockKey).Scan(&got)
-	})
+	if _, err := conn.ExecContext(ctx, sqlMigrationLock, migrationLockKey); err != nil {
+		return fmt.Errorf("taking migration lock: %w", err)
+	}
+	return nil
 }
 
 func (migrationLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {

@@ -126,10 +126,11 @@ func TestMigrate_LeastPrivilegeRole(t *testing.T) {
 
 	// The database as an earlier release left it: 00003 and later not
 	// applied (00006 only replaces 00004's trigger function, dropped below;
-	// 00009 replaced 00001's ledger_run_uid_idx).
+	// 00009 added ledger_retired and its trigger).
 	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 9;
-DROP INDEX runledger.ledger_run_key_idx;
-CREATE INDEX ledger_run_uid_idx ON runledger.ledger (run_uid);
+DROP TRIGGER ledger_record_retired ON runledger.ledger;
+DROP FUNCTION runledger.ledger_record_retired();
+DROP TABLE runledger.ledger_retired;
 DELETE FROM runledger.goose_db_version WHERE version_id = 6;
 DROP INDEX runledger.ledger_business_key_uq;
 CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger (entity, occurrence) WHERE state = 'committed';
@@ -186,7 +187,7 @@ ORDER BY 1`, role)
 		"batch:INSERT", "batch:SELECT",
 		"batch_run.items:UPDATE", "batch_run:INSERT", "batch_run:SELECT",
 		"goose_db_version:SELECT",
-		"ledger.state:UPDATE", "ledger.superseded_at:UPDATE", "ledger:INSERT", "ledger:SELECT",
+		"ledger.state:UPDATE", "ledger.superseded_at:UPDATE", "ledger:INSERT", "ledger:SELECT", "ledger_retired:SELECT",
 	}, got)
 	require.True(t, scalar[bool](t, owner, `SELECT has_database_privilege($1, current_database(), 'TEMP')`, role))
 	require.False(t, scalar[bool](t, owner, `SELECT has_database_privilege($1, current_database(), 'CREATE')`, role))

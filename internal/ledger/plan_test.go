@@ -37,6 +37,7 @@ func TestKeyLookupsProbeTheRuleIndex(t *testing.T) {
 		{"claim", ledger.SQLClaim, append([]any{entities, occurrences, payloads}, run...)},
 		{"holders", ledger.SQLHolders, []any{entities, occurrences}},
 		{"supersede", ledger.SQLSupersede, []any{entities, occurrences, "other-run"}},
+		{"holders, supersede", ledger.SQLHoldersSupersede, []any{entities, occurrences, "other-run"}},
 	}
 	for _, ledgerRows := range []int{0, 60000} {
 		t.Run(fmt.Sprintf("ledger of %d rows", ledgerRows), func(t *testing.T) {
@@ -66,11 +67,12 @@ FROM generate_series(1, $1) AS i`, ledgerRows)
 					require.NoError(t, err)
 					plan := strings.Join(lines, "\n")
 					require.NotContains(t, plan, "Seq Scan on ledger", "the lookup must not scan the ledger:\n%s", plan)
+					require.NotContains(t, plan, "hashed SubPlan", "the lookup must probe per key, not hash a whole run:\n%s", plan)
 					require.Contains(t, plan, "Index Scan using "+ledger.BusinessKeyIndex,
 						"the lookup must probe the rule's index per key:\n%s", plan)
-					if st.name == "supersede" {
-						require.Contains(t, plan, "using ledger_run_key_idx",
-							"the run's own rows of a key are one probe of (run_uid, occurrence, entity):\n%s", plan)
+					if strings.Contains(st.name, "supersede") {
+						require.Contains(t, plan, "using ledger_retired_pkey",
+							"the run's retired rows of a key are one probe of (run_uid, occurrence, entity):\n%s", plan)
 					}
 				})
 			}

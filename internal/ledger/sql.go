@@ -238,34 +238,34 @@ const (
 // proof). Keys it does not name have no committed row, or one that a
 // concurrent writer retired meanwhile: the insert decides.
 //
-// Like sqlHolders, it finds the rows by one probe of the rule's index per key,
-// and the run's own rows by one probe of ledger_run_key_idx (run_uid,
-// occurrence, entity) per key, then updates them by primary key, so its cost
-// follows the chunk, not the ledger. The two lookups share the statement's
+// Like sqlHolders, it finds the committed row by one probe of the rule's
+// index per key and the run's retired row by one probe of ledger_retired's
+// primary key (migrations/00009), each a LATERAL subquery with LIMIT 1 (a
+// probe per key, never a scan of the run's rows), then updates by primary
+// key, so its cost follows the chunk, not the ledger or the run. The two lookups share the statement's
 // snapshot. Under READ COMMITTED a row updated concurrently is re-checked
 // against state and run_uid before it is touched.
 const sqlSupersede = `
 WITH k AS (
-    SELECT k.entity, k.occurrence, EXISTS (
-        SELECT 1 FROM runledger.ledger AS m
-        WHERE m.run_uid = $3 AND m.occurrence = k.occurrence AND m.entity = k.entity
-    ) AS mine
+    SELECT k.entity, k.occurrence, h.id, coalesce(h.run_uid = $3, false) OR r.one IS NOT NULL AS mine
     FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
+    LEFT JOIN LATERAL (
+        SELECT c.id, c.run_uid
+        FROM runledger.ledger AS c
+        WHERE c.entity = k.entity AND c.occurrence = k.occurrence AND c.state = 'committed'
+        LIMIT 1
+    ) AS h ON true
+    LEFT JOIN LATERAL (
+        SELECT 1 AS one
+        FROM runledger.ledger_retired AS r
+        WHERE r.run_uid = $3 AND r.occurrence = k.occurrence AND r.entity = k.entity
+        LIMIT 1
+    ) AS r ON true
 ),
 up AS (
     UPDATE runledger.ledger AS l
     SET state = 'superseded', superseded_at = now()
-    WHERE l.id = ANY (ARRAY(
-        SELECT h.id
-        FROM k
-        CROSS JOIN LATERAL (
-            SELECT c.id
-            FROM runledger.ledger AS c
-            WHERE c.entity = k.entity AND c.occurrence = k.occurrence AND c.state = 'committed'
-            LIMIT 1
-        ) AS h
-        WHERE NOT k.mine
-    ))
+    WHERE l.id = ANY (ARRAY(SELECT k.id FROM k WHERE k.id IS NOT NULL AND NOT k.mine))
       AND l.state = 'committed' AND l.run_uid <> $3
     RETURNING l.entity, l.occurrence, l.id
 )
@@ -311,32 +311,32 @@ CROSS JOIN LATERAL (
 ) AS h`
 
 // sqlHoldersSupersede is sqlHolders for a Supersede run $3: a key this run
-// has ever committed (a row of the run in any state, see sqlSupersede) is
-// held by the run itself, whoever holds its committed row now.
+// has ever committed (its committed row, or one retired since: see
+// sqlSupersede) is held by the run itself, whoever holds its committed row
+// now.
 const sqlHoldersSupersede = `
-SELECT k.entity, k.occurrence, CASE WHEN EXISTS (
-        SELECT 1 FROM runledger.ledger AS m
-        WHERE m.run_uid = $3 AND m.occurrence = k.occurrence AND m.entity = k.entity
-    ) THEN $3 ELSE h.run_uid END
+SELECT k.entity, k.occurrence, CASE WHEN r.one IS NOT NULL THEN $3 ELSE h.run_uid END
 FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
 CROSS JOIN LATERAL (
     SELECT l.run_uid
     FROM runledger.ledger AS l
     WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
     LIMIT 1
-) AS h`
+) AS h
+LEFT JOIN LATERAL (
+    SELECT 1 AS one
+    FROM runledger.ledger_retired AS r
+    WHERE r.run_uid = $3 AND r.occurrence = k.occurrence AND r.entity = k.entity
+    LIMIT 1
+) AS r ON true`
 
 // Migrate's statements. The advisory lock is session-level: goose runs each
-// migration in a transaction of its own, all under the one lock. It is
-// polled for (sqlMigrationTryLock), never waited for in one statement: a
-// statement waiting holds a snapshot, and a CREATE INDEX CONCURRENTLY under
-// the lock (migrations/00009) waits for every older snapshot to go, which
-// would be a deadlock.
+// migration in a transaction of its own, all under the one lock.
 const (
-	sqlMigrationTryLock = `SELECT pg_try_advisory_lock($1)`
-	sqlMigrationUnlock  = `SELECT pg_advisory_unlock($1)`
-	sqlSchemaExists     = `SELECT to_regnamespace($1) IS NOT NULL`
-	sqlCreateSchema     = `CREATE SCHEMA IF NOT EXISTS ` + Schema
+	sqlMigrationLock   = `SELECT pg_advisory_lock($1)`
+	sqlMigrationUnlock = `SELECT pg_advisory_unlock($1)`
+	sqlSchemaExists    = `SELECT to_regnamespace($1) IS NOT NULL`
+	sqlCreateSchema    = `CREATE SCHEMA IF NOT EXISTS ` + Schema
 )
 
 // A run's batch (migrations/00002_batch.sql): what a query source returned,
@@ -601,6 +601,7 @@ GRANT SELECT ON ` + versionTable + ` TO ` + role + `;
 GRANT SELECT, INSERT, UPDATE (state, superseded_at) ON ` + Schema + `.ledger TO ` + role + `;
 GRANT SELECT, INSERT, UPDATE (items) ON ` + Schema + `.batch_run TO ` + role + `;
 GRANT SELECT, INSERT ON ` + Schema + `.batch TO ` + role + `;
+GRANT SELECT ON ` + Schema + `.ledger_retired TO ` + role + `;
 GRANT EXECUTE ON FUNCTION ` + Schema + `.ledger_take_back(text[], text[], bigint[]) TO ` + role + `;
 GRANT TEMPORARY ON DATABASE ` + db + ` TO ` + role
 }

@@ -171,12 +171,13 @@ func TestTwoRoles_BadInput(t *testing.T) {
 	require.Equal(t, committedBefore, d.owner.int(t, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed'`), "no committed row pruned")
 
 	// The database as the previous releases left it: 00004 and later
-	// pending (00006 only replaces 00004's trigger function; 00009 replaced
-	// 00001's ledger_run_uid_idx). The worker
+	// pending (00006 only replaces 00004's trigger function; 00009 added
+	// ledger_retired and its trigger). The worker
 	// may not apply them: exit 2, nothing committed, nothing applied.
 	d.owner.exec(t, `DELETE FROM runledger.goose_db_version WHERE version_id = 9;
-DROP INDEX runledger.ledger_run_key_idx;
-CREATE INDEX ledger_run_uid_idx ON runledger.ledger (run_uid);
+DROP TRIGGER ledger_record_retired ON runledger.ledger;
+DROP FUNCTION runledger.ledger_record_retired();
+DROP TABLE runledger.ledger_retired;
 DELETE FROM runledger.goose_db_version WHERE version_id = 6;
 DROP INDEX runledger.ledger_business_key_uq;
 CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger (entity, occurrence) WHERE state = 'committed';
