@@ -79,16 +79,24 @@ func ExampleStore_Preload() {
 	}
 }
 
-// Only a unique violation of the ledger's business-key rule, in schema
-// runledger, means "already handled"; another unique index is a failure.
+// Only the engine's own unique check of the ledger's business-key rule
+// (routine _bt_check_unique, in schema runledger, table ledger) says a
+// concurrent writer got there first; the same fields raised by user code
+// (PL/pgSQL's exec_stmt_raise), or another unique index, are failures.
 func ExampleIsExpectedBusinessKeyConflict() {
-	rule := &pgconn.PgError{Code: "23505", SchemaName: ledger.Schema, TableName: "ledger", ConstraintName: ledger.BusinessKeyIndex}
-	other := &pgconn.PgError{Code: "23505", SchemaName: ledger.Schema, ConstraintName: "invoices_number_key"}
+	rule := &pgconn.PgError{Code: "23505", SchemaName: ledger.Schema, TableName: "ledger", ConstraintName: ledger.BusinessKeyIndex,
+		Routine: "_bt_check_unique", File: "nbtinsert.c"}
+	forged := &pgconn.PgError{Code: "23505", SchemaName: ledger.Schema, TableName: "ledger", ConstraintName: ledger.BusinessKeyIndex,
+		Routine: "exec_stmt_raise", File: "pl_exec.c"}
+	other := &pgconn.PgError{Code: "23505", SchemaName: ledger.Schema, ConstraintName: "invoices_number_key",
+		Routine: "_bt_check_unique", File: "nbtinsert.c"}
 	fmt.Println(ledger.IsExpectedBusinessKeyConflict(fmt.Errorf("committing chunk: %w", rule)))
+	fmt.Println(ledger.IsExpectedBusinessKeyConflict(forged))
 	fmt.Println(ledger.IsExpectedBusinessKeyConflict(other))
 	fmt.Println(ledger.IsExpectedBusinessKeyConflict(errors.New("duplicate key value violates unique constraint")))
 	// Output:
 	// true
+	// false
 	// false
 	// false
 }
