@@ -1,0 +1,267 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// previousRelease is the commit TestUpgradeWithRunInFlight installs as the
+// release before this one (CHANGELOG.md: v0.1.0); move it to the last
+// release's tag when one is cut.
+const (
+	previousRelease        = "54189775ccd679d52718974cef642ab3fcea51c0"
+	previousReleaseVersion = "v0.1.0"
+)
+
+// optInRelease skips the install and upgrade tests of this file unless
+// RUNLEDGER_E2E_RELEASE=1: they were written when the host was too loaded to
+// run the e2e tier, and have not yet passed on the local cluster; CI runs
+// them once they have (then delete this).
+func optInRelease(t *testing.T) {
+	t.Helper()
+	if os.Getenv("RUNLEDGER_E2E_RELEASE") != "1" {
+		t.Skip("not yet run green on the local cluster: RUNLEDGER_E2E_RELEASE=1 make e2e E2E_ARGS='-run TestHelmInstall|TestUpgradeWithRunInFlight'")
+	}
+}
+
+// repoRoot is the checkout under test (hack/e2e.sh's copy of it).
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	require.NoError(t, err)
+	return root
+}
+
+// shell runs a bash script in dir and returns its output (no -x: the DSN
+// holds a password).
+func shell(ctx context.Context, t *testing.T, dir, script string, env ...string) string {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, "bash", "-c", "set -euo pipefail\n"+script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "in %s:\n%s\noutput:\n%s", dir, script, out)
+	return string(out)
+}
+
+// reinstallAfter puts the operator under test back as the harness installed
+// it (dist/install.yaml) when the test ends, for the tests that follow.
+func (e *env) reinstallAfter(t *testing.T) {
+	root := repoRoot(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		out, err := e.kubectlRun(ctx, "apply", "--server-side", "--force-conflicts", "-f", filepath.Join(root, "dist", "install.yaml"))
+		require.NoError(t, err, out)
+		out, err = e.kubectlRun(ctx, "-n", systemNamespace, "rollout", "status", "deployment/"+managerName, "--timeout=180s")
+		require.NoError(t, err, out)
+	})
+}
+
+// uninstallManifest removes the harness's install (dist/install.yaml), CRD included.
+func (e *env) uninstallManifest(ctx context.Context, t *testing.T) {
+	t.Helper()
+	out, err := e.kubectlRun(ctx, "delete", "processingruns", "--all", "--all-namespaces", "--wait=true")
+	require.NoError(t, err, out)
+	out, err = e.kubectlRun(ctx, "delete", "-f", filepath.Join(repoRoot(t), "dist", "install.yaml"), "--wait=true", "--ignore-not-found")
+	require.NoError(t, err, out)
+}
+
+// helmOnPath: a directory holding `helm`, the pinned one (make helm).
+func helmOnPath(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	root := repoRoot(t)
+	out := shell(ctx, t, root, `make -s helm >&2; ls bin/helm-v*`)
+	fields := strings.Fields(out)
+	helm := fields[len(fields)-1]
+	dir := t.TempDir()
+	require.NoError(t, os.Symlink(filepath.Join(root, helm), filepath.Join(dir, "helm")))
+	return dir
+}
+
+// readmeSection is the sh blocks between <!-- NAME:begin --> and <!-- NAME:end --> of README.md.
+func readmeSection(t *testing.T, name string) []string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(raw), "<!-- "+name+":begin -->")
+	require.True(t, ok, "README.md has <!-- %s:begin -->", name)
+	section, _, ok := strings.Cut(rest, "<!-- "+name+":end -->")
+	require.True(t, ok, "README.md has <!-- %s:end -->", name)
+	var blocks []string
+	for _, m := range shBlock.FindAllStringSubmatch(section, -1) {
+		blocks = append(blocks, m[1])
+	}
+	return blocks
+}
+
+// requireUninstalled: nothing of the operator is left but what the user
+// keeps on purpose (the ledger, in PostgreSQL).
+func (e *env) requireUninstalled(ctx context.Context, t *testing.T) {
+	t.Helper()
+	for _, kind := range []string{"deployments,services,serviceaccounts,roles,rolebindings,configmaps", "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings"} {
+		out, err := e.kubectlRun(ctx, "get", kind, "-A", "-l", "app.kubernetes.io/name=runledger", "-o", "name")
+		require.NoError(t, err, out)
+		require.Empty(t, strings.TrimSpace(out), "left after the uninstall")
+	}
+	out, err := e.kubectlRun(ctx, "get", "crd", "processingruns.processing.runledger.dev", "--ignore-not-found", "-o", "name")
+	require.NoError(t, err, out)
+	require.Empty(t, strings.TrimSpace(out), "the CRD is gone")
+}
+
+// TestHelmInstall follows the README's Helm install word for word (the
+// chart from this checkout, the image the harness pushed), runs a batch,
+// and uninstalls the way the README says: nothing is left but the ledger.
+func TestHelmInstall(t *testing.T) {
+	optInRelease(t)
+	e := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	root := repoRoot(t)
+	registry, err := exec.CommandContext(ctx, e.clusterSh, "registry").Output()
+	require.NoError(t, err, "hack/cluster.sh registry")
+	img := strings.TrimSpace(string(registry)) + "/runledger:dev"
+	blocks := readmeSection(t, "readme-helm")
+	require.Len(t, blocks, 2, "the README's Helm section: install, uninstall")
+	path := "PATH=" + helmOnPath(ctx, t) + ":" + os.Getenv("PATH")
+
+	e.uninstallManifest(ctx, t)
+	e.reinstallAfter(t)
+	settings := fmt.Sprintf("IMG=%q\nexport INSECURE=1 # the cluster's registry speaks plain HTTP\n", img)
+	out := shell(ctx, t, root, settings+blocks[0], path)
+	t.Logf("helm install:\n%s", out)
+	out, err = e.kubectlRun(ctx, "get", "deployment", "-n", systemNamespace, managerName, "-o", "jsonpath={.metadata.annotations.meta\\.helm\\.sh/release-name}")
+	require.NoError(t, err, out)
+	require.Equal(t, "runledger", out, "the manager is the chart's release's")
+
+	f := newFixture(t, "helm", 0)
+	run := f.createRun("helm", runSpec{workers: 2, chunk: 50, batch: queryBatch(1, 400, 0)})
+	run = f.waitComplete(run.Name, runTimeout)
+	require.Equal(t, counts{Total: 400, Completed: 400}, countsOf(run))
+	f.requireExactlyOnce(400)
+
+	out = shell(ctx, t, root, settings+blocks[1], path)
+	t.Logf("helm uninstall:\n%s", out)
+	e.requireUninstalled(ctx, t)
+	require.EqualValues(t, 400, f.int(`SELECT count(*) FROM runledger.ledger WHERE state = 'committed'`), "the ledger stays")
+}
+
+// buildPrevious builds the previous release from its commit (a clone of the
+// checkout, as a release manager would from the tag): its image pushed as
+// REGISTRY/runledger:previousReleaseVersion and its dist/install.yaml.
+func buildPrevious(ctx context.Context, t *testing.T, registry string) (dir, ref string) {
+	t.Helper()
+	checkout := os.Getenv("RUNLEDGER_E2E_CHECKOUT") // hack/e2e.sh: the git checkout it copied
+	require.NotEmpty(t, checkout, "RUNLEDGER_E2E_CHECKOUT (hack/e2e.sh sets it)")
+	dir = filepath.Join(t.TempDir(), "previous")
+	img := registry + "/runledger:" + previousReleaseVersion
+	shell(ctx, t, repoRoot(t), fmt.Sprintf(`
+git clone --quiet --no-local --no-checkout %q %q
+git -C %[2]q checkout --quiet %s
+mkdir -p %[2]q/bin && ln -s %q %[2]q/bin/k8s
+# One platform: the cluster's nodes are amd64.
+make -s -C %[2]q build-installer IMG=%q INSECURE=1 PLATFORMS=linux/amd64 VERSION=%s COMMIT=%[3]s >&2
+make -s -C %[2]q push IMG=%[5]q INSECURE=1 PLATFORMS=linux/amd64 VERSION=%[6]s COMMIT=%[3]s
+`, checkout, dir, previousRelease, filepath.Join(checkout, "bin", "k8s"), img, previousReleaseVersion))
+	raw, err := os.ReadFile(filepath.Join(dir, "dist", "install.yaml"))
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(raw), "\n") {
+		if s := strings.TrimSpace(l); strings.HasPrefix(s, "image: ") {
+			ref = strings.TrimPrefix(s, "image: ")
+		}
+	}
+	require.Contains(t, ref, "@sha256:")
+	return dir, ref
+}
+
+// TestUpgradeWithRunInFlight: the previous release is installed
+// (dist/install.yaml built from its commit), a long run starts, and the
+// README's upgrade steps (push, migrate, render, apply) bring the current
+// code while it runs: the run completes with exact counts, no item
+// committed or effected twice.
+func TestUpgradeWithRunInFlight(t *testing.T) {
+	optInRelease(t)
+	e := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
+	defer cancel()
+	root := repoRoot(t)
+	registry, err := exec.CommandContext(ctx, e.clusterSh, "registry").Output()
+	require.NoError(t, err, "hack/cluster.sh registry")
+	reg := strings.TrimSpace(string(registry))
+	upgrade := readmeUpgrade(t)
+
+	prev, prevRef := buildPrevious(ctx, t, reg)
+	t.Logf("the previous release %s (%s): %s", previousReleaseVersion, previousRelease[:7], prevRef)
+	e.uninstallManifest(ctx, t)
+	e.reinstallAfter(t)
+	out, err := e.kubectlRun(ctx, "apply", "-f", filepath.Join(prev, "dist", "install.yaml"))
+	require.NoError(t, err, out)
+	out, err = e.kubectlRun(ctx, "-n", systemNamespace, "rollout", "status", "deployment/"+managerName, "--timeout=180s")
+	require.NoError(t, err, out)
+
+	// What the upgrade builds, built once before the run starts, so that
+	// the upgrade itself takes as long as it does with a warm build cache.
+	shell(ctx, t, root, fmt.Sprintf("make -s push IMG=%q INSECURE=1 >&2 && make -s build", reg+"/runledger:dev"))
+
+	// 3000 items in chunks of 10 over 3 shards, a second and a half per
+	// chunk: minutes of work, longer than the upgrade.
+	f := newFixture(t, "upgrade", 1.5)
+	run := f.createRun("upgrade", runSpec{workers: 3, chunk: 10, batch: queryBatch(1, 3000, 0)})
+	f.waitRowsOfShard(run, 0, 10)
+	prevDigest := prevRef[strings.Index(prevRef, "@"):]
+	for _, p := range f.runPods(f.get(run.Name)) {
+		require.True(t, strings.HasSuffix(p.Spec.Containers[0].Image, prevDigest), "the previous release's workers: %s", p.Spec.Containers[0].Image)
+	}
+
+	// The README's upgrade, word for word, against this test's database.
+	settings := fmt.Sprintf("IMG=%q\nDSN=%q\nexport INSECURE=1 # the cluster's registry speaks plain HTTP\n", reg+"/runledger:dev", f.dsn)
+	started := time.Now()
+	out = shell(ctx, t, root, settings+upgrade)
+	t.Logf("the README's upgrade (%.0fs):\n%s", time.Since(started).Seconds(), out)
+	mid := f.get(run.Name)
+	require.False(t, isTrue(mid, v1alpha1.ConditionComplete) || isTrue(mid, v1alpha1.ConditionFailed),
+		"the run was still going when the new manager took over (else make the batch slower): %s", statusLine(mid))
+	pods, err := e.managerPods(ctx)
+	require.NoError(t, err)
+	for name, p := range pods {
+		if p.DeletionTimestamp == nil {
+			require.False(t, strings.HasSuffix(p.Spec.Containers[0].Image, prevDigest), "manager pod %s runs the new release", name)
+		}
+	}
+
+	run = f.waitComplete(run.Name, 2*runTimeout)
+	require.Equal(t, counts{Total: 3000, Completed: 3000}, countsOf(run))
+	f.requireShardsAddUp(run)
+	require.EqualValues(t, 3000, f.committedRows(string(run.UID)))
+	f.requireExactlyOnce(3000)
+}
+
+// readmeUpgrade is the README install section's upgrade block (the sh
+// block after "**Upgrade**").
+func readmeUpgrade(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(raw), readmeBegin)
+	require.True(t, ok)
+	section, _, ok := strings.Cut(rest, readmeEnd)
+	require.True(t, ok)
+	_, after, ok := strings.Cut(section, "**Upgrade**")
+	require.True(t, ok, "the README's install section has an **Upgrade** step")
+	m := shBlock.FindStringSubmatch(after)
+	require.NotNil(t, m, "the upgrade step has its commands in an sh block")
+	require.Contains(t, m[1], "runledger migrate", "the upgrade migrates the ledger")
+	return m[1]
+}
