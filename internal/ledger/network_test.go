@@ -2,11 +2,9 @@ package ledger_test
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -22,8 +20,7 @@ import (
 // tcpProxy forwards TCP connections on a loopback port to the unix socket
 // of the test's server, and returns a TCP connection string for dbname.
 func tcpProxy(t *testing.T, socketDir string, port uint16, user, dbname string) string {
-	dsn, _, _ := freezableProxy(t, socketDir, port, user, dbname)
-	return dsn
+	return pgtest.NewProxy(t, pgtest.SocketOf(socketDir, port), pgtest.ProxyOptions{}).DSN(user, dbname)
 }
 
 // freezableProxy is tcpProxy with a switch: once freeze is called, it stops
@@ -31,52 +28,20 @@ func tcpProxy(t *testing.T, socketDir string, port uint16, user, dbname string) 
 // the client sees it, whose host still answers TCP); stop closes it all.
 func freezableProxy(t *testing.T, socketDir string, port uint16, user, dbname string) (dsn string, freeze, stop func()) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
 	frozen := make(chan struct{})
-	var freezeOnce, stopOnce sync.Once
-	done := make(chan struct{})
-	stop = func() { stopOnce.Do(func() { close(done); _ = ln.Close() }) }
-	t.Cleanup(stop)
-	pipe := func(dst, src net.Conn) {
-		defer func() { _ = dst.Close() }()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			select {
-			case <-frozen:
-				<-done // hold everything open, forward nothing
-				return
-			default:
-			}
-			if n > 0 {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
+	var freezeOnce sync.Once
+	var p *pgtest.Proxy
+	hold := func(*pgtest.ProxyConn, []byte) bool {
+		select {
+		case <-frozen:
+			<-p.Done() // hold everything open, forward nothing
+			return false
+		default:
+			return true
 		}
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("unix", filepath.Join(socketDir, fmt.Sprintf(".s.PGSQL.%d", port)))
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			go pipe(s, c)
-			go pipe(c, s)
-		}
-	}()
-	addr := ln.Addr().(*net.TCPAddr)
-	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", addr.Port, user, dbname),
-		func() { freezeOnce.Do(func() { close(frozen) }) }, stop
+	p = pgtest.NewProxy(t, pgtest.SocketOf(socketDir, port), pgtest.ProxyOptions{ToServer: hold, ToClient: hold})
+	return p.DSN(user, dbname), func() { freezeOnce.Do(func() { close(frozen) }) }, p.Close
 }
 
 // TestNetworkTimeout_TCP: a pool opened with NetworkTimeout(6s) over TCP

@@ -4,10 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"net"
-	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,65 +21,21 @@ import (
 // the client cannot tell whether its transaction committed.
 func commitCutProxy(t *testing.T, socketDir string, port uint16, user, dbname string) (dsn string, arm func()) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ln.Close() })
 	var armed atomic.Bool
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	p := pgtest.NewProxy(t, pgtest.SocketOf(socketDir, port), pgtest.ProxyOptions{
+		ToServer: func(c *pgtest.ProxyConn, b []byte) bool {
+			if !bytes.Contains(b, []byte("commit\x00")) || !armed.CompareAndSwap(true, false) {
+				return true
 			}
-			s, err := net.Dial("unix", filepath.Join(socketDir, fmt.Sprintf(".s.PGSQL.%d", port)))
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			var once sync.Once
-			cut := func() { once.Do(func() { _ = c.Close(); _ = s.Close() }) }
-			go func() { // server -> client
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 {
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							break
-						}
-					}
-					if err != nil {
-						break
-					}
-				}
-				cut()
-			}()
-			go func() { // client -> server
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if bytes.Contains(buf[:n], []byte("commit\x00")) && armed.CompareAndSwap(true, false) {
-							// Forward the COMMIT, close the client's side at once so
-							// the answer never reaches it, and let the server commit.
-							_ = c.Close()
-							_, _ = s.Write(buf[:n])
-							time.Sleep(300 * time.Millisecond)
-							break
-						}
-						if _, werr := s.Write(buf[:n]); werr != nil {
-							break
-						}
-					}
-					if err != nil {
-						break
-					}
-				}
-				cut()
-			}()
-		}
-	}()
-	addr := ln.Addr().(*net.TCPAddr)
-	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", addr.Port, user, dbname), func() { armed.Store(true) }
+			// Forward the COMMIT, close the client's side at once so the
+			// answer never reaches it, and let the server commit.
+			_ = c.Client.Close()
+			_, _ = c.Server.Write(b)
+			time.Sleep(300 * time.Millisecond)
+			return false
+		},
+	})
+	return p.DSN(user, dbname), func() { armed.Store(true) }
 }
 
 // lostAnswerProcessor accepts the first item of its first call and asks to

@@ -3,7 +3,6 @@ package clitest
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -251,27 +250,7 @@ CREATE TABLE invoices (account text NOT NULL REFERENCES accounts, period text NO
 // reachable, without touching the server other tests use.
 func proxy(t *testing.T, addr, socket string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", addr)
-	require.NoError(t, err, "listening on %s", addr)
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				s, err := net.Dial("unix", socket)
-				if err != nil {
-					return
-				}
-				defer s.Close()
-				go func() { _, _ = io.Copy(s, c) }()
-				_, _ = io.Copy(c, s)
-			}()
-		}
-	}()
+	pgtest.NewProxy(t, socket, pgtest.ProxyOptions{Listen: addr})
 }
 
 // freeAddr returns a loopback address nothing listens on (yet).
