@@ -24,7 +24,7 @@ const arbiter = `ON CONFLICT (entity, occurrence) WHERE state = 'committed' DO N
 // The chunk's items arrive as arrays: $1 entities, $2 occurrences, $3 payloads
 // (text, NULL allowed); $4..$8 are the run's identity.
 const (
-	insertInto = `INSERT INTO runledger.ledger
+	insertInto = `INSERT INTO ` + Schema + `.ledger
         (entity, occurrence, state, run_namespace, run_name, run_uid, shard, attempt, payload)
     SELECT k.entity, k.occurrence, 'committed', $4, $5, $6, $7, $8, k.payload::jsonb`
 	chunkKeys = `unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)`
@@ -71,7 +71,7 @@ WITH k AS (
     FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(entity, occurrence, payload, n)
     LEFT JOIN LATERAL (
         SELECT l.run_uid
-        FROM runledger.ledger AS l
+        FROM ` + Schema + `.ledger AS l
         WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
         LIMIT 1
     ) AS h ON true
@@ -251,19 +251,19 @@ WITH k AS (
     FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
     LEFT JOIN LATERAL (
         SELECT c.id, c.run_uid
-        FROM runledger.ledger AS c
+        FROM ` + Schema + `.ledger AS c
         WHERE c.entity = k.entity AND c.occurrence = k.occurrence AND c.state = 'committed'
         LIMIT 1
     ) AS h ON true
     LEFT JOIN LATERAL (
         SELECT 1 AS one
-        FROM runledger.ledger_retired AS r
+        FROM ` + Schema + `.ledger_retired AS r
         WHERE r.run_uid = $3 AND r.occurrence = k.occurrence AND r.entity = k.entity
         LIMIT 1
     ) AS r ON true
 ),
 up AS (
-    UPDATE runledger.ledger AS l
+    UPDATE ` + Schema + `.ledger AS l
     SET state = 'superseded', superseded_at = now()
     WHERE l.id = ANY (ARRAY(SELECT k.id FROM k WHERE k.id IS NOT NULL AND NOT k.mine))
       AND l.state = 'committed' AND l.run_uid <> $3
@@ -279,7 +279,7 @@ SELECT entity, occurrence, NULL FROM k WHERE mine`
 // could otherwise free its own chunk's keys and commit its writes.
 const sqlClaimsHeld = `SELECT count(*) FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
 WHERE EXISTS (
-    SELECT 1 FROM runledger.ledger AS l
+    SELECT 1 FROM ` + Schema + `.ledger AS l
     WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed' AND l.run_uid = $3
 )`
 
@@ -305,7 +305,7 @@ SELECT k.entity, k.occurrence, h.run_uid
 FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
 CROSS JOIN LATERAL (
     SELECT l.run_uid
-    FROM runledger.ledger AS l
+    FROM ` + Schema + `.ledger AS l
     WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
     LIMIT 1
 ) AS h`
@@ -319,13 +319,13 @@ SELECT k.entity, k.occurrence, CASE WHEN r.one IS NOT NULL THEN $3 ELSE h.run_ui
 FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
 CROSS JOIN LATERAL (
     SELECT l.run_uid
-    FROM runledger.ledger AS l
+    FROM ` + Schema + `.ledger AS l
     WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
     LIMIT 1
 ) AS h
 LEFT JOIN LATERAL (
     SELECT 1 AS one
-    FROM runledger.ledger_retired AS r
+    FROM ` + Schema + `.ledger_retired AS r
     WHERE r.run_uid = $3 AND r.occurrence = k.occurrence AND r.entity = k.entity
     LIMIT 1
 ) AS r ON true`
@@ -356,7 +356,7 @@ const (
 
 	sqlBatchHeader = `
 SELECT id, source, shards, items, coalesce(digest, ''), created_at, pruned_at
-FROM runledger.batch_run WHERE run_uid = $1`
+FROM ` + Schema + `.batch_run WHERE run_uid = $1`
 
 	// sqlBatchWorkMem gives the user's query (its own ORDER BY, a hash
 	// join) and the packing's hash table room to stay in memory, for the
@@ -376,22 +376,22 @@ SELECT s.relid::bigint, s.schemaname || '.' || s.relname, s.n_tup_ins, s.n_tup_u
 FROM pg_stat_xact_all_tables AS s
 WHERE s.n_tup_ins + s.n_tup_upd + s.n_tup_del > 0
   AND s.relid NOT IN (
-    SELECT c.oid FROM pg_class AS c WHERE c.oid IN ('runledger.batch'::regclass, 'runledger.batch_run'::regclass)
+    SELECT c.oid FROM pg_class AS c WHERE c.oid IN ('` + Schema + `.batch'::regclass, '` + Schema + `.batch_run'::regclass)
     UNION ALL
-    SELECT c.reltoastrelid FROM pg_class AS c WHERE c.oid IN ('runledger.batch'::regclass, 'runledger.batch_run'::regclass)
+    SELECT c.reltoastrelid FROM pg_class AS c WHERE c.oid IN ('` + Schema + `.batch'::regclass, '` + Schema + `.batch_run'::regclass)
   )`
 
 	// sqlFixStaticBatch records a static batch's size and digest the first
 	// time; its items are not copied (the spec, ConfigMap or file holds them).
 	// $1 run uid, $2 namespace, $3 name, $4 shards, $5 items, $6 digest.
 	sqlFixStaticBatch = `
-INSERT INTO runledger.batch_run (run_uid, run_namespace, run_name, source, shards, items, digest)
+INSERT INTO ` + Schema + `.batch_run (run_uid, run_namespace, run_name, source, shards, items, digest)
 VALUES ($1, $2, $3, 'static', $4, $5, $6)
 ON CONFLICT (run_uid) DO NOTHING`
 
 	// sqlBatchShardSize counts a shard's items: its blocks' seqs (the
 	// primary key's range of the shard).
-	sqlBatchShardSize = `SELECT coalesce(sum(cardinality(seqs)), 0) FROM runledger.batch WHERE batch_id = $1 AND shard = $2`
+	sqlBatchShardSize = `SELECT coalesce(sum(cardinality(seqs)), 0) FROM ` + Schema + `.batch WHERE batch_id = $1 AND shard = $2`
 
 	// A shard's reader: a cursor over its items in key order, in a READ
 	// ONLY, READ COMMITTED transaction (sqlBeginBatchCursor): the cursor
@@ -421,7 +421,7 @@ ON CONFLICT (run_uid) DO NOTHING`
 SELECT b.seq, b.entity, b.occurrence, b.payload, h.run_uid
 FROM (
     SELECT u.seq, u.entity, u.occurrence, u.payload
-    FROM runledger.batch AS k
+    FROM ` + Schema + `.batch AS k
     CROSS JOIN LATERAL unnest(k.seqs, k.entities, k.occurrences, k.payloads) AS u(seq, entity, occurrence, payload)
     WHERE k.batch_id = $1 AND k.shard = $2
     ORDER BY u.entity COLLATE "C" NULLS FIRST, u.occurrence COLLATE "C" NULLS FIRST, u.seq
@@ -429,7 +429,7 @@ FROM (
 ) AS b
 LEFT JOIN LATERAL (
     SELECT l.run_uid
-    FROM runledger.ledger AS l
+    FROM ` + Schema + `.ledger AS l
     WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
     LIMIT 1
 ) AS h ON true
@@ -438,7 +438,7 @@ ORDER BY b.entity COLLATE "C" NULLS FIRST, b.occurrence COLLATE "C" NULLS FIRST,
 	// sqlPruneCandidates lists the runs whose batch was created before $1
 	// and is not pruned yet, oldest first, with their shard counts.
 	sqlPruneCandidates = `
-SELECT run_uid, run_namespace, run_name, shards FROM runledger.batch_run
+SELECT run_uid, run_namespace, run_name, shards FROM ` + Schema + `.batch_run
 WHERE created_at < $1 AND pruned_at IS NULL
 ORDER BY created_at, run_uid`
 
@@ -454,11 +454,11 @@ ORDER BY created_at, run_uid`
 	// pruned (0 or 1) and the items deleted.
 	sqlPruneBatch = `
 WITH old AS (
-    UPDATE runledger.batch_run SET pruned_at = now()
+    UPDATE ` + Schema + `.batch_run SET pruned_at = now()
     WHERE run_uid = $1 AND pruned_at IS NULL
     RETURNING id
 ), gone AS (
-    DELETE FROM runledger.batch AS b USING old WHERE b.batch_id = old.id
+    DELETE FROM ` + Schema + `.batch AS b USING old WHERE b.batch_id = old.id
     RETURNING cardinality(b.seqs) AS items
 )
 SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone)`
@@ -491,7 +491,7 @@ func sqlBeginPrune() string {
 // sqlPruneSuperseded deletes the superseded ledger rows retired before $1:
 // history that no rule reads. Only a member of the ledger's owner role may
 // (the append-only trigger); committed rows are never deleted.
-const sqlPruneSuperseded = `DELETE FROM runledger.ledger WHERE state = 'superseded' AND superseded_at < $1`
+const sqlPruneSuperseded = `DELETE FROM ` + Schema + `.ledger WHERE state = 'superseded' AND superseded_at < $1`
 
 // sqlFixQueryBatch writes the header and, only if this statement wrote it,
 // the query's items packed in blocks (sqlBatchRows): a second materialiser
@@ -503,12 +503,12 @@ const sqlPruneSuperseded = `DELETE FROM runledger.ledger WHERE state = 'supersed
 func sqlFixQueryBatch(query string, hasPayload bool, shards int, shardOf func(entity, occurrence string) string) string {
 	return `
 WITH hdr AS (
-    INSERT INTO runledger.batch_run (run_uid, run_namespace, run_name, source, shards, items, digest)
+    INSERT INTO ` + Schema + `.batch_run (run_uid, run_namespace, run_name, source, shards, items, digest)
     VALUES ($1, $2, $3, 'query', $4, 0, nullif($5, ''))
     ON CONFLICT (run_uid) DO NOTHING
     RETURNING id
 ), ins AS (
-    INSERT INTO runledger.batch (batch_id, shard, block, seqs, entities, occurrences, payloads)
+    INSERT INTO ` + Schema + `.batch (batch_id, shard, block, seqs, entities, occurrences, payloads)
     SELECT hdr.id, r.* FROM hdr CROSS JOIN (
 ` + sqlBatchRows(query, hasPayload, shards, shardOf) + `
     ) AS r
@@ -518,7 +518,7 @@ SELECT coalesce(sum(items), 0) FROM ins`
 }
 
 // sqlSetBatchItems records the item count of the batch just written.
-const sqlSetBatchItems = `UPDATE runledger.batch_run SET items = $2 WHERE run_uid = $1`
+const sqlSetBatchItems = `UPDATE ` + Schema + `.batch_run SET items = $2 WHERE run_uid = $1`
 
 // batchCursor is the name of a shard reader's cursor.
 const batchCursor = "runledger_batch"
