@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,13 +29,6 @@ var forgeCodes = []string{
 	"3B000", "3D000", "3F000", "40000", "40001", "40P01", "42000", "42501", "42601", "42P01", "44000", "53000",
 	"53300", "54000", "55000", "55P03", "57000", "57014", "57P01", "58000", "72000", "F0000", "HV000", "P0000",
 	"P0001", "XX000",
-}
-
-// forgeRetryable: codes the insert path retries (a chunk with one is tried
-// again whole). User code raises them a bounded number of times in all
-// (forge_retry_budget), so that every chunk ends.
-func forgeRetryable(code string) bool {
-	return code[:2] == "08" || code[:2] == "40" || strings.HasPrefix(code, "57") || code == "53300" || code == "55P03"
 }
 
 // The points where user code runs, and where it raises.
