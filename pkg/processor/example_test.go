@@ -18,10 +18,10 @@ import (
 func ExampleHandler() {
 	charged := map[string]bool{} // the payment service's own record, by idempotency key
 	h := processor.Handler(func(_ context.Context, _ *processor.Request, it processor.Item) processor.Result {
-		switch {
-		case it.Entity == "acct-closed":
+		switch it.Entity {
+		case "acct-closed":
 			return processor.Refuse(errors.New("account closed"))
-		case it.Entity == "acct-busy":
+		case "acct-busy":
 			return processor.Retry(errors.New("payment service busy"))
 		}
 		if !charged[it.Key] {
