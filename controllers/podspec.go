@@ -48,7 +48,7 @@ type PodOptions struct {
 // defaultWorkerResources apply when the run sets no resources: the worker
 // streams its shard chunk by chunk, so its memory stays small.
 func defaultWorkerResources() corev1.ResourceRequirements {
-	return corev1.ResourceRequirements{
+	r := corev1.ResourceRequirements{
 		Requests: corev1.ResourceList{
 			corev1.ResourceCPU:    resource.MustParse("100m"),
 			corev1.ResourceMemory: resource.MustParse("128Mi"),
@@ -56,6 +56,28 @@ func defaultWorkerResources() corev1.ResourceRequirements {
 		Limits: corev1.ResourceList{
 			corev1.ResourceMemory: resource.MustParse("256Mi"),
 		},
+	}
+	withEphemeralStorage(&r)
+	return r
+}
+
+// withEphemeralStorage sets the default ephemeral-storage request and limit
+// of a runledger container (its logs and its /tmp, an emptyDir of at most
+// 64Mi), unless r already has its own: a container without them may fill
+// the node's disk, and the kubelet evicts pods over their limit rather than
+// the node's other pods.
+func withEphemeralStorage(r *corev1.ResourceRequirements) {
+	if _, ok := r.Requests[corev1.ResourceEphemeralStorage]; !ok {
+		if r.Requests == nil {
+			r.Requests = corev1.ResourceList{}
+		}
+		r.Requests[corev1.ResourceEphemeralStorage] = resource.MustParse("64Mi")
+	}
+	if _, ok := r.Limits[corev1.ResourceEphemeralStorage]; !ok {
+		if r.Limits == nil {
+			r.Limits = corev1.ResourceList{}
+		}
+		r.Limits[corev1.ResourceEphemeralStorage] = resource.MustParse("256Mi")
 	}
 }
 
@@ -134,11 +156,26 @@ func userEnv(env []corev1.EnvVar) []corev1.EnvVar {
 	return out
 }
 
-// userVolumes is workerTemplate.volumes without runledger's own name.
+// reservedVolume reports whether a volume name is runledger's own.
+func reservedVolume(name string) bool {
+	switch name {
+	case v1alpha1.WorkerTmpVolume, v1alpha1.ProcessorTmpVolume, v1alpha1.WorkerTokenVolume, v1alpha1.WorkerBatchVolume:
+		return true
+	}
+	return false
+}
+
+// reservedMountPath reports whether a mount path is runledger's own.
+func reservedMountPath(path string) bool {
+	return path == v1alpha1.WorkerTmpPath || path == v1alpha1.TerminationMessagePath ||
+		strings.HasPrefix(path, "/var/run/runledger") || strings.HasPrefix(path, v1alpha1.WorkerTokenPath)
+}
+
+// userVolumes is workerTemplate.volumes without runledger's own names.
 func userVolumes(vols []corev1.Volume) []corev1.Volume {
 	var out []corev1.Volume
 	for _, v := range vols {
-		if v.Name != v1alpha1.WorkerTmpVolume {
+		if !reservedVolume(v.Name) {
 			out = append(out, v)
 		}
 	}
@@ -146,15 +183,56 @@ func userVolumes(vols []corev1.Volume) []corev1.Volume {
 }
 
 // userVolumeMounts is workerTemplate.volumeMounts without runledger's own
-// volume and paths.
+// volumes and paths.
 func userVolumeMounts(mounts []corev1.VolumeMount) []corev1.VolumeMount {
 	var out []corev1.VolumeMount
 	for _, m := range mounts {
-		if m.Name != v1alpha1.WorkerTmpVolume && m.MountPath != v1alpha1.WorkerTmpPath && m.MountPath != v1alpha1.TerminationMessagePath {
+		if !reservedVolume(m.Name) && !reservedMountPath(m.MountPath) {
 			out = append(out, m)
 		}
 	}
 	return out
+}
+
+// tokenVolume is the worker's ServiceAccount token, projected: bound to the
+// pod (the admission policy reads the pod's name and UID from it), renewed
+// by the kubelet, with the cluster's CA and the namespace beside it, as the
+// ServiceAccount admission plugin would mount it, but into the worker
+// container alone.
+func tokenVolume() corev1.Volume {
+	return corev1.Volume{Name: v1alpha1.WorkerTokenVolume, VolumeSource: corev1.VolumeSource{
+		Projected: &corev1.ProjectedVolumeSource{
+			DefaultMode: ptr.To[int32](0o444),
+			Sources: []corev1.VolumeProjection{
+				{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
+					Path: "token", ExpirationSeconds: ptr.To[int64](v1alpha1.WorkerTokenExpirationSeconds)}},
+				{ConfigMap: &corev1.ConfigMapProjection{
+					LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"},
+					Items:                []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+				{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{{
+					Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.namespace"}}}}},
+			},
+		},
+	}}
+}
+
+func tokenMount() corev1.VolumeMount {
+	return corev1.VolumeMount{Name: v1alpha1.WorkerTokenVolume, MountPath: v1alpha1.WorkerTokenPath, ReadOnly: true}
+}
+
+// batchVolume is spec.batch.configMapRef's key as one file: the kubelet
+// reads the ConfigMap, so workers need no right to read ConfigMaps. The
+// controller checked that it exists before creating pods; one deleted since
+// leaves the file missing (optional), which the worker reports as bad input.
+func batchVolume(ref *v1alpha1.ConfigMapKeyRef) corev1.Volume {
+	return corev1.Volume{Name: v1alpha1.WorkerBatchVolume, VolumeSource: corev1.VolumeSource{
+		ConfigMap: &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name},
+			Items:                []corev1.KeyToPath{{Key: ref.Key, Path: v1alpha1.WorkerBatchFile}},
+			DefaultMode:          ptr.To[int32](0o444),
+			Optional:             ptr.To(true),
+		},
+	}}
 }
 
 // buildWorkerPod is the pod of one attempt of one shard of a run. It is a
@@ -171,6 +249,7 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 	resources := defaultWorkerResources()
 	if tmpl.Resources != nil {
 		resources = *tmpl.Resources.DeepCopy()
+		withEphemeralStorage(&resources)
 	}
 	serviceAccount := opts.ServiceAccountName
 	if tmpl.ServiceAccountName != "" {
@@ -197,7 +276,8 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			ServiceAccountName:            serviceAccount,
-			AutomountServiceAccountToken:  ptr.To(true), // the worker reports through the API
+			// The worker container alone mounts a token (tokenVolume).
+			AutomountServiceAccountToken: ptr.To(false),
 			EnableServiceLinks:            ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](workerGracePeriodSeconds),
 			NodeSelector:                  tmpl.NodeSelector,
@@ -232,21 +312,30 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 				},
-				VolumeMounts: append([]corev1.VolumeMount{{Name: v1alpha1.WorkerTmpVolume, MountPath: v1alpha1.WorkerTmpPath}},
+				VolumeMounts: append([]corev1.VolumeMount{{Name: v1alpha1.WorkerTmpVolume, MountPath: v1alpha1.WorkerTmpPath}, tokenMount()},
 					userVolumeMounts(tmpl.VolumeMounts)...),
 			}},
-			Volumes: append([]corev1.Volume{{
-				Name: v1alpha1.WorkerTmpVolume,
-				VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
-					SizeLimit: ptr.To(resource.MustParse("64Mi")),
-				}},
-			}}, userVolumes(tmpl.Volumes)...),
+			Volumes: append([]corev1.Volume{tmpVolume(v1alpha1.WorkerTmpVolume), tokenVolume()}, userVolumes(tmpl.Volumes)...),
 		},
+	}
+	if ref := run.Spec.Batch.ConfigMapRef; ref != nil {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, batchVolume(ref))
+		c := &pod.Spec.Containers[0]
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.WorkerBatchVolume, MountPath: v1alpha1.WorkerBatchPath, ReadOnly: true})
+		c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvBatchFile, Value: v1alpha1.WorkerBatchPath + "/" + v1alpha1.WorkerBatchFile})
 	}
 	if e := run.Spec.Effect; e != nil && e.Processor != nil {
 		pod.Spec.InitContainers = []corev1.Container{processorContainer(e.Processor)}
+		pod.Spec.Volumes = append(pod.Spec.Volumes, tmpVolume(v1alpha1.ProcessorTmpVolume))
 	}
 	return pod, nil
+}
+
+// tmpVolume is a container's /tmp: an emptyDir of at most 64Mi.
+func tmpVolume(name string) corev1.Volume {
+	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+		SizeLimit: ptr.To(resource.MustParse("64Mi")),
+	}}}
 }
 
 const (
@@ -263,7 +352,9 @@ const (
 // the worker once its startup probe (a TCP connect to its port) passes, keeps
 // it running, restarting it if it crashes, while the worker runs, and stops
 // it when the worker exits. It runs as the pod's non-root user, without
-// privileges; its root filesystem is its own (user code often writes to it).
+// privileges, with a read-only root filesystem and a /tmp of its own unless
+// the run says otherwise, and without a ServiceAccount token unless the run
+// asks for one.
 func processorContainer(p *v1alpha1.ProcessorSpec) corev1.Container {
 	port := p.ListenPort()
 	tcp := corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)}}
@@ -282,9 +373,14 @@ func processorContainer(p *v1alpha1.ProcessorSpec) corev1.Container {
 			RunAsNonRoot:             ptr.To(true),
 			Privileged:               ptr.To(false),
 			AllowPrivilegeEscalation: ptr.To(false),
+			ReadOnlyRootFilesystem:   ptr.To(p.ReadOnlyRoot()),
 			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
+		VolumeMounts: []corev1.VolumeMount{{Name: v1alpha1.ProcessorTmpVolume, MountPath: v1alpha1.WorkerTmpPath}},
+	}
+	if p.MountsToken() {
+		c.VolumeMounts = append(c.VolumeMounts, tokenMount())
 	}
 	for i := range p.Env {
 		c.Env = append(c.Env, *p.Env[i].DeepCopy())
@@ -292,6 +388,7 @@ func processorContainer(p *v1alpha1.ProcessorSpec) corev1.Container {
 	if p.Resources != nil {
 		c.Resources = *p.Resources.DeepCopy()
 	}
+	withEphemeralStorage(&c.Resources)
 	return c
 }
 

@@ -84,7 +84,45 @@ func TestBuildWorkerPod(t *testing.T) {
 				c := pod.Spec.InitContainers[0]
 				require.Equal(t, int32(v1alpha1.DefaultProcessorPort), c.Ports[0].ContainerPort)
 				require.Nil(t, c.Command)
-				require.Empty(t, c.Resources)
+				require.Equal(t, corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceEphemeralStorage: resource.MustParse("64Mi")},
+					Limits:   corev1.ResourceList{corev1.ResourceEphemeralStorage: resource.MustParse("256Mi")},
+				}, c.Resources, "ephemeral storage bounded, nothing else guessed")
+				require.True(t, *c.SecurityContext.ReadOnlyRootFilesystem, "read-only by default")
+				require.Equal(t, []corev1.VolumeMount{{Name: v1alpha1.ProcessorTmpVolume, MountPath: "/tmp"}}, c.VolumeMounts,
+					"its own /tmp, no ServiceAccount token")
+				require.False(t, *pod.Spec.AutomountServiceAccountToken)
+				require.Equal(t, []string{"tmp", v1alpha1.WorkerTokenVolume, v1alpha1.ProcessorTmpVolume}, volumeNames(pod.Spec.Volumes))
+			},
+		},
+		{
+			name: "processor that asks for the token and a writable root filesystem",
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.Effect = &v1alpha1.EffectSpec{Processor: &v1alpha1.ProcessorSpec{Image: "mailer",
+					AutomountServiceAccountToken: ptr.To(true), ReadOnlyRootFilesystem: ptr.To(false)}}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				c := pod.Spec.InitContainers[0]
+				require.False(t, *c.SecurityContext.ReadOnlyRootFilesystem)
+				require.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.WorkerTokenVolume,
+					MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true})
+				require.False(t, *pod.Spec.AutomountServiceAccountToken, "the pod still mounts nothing by itself")
+			},
+		},
+		{
+			name: "configMapRef batch: the key mounted as a file, no API read",
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.Batch = v1alpha1.BatchSpec{ConfigMapRef: &v1alpha1.ConfigMapKeyRef{Name: "items", Key: "batch.jsonl"}}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				c := pod.Spec.Containers[0]
+				require.Equal(t, "/var/run/runledger/batch/items.jsonl", envMap(t, c)[v1alpha1.EnvBatchFile].Value)
+				require.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.WorkerBatchVolume, MountPath: "/var/run/runledger/batch", ReadOnly: true})
+				v := pod.Spec.Volumes[len(pod.Spec.Volumes)-1]
+				require.Equal(t, v1alpha1.WorkerBatchVolume, v.Name)
+				require.Equal(t, "items", v.ConfigMap.Name)
+				require.Equal(t, []corev1.KeyToPath{{Key: "batch.jsonl", Path: "items.jsonl"}}, v.ConfigMap.Items)
+				require.True(t, *v.ConfigMap.Optional, "a ConfigMap deleted later fails the shard as bad input, never a pod stuck in ContainerCreating")
 			},
 		},
 		{
@@ -112,7 +150,21 @@ func TestBuildWorkerPod(t *testing.T) {
 				require.Equal(t, "/dev/termination-log", c.TerminationMessagePath)
 				require.Equal(t, resource.MustParse("128Mi"), c.Resources.Requests[corev1.ResourceMemory])
 				require.Equal(t, resource.MustParse("256Mi"), c.Resources.Limits[corev1.ResourceMemory])
+				require.Equal(t, resource.MustParse("64Mi"), c.Resources.Requests[corev1.ResourceEphemeralStorage])
+				require.Equal(t, resource.MustParse("256Mi"), c.Resources.Limits[corev1.ResourceEphemeralStorage])
 				require.Nil(t, pod.Spec.NodeSelector)
+				// Only the worker container has a token: projected, bound to
+				// the pod, at the path in-cluster clients read.
+				require.False(t, *pod.Spec.AutomountServiceAccountToken)
+				require.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.WorkerTokenVolume,
+					MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true})
+				tok := pod.Spec.Volumes[1]
+				require.Equal(t, v1alpha1.WorkerTokenVolume, tok.Name)
+				require.Equal(t, "token", tok.Projected.Sources[0].ServiceAccountToken.Path)
+				require.Equal(t, int64(v1alpha1.WorkerTokenExpirationSeconds), *tok.Projected.Sources[0].ServiceAccountToken.ExpirationSeconds)
+				require.Equal(t, "kube-root-ca.crt", tok.Projected.Sources[1].ConfigMap.Name)
+				require.Equal(t, "metadata.namespace", tok.Projected.Sources[2].DownwardAPI.Items[0].FieldRef.FieldPath)
+				require.NotContains(t, envMap(t, c), v1alpha1.EnvBatchFile, "inline items: nothing mounted")
 				require.Equal(t, []corev1.Toleration{
 					{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](60)},
 					{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](60)},
@@ -252,9 +304,9 @@ func TestBuildWorkerPod(t *testing.T) {
 				require.NotNil(t, env[v1alpha1.EnvDatabaseURL].ValueFrom.SecretKeyRef)
 				require.Equal(t, v1alpha1.EnvRunNamespace, c.Env[0].Name, "runledger's variables come first: the run's may refer to them")
 				require.Equal(t, "pg-opts", c.EnvFrom[0].ConfigMapRef.Name)
-				require.Equal(t, []string{"tmp", "pg-ca"}, volumeNames(pod.Spec.Volumes))
-				require.Equal(t, "pg-ca", pod.Spec.Volumes[1].Secret.SecretName)
-				require.Equal(t, []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}, {Name: "pg-ca", MountPath: "/etc/pg-ca", ReadOnly: true}}, c.VolumeMounts)
+				require.Equal(t, []string{"tmp", v1alpha1.WorkerTokenVolume, "pg-ca"}, volumeNames(pod.Spec.Volumes))
+				require.Equal(t, "pg-ca", pod.Spec.Volumes[2].Secret.SecretName)
+				require.Equal(t, []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}, tokenMount(), {Name: "pg-ca", MountPath: "/etc/pg-ca", ReadOnly: true}}, c.VolumeMounts)
 				require.Equal(t, "batch", pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Values[0])
 				require.Equal(t, "topology.kubernetes.io/zone", pod.Spec.TopologySpreadConstraints[0].TopologyKey)
 				require.Equal(t, "batch-low", pod.Spec.PriorityClassName)
@@ -284,8 +336,10 @@ func TestBuildWorkerPod(t *testing.T) {
 						{Name: v1alpha1.EnvPodName, Value: "x"},
 						{Name: "OK", Value: "1"},
 					},
-					Volumes:      []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}},
-					VolumeMounts: []corev1.VolumeMount{{Name: "tmp", MountPath: "/x"}, {Name: "other", MountPath: "/tmp"}, {Name: "other", MountPath: v1alpha1.TerminationMessagePath}},
+					Volumes: []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}},
+						{Name: v1alpha1.WorkerTokenVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+					VolumeMounts: []corev1.VolumeMount{{Name: "tmp", MountPath: "/x"}, {Name: "other", MountPath: "/tmp"}, {Name: "other", MountPath: v1alpha1.TerminationMessagePath},
+						{Name: "other", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount"}, {Name: "other", MountPath: "/var/run/runledger/x"}},
 				}
 			},
 			check: func(t *testing.T, pod *corev1.Pod) {
@@ -301,9 +355,10 @@ func TestBuildWorkerPod(t *testing.T) {
 				require.Equal(t, "1", env[v1alpha1.EnvShard].Value)
 				require.NotNil(t, env[v1alpha1.EnvPodName].ValueFrom)
 				require.Equal(t, "1", env["OK"].Value)
-				require.Equal(t, []string{"tmp"}, volumeNames(pod.Spec.Volumes))
+				require.Equal(t, []string{"tmp", v1alpha1.WorkerTokenVolume}, volumeNames(pod.Spec.Volumes))
 				require.NotNil(t, pod.Spec.Volumes[0].EmptyDir)
-				require.Equal(t, []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}}, c.VolumeMounts)
+				require.NotNil(t, pod.Spec.Volumes[1].Projected)
+				require.Equal(t, []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}, tokenMount()}, c.VolumeMounts)
 			},
 		},
 		{

@@ -71,6 +71,10 @@ const (
 	// worker's reports, so that a worker whose pod was force-deleted never
 	// reports onto a newer pod of the same name.
 	EnvPodUID = "POD_UID"
+	// EnvBatchFile, set on the pods of a spec.batch.configMapRef run, is the
+	// file the ConfigMap's key is mounted as (the kubelet reads the
+	// ConfigMap: workers have no right to read ConfigMaps).
+	EnvBatchFile = "RUNLEDGER_BATCH_FILE"
 
 	// WorkerSubcommand is the argument the worker container runs with.
 	WorkerSubcommand = "worker"

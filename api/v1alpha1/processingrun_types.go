@@ -352,6 +352,22 @@ type ProcessorSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=50000
 	MaxItemsPerCall int32 `json:"maxItemsPerCall,omitempty"`
+	// automountServiceAccountToken gives the processor container the
+	// worker's token (the pod's ServiceAccount, bound to the pod) at
+	// /var/run/secrets/kubernetes.io/serviceaccount. Off by default: only
+	// the worker container has a token, and the install's admission policy
+	// limits that token to writing the report annotation of its own pod, so
+	// a processor that gets it can forge its shard's counts (never the
+	// ledger's rows). Ask for it only for a processor that calls the API.
+	// +optional
+	// +kubebuilder:default=false
+	AutomountServiceAccountToken *bool `json:"automountServiceAccountToken,omitempty"`
+	// readOnlyRootFilesystem of the processor container. On by default,
+	// with a writable emptyDir at /tmp (64Mi); set it to false for a
+	// processor that writes elsewhere in its image's filesystem.
+	// +optional
+	// +kubebuilder:default=true
+	ReadOnlyRootFilesystem *bool `json:"readOnlyRootFilesystem,omitempty"`
 }
 
 // Timeouts bound what a run's SQL may take and how soon a lost database
@@ -450,18 +466,23 @@ type WorkerTemplate struct {
 	// +kubebuilder:validation:MaxItems=16
 	EnvFrom []corev1.EnvFromSource `json:"envFrom,omitempty"`
 	// volumes of the worker pods (e.g. a Secret holding the CA of the
-	// database's TLS certificate). The name tmp is runledger's.
+	// database's TLS certificate). The names tmp, processor-tmp,
+	// runledger-token and runledger-batch are runledger's.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
 	// +kubebuilder:validation:XValidation:rule="self.all(v, v.name != 'tmp')",message="the volume name tmp is runledger's own (an emptyDir at /tmp): choose another name"
+	// +kubebuilder:validation:XValidation:rule="self.all(v, !(v.name in ['processor-tmp', 'runledger-token', 'runledger-batch']))",message="the volume names processor-tmp, runledger-token and runledger-batch are runledger's own: choose another name"
 	Volumes []corev1.Volume `json:"volumes,omitempty"`
 	// volumeMounts of the worker container, naming workerTemplate.volumes.
-	// /tmp and /dev/termination-log are runledger's.
+	// /tmp, /dev/termination-log, /var/run/runledger and the ServiceAccount
+	// token's directory /var/run/secrets/kubernetes.io/serviceaccount are
+	// runledger's.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
 	// +kubebuilder:validation:XValidation:rule="self.all(m, m.mountPath != '/tmp' && m.mountPath != '/dev/termination-log')",message="/tmp and /dev/termination-log are runledger's own mount paths: mount elsewhere"
+	// +kubebuilder:validation:XValidation:rule="self.all(m, !m.mountPath.startsWith('/var/run/runledger') && !m.mountPath.startsWith('/var/run/secrets/kubernetes.io/serviceaccount'))",message="/var/run/runledger and /var/run/secrets/kubernetes.io/serviceaccount are runledger's own mount paths (the batch and the worker's token): mount elsewhere"
 	VolumeMounts []corev1.VolumeMount `json:"volumeMounts,omitempty"`
 	// nodeSelector of the worker pods.
 	// +optional

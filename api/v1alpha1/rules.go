@@ -48,6 +48,28 @@ const (
 	WorkerTmpVolume = "tmp"
 	// WorkerTmpPath is where WorkerTmpVolume is mounted.
 	WorkerTmpPath = "/tmp"
+	// ProcessorTmpVolume is the processor's emptyDir at WorkerTmpPath (its
+	// root filesystem is read-only by default).
+	ProcessorTmpVolume = "processor-tmp"
+	// WorkerTokenVolume is the projected ServiceAccount token (pod-bound),
+	// the cluster's CA and the namespace, mounted at WorkerTokenPath in the
+	// worker container alone (and in the processor's when
+	// spec.effect.processor.automountServiceAccountToken): the pod itself has
+	// automountServiceAccountToken false.
+	WorkerTokenVolume = "runledger-token"
+	// WorkerTokenPath is where in-cluster clients look for the token.
+	WorkerTokenPath = "/var/run/secrets/kubernetes.io/serviceaccount"
+	// WorkerTokenExpirationSeconds is the projected token's lifetime; the
+	// kubelet renews it at 80 % and client-go rereads the file.
+	WorkerTokenExpirationSeconds = 3607
+	// WorkerBatchVolume is spec.batch.configMapRef's key, mounted as the
+	// file WorkerBatchPath/WorkerBatchFile in the worker container: the
+	// worker reads no ConfigMap through the API.
+	WorkerBatchVolume = "runledger-batch"
+	// WorkerBatchPath is where WorkerBatchVolume is mounted.
+	WorkerBatchPath = "/var/run/runledger/batch"
+	// WorkerBatchFile is the batch's file name in WorkerBatchPath.
+	WorkerBatchFile = "items.jsonl"
 	// MaxWorkerEnv bounds workerTemplate.env (and the cost of its rule).
 	MaxWorkerEnv = 64
 	// MaxWorkerVolumes bounds workerTemplate.volumes and volumeMounts.
@@ -188,6 +210,18 @@ func (p *ProcessorSpec) ItemsPerCall() int {
 		return DefaultMaxItemsPerCall
 	}
 	return int(p.MaxItemsPerCall)
+}
+
+// MountsToken reports whether the processor container gets the worker's
+// ServiceAccount token (default: no).
+func (p *ProcessorSpec) MountsToken() bool {
+	return p.AutomountServiceAccountToken != nil && *p.AutomountServiceAccountToken
+}
+
+// ReadOnlyRoot reports whether the processor's root filesystem is
+// read-only (default: yes).
+func (p *ProcessorSpec) ReadOnlyRoot() bool {
+	return p.ReadOnlyRootFilesystem == nil || *p.ReadOnlyRootFilesystem
 }
 
 // ListenPort is the processor's port (default applied).

@@ -61,6 +61,13 @@ func main() {
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()
+	// A processor needs no Kubernetes credentials, and runledger mounts
+	// none unless the run asks (automountServiceAccountToken).
+	if _, err := os.Stat("/var/run/secrets/kubernetes.io/serviceaccount/token"); err == nil {
+		log.Printf("a Kubernetes ServiceAccount token is mounted")
+	} else {
+		log.Printf("no Kubernetes ServiceAccount token mounted")
+	}
 	log.Printf("listening on %s", *listen)
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Fatal(err)

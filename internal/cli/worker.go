@@ -32,7 +32,8 @@ const workerLong = `Process one shard of a ProcessingRun, inside the worker pod 
 created for it. Everything comes from the pod's environment (` + v1alpha1.EnvRunNamespace + `,
 ` + v1alpha1.EnvRunName + `, ` + v1alpha1.EnvRunUID + `, ` + v1alpha1.EnvShard + `, ` + v1alpha1.EnvShards + `, ` + v1alpha1.EnvAttempt + `,
 ` + v1alpha1.EnvDatabaseURL + ` from the run's Secret, ` + v1alpha1.EnvPodName + `, ` + v1alpha1.EnvPodUID + `) and from the run itself,
-read through the API (and its ConfigMap, for a configMapRef batch).
+read through the API (a configMapRef batch is the file the kubelet mounts,
+$`+v1alpha1.EnvBatchFile+`).
 
 The worker applies the ledger's migrations (unless --skip-migrate), commits
 its shard's items, reports its counts on its own pod (the annotation
@@ -218,7 +219,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	if shards := cmp.Or(int(run.Spec.Workers), v1alpha1.DefaultWorkers); shards != s.env.Shards {
 		return worker.Report{}, maxFailed, badInput(fmt.Errorf("%s is %d but the run has spec.workers %d", v1alpha1.EnvShards, s.env.Shards, shards))
 	}
-	plan, err := worker.NewPlan(ctx, run, worker.ConfigMapData(c, run.Namespace), worker.Limits{})
+	plan, err := worker.NewPlan(ctx, run, worker.MountedBatchData(os.Getenv(v1alpha1.EnvBatchFile), run.Namespace), worker.Limits{})
 	if apierrors.IsNotFound(err) {
 		return worker.Report{}, maxFailed, badInput(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"strconv"
@@ -24,7 +25,7 @@ import (
 
 // This file is the worker's side of the contract with the controller
 // (api/v1alpha1/contract.go): its configuration from the environment, the
-// ConfigMap source through the API, its shard's reports on its own pod, and
+// ConfigMap source as the file the kubelet mounted, its shard's reports on its own pod, and
 // its termination message.
 
 // PodEnv is what the controller tells a worker pod through its environment.
@@ -93,22 +94,24 @@ func GetRun(ctx context.Context, c client.Reader, env PodEnv) (*v1alpha1.Process
 	return run, nil
 }
 
-// ConfigMapData returns the BatchData of a pod: the ConfigMap key, read
-// through the API in the run's namespace.
-func ConfigMapData(c client.Reader, namespace string) BatchData {
-	return func(ctx context.Context, ref v1alpha1.ConfigMapKeyRef) ([]byte, string, error) {
-		cm := &corev1.ConfigMap{}
-		if err := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, cm); err != nil {
-			return nil, "", fmt.Errorf("reading ConfigMap %s/%s (spec.batch.configMapRef): %w", namespace, ref.Name, err)
+// MountedBatchData returns the BatchData of a pod: the ConfigMap key the
+// controller mounted as the file $RUNLEDGER_BATCH_FILE (path), so that the
+// worker reads no ConfigMap through the API. A missing file is a ConfigMap or
+// key deleted after the controller checked them: bad input.
+func MountedBatchData(path, namespace string) BatchData {
+	return func(_ context.Context, ref v1alpha1.ConfigMapKeyRef) ([]byte, string, error) {
+		where := "spec.batch.configMapRef:"
+		if path == "" {
+			return nil, "", &InputError{Where: where, Msg: v1alpha1.EnvBatchFile + " is not set (the controller mounts the ConfigMap's key on worker pods)"}
 		}
-		name := fmt.Sprintf("ConfigMap %s key %s", ref.Name, ref.Key)
-		if v, ok := cm.Data[ref.Key]; ok {
-			return []byte(v), name, nil
+		b, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, "", &InputError{Where: where, Msg: fmt.Sprintf("ConfigMap %s/%s or its key %q is gone (the pod's volume has no %s)", namespace, ref.Name, ref.Key, path)}
 		}
-		if v, ok := cm.BinaryData[ref.Key]; ok {
-			return v, name, nil
+		if err != nil {
+			return nil, "", fmt.Errorf("reading ConfigMap %s/%s key %s from %s: %w", namespace, ref.Name, ref.Key, path, err)
 		}
-		return nil, "", &InputError{Where: "spec.batch.configMapRef:", Msg: fmt.Sprintf("ConfigMap %s/%s has no key %q", namespace, ref.Name, ref.Key)}
+		return b, fmt.Sprintf("ConfigMap %s key %s", ref.Name, ref.Key), nil
 	}
 }
 

@@ -268,7 +268,7 @@ func TestWorkerInPod(t *testing.T) {
 		require.EqualValues(t, 1, e.Attempt)
 		require.Equal(t, e.Total, e.Completed, "attempt 1: the rows of attempt 0 count as completed")
 
-		// A ConfigMap batch, read through the API.
+		// A ConfigMap batch, the key mounted as a file.
 		var lines []string
 		for i := range 50 {
 			lines = append(lines, fmt.Sprintf(`{"entity":"cm-%d","occurrence":"2024-06"}`, i%40))
@@ -375,6 +375,15 @@ func startWorker(t *testing.T, k *kubeEnv, d *db, run *v1alpha1.ProcessingRun, s
 		v1alpha1.EnvPodUID+"="+string(pod.UID),
 		v1alpha1.EnvDatabaseURL+"="+d.dsn,
 	)
+	if ref := run.Spec.Batch.ConfigMapRef; ref != nil {
+		// As the kubelet mounts it (controllers/podspec.go): the worker
+		// reads no ConfigMap through the API.
+		var cm corev1.ConfigMap
+		require.NoError(t, k.c.Get(ctx, types.NamespacedName{Namespace: run.Namespace, Name: ref.Name}, &cm))
+		file := filepath.Join(t.TempDir(), v1alpha1.WorkerBatchFile)
+		require.NoError(t, os.WriteFile(file, []byte(cm.Data[ref.Key]), 0o444))
+		cmd.Env = append(cmd.Env, v1alpha1.EnvBatchFile+"="+file)
+	}
 	require.NoError(t, cmd.Start())
 	return cmd, func() result {
 		defer cancel()

@@ -373,6 +373,10 @@ var schemaYAML = typed.YAMLObject(`types:
           elementType:
             scalar: string
           elementRelationship: atomic
+    - name: automountServiceAccountToken
+      type:
+        scalar: boolean
+      default: false
     - name: command
       type:
         list:
@@ -402,6 +406,10 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: numeric
       default: 8080
+    - name: readOnlyRootFilesystem
+      type:
+        scalar: boolean
+      default: true
     - name: resources
       type:
         namedType: io.k8s.api.core.v1.ResourceRequirements

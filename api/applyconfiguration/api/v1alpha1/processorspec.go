@@ -40,6 +40,18 @@ type ProcessorSpecApplyConfiguration struct {
 	// maxItemsPerCall bounds the items of one call: a chunk holds at most
 	// this many items (the smaller of chunkSize and maxItemsPerCall).
 	MaxItemsPerCall *int32 `json:"maxItemsPerCall,omitempty"`
+	// automountServiceAccountToken gives the processor container the
+	// worker's token (the pod's ServiceAccount, bound to the pod) at
+	// /var/run/secrets/kubernetes.io/serviceaccount. Off by default: only
+	// the worker container has a token, and the install's admission policy
+	// limits that token to writing the report annotation of its own pod, so
+	// a processor that gets it can forge its shard's counts (never the
+	// ledger's rows). Ask for it only for a processor that calls the API.
+	AutomountServiceAccountToken *bool `json:"automountServiceAccountToken,omitempty"`
+	// readOnlyRootFilesystem of the processor container. On by default,
+	// with a writable emptyDir at /tmp (64Mi); set it to false for a
+	// processor that writes elsewhere in its image's filesystem.
+	ReadOnlyRootFilesystem *bool `json:"readOnlyRootFilesystem,omitempty"`
 }
 
 // ProcessorSpecApplyConfiguration constructs a declarative configuration of the ProcessorSpec type for use with
@@ -123,5 +135,21 @@ func (b *ProcessorSpecApplyConfiguration) WithTimeout(value metav1.Duration) *Pr
 // If called multiple times, the MaxItemsPerCall field is set to the value of the last call.
 func (b *ProcessorSpecApplyConfiguration) WithMaxItemsPerCall(value int32) *ProcessorSpecApplyConfiguration {
 	b.MaxItemsPerCall = &value
+	return b
+}
+
+// WithAutomountServiceAccountToken sets the AutomountServiceAccountToken field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the AutomountServiceAccountToken field is set to the value of the last call.
+func (b *ProcessorSpecApplyConfiguration) WithAutomountServiceAccountToken(value bool) *ProcessorSpecApplyConfiguration {
+	b.AutomountServiceAccountToken = &value
+	return b
+}
+
+// WithReadOnlyRootFilesystem sets the ReadOnlyRootFilesystem field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the ReadOnlyRootFilesystem field is set to the value of the last call.
+func (b *ProcessorSpecApplyConfiguration) WithReadOnlyRootFilesystem(value bool) *ProcessorSpecApplyConfiguration {
+	b.ReadOnlyRootFilesystem = &value
 	return b
 }

@@ -41,10 +41,13 @@ type WorkerTemplateApplyConfiguration struct {
 	// variables runledger sets always win over them.
 	EnvFrom []v1.EnvFromSource `json:"envFrom,omitempty"`
 	// volumes of the worker pods (e.g. a Secret holding the CA of the
-	// database's TLS certificate). The name tmp is runledger's.
+	// database's TLS certificate). The names tmp, processor-tmp,
+	// runledger-token and runledger-batch are runledger's.
 	Volumes []v1.Volume `json:"volumes,omitempty"`
 	// volumeMounts of the worker container, naming workerTemplate.volumes.
-	// /tmp and /dev/termination-log are runledger's.
+	// /tmp, /dev/termination-log, /var/run/runledger and the ServiceAccount
+	// token's directory /var/run/secrets/kubernetes.io/serviceaccount are
+	// runledger's.
 	VolumeMounts []v1.VolumeMount `json:"volumeMounts,omitempty"`
 	// nodeSelector of the worker pods.
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
