@@ -116,6 +116,7 @@ func TestManagerCommand(t *testing.T) {
 		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probes),
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metrics),
 		"--metrics-secure=false",
+		"--pprof",
 		"--watch-namespaces", ns,
 		"--zap-log-level", "error",
 	})
@@ -141,6 +142,15 @@ func TestManagerCommand(t *testing.T) {
 		_, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", probes))
 		return err
 	})
+	body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz?verbose", probes))
+	require.NoError(t, err)
+	require.Contains(t, body, "[+]informers ok", "readyz checks that the informers synced")
+	require.Contains(t, body, "[+]leader ok")
+	// --pprof: Go's profiles on the metrics listener (here without its
+	// authentication, --metrics-secure=false).
+	body, err = httpGet(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/goroutine?debug=1", metrics))
+	require.NoError(t, err)
+	require.Contains(t, body, "goroutine profile:")
 	eventually(t, "the Lease", func() error {
 		var lease coordinationv1.Lease
 		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "runledger-manager.processing.runledger.dev"}, &lease); err != nil {
@@ -222,8 +232,17 @@ func installNamespaced(t *testing.T, env *envtestutil.Env, ns string) {
 	t.Helper()
 	ctx := context.Background()
 	var roles, watches, nodes int
+	var policies []string
 	for _, obj := range env.Kustomize(t, "config/namespaced") {
 		switch obj.GetKind() {
+		case "ValidatingAdmissionPolicy":
+			policies = append(policies, obj.GetName())
+		case "ValidatingAdmissionPolicyBinding":
+			// The parameters are in the overlay's namespace, like the manager.
+			paramNS, _, _ := unstructured.NestedString(obj.Object, "spec", "paramRef", "namespace")
+			policies = append(policies, obj.GetName()+" binding "+paramNS)
+		case "ConfigMap":
+			policies = append(policies, obj.GetName()+" params "+obj.GetNamespace())
 		case "ClusterRole", "ClusterRoleBinding":
 			require.NotEqual(t, "runledger-manager", obj.GetName(), "the manager's rules are a Role")
 			if obj.GetName() != "runledger-manager-nodes" {
@@ -265,4 +284,8 @@ func installNamespaced(t *testing.T, env *envtestutil.Env, ns string) {
 	require.Equal(t, 4, roles, "the manager's and the leader election's Role and RoleBinding")
 	require.Equal(t, 1, watches)
 	require.Equal(t, 1, nodes, "reading Nodes, cluster-wide")
+	require.ElementsMatch(t, []string{
+		"runledger-worker-restrictions", "runledger-worker-restrictions binding runledger", "runledger-worker-restrictions params runledger",
+		"runledger-worker-own-pod", "runledger-worker-own-pod binding ",
+	}, policies, "the namespaced install has the default install's admission policies")
 }

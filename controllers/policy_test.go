@@ -22,6 +22,9 @@ func TestWorkerRestrictionsPolicy(t *testing.T) {
 	ctx := context.Background()
 	var kinds []string
 	for _, obj := range env.Kustomize(t, "config/policy") {
+		if obj.GetName() != "runledger-worker-restrictions" {
+			continue // worker_pod_policy.yaml: TestWorkerTokenOnlyItsOwnPod
+		}
 		kinds = append(kinds, obj.GetKind())
 		// Cluster-wide objects are shared by the test binary's apiserver:
 		// this test's copy is bound to its own namespace only.

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -38,6 +39,7 @@ const (
 type env struct {
 	c         client.Client
 	cs        kubernetes.Interface
+	cfg       *rest.Config // the admin's
 	adminDSN  string // the cluster's PostgreSQL, database runledger
 	kubectl   string
 	clusterSh string // hack/cluster.sh, for `postgres restart`
@@ -105,7 +107,7 @@ func newEnv() (*env, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes clientset: %w", err)
 	}
-	e := &env{c: c, cs: cs, adminDSN: dsn, kubectl: kubectl, clusterSh: clusterSh}
+	e := &env{c: c, cs: cs, cfg: cfg, adminDSN: dsn, kubectl: kubectl, clusterSh: clusterSh}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -7,15 +7,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -134,7 +138,45 @@ func TestProcessorSidecar(t *testing.T) {
 	t.Logf("the payment service saw %d calls for %d distinct idempotency keys", calls, keys)
 	require.Equal(t, run.Status.Completed, keys, "distinct idempotency keys == completed")
 	require.GreaterOrEqual(t, calls, keys)
-	for _, p := range f.waitPodsFinished(run, 2*time.Minute) {
+	pods := f.waitPodsFinished(run, 2*time.Minute)
+	for _, p := range pods {
 		require.Equal(t, corev1.PodSucceeded, p.Status.Phase, "pod %s: the pod completes when its worker exits", p.Name)
+	}
+	// Only the worker container had a token: the processor logged none.
+	out, err = f.kubectl("logs", pods[0].Name, "-c", v1alpha1.ProcessorContainerName)
+	require.NoError(t, err, out)
+	require.Contains(t, out, "no Kubernetes ServiceAccount token mounted", "the processor's log")
+	f.requireWorkerTokenOwnPodOnly(pods[0], pods[1])
+}
+
+// requireWorkerTokenOwnPodOnly: a token of the workers' ServiceAccount bound
+// to pod own (as the kubelet's projected volume holds it) may write own's
+// report annotation, and the install's admission policy refuses it
+// another pod, another field and another annotation.
+func (f *fixture) requireWorkerTokenOwnPodOnly(own, other corev1.Pod) {
+	f.t.Helper()
+	tok, err := f.cs.CoreV1().ServiceAccounts(f.ns).CreateToken(f.ctx, workerSA, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		ExpirationSeconds: ptr.To[int64](600),
+		BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: own.Name, UID: own.UID},
+	}}, metav1.CreateOptions{})
+	require.NoError(f.t, err)
+	cfg := rest.AnonymousClientConfig(f.cfg)
+	cfg.BearerToken = tok.Status.Token
+	wc, err := client.New(cfg, client.Options{})
+	require.NoError(f.t, err)
+	patch := func(name, body string) error {
+		return wc.Patch(f.ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name}}, client.RawPatch(types.MergePatchType, []byte(body)))
+	}
+	report := `{"metadata":{"annotations":{"` + v1alpha1.AnnotationProgress + `":` + strconv.Quote(own.Annotations[v1alpha1.AnnotationProgress]) + `}}}`
+	require.NoError(f.t, patch(own.Name, report), "its own report")
+	for what, tc := range map[string]struct{ pod, body, want string }{
+		"another pod":        {other.Name, report, "a worker may only patch its own pod"},
+		"another field":      {own.Name, `{"spec":{"activeDeadlineSeconds":1}}`, "not its spec"},
+		"another annotation": {own.Name, `{"metadata":{"annotations":{"example.com/x":"1"}}}`, "no other annotation"},
+	} {
+		err := patch(tc.pod, tc.body)
+		require.Error(f.t, err, what)
+		require.Contains(f.t, err.Error(), tc.want, what)
+		f.t.Logf("a worker's token, %s: %v", what, err)
 	}
 }
