@@ -67,6 +67,17 @@ func TestOverlayBuilds(t *testing.T) {
 	}
 	require.True(t, ports[sm.Spec.Endpoints[0].Port], "port %q of %v", sm.Spec.Endpoints[0].Port, ports)
 
+	// Prometheus verifies the manager's certificate: the CA of the Secret
+	// cert-manager fills, the Service's name, the Secret served by the manager.
+	tls := sm.Spec.Endpoints[0].TLSConfig
+	require.NotNil(t, tls)
+	require.False(t, tls.InsecureSkipVerify != nil && *tls.InsecureSkipVerify, "no insecureSkipVerify")
+	require.Equal(t, "runledger-metrics-cert", tls.CA.Secret.Name)
+	require.Equal(t, "ca.crt", tls.CA.Secret.Key)
+	require.Equal(t, selected[0].Name+"."+selected[0].Namespace+".svc", *tls.ServerName)
+	require.Contains(t, string(out), "secretName: runledger-metrics-cert", "cert-manager's Certificate and the manager's volume")
+	require.Contains(t, string(out), "--metrics-cert-dir=/var/run/runledger/metrics-cert")
+
 	exported := map[string]bool{}
 	for _, name := range controllers.MetricNames() {
 		exported[name] = true

@@ -34,6 +34,8 @@ type managerOptions struct {
 	leaderElectionID        string
 	metricsAddr             string
 	metricsSecure           bool
+	metricsCertDir          string
+	pprof                   bool
 	probeAddr               string
 	workerImage             string
 	workerServiceAccount    string
@@ -70,6 +72,8 @@ run; only the leader acts.`,
 	f.StringVar(&o.leaderElectionID, "leader-election-id", "runledger-manager.processing.runledger.dev", "name of the leader election Lease")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", `address of the Prometheus metrics endpoint ("0" disables it)`)
 	f.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS, to clients authorized by the API server (TokenReview and SubjectAccessReview)")
+	f.StringVar(&o.metricsCertDir, "metrics-cert-dir", "", "directory holding the metrics endpoint's certificate and key (tls.crt, tls.key; e.g. a cert-manager Secret, config/prometheus); reread when they change. Default: a self-signed certificate made at start")
+	f.BoolVar(&o.pprof, "pprof", false, "serve Go's profiles (net/http/pprof) at /debug/pprof/ on the metrics listener, behind its authentication (the ClusterRole runledger-pprof-reader)")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
 	f.StringVar(&o.workerImage, "worker-image", "", "image of the worker pods (runs `runledger worker`); default: the manager's own image, by digest, read from its Pod ($"+envPodName+", $"+envPodNamespace+"); spec.workerTemplate.image overrides it per run")
 	f.StringVar(&o.workerServiceAccount, "worker-service-account", "runledger-worker", "service account of the worker pods, in each run's namespace; spec.workerTemplate.serviceAccountName overrides it")
@@ -137,9 +141,15 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 		return badInput(fmt.Errorf("kubernetes client configuration: %w", err))
 	}
 
-	metrics := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure}
+	metrics := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure, CertDir: o.metricsCertDir}
 	if o.metricsSecure {
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	if o.pprof {
+		if o.metricsAddr == "0" {
+			return badInput(fmt.Errorf("--pprof serves on the metrics listener: set --metrics-bind-address"))
+		}
+		metrics.ExtraHandlers = pprofHandlers()
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
@@ -197,11 +207,11 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("add health check: %w", err)
 	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
-		return fmt.Errorf("add readiness check: %w", err)
+	if err := addReadyzChecks(mgr); err != nil {
+		return err
 	}
 
-	log.Info("starting manager", "version", build.Version, "commit", build.Commit, "leaderElect", o.leaderElect, "workerImage", workerImage,
+	log.Info("starting manager", "version", build.Version, "commit", build.Commit, "leaderElect", o.leaderElect, "pprof", o.pprof, "workerImage", workerImage,
 		"workerServiceAccount", o.workerServiceAccount, "watchNamespaces", o.watchNamespaces)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)

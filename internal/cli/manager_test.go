@@ -16,6 +16,8 @@ func TestManagerFlags(t *testing.T) {
 		"leader-election-namespace": "",
 		"metrics-bind-address":      ":8443",
 		"metrics-secure":            "true",
+		"pprof":                     "false",
+		"metrics-cert-dir":          "",
 		"health-probe-bind-address": ":8081",
 		"worker-image":              "",
 		"worker-service-account":    "runledger-worker",
