@@ -215,6 +215,9 @@ func TestManagerCommand(t *testing.T) {
 			`runledger_worker_pods_created_total`,
 			`runledger_items_total{outcome="completed"}`,
 			`controller_runtime_reconcile_total{controller="processingrun"`,
+			`controller_runtime_reconcile_time_seconds_bucket{controller="processingrun"`,
+			`workqueue_depth{controller="processingrun"`,
+			`workqueue_queue_duration_seconds_bucket{controller="processingrun"`,
 			`runledger_build_info{commit="` + build.Commit + `",goversion="` + build.GoVersion + `",version="` + build.Version + `"} 1`,
 		} {
 			if !strings.Contains(body, want) {

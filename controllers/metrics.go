@@ -125,6 +125,15 @@ func forgetScheduleMetrics(ns, name string) {
 	}
 }
 
+// RuntimeMetricNames are controller-runtime's metrics of the manager that
+// the dashboard (config/grafana) reads; TestManagerCommand checks that a
+// running manager exports them.
+var RuntimeMetricNames = []string{
+	"controller_runtime_reconcile_time_seconds",
+	"workqueue_depth",
+	"workqueue_queue_duration_seconds",
+}
+
 // fqName reads a metric's name from its descriptor (prometheus.Desc keeps
 // it private and prints it).
 var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
