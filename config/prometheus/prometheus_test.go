@@ -75,8 +75,12 @@ func TestOverlayBuilds(t *testing.T) {
 	require.Equal(t, "runledger-metrics-cert", tls.CA.Secret.Name)
 	require.Equal(t, "ca.crt", tls.CA.Secret.Key)
 	require.Equal(t, selected[0].Name+"."+selected[0].Namespace+".svc", *tls.ServerName)
-	require.Contains(t, string(out), "secretName: runledger-metrics-cert", "cert-manager's Certificate and the manager's volume")
+	require.Contains(t, string(out), "secretName: runledger-metrics-cert", "the manager's volume")
 	require.Contains(t, string(out), "--metrics-cert-dir=/var/run/runledger/metrics-cert")
+	certs, err := exec.Command(kubectl, "kustomize", filepath.Join(envtestutil.RepoRoot(), "config", "metrics-cert")).CombinedOutput()
+	require.NoError(t, err, "kubectl kustomize config/metrics-cert: %s", certs)
+	require.Contains(t, string(certs), "secretName: runledger-metrics-cert", "cert-manager fills the Secret")
+	require.Contains(t, string(certs), "- "+*tls.ServerName+"\n", "for the name Prometheus checks")
 
 	exported := map[string]bool{}
 	for _, name := range controllers.MetricNames() {
