@@ -73,7 +73,12 @@ func (q BatchQuery) shardOf() func(entity, occurrence string) string {
 // (payload is taken when there is such a column). An error of the query
 // itself is PostgreSQL's (see RefusedStatement).
 func (s *Store) DescribeBatchQuery(ctx context.Context, query string, shards int, occurrence string) ([]string, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquiring a connection to describe the batch query: %w", err)
+	}
+	defer releaseAfterOccurrence(ctx, conn, occurrence)
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, fmt.Errorf("beginning read-only transaction: %w", err)
 	}
@@ -199,7 +204,9 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 	if _, err := conn.Exec(ctx, sqlBatchLockWaitReset); err != nil {
 		return nil, fmt.Errorf("releasing the batch lock of run %s: %w", run.UID, err)
 	}
-	ok = true
+	// A session that set the occurrence keeps the setting's (empty)
+	// placeholder for good: closed, so that no later run on it reads ''.
+	ok = q.Occurrence == ""
 	return h, nil
 }
 
@@ -459,12 +466,34 @@ func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (batches, ro
 
 // setOccurrence makes occurrence the transaction's runledger.occurrence
 // (nothing when it is empty), a bound parameter of set_config.
+// Without one, the session must not define the setting at all (PostgreSQL
+// keeps a custom setting's placeholder, reading ”, in a session that ever
+// set it, even transaction-locally): the query would read ” instead of
+// being refused.
 func setOccurrence(ctx context.Context, tx pgx.Tx, occurrence string) error {
 	if occurrence == "" {
+		var defined bool
+		if err := tx.QueryRow(ctx, sqlOccurrenceDefined).Scan(&defined); err != nil {
+			return fmt.Errorf("checking the session for %s: %w", sqlOccurrenceSetting, err)
+		}
+		if defined {
+			return fmt.Errorf("the session already defines %s (set by an earlier transaction on it, through a pooler?): a run without an occurrence would read it as ''", sqlOccurrenceSetting)
+		}
 		return nil
 	}
 	if _, err := tx.Exec(ctx, sqlSetOccurrence, occurrence); err != nil {
 		return fmt.Errorf("setting %s: %w", sqlOccurrenceSetting, err)
 	}
 	return nil
+}
+
+// releaseAfterOccurrence returns conn to the pool, or closes it if its
+// session set the occurrence (its placeholder stays for the session's life).
+func releaseAfterOccurrence(ctx context.Context, conn *pgxpool.Conn, occurrence string) {
+	if occurrence != "" {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = conn.Conn().Close(ctx)
+		cancel()
+	}
+	conn.Release()
 }

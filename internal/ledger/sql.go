@@ -638,4 +638,5 @@ func sqlDescribeQuery(query string) string { return "SELECT * FROM (\n" + query 
 const (
 	sqlOccurrenceSetting = "runledger.occurrence"
 	sqlSetOccurrence     = `SELECT set_config('` + sqlOccurrenceSetting + `', $1, true)`
+	sqlOccurrenceDefined = `SELECT current_setting('` + sqlOccurrenceSetting + `', true) IS NOT NULL`
 )
