@@ -274,10 +274,10 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 			},
 		},
 		Spec: corev1.PodSpec{
-			RestartPolicy:                 corev1.RestartPolicyNever,
-			ServiceAccountName:            serviceAccount,
+			RestartPolicy:      corev1.RestartPolicyNever,
+			ServiceAccountName: serviceAccount,
 			// The worker container alone mounts a token (tokenVolume).
-			AutomountServiceAccountToken: ptr.To(false),
+			AutomountServiceAccountToken:  ptr.To(false),
 			EnableServiceLinks:            ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](workerGracePeriodSeconds),
 			NodeSelector:                  tmpl.NodeSelector,

@@ -33,7 +33,7 @@ created for it. Everything comes from the pod's environment (` + v1alpha1.EnvRun
 ` + v1alpha1.EnvRunName + `, ` + v1alpha1.EnvRunUID + `, ` + v1alpha1.EnvShard + `, ` + v1alpha1.EnvShards + `, ` + v1alpha1.EnvAttempt + `,
 ` + v1alpha1.EnvDatabaseURL + ` from the run's Secret, ` + v1alpha1.EnvPodName + `, ` + v1alpha1.EnvPodUID + `) and from the run itself,
 read through the API (a configMapRef batch is the file the kubelet mounts,
-$`+v1alpha1.EnvBatchFile+`).
+$` + v1alpha1.EnvBatchFile + `).
 
 The worker applies the ledger's migrations (unless --skip-migrate), commits
 its shard's items, reports its counts on its own pod (the annotation

@@ -19,8 +19,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -40,7 +40,7 @@ type env struct {
 	c         client.Client
 	cs        kubernetes.Interface
 	cfg       *rest.Config // the admin's
-	adminDSN  string // the cluster's PostgreSQL, database runledger
+	adminDSN  string       // the cluster's PostgreSQL, database runledger
 	kubectl   string
 	clusterSh string // hack/cluster.sh, for `postgres restart`
 }
