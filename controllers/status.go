@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 )
@@ -178,9 +179,14 @@ func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.Processin
 	st.ObservedGeneration = run.Generation
 	st.Phase = o.phase
 	st.ItemCounts = o.counts
-	st.StartTime = in.startTime
+	// Times to the second, as the API stores them: the duration below is
+	// then the difference the status shows, the same on every pass.
+	st.StartTime = nil
+	if in.startTime != nil {
+		st.StartTime = ptr.To(in.startTime.Rfc3339Copy())
+	}
 	if o.finished && st.CompletionTime == nil {
-		st.CompletionTime = &metav1.Time{Time: in.now}
+		st.CompletionTime = ptr.To(metav1.NewTime(in.now).Rfc3339Copy())
 	}
 	if !o.finished {
 		st.CompletionTime = nil

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -415,4 +416,41 @@ func TestBuildStatusShardCountsNeverGoDown(t *testing.T) {
 	st = buildStatus(run, statusInput{shards: []shardDecision{d}, outcome: decideRun(run, []shardDecision{d}, true), now: t0})
 	require.Equal(t, final, st.Shards[0].ItemCounts, "finished: the final report's exact numbers (failed went down)")
 	require.Equal(t, final, st.ItemCounts)
+}
+
+// The run's duration is the difference of the two times the status shows
+// (they are stored to the second), and a later pass, starting from the
+// stored status, writes the same duration: a run that started at .9s and
+// finished 0.3s later, across a second boundary, shows 1s, never 0s then 1s.
+func TestBuildStatusDurationIsWhatTheTimesShow(t *testing.T) {
+	run := testRun()
+	run.Spec.Workers = 1
+	start := t0.Truncate(time.Second).Add(900 * time.Millisecond)
+	d := shardDecision{index: 0, phase: v1alpha1.ShardSucceeded, final: true, counts: v1alpha1.ItemCounts{Total: 1, Completed: 1}}
+	in := statusInput{shards: []shardDecision{d}, outcome: decideRun(run, []shardDecision{d}, true),
+		startTime: &metav1.Time{Time: start}, now: start.Add(300 * time.Millisecond)}
+	st := buildStatus(run, in)
+
+	stored := roundTrip(t, run)
+	stored.Status = st
+	stored = roundTrip(t, stored)
+	shown := stored.Status.CompletionTime.Sub(stored.Status.StartTime.Time)
+	require.Equal(t, time.Second, shown)
+	require.Equal(t, shown, st.Duration.Duration, "the duration is what completionTime - startTime shows")
+	require.True(t, st.StartTime.Equal(stored.Status.StartTime), "the start time written is the one stored")
+	require.True(t, st.CompletionTime.Equal(stored.Status.CompletionTime), "the completion time written is the one stored")
+
+	in.startTime, in.now = stored.Status.StartTime, in.now.Add(time.Minute)
+	again := buildStatus(stored, in)
+	require.Equal(t, st.Duration, again.Duration, "a later pass writes the same duration")
+	require.True(t, st.CompletionTime.Equal(again.CompletionTime))
+}
+
+func roundTrip(t *testing.T, run *v1alpha1.ProcessingRun) *v1alpha1.ProcessingRun {
+	t.Helper()
+	b, err := json.Marshal(run)
+	require.NoError(t, err)
+	out := &v1alpha1.ProcessingRun{}
+	require.NoError(t, json.Unmarshal(b, out))
+	return out
 }
