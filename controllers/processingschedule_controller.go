@@ -280,7 +280,10 @@ func (r *ScheduleReconciler) createRuns(ctx context.Context, s *schedScope) erro
 				s.stalled = &problem{reason: ReasonRunNameTaken, message: fmt.Sprintf(
 					"run name %s (occurrence %s) is taken by a ProcessingRun this schedule does not control, or of another occurrence: delete or rename it",
 					run.Name, t.Occurrence)}
-				s.plan.Last, s.plan.Next = nil, nil // the tick stays due
+				// The tick stays due, and the ticks missed before it are
+				// counted when the pass that gets past it writes.
+				s.plan.Last, s.plan.Next = nil, nil
+				s.plan.MissedCount, s.plan.MissedBy, s.missed = 0, nil, nil
 				return nil
 			}
 			r.event(s.sched, existing, corev1.EventTypeNormal, "RunExists", "Create",
