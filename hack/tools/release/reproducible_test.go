@@ -42,11 +42,14 @@ func TestReleaseReproducible(t *testing.T) {
 		return err == nil
 	}, 30*time.Second, 100*time.Millisecond, "the registry listens")
 
+	// One commit for both clones: the checkout may move while they build.
+	commit := strings.TrimSpace(sh(t, root, nil, "git", "rev-parse", "HEAD"))
 	var sums []string
 	var refs []string
 	for i := range 2 {
 		clone := filepath.Join(tmp, "clone"+string(rune('a'+i)))
 		sh(t, root, nil, "git", "clone", "--quiet", "--no-local", root, clone)
+		sh(t, clone, nil, "git", "checkout", "--quiet", "-B", "release-check", commit)
 		sh(t, clone, nil, "git", "tag", version)
 		// The Kubernetes binaries (kubectl) take long to build: the checkout's.
 		require.NoError(t, os.MkdirAll(filepath.Join(clone, "bin"), 0o755))
