@@ -393,13 +393,20 @@ func TestScheduleHistoryLimits(t *testing.T) {
 		}
 		return nil
 	})
-	s := f.waitStatus(t, "last success", func(st *v1alpha1.ProcessingScheduleStatus) error {
+	// The pass that deletes writes its status after the deletions: the
+	// status to check is that pass's, not the one before it (run 3 active).
+	s := f.waitStatus(t, "last success, one active", func(st *v1alpha1.ProcessingScheduleStatus) error {
 		if st.LastSuccessfulRun == nil || st.LastSuccessfulRun.Name != name(0) {
 			return fmt.Errorf("lastSuccessfulRun %v", st.LastSuccessfulRun)
+		}
+		if st.ActiveCount != 1 {
+			return fmt.Errorf("activeCount %d", st.ActiveCount)
 		}
 		return nil
 	})
 	require.Equal(t, int32(1), s.Status.ActiveCount)
+	require.Len(t, s.Status.Active, 1)
+	require.Equal(t, name(4), s.Status.Active[0].Name, "the unfinished run is never deleted and is the one active")
 }
 
 // TestScheduleSuspend: ticks while suspended start nothing, are missed
