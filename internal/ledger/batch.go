@@ -346,6 +346,7 @@ func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, sh
 	b.Queue(sqlBatchCursorWorkMem)
 	b.Queue(sqlBatchCursorNoJIT)
 	b.Queue(sqlIndexProbesOnly)
+	b.Queue(sqlPinnedSearchPath)
 	b.Queue(sqlDeclareBatchCursor, h.ID, shard, skip)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		conn.Release() // a connection left in a transaction is closed, not reused

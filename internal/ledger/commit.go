@@ -48,6 +48,13 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		return nil, nil
 	}
 	unique, indexOf := dedupe(items)
+	if opts.Effect != "" {
+		sb, err := s.effectSandbox(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("committing chunk of %d items: %w", len(items), err)
+		}
+		opts.sandbox = sb
+	}
 	// settle runs the processor, if any, over what a claim claimed, in the
 	// claim's transaction.
 	settle := func(tx pgx.Tx, res []Result, err error) ([]Result, error) {
@@ -72,21 +79,36 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		if IsRetryable(err) || ctx.Err() != nil {
 			return nil, fmt.Errorf("committing chunk of %d items: %w", len(items), err)
 		}
-		if isStatementLevel(err) || len(unique) == 1 {
+		if isStatementLevel(err) || len(unique) == 1 || errors.Is(err, ErrEffectSandbox) {
 			res = failAll(unique, err)
 		} else if res, err = s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
 			res, err := isolate(ctx, tx, run, unique, opts)
 			return settle(tx, res, err)
-		}); err != nil {
+		}); errors.Is(err, ErrEffectSandbox) {
+			res = failAll(unique, err)
+		} else if err != nil {
 			return nil, fmt.Errorf("committing chunk of %d items item by item: %w", len(items), err)
 		}
 	}
 	return spread(items, indexOf, proven(run, res)), nil
 }
 
-// inTx runs fn in a transaction prepared for opts and commits it.
+// inTx runs fn in a transaction prepared for opts and commits it. An effect's
+// transaction creates the session's table "claimed" if need be, and lets the
+// effect role read it the first time on the connection.
 func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]Result, error)) ([]Result, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginChunk(opts.sqlBounds(), opts.Effect != "")})
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquiring connection: %w", err)
+	}
+	defer conn.Release()
+	grant, granted := "", true
+	if opts.Effect != "" {
+		if granted = conn.Conn().PgConn().CustomData()[claimedGranted] == true; !granted {
+			grant = opts.sandbox.role
+		}
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginChunk(opts.sqlBounds(), opts.Effect != "", grant)})
 	if err != nil {
 		return nil, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -99,10 +121,30 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if opts.Effect != "" && IsAppendOnlyViolation(err) {
+			// Only user code, a trigger the effect left to fire at COMMIT as
+			// the login, writes the ledger from a trigger (00007).
+			return nil, fmt.Errorf("committing: %w: a trigger it left to fire at COMMIT wrote runledger's tables: %w", ErrEffectSandbox, err)
+		}
 		return nil, fmt.Errorf("committing: %w", err)
+	}
+	if opts.Effect != "" {
+		// A trigger the effect left to fire at COMMIT ran as the login: the
+		// session goes if it left anything behind for the next transaction.
+		if intact, err := sessionIntact(ctx, conn.Conn().PgConn(), sqlSandboxIntact); err != nil || !intact {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+			return res, nil
+		}
+	}
+	if !granted { // a rolled back transaction took its table and grant back with it
+		conn.Conn().PgConn().CustomData()[claimedGranted] = true
 	}
 	return res, nil
 }
+
+// claimedGranted marks a connection whose session has the table "claimed",
+// readable by the effect role.
+const claimedGranted = "runledger.claimedGranted"
 
 // isolate claims items under savepoints, halving every failing group until
 // each failure is pinned to a single item (or to a statement-level error that
@@ -129,7 +171,7 @@ func isolate(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOp
 			if rbErr := sp.Rollback(ctx); rbErr != nil {
 				return fmt.Errorf("rolling back to savepoint: %w", errors.Join(rbErr, err))
 			}
-			if IsRetryable(err) || ctx.Err() != nil {
+			if IsRetryable(err) || ctx.Err() != nil || errors.Is(err, ErrEffectSandbox) {
 				return err
 			}
 			if len(part) == 1 || isStatementLevel(err) {
@@ -146,12 +188,6 @@ func isolate(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOp
 	// The whole chunk is known to fail: start by splitting it.
 	if err := walk(0, len(items), true); err != nil {
 		return nil, err
-	}
-	if opts.Effect != "" {
-		// A later group's effect may have taken back an earlier group's claims.
-		if err := claimsHeld(ctx, tx, run, out); err != nil {
-			return nil, err
-		}
 	}
 	return out, nil
 }
@@ -220,11 +256,10 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOpti
 		mode = arbitrate // the rule arbitrates from now on: no conflict aborts the rounds
 	}
 
+	// No check after the effect that the chunk's claims are still held: the
+	// effect cannot take them back (the sandbox, migrations/00007).
 	if opts.Effect != "" && c.claimed > 0 {
 		if err := runEffect(ctx, tx, opts); err != nil {
-			return nil, err
-		}
-		if err := claimsHeld(ctx, tx, run, c.out); err != nil {
 			return nil, err
 		}
 	}
@@ -388,17 +423,19 @@ func unresolved(items []Item, out []Result) (positions, []Item) {
 	return pos, sub
 }
 
-// runEffect runs the caller's effect with the session's planner settings
-// under the run's bounds (in force since BEGIN), inside a block that refuses
-// transaction control (effectBlock), checks the constraints it deferred, and
-// restores the session's settings, the ledger's and the run's bounds (isolate
-// claims again in the same transaction), whatever the effect set.
+// runEffect runs the caller's effect in its sandbox (sqlRunEffect: as the
+// effect role, which may not write the ledger and cannot switch back to the
+// worker's login; no transaction control), with the session's planner
+// settings under the run's bounds (in force since BEGIN), then restores the
+// session's settings, the ledger's and the run's bounds (isolate claims
+// again in the same transaction), whatever the effect set, and checks that
+// it left the session as it found it (sqlSandboxIntact).
 func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 	if _, err := tx.Exec(ctx, sqlBeforeEffect); err != nil {
 		return fmt.Errorf("preparing effect: %w", err)
 	}
 	bounded, cancel := answerBy(ctx, opts.EffectTimeout, opts.NetworkTimeout)
-	_, err := tx.Exec(bounded, effectBlock(opts.Effect))
+	tag, err := tx.Exec(bounded, sqlRunEffect, opts.Effect, opts.sandbox.fn, opts.sandbox.owner)
 	err = noAnswer(ctx, bounded, err)
 	cancel()
 	if err != nil {
@@ -412,10 +449,26 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 		}
 		return &UserCodeError{Doing: "running effect", Err: err}
 	}
-	// The checks the effect deferred run its users' code (a constraint
-	// trigger) or judge its writes: whatever they raise is the effect's.
-	if _, err := tx.Exec(ctx, sqlAfterEffect(opts.sqlBounds())); err != nil {
-		return &UserCodeError{Doing: "checking the effect's deferred constraints", Err: err}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("running effect: %w: runledger.run_effect is no longer the SECURITY DEFINER function of role %s without SET clauses that the worker checked at start; nothing of the chunk commits", ErrEffectSandbox, opts.sandbox.role)
+	}
+	// The simple protocol: the statements after an effect use none of the
+	// driver's prepared statements, which the effect may have replaced.
+	results, err := tx.Conn().PgConn().Exec(ctx, sqlAfterEffect(opts.sqlBounds())).ReadAll()
+	if err != nil {
+		return fmt.Errorf("restoring the session after the effect: %w", err)
+	}
+	claimedOK, unprepared, err := intactResult(results)
+	if err != nil {
+		return fmt.Errorf("restoring the session after the effect: %w", err)
+	}
+	if !unprepared {
+		// Not transactional: no later statement may run on this session.
+		_ = tx.Conn().Close(context.WithoutCancel(ctx))
+		return fmt.Errorf("running effect: %w: it PREPAREd a statement (which could stand in for one of the worker's); the connection is closed and nothing of the chunk commits", ErrEffectSandbox)
+	}
+	if !claimedOK {
+		return fmt.Errorf("running effect: %w: the session's table claimed is no longer the worker's own (DISCARD TEMP, a table of the effect's in its place); nothing of the chunk commits", ErrEffectSandbox)
 	}
 	return nil
 }
@@ -426,33 +479,32 @@ func isRuleCheckError(e error) bool {
 	return ok && isRuleCheck(pgErr)
 }
 
-// claimsHeld checks, after an effect, that every key out counts as claimed by
-// this transaction (Completed, HolderNone) still has a committed row of run,
-// in one statement. (A key this run committed before may be held by another
-// Supersede run since: see sqlSupersede.)
-func claimsHeld(ctx context.Context, tx pgx.Tx, run Run, out []Result) error {
-	var entities, occurrences []string
-	for _, r := range out {
-		if r.Outcome == Completed && r.Holder == HolderNone {
-			entities, occurrences = append(entities, r.Key.Entity), append(occurrences, r.Key.Occurrence)
-		}
+// sessionIntact runs sqlSandboxIntact (q) on conn, by the simple protocol.
+func sessionIntact(ctx context.Context, conn *pgconn.PgConn, q string) (bool, error) {
+	results, err := conn.Exec(ctx, q).ReadAll()
+	if err != nil {
+		return false, err
 	}
-	if len(entities) == 0 {
-		return nil
-	}
-	var held int
-	if err := tx.QueryRow(ctx, sqlClaimsHeld, entities, occurrences, run.UID).Scan(&held); err != nil {
-		return fmt.Errorf("checking the chunk's claims after the effect: %w", err)
-	}
-	if held != len(entities) {
-		return fmt.Errorf("%d of %d claimed keys have no committed row after the effect: %w", len(entities)-held, len(entities), ErrEffectTookBackClaims)
-	}
-	return nil
+	claimedOK, unprepared, err := intactResult(results)
+	return claimedOK && unprepared, err
 }
 
-// ErrEffectTookBackClaims: the effect deleted (took back) committed rows its
-// own transaction had claimed; the chunk's items fail and nothing commits.
-var ErrEffectTookBackClaims = errors.New("the effect took back its chunk's claims (every claimed key must keep its committed row)")
+// intactResult reads sqlSandboxIntact's row, the last result of results.
+func intactResult(results []*pgconn.Result) (claimedOK, unprepared bool, err error) {
+	if len(results) == 0 {
+		return false, false, errors.New("the sandbox check returned nothing")
+	}
+	last := results[len(results)-1]
+	if len(last.Rows) != 1 || len(last.Rows[0]) != 2 {
+		return false, false, fmt.Errorf("the sandbox check returned %d rows", len(last.Rows))
+	}
+	return string(last.Rows[0][0]) == "t", string(last.Rows[0][1]) == "t", nil
+}
+
+// ErrEffectSandbox: the effect tried to leave its sandbox, or the sandbox
+// changed since the worker checked it. Every item of the chunk fails and
+// nothing of it commits.
+var ErrEffectSandbox = errors.New("the effect left its sandbox")
 
 // ErrEffectBrokeRule: the effect itself wrote a ledger row that the
 // business-key rule refused. That says nothing about the chunk's keys: its
@@ -464,11 +516,16 @@ var ErrEffectBrokeRule = errors.New("the effect wrote a ledger row the business-
 // let the effect commit without the claim.
 var ErrEffectTransactionControl = errors.New("the effect may not end the ledger's transaction or open a savepoint (COMMIT, ROLLBACK, SAVEPOINT)")
 
-// PrepareEffect prepares the effect statement (without running it) next to
-// the table "claimed" it reads, in a transaction rolled back at once, so that
-// a syntax error or a missing table shows before the first commit. An error
-// of the statement itself is PostgreSQL's (see RefusedStatement).
+// PrepareEffect checks that the ledger has the effect's sandbox
+// (ErrNoEffectSandbox otherwise) and prepares the effect statement (without
+// running it) next to the table "claimed" it reads, in a transaction rolled
+// back at once, so that a syntax error or a missing table shows before the
+// first commit. An error of the statement itself is PostgreSQL's (see
+// RefusedStatement).
 func (s *Store) PrepareEffect(ctx context.Context, effect string) error {
+	if _, err := s.effectSandbox(ctx); err != nil {
+		return err
+	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)

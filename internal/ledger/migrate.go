@@ -123,3 +123,24 @@ func GrantWorker(ctx context.Context, pool *pgxpool.Pool, role string) error {
 	}
 	return nil
 }
+
+// SetEffectRole gives the effect's sandbox, runledger.run_effect, to role
+// (sqlSetEffectRole): SQL effects then run as role, which must exist, and
+// which the migrator must be a member of (or a superuser) to hand it a
+// function. role must be unprivileged: no superuser, no member of the
+// ledger's owner or of a worker login, no privilege on schema runledger (it
+// loses any it had). Grant it what the effects need on the user's tables.
+func SetEffectRole(ctx context.Context, pool *pgxpool.Pool, role string) error {
+	if role == "" {
+		return errors.New("setting the effect role: the role name is empty")
+	}
+	// One simple query: PostgreSQL runs its statements as one transaction.
+	if _, err := pool.Exec(ctx, sqlSetEffectRole(pgx.Identifier{role}.Sanitize())); err != nil {
+		return fmt.Errorf("giving the effect's sandbox (runledger.run_effect) to role %s (it must exist, and the migrator must be a member of it, e.g. GRANT %s TO the migrator's login, or a superuser): %w",
+			role, pgx.Identifier{role}.Sanitize(), err)
+	}
+	if _, err := NewStore(pool).effectSandbox(ctx); err != nil {
+		return fmt.Errorf("setting the effect role %s: %w", role, err)
+	}
+	return nil
+}

@@ -196,7 +196,7 @@ func TestCommitChunk_HungServerIsNoticed(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // without a bound: forever
 	defer cancel()
-	go freezeWhenRunning(admin, `DO $runledger\_effect%`, freeze)
+	go freezeWhenRunning(admin, `SELECT runledger.run\_effect(%`, freeze)
 	start := time.Now()
 	res, err := s.CommitChunk(ctx, runNamed("run-a"), noteItems(10), opts)
 	require.Error(t, err, "results: %v", res)

@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
 )
 
 // TestCommitChunk_RowLevelSecurityIsIsolated: a row-level security policy's
@@ -19,7 +20,8 @@ func TestCommitChunk_RowLevelSecurityIsIsolated(t *testing.T) {
 CREATE TABLE notes (account text NOT NULL, occurrence text PRIMARY KEY);
 ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
 CREATE POLICY notes_known ON notes FOR ALL USING (true) WITH CHECK (account NOT LIKE 'nobody-%');
-CREATE TABLE secrets (account text, occurrence text)`)
+CREATE TABLE secrets (account text, occurrence text);
+REVOKE ALL ON secrets FROM `+pgtest.EffectRole)
 	app, _ := workerRole(t, pool)
 	mustExec(t, pool, `GRANT SELECT, INSERT ON notes TO `+app.Config().ConnConfig.User)
 	s := ledger.NewStore(app)
@@ -28,7 +30,7 @@ CREATE TABLE secrets (account text, occurrence text)`)
 	res := commit(t, s, runNamed("run-a"), chunk, ledger.ChunkOptions{Effect: noteEffect})
 	requireOnlyBadFailed(t, pool, chunk, res, `new row violates row-level security policy for table "notes"`, 7, 8, 20)
 
-	// The role may not write into secrets at all: every item fails with it.
+	// The effect's role may not write into secrets at all: every item fails with it.
 	other := noteItems(5)
 	for i := range other {
 		other[i].Entity = "other"

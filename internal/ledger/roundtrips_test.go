@@ -140,10 +140,11 @@ func TestCommitChunk_ThreeRoundTrips(t *testing.T) {
 
 // TestCommitChunk_EffectRoundTrips: with an effect, a chunk costs eight round
 // trips: begin (with the table "claimed"), emptying "claimed", the claim, the
-// effect's planner setting, the effect, the check of the constraints it
-// deferred together with the ledger's setting, the check that every claimed
-// key kept its committed row (ErrEffectTookBackClaims), commit. The deferred
-// check adds no round trip of its own.
+// effect's planner setting, the effect in its sandbox (which fires the
+// constraints it deferred), the ledger's settings together with the check
+// that the effect left the session intact, commit, the same check after
+// COMMIT (a trigger left to fire there). No check of the chunk's claims
+// after the effect: the sandbox cannot take them back.
 func TestCommitChunk_EffectRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
 )
 
 // TestCommitChunk_EffectSettingsDoNotOutliveTheChunk: an effect that changes
@@ -43,39 +44,41 @@ CREATE TABLE notes (account text NOT NULL, occurrence text PRIMARY KEY, search_p
 	requireOneCommittedPerKey(t, admin, 9)
 }
 
-// TestCommitChunk_EffectRoleDoesNotOutliveTheChunk: SET ROLE in an effect
-// holds for the effect only; the ledger's statements and the next chunk run
-// as the login again.
-func TestCommitChunk_EffectRoleDoesNotOutliveTheChunk(t *testing.T) {
+// TestCommitChunk_EffectCannotSwitchRole: the effect runs as the effect
+// role, and cannot switch back to the worker's login (SET ROLE, RESET ROLE,
+// set_config('role', ...), SET SESSION AUTHORIZATION are refused inside the
+// sandbox): the chunk's items fail with PostgreSQL's error, nothing of it
+// commits, and the next chunk's effect runs as the effect role again while
+// the ledger's statements run as the login. On the old code the effect ran
+// as the login, which could write the ledger, and RESET ROLE undid any SET
+// ROLE of the operator's.
+func TestCommitChunk_EffectCannotSwitchRole(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	owner := newPool(t)
 	mustExec(t, owner, `CREATE TABLE notes (account text NOT NULL, occurrence text PRIMARY KEY, who text)`)
 	worker, role := workerRole(t, owner)
-	mustExec(t, owner, `CREATE ROLE `+role+`_weak NOLOGIN; GRANT `+role+`_weak TO `+role+`;
-GRANT INSERT ON notes TO `+role+`, `+role+`_weak; GRANT SELECT ON notes TO `+role)
-	t.Cleanup(func() {
-		_, _ = owner.Exec(context.Background(), `DROP OWNED BY `+role+`_weak`)
-		_, _ = owner.Exec(context.Background(), `DROP ROLE `+role+`_weak`)
-	})
 	one := poolWith(t, worker, map[string]string{"pool_max_conns": "1"})
 	s := ledger.NewStore(one)
-	effect := `INSERT INTO notes SELECT payload->>'account', occurrence, current_user FROM claimed; SET ROLE ` + role + `_weak`
-	chunk := noteItems(6)
-	require.Equal(t, tally{completed: 3}, count(commit(t, s, runNamed("run-a"), chunk[:3], ledger.ChunkOptions{Effect: effect})))
-	require.Equal(t, tally{completed: 3}, count(commit(t, s, runNamed("run-a"), chunk[3:], ledger.ChunkOptions{Effect: effect})))
-	require.Equal(t, role, scalar[string](t, one, `SELECT current_user`))
-	var who []string
-	rows, err := owner.Query(ctx, `SELECT DISTINCT who FROM notes`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var w string
-		require.NoError(t, rows.Scan(&w))
-		who = append(who, w)
+	record := `INSERT INTO notes SELECT payload->>'account', occurrence, current_user FROM claimed; `
+	chunk := noteItems(12)
+	for i, escape := range []string{
+		`RESET ROLE`,
+		`SET ROLE ` + role,
+		`SELECT set_config('role', '` + role + `', false)`,
+		`SET SESSION AUTHORIZATION ` + role,
+		`RESET SESSION AUTHORIZATION`,
+	} {
+		res := commit(t, s, runNamed("run-a"), chunk[i:i+1], ledger.ChunkOptions{Effect: record + escape})
+		require.Equal(t, tally{failed: 1}, count(res), "%s", escape)
+		require.ErrorContains(t, res[0].Err, "within security-definer function", "%s", escape)
 	}
-	require.NoError(t, rows.Err())
-	require.Equal(t, []string{role}, who, "each effect started as the login")
-	requireOneCommittedPerKey(t, owner, 6)
+	require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM notes`), "nothing of a failed chunk commits")
+	require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger`))
+
+	require.Equal(t, tally{completed: 3}, count(commit(t, s, runNamed("run-a"), chunk[6:9], ledger.ChunkOptions{Effect: record + `SELECT 1`})))
+	require.Equal(t, role, scalar[string](t, one, `SELECT current_user`))
+	require.Equal(t, pgtest.EffectRole, scalar[string](t, owner, `SELECT string_agg(DISTINCT who, ',') FROM notes`), "every effect ran as the effect role")
+	requireOneCommittedPerKey(t, owner, 3)
 }
 
 // TestCommitChunk_EffectMayNotEndTheTransaction: COMMIT, ROLLBACK or a

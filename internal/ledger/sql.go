@@ -116,8 +116,17 @@ SELECT entity, occurrence FROM ins`
 // caller's effect runs with the session's own setting (sqlPlannerDefaults).
 const (
 	sqlIndexProbesOnly = `SET LOCAL enable_seqscan = off`
-	sqlPlannerDefaults = `SET LOCAL enable_seqscan TO DEFAULT`
+	sqlPlannerDefaults = `SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL search_path TO DEFAULT`
 )
+
+// sqlPinnedSearchPath: the ledger's own statements resolve nothing in a
+// schema anyone may create in (public, before PostgreSQL 15): an
+// exact-signature public.unnest(text[], text[], text[]) would beat the
+// polymorphic built-in otherwise. Their tables are schema-qualified; pg_temp
+// listed last keeps a temporary relation from shadowing a catalog's (functions
+// and operators are never looked up there). The effect runs with the
+// session's own (sqlPlannerDefaults).
+const sqlPinnedSearchPath = `SET LOCAL search_path = pg_catalog, pg_temp`
 
 // sqlBeforeEffect runs right before the caller's effect: the session's own
 // planner setting (see sqlIndexProbesOnly). The run's bounds (sqlBounds) are
@@ -150,23 +159,72 @@ func sqlBound(name string, d, def time.Duration) string {
 // milliseconds is d as a setting's value, at least 1 (0 means no bound).
 func milliseconds(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
 
-// effectBlock wraps the caller's effect (one or more statements) in an
-// anonymous PL/pgSQL block that EXECUTEs it. Inside a transaction block the
-// server refuses transaction control there (COMMIT, ROLLBACK, SAVEPOINT, a
-// procedure that commits), where a bare simple query would let an effect
-// commit the claim half-way or roll it back and commit on its own. The
-// effect's text is dollar-quoted with tags it does not contain.
-func effectBlock(effect string) string {
-	n := 0
-	for strings.Contains(effect, effectTag(n, "sql")) || strings.Contains(effect, effectTag(n, "do")) {
-		n++
-	}
-	return `DO ` + effectTag(n, "do") + ` BEGIN EXECUTE ` + effectTag(n, "sql") + effect + effectTag(n, "sql") + `; END ` + effectTag(n, "do")
+// sqlRunEffect runs the caller's effect ($1) in the effect's sandbox,
+// runledger.run_effect (migrations/00007_effect_sandbox.sql): a SECURITY
+// DEFINER function of the unprivileged effect role, which EXECUTEs it (no
+// transaction control there: COMMIT, ROLLBACK, SAVEPOINT, a procedure that
+// commits are refused) and fires the constraints it deferred, as that role.
+// It runs only if the function is still the one the worker checked at start
+// ($2, sqlEffectSandbox): SECURITY DEFINER, owned by the effect role ($3),
+// no SET clause; it returns no row otherwise.
+const sqlRunEffect = `SELECT ` + Schema + `.run_effect($1::text)
+FROM pg_catalog.pg_proc AS p
+WHERE p.oid = $2::oid AND p.prosecdef AND p.proconfig IS NULL AND p.proowner = $3::oid`
+
+// sqlEffectSandbox reads the effect's sandbox: the function's oid, its
+// owner (the effect role) and what disqualifies it. The role must not be a
+// superuser, the ledger's or the schema's owner or a member of either, nor a
+// member of the worker's login (current_user), and must have no privilege
+// on schema runledger (then it names none of its tables or functions, and
+// cannot alter its own function there). No row: not migrated.
+const sqlEffectSandbox = `
+SELECT p.oid, r.oid, r.rolname,
+       p.prosecdef AND p.proconfig IS NULL,
+       r.rolsuper,
+       r.oid = n.nspowner OR pg_catalog.pg_has_role(r.oid, n.nspowner, 'MEMBER')
+           OR pg_catalog.pg_has_role(r.oid, t.relowner, 'MEMBER'),
+       pg_catalog.pg_has_role(r.oid, current_user, 'MEMBER'),
+       pg_catalog.has_schema_privilege(r.oid, n.oid, 'USAGE') OR pg_catalog.has_schema_privilege(r.oid, n.oid, 'CREATE')
+FROM pg_catalog.pg_proc AS p
+JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+JOIN pg_catalog.pg_roles AS r ON r.oid = p.proowner
+JOIN pg_catalog.pg_class AS t ON t.relnamespace = n.oid AND t.relname = 'ledger'
+WHERE n.nspname = '` + Schema + `' AND p.proname = 'run_effect'
+  AND p.proargtypes = '25'::pg_catalog.oidvector`
+
+// sqlSetEffectRole gives the sandbox to the effect role (an identifier,
+// already quoted) in one transaction (` + "`runledger migrate --effect-role`" + `).
+// PostgreSQL lets a function change owner only to a role that may create in
+// its schema: the role gets CREATE for the transaction only. The migrator
+// (CURRENT_USER, who may run workers too) keeps EXECUTE; the worker login
+// gets it with --grant-to.
+func sqlSetEffectRole(role string) string {
+	return `GRANT CREATE ON SCHEMA ` + Schema + ` TO ` + role + `;
+ALTER FUNCTION ` + Schema + `.run_effect(text) OWNER TO ` + role + `;
+REVOKE ALL ON SCHEMA ` + Schema + ` FROM ` + role + `;
+REVOKE ALL ON FUNCTION ` + Schema + `.run_effect(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION ` + Schema + `.run_effect(text) TO CURRENT_USER`
 }
 
-func effectTag(n int, what string) string {
-	return "$runledger_effect_" + what + strconv.Itoa(n) + "$"
-}
+// sqlGrantClaimed lets the effect role (quoted) read the session's table
+// "claimed", once per connection: the table lives as long as the session.
+func sqlGrantClaimed(role string) string { return `GRANT SELECT ON pg_temp.claimed TO ` + role }
+
+// sqlSandboxIntact says, right after an effect and before the ledger runs
+// anything else on the session, whether the effect left it as it was:
+//   - "claimed" is still the worker's own table (an effect may DISCARD TEMP
+//     and create a "claimed" of its own, with triggers the next chunk's
+//     claim would fire as the worker; the worker's own table takes no
+//     trigger, rule, policy or column from the effect role);
+//   - no statement was PREPAREd from SQL (an effect could replace one of the
+//     driver's prepared statements by name, with a statement that would
+//     then run as the worker). Not transactional: the connection is closed.
+const sqlSandboxIntact = `SELECT
+    coalesce((SELECT c.relowner = r.oid AND c.relkind = 'r' AND c.relpersistence = 't'
+                     AND NOT c.relhastriggers AND NOT c.relhasrules AND NOT c.relrowsecurity
+              FROM pg_catalog.pg_class AS c, pg_catalog.pg_roles AS r
+              WHERE c.oid = pg_catalog.to_regclass('pg_temp.claimed') AND r.rolname = current_user), false),
+    NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements AS s WHERE s.from_sql)`
 
 // sqlResetSession undoes whatever session state the user's SQL (an effect, a
 // batch query) set, by SET, SET ROLE, SET SESSION AUTHORIZATION or
@@ -179,18 +237,15 @@ const sqlResetSession = `RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL`
 
 // sqlAfterEffect runs right after the caller's effect, in one round trip.
 // It resets the session (sqlResetSession), which drops the run's bounds too,
-// so it sets them again (sqlBounds) before anything else runs. SET
-// CONSTRAINTS ALL IMMEDIATE fires the checks the effect deferred (a
-// DEFERRABLE INITIALLY DEFERRED foreign key, a deferred constraint trigger)
-// now, inside the chunk's savepoint, where a violation can be pinned on its
-// items, instead of at COMMIT, where it would fail the whole chunk every
-// time. The ledger's one deferred check, that a superseded key has a
-// committed row again (migrations/00003_append_only.sql), fires here too, so
-// an effect that supersedes rows fails its items; it is deferred again at
-// once, since a later claim in the same transaction (isolate) supersedes
-// before it inserts.
+// so it sets them again (sqlBounds) before anything else runs, and defers
+// again the ledger's one deferred check, that a superseded key has a
+// committed row again (migrations/00003_append_only.sql), which the sandbox
+// fired with the effect's own (an effect that supersedes rows fails its
+// items): a later claim in the same transaction (isolate) supersedes before
+// it inserts. Its last statement is sqlSandboxIntact.
 func sqlAfterEffect(bounds string) string {
-	return sqlResetSession + `; ` + bounds + `; SET CONSTRAINTS ALL IMMEDIATE; SET CONSTRAINTS ` + Schema + `.ledger_superseded_replaced DEFERRED; ` + sqlIndexProbesOnly
+	return sqlResetSession + `; ` + bounds + `; SET CONSTRAINTS ` + Schema + `.ledger_superseded_replaced DEFERRED; ` +
+		sqlIndexProbesOnly + `; ` + sqlPinnedSearchPath + `; ` + sqlSandboxIntact
 }
 
 // How the ledger's transactions begin, each in one round trip. A chunk's
@@ -203,18 +258,27 @@ const (
 	sqlCommit        = `COMMIT`
 )
 
-// sqlBeginChunk begins a chunk's transaction under bounds (sqlBounds).
-func sqlBeginChunk(bounds string, effect bool) string {
-	q := `BEGIN; ` + sqlIndexProbesOnly + `; ` + bounds
+// sqlBeginChunk begins a chunk's transaction under bounds (sqlBounds), with
+// the ledger's search_path; for an effect, with the table "claimed", which
+// the effect role may read from then on if grant names it (quoted; "" once
+// the session's table has been granted).
+func sqlBeginChunk(bounds string, effect bool, grant string) string {
+	q := `BEGIN; ` + sqlIndexProbesOnly + `; ` + sqlPinnedSearchPath + `; ` + bounds
 	if effect {
 		q += `; ` + sqlCreateClaimed
+		if grant != "" {
+			q += `; ` + sqlGrantClaimed(grant)
+		}
 	}
 	return q
 }
 
-// sqlCreateClaimed makes the per-session table the effect reads. ON COMMIT
-// DELETE ROWS empties it at every commit; sqlClearClaimed empties it between
-// the sub-chunks of one transaction.
+// sqlCreateClaimed makes the per-session table the effect reads, owned by
+// the worker's login: the effect role may only read it (sqlGrantClaimed),
+// never give it a trigger, rule, policy or column. It is created in every
+// effect chunk's BEGIN (a no-op once it exists) and lives as long as the
+// session; ON COMMIT DELETE ROWS empties it at every commit, sqlClearClaimed
+// between the sub-chunks of one transaction.
 const (
 	sqlCreateClaimed = `CREATE TEMP TABLE IF NOT EXISTS claimed (
     entity     text  NOT NULL,
@@ -272,16 +336,6 @@ up AS (
 SELECT entity, occurrence, id::text FROM up
 UNION ALL
 SELECT entity, occurrence, NULL FROM k WHERE mine`
-
-// sqlClaimsHeld counts the keys ($1, $2) that have a committed row of run $3.
-// After an effect every key its chunk claimed must: the append-only trigger
-// lets a transaction take back its own rows (ledger_take_back), so an effect
-// could otherwise free its own chunk's keys and commit its writes.
-const sqlClaimsHeld = `SELECT count(*) FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
-WHERE EXISTS (
-    SELECT 1 FROM ` + Schema + `.ledger AS l
-    WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed' AND l.run_uid = $3
-)`
 
 // sqlTakeBack takes back, inside the claiming transaction, the claims of the
 // keys a processor did not accept ($1 entities, $2 occurrences): the rows
@@ -587,7 +641,9 @@ GROUP BY b.rl_k`
 //   - the batch: read and write a run's batch once, set its header's item
 //     count; pruning (DELETE, pruned_at) is the owner's;
 //   - taking back its own transaction's claims (ledger_take_back, for a
-//     processor's refusals; it touches no committed row);
+//     processor's refusals; it touches no committed row; nobody else may);
+//   - running an effect in its sandbox (run_effect, whose owner, the
+//     effect role, it becomes for the effect's duration);
 //   - TEMP on the database (db, quoted), for the effect's table "claimed"
 //     (PostgreSQL grants it to PUBLIC by default; granted here so that a
 //     database that revoked it still works).
@@ -603,6 +659,7 @@ GRANT SELECT, INSERT, UPDATE (items) ON ` + Schema + `.batch_run TO ` + role + `
 GRANT SELECT, INSERT ON ` + Schema + `.batch TO ` + role + `;
 GRANT SELECT ON ` + Schema + `.ledger_retired TO ` + role + `;
 GRANT EXECUTE ON FUNCTION ` + Schema + `.ledger_take_back(text[], text[], bigint[]) TO ` + role + `;
+GRANT EXECUTE ON FUNCTION ` + Schema + `.run_effect(text) TO ` + role + `;
 GRANT TEMPORARY ON DATABASE ` + db + ` TO ` + role
 }
 

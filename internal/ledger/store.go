@@ -3,7 +3,9 @@ package ledger
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -158,6 +160,8 @@ type ChunkOptions struct {
 	// *ProcessorError (retryable). The transaction stays open during the
 	// call: the Processor bounds it (its timeout).
 	Processor Processor
+
+	sandbox *sandbox // set by CommitChunk for an effect
 }
 
 // sqlBounds is the chunk's bounds as SQL (sqlBounds).
@@ -181,6 +185,60 @@ type Store struct {
 	pool *pgxpool.Pool
 	// The bounds of its statements outside a chunk (WithBounds).
 	readTimeout, lockTimeout time.Duration
+
+	mu      sync.Mutex
+	sandbox *sandbox // checked once, by the first effect
+}
+
+// sandbox is the effect's sandbox as the worker checked it: the function
+// runledger.run_effect(text) and its owner, the effect role.
+type sandbox struct {
+	fn, owner uint32
+	role      string // quoted
+}
+
+// ErrNoEffectSandbox: the ledger has no sandbox for an SQL effect, or one
+// that would not keep the effect out of the ledger. The worker refuses to run
+// the effect; `runledger migrate --effect-role` sets it up.
+var ErrNoEffectSandbox = errors.New("the ledger has no sandbox for an SQL effect, which never runs with the worker's own privileges: run runledger migrate --grant-to WORKER --effect-role ROLE as the schema's owner, ROLE an unprivileged role that the effect's tables are granted to (docs/security.md)")
+
+// effectSandbox checks the effect's sandbox (sqlEffectSandbox) the first
+// time and returns it.
+func (s *Store) effectSandbox(ctx context.Context) (*sandbox, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sandbox != nil {
+		return s.sandbox, nil
+	}
+	var sb sandbox
+	var name string
+	var definer, super, owner, memberOfWorker, schemaPrivilege bool
+	err := s.pool.QueryRow(ctx, sqlEffectSandbox).Scan(&sb.fn, &sb.owner, &name, &definer, &super, &owner, &memberOfWorker, &schemaPrivilege)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w (runledger.run_effect does not exist: the schema predates migration 00007)", ErrNoEffectSandbox)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("checking the effect's sandbox: %w", err)
+	}
+	var why string
+	switch {
+	case !definer:
+		why = "runledger.run_effect is not SECURITY DEFINER, or has SET clauses"
+	case owner:
+		why = fmt.Sprintf("runledger.run_effect belongs to %s, the ledger's owner or a member of its role (no --effect-role given yet?)", name)
+	case super:
+		why = fmt.Sprintf("its owner %s is a superuser", name)
+	case memberOfWorker:
+		why = fmt.Sprintf("its owner %s is a member of the worker's login, whose privileges it would have", name)
+	case schemaPrivilege:
+		why = fmt.Sprintf("its owner %s has a privilege on schema runledger", name)
+	}
+	if why != "" {
+		return nil, fmt.Errorf("%w (%s)", ErrNoEffectSandbox, why)
+	}
+	sb.role = pgx.Identifier{name}.Sanitize()
+	s.sandbox = &sb
+	return s.sandbox, nil
 }
 
 // NewStore returns a Store over pool. The schema must be migrated (Migrate).
@@ -227,6 +285,7 @@ func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key
 		b.Queue(q)
 	}
 	b.Queue(sqlIndexProbesOnly)
+	b.Queue(sqlPinnedSearchPath)
 	b.Queue(sqlHolders, entities, occurrences).Query(func(rows pgx.Rows) error {
 		var k Key
 		var uid []byte

@@ -93,9 +93,36 @@ func setup() {
 		setupErr = fmt.Errorf("migrating template database: %w", err)
 		return
 	}
+	if setupErr = sandboxEffects(ctx, pool); setupErr != nil {
+		return
+	}
 	if server != nil {
 		setupErr = execSQL(ctx, adminDSN, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", PasswordUser, PasswordUserPassword))
 	}
+}
+
+// EffectRole is the role the test databases' SQL effects run as (`runledger
+// migrate --effect-role`): it may use and create in schema public, and every
+// table, sequence and function the tests' owner creates there.
+const EffectRole = "runledger_effect"
+
+// sandboxEffects gives the template's effect sandbox to EffectRole (created
+// once per server; a shared server may have it already) with the default
+// privileges of the tests' tables, which CREATE DATABASE ... TEMPLATE copies.
+func sandboxEffects(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := pool.Exec(ctx, `DO $$ BEGIN CREATE ROLE `+EffectRole+` NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`); err != nil {
+		return fmt.Errorf("creating role %s: %w", EffectRole, err)
+	}
+	if err := ledger.SetEffectRole(ctx, pool, EffectRole); err != nil {
+		return fmt.Errorf("sandboxing the template's effects: %w", err)
+	}
+	_, err := pool.Exec(ctx, `GRANT USAGE, CREATE ON SCHEMA public TO `+EffectRole+`;
+ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON TABLES TO `+EffectRole+`;
+ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON SEQUENCES TO `+EffectRole)
+	if err != nil {
+		return fmt.Errorf("granting %s the tests' tables: %w", EffectRole, err)
+	}
+	return nil
 }
 
 // PasswordUserPassword is PasswordUser's password.

@@ -3,6 +3,7 @@ package worker
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -190,6 +191,9 @@ func (p *Plan) Check(ctx context.Context, store *ledger.Store, policy Backoff, o
 // a missing table is reported before the first commit, as bad input.
 func CheckEffect(ctx context.Context, store *ledger.Store, effect string) error {
 	if err := store.PrepareEffect(ctx, effect); err != nil {
+		if errors.Is(err, ledger.ErrNoEffectSandbox) {
+			return &InputError{Where: "spec.effect.sql", Msg: "cannot run: " + err.Error()}
+		}
 		return queryError("spec.effect.sql", err)
 	}
 	return nil

@@ -10,7 +10,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
 )
 
 // sql runs one statement on a fresh connection (so that a restarted
@@ -74,6 +77,7 @@ func (e *env) dropDatabase(name string) error {
 // a killed pod, a leader change or a database restart hurts most).
 const sinkSchema = `
 CREATE TABLE sink (entity text NOT NULL, occurrence text NOT NULL);
+GRANT INSERT ON sink TO runledger_effect;
 CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(%g); RETURN NULL; END $$;
 CREATE TRIGGER slow AFTER INSERT ON sink FOR EACH STATEMENT EXECUTE FUNCTION slow();`
 
@@ -130,4 +134,22 @@ func (f *fixture) requireExactlyOnce(wantKeys int64) {
 	require.Equal(f.t, wantKeys, f.int(`SELECT count(*) FROM sink`), "the effect ran once per committed row")
 	require.Zero(f.t, f.int(`SELECT count(*) FROM (SELECT 1 FROM sink GROUP BY entity, occurrence HAVING count(*) > 1) d`),
 		"the effect never ran twice for a key")
+}
+
+// effectRole is the role the cluster's PostgreSQL gives SQL effects
+// (hack/cluster/lib/postgres.sh), as `runledger migrate --effect-role` does.
+const effectRole = "runledger_effect"
+
+// sandboxEffects migrates the database at dsn as its owner and gives its
+// effect sandbox to effectRole: a worker refuses to run an effect without it.
+func sandboxEffects(t *testing.T, dsn string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, dsn)
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = ledger.Migrate(ctx, pool)
+	require.NoError(t, err, "migrating %s", dsn)
+	require.NoError(t, ledger.SetEffectRole(ctx, pool, effectRole))
 }

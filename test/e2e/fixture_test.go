@@ -59,6 +59,7 @@ func newFixture(t *testing.T, name string, sleepPerChunk float64) *fixture {
 	f.dsn = e.createDatabase(t, f.db)
 	_, err := e.sql(ctx, f.dsn, fmt.Sprintf(sinkSchema, sleepPerChunk))
 	require.NoError(t, err, "sink schema")
+	sandboxEffects(t, f.dsn)
 
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns, Labels: map[string]string{
 		"pod-security.kubernetes.io/enforce": "restricted", "runledger.dev/e2e": "true",

@@ -33,11 +33,15 @@ EOF
     -v user="${PG_USER}" -v db="${PG_DB}" -v pw="${pw}" >>"${LOGS}/postgres.log" 2>&1 <<'EOF'
 CREATE ROLE :"user" LOGIN CREATEDB PASSWORD :'pw';
 CREATE DATABASE :"db" OWNER :"user";
+-- The role SQL effects run as (runledger migrate --effect-role): it owns
+-- nothing, may not log in; the login may give it the effect's sandbox.
+CREATE ROLE runledger_effect NOLOGIN;
+GRANT runledger_effect TO :"user";
 EOF
   : >"${RUN}/postgres.dsn"
   chmod 600 "${RUN}/postgres.dsn"
   echo "postgres://${PG_USER}:${pw}@${CP_IP}:${PG_PORT}/${PG_DB}?sslmode=disable" >"${RUN}/postgres.dsn"
-  step "PostgreSQL ready: database ${PG_DB}, role ${PG_USER} (hack/cluster.sh dsn)"
+  step "PostgreSQL ready: database ${PG_DB}, role ${PG_USER} (hack/cluster.sh dsn), effect role runledger_effect"
 }
 
 start_postgres() {

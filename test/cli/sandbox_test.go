@@ -1,0 +1,41 @@
+package clitest
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestRunRefusesAnEffectWithoutTheSandbox: on a ledger whose effect sandbox
+// is not set up (runledger.run_effect still the migrator's), runledger run
+// with an SQL effect exits 2 at start, saying which command sets it up, and
+// runs nothing; `runledger migrate --effect-role` sets it up, and the same
+// run then commits its items with the effect running as that role.
+func TestRunRefusesAnEffectWithoutTheSandbox(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	d.exec(t, `ALTER FUNCTION runledger.run_effect(text) OWNER TO CURRENT_USER;
+CREATE TABLE notes (entity text, occurrence text, who text)`)
+	run := manifest("sandboxed", inlineItems([2]string{"acct-1", "2024-06"}, [2]string{"acct-2", "2024-06"}),
+		"effect: {sql: 'INSERT INTO notes SELECT entity, occurrence, current_user FROM claimed'}")
+	file := writeFile(t, "run.yaml", run)
+
+	r := runCLI(t, "", "run", "-f", file, "--dsn", d.dsn, "--output", "json", "--retry-timeout", "5s")
+	require.Equal(t, 2, r.code, "bad input: exit 2; stderr:\n%s", r.stderr)
+	require.Contains(t, r.stderr, "spec.effect.sql")
+	require.Contains(t, r.stderr, "runledger migrate --grant-to WORKER --effect-role ROLE")
+	require.Zero(t, d.committed(t), "nothing committed")
+	require.Zero(t, d.int(t, `SELECT count(*) FROM notes`), "the effect never ran")
+
+	r = runCLI(t, "", "migrate", "--dsn", d.dsn, "--effect-role", "")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "--effect-role is empty")
+	r = runCLI(t, "", "migrate", "--dsn", d.dsn, "--effect-role", "runledger_effect")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "SQL effects run as runledger_effect")
+
+	r = runCLI(t, "", "run", "-f", file, "--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.EqualValues(t, 2, d.committed(t))
+	require.EqualValues(t, 2, d.int(t, `SELECT count(*) FROM notes WHERE who = 'runledger_effect'`), "the effect ran as the effect role")
+}
