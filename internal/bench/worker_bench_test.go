@@ -142,6 +142,13 @@ FROM generate_series(0, $1 - 1) i`, n); err != nil {
 // each, all started at once, and returns their combined rate and counts.
 func runWorkers(b *testing.B, bin, dsn, name string) workerRun {
 	b.Helper()
+	return runShards(b, bin, dsn, name, workerShards, fmt.Sprintf("  chunkSize: %d\n", workerChunk))
+}
+
+// runShards runs shards processes of run name over the usage table, its spec
+// completed by spec (YAML lines under spec:), with extra arguments.
+func runShards(b *testing.B, bin, dsn, name string, shards int, spec string, extra ...string) workerRun {
+	b.Helper()
 	manifest := filepath.Join(b.TempDir(), name+".yaml")
 	if err := os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: processing.runledger.dev/v1alpha1
 kind: ProcessingRun
@@ -151,22 +158,22 @@ spec:
   batch:
     query: SELECT account AS entity, period AS occurrence, payload FROM usage
   workers: %d
-  chunkSize: %d
-`, name, workerShards, workerChunk)), 0o600); err != nil {
+%s`, name, shards, spec)), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	cmds := make([]*exec.Cmd, workerShards)
-	outs := make([]*bytes.Buffer, workerShards)
-	errs := make([]*bytes.Buffer, workerShards)
+	cmds := make([]*exec.Cmd, shards)
+	outs := make([]*bytes.Buffer, shards)
+	errs := make([]*bytes.Buffer, shards)
 	for s := range cmds {
-		cmds[s] = exec.Command(bin, "run", "-f", manifest, "--dsn", dsn, "--shard", fmt.Sprintf("%d/%d", s, workerShards), "--output", "json")
+		args := append([]string{"run", "-f", manifest, "--dsn", dsn, "--shard", fmt.Sprintf("%d/%d", s, shards), "--output", "json"}, extra...)
+		cmds[s] = exec.Command(bin, args...)
 		outs[s], errs[s] = &bytes.Buffer{}, &bytes.Buffer{}
 		cmds[s].Stdout, cmds[s].Stderr = outs[s], errs[s]
 	}
 	start := time.Now()
 	var wg sync.WaitGroup
-	failures := make([]error, workerShards)
-	r := workerRun{peakRSS: make([]int64, workerShards)}
+	failures := make([]error, shards)
+	r := workerRun{peakRSS: make([]int64, shards)}
 	for s, cmd := range cmds {
 		if err := cmd.Start(); err != nil {
 			b.Fatalf("starting shard %d: %v", s, err)

@@ -345,7 +345,8 @@ func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, sh
 	}
 	b.Queue(sqlBatchCursorWorkMem)
 	b.Queue(sqlBatchCursorNoJIT)
-	b.Queue(sqlIndexProbesOnly)
+	b.Queue(sqlNoSeqScan)
+	b.Queue(sqlNoBitmapScan)
 	b.Queue(sqlPinnedSearchPath)
 	b.Queue(sqlDeclareBatchCursor, h.ID, shard, skip)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {

@@ -435,7 +435,7 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 		return fmt.Errorf("preparing effect: %w", err)
 	}
 	bounded, cancel := answerBy(ctx, opts.EffectTimeout, opts.NetworkTimeout)
-	tag, err := tx.Exec(bounded, sqlRunEffect, opts.Effect, opts.sandbox.fn, opts.sandbox.owner)
+	tag, err := tx.Exec(bounded, sqlRunEffect(opts.Effect), opts.sandbox.fn, opts.sandbox.owner)
 	err = noAnswer(ctx, bounded, err)
 	cancel()
 	if err != nil {

@@ -4,6 +4,11 @@ package ledger
 // and the readers of their answers.
 var (
 	SQLClaim            = sqlClaim
+	SQLClaimEffect      = sqlClaimEffect
+	SQLInsert           = sqlInsert
+	SQLInsertEffect     = sqlInsertEffect
+	SQLCreateClaimed    = sqlCreateClaimed
+	SQLPinnedSearchPath = sqlPinnedSearchPath
 	SQLHolders          = sqlHolders
 	SQLSupersede        = sqlSupersede
 	SQLHoldersSupersede = sqlHoldersSupersede

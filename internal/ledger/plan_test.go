@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,13 +14,22 @@ import (
 	"github.com/runledger/runledger/internal/ledger"
 )
 
-// TestKeyLookupsProbeTheRuleIndex: the statements that look up committed rows
-// by key (the fast path's lookup, the attribution of skipped keys and the
-// preload, supersede) must probe the rule's index once per key, whatever the
-// planner believes about the ledger: a plan that scans the ledger per chunk
-// costs as much as the table is large, and one that scans it per key (chosen
-// for an empty ledger) is quadratic while concurrent writers fill it.
-func TestKeyLookupsProbeTheRuleIndex(t *testing.T) {
+// TestInsertPathPlansAreOChunk: every statement of the insert path costs
+// O(chunk) whatever the planner believes about the ledger: the statements
+// that look up committed rows by key (the fast path's lookup, with and
+// without the effect's copy, the attribution of skipped keys and the
+// preload, supersede) probe the rule's index once per key, and the arbiter
+// path's insert reads the ledger only through its arbiter index, never by a
+// scan or a join over the table. A plan that scans the ledger per chunk costs
+// as much as the table is large; one that scans it per key (chosen for an
+// empty ledger) is quadratic while concurrent writers fill it. The ledger as
+// the planner may see it: fresh (never analysed, empty or filled since),
+// analysed, and grown 100x since its last ANALYZE (autovacuum off), with
+// the statistics of a skewed ledger (one entity) that no longer hold.
+// (The take-back runs inside ledger_take_back, whose DELETE probes the same
+// index by key: the processor's path; the post-effect claims check of the
+// old code is gone, see docs/insert-path.md.)
+func TestInsertPathPlansAreOChunk(t *testing.T) {
 	t.Parallel()
 	// A chunk's worth of keys: half held in the populated ledger, half not.
 	var entities, occurrences, payloads []string
@@ -30,46 +40,69 @@ func TestKeyLookupsProbeTheRuleIndex(t *testing.T) {
 	}
 	run := []any{"default", "run", "run-uid", 0, 0}
 	statements := []struct {
-		name string
-		sql  string
-		args []any
+		name   string
+		sql    string
+		args   []any
+		lookup bool // probes the rule's index per key
 	}{
-		{"claim", ledger.SQLClaim, append([]any{entities, occurrences, payloads}, run...)},
-		{"holders", ledger.SQLHolders, []any{entities, occurrences}},
-		{"supersede", ledger.SQLSupersede, []any{entities, occurrences, "other-run"}},
-		{"holders, supersede", ledger.SQLHoldersSupersede, []any{entities, occurrences, "other-run"}},
+		{"claim", ledger.SQLClaim, append([]any{entities, occurrences, payloads}, run...), true},
+		{"claim with effect", ledger.SQLClaimEffect, append([]any{entities, occurrences, payloads}, run...), true},
+		{"insert (arbiter)", ledger.SQLInsert, append([]any{entities, occurrences, payloads}, run...), false},
+		{"insert (arbiter) with effect", ledger.SQLInsertEffect, append([]any{entities, occurrences, payloads}, run...), false},
+		{"holders", ledger.SQLHolders, []any{entities, occurrences}, true},
+		{"supersede", ledger.SQLSupersede, []any{entities, occurrences, "other-run"}, true},
+		{"holders, supersede", ledger.SQLHoldersSupersede, []any{entities, occurrences, "other-run"}, true},
 	}
-	for _, ledgerRows := range []int{0, 60000} {
-		t.Run(fmt.Sprintf("ledger of %d rows", ledgerRows), func(t *testing.T) {
+	fill := func(from, to int, entity string) string {
+		return fmt.Sprintf(`INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
+SELECT %s, 'occ-' || i, 'default', 'big', 'big-run', 0, 0 FROM generate_series(%d, %d) AS i`, entity, from, to)
+	}
+	const noAutovacuum = `ALTER TABLE runledger.ledger SET (autovacuum_enabled = off)`
+	spread := `'acct-' || (i % 1000)`
+	for _, state := range []struct {
+		name string
+		sql  []string
+	}{
+		{"fresh, empty", nil},
+		{"fresh, 60000 rows never analysed", []string{noAutovacuum, fill(1, 60000, spread)}},
+		{"analysed, 60000 rows", []string{fill(1, 60000, spread), `VACUUM ANALYZE runledger.ledger`}},
+		{"grown 100x since ANALYZE", []string{noAutovacuum, fill(1, 600, spread), `VACUUM ANALYZE runledger.ledger`, fill(601, 60600, spread)}},
+		{"stale statistics (analysed skewed, then spread)", []string{noAutovacuum, fill(100001, 106000, `'acct-1'`), `VACUUM ANALYZE runledger.ledger`, fill(1, 60000, spread)}},
+	} {
+		t.Run(state.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			pool := newPool(t)
-			_, err := pool.Exec(ctx, `
-INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
-SELECT 'acct-' || (i % 1000), 'occ-' || i, 'default', 'big', 'big-run', 0, 0
-FROM generate_series(1, $1) AS i`, ledgerRows)
-			require.NoError(t, err)
-			_, err = pool.Exec(ctx, `VACUUM ANALYZE runledger.ledger`)
-			require.NoError(t, err)
-
+			for _, q := range state.sql {
+				mustExec(t, pool, q)
+			}
 			for _, st := range statements {
 				t.Run(st.name, func(t *testing.T) {
 					// As the insert path runs them: in a transaction that
-					// leaves the planner no sequential scan.
+					// leaves the planner no sequential scan, with the table
+					// "claimed" of an effect's.
 					tx, err := pool.Begin(ctx)
 					require.NoError(t, err)
 					defer func() { _ = tx.Rollback(ctx) }()
-					_, err = tx.Exec(ctx, ledger.SQLIndexProbesOnly)
+					_, err = tx.Exec(ctx, ledger.SQLIndexProbesOnly+"; "+ledger.SQLPinnedSearchPath+"; "+ledger.SQLCreateClaimed)
 					require.NoError(t, err)
 					rows, err := tx.Query(ctx, "EXPLAIN "+st.sql, st.args...)
 					require.NoError(t, err)
 					lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 					require.NoError(t, err)
 					plan := strings.Join(lines, "\n")
-					require.NotContains(t, plan, "Seq Scan on ledger", "the lookup must not scan the ledger:\n%s", plan)
+					for _, scan := range []string{"Seq Scan on ledger", "Bitmap Heap Scan on ledger", "Index Only Scan", "Hash Join", "Merge Join"} {
+						require.NotContains(t, plan, scan, "no scan of the ledger, no join over it:\n%s", plan)
+					}
+					probes := strings.Count(plan, "Index Scan using "+ledger.BusinessKeyIndex)
+					if st.lookup {
+						require.Positive(t, probes, "the lookup probes the rule's index per key:\n%s", plan)
+					} else {
+						require.Contains(t, plan, "Conflict Arbiter Indexes: "+ledger.BusinessKeyIndex, "the insert's arbiter is the rule:\n%s", plan)
+					}
+					// Every probe is by key (an Index Cond), never a walk of the whole index.
+					require.Len(t, byKey.FindAllString(plan, -1), probes, "each probe by key:\n%s", plan)
 					require.NotContains(t, plan, "hashed SubPlan", "the lookup must probe per key, not hash a whole run:\n%s", plan)
-					require.Contains(t, plan, "Index Scan using "+ledger.BusinessKeyIndex,
-						"the lookup must probe the rule's index per key:\n%s", plan)
 					if strings.Contains(st.name, "supersede") {
 						require.Contains(t, plan, "using ledger_retired_pkey",
 							"the run's retired rows of a key are one probe of (run_uid, occurrence, entity):\n%s", plan)
@@ -79,6 +112,9 @@ FROM generate_series(1, $1) AS i`, ledgerRows)
 		})
 	}
 }
+
+// byKey is the condition of a probe of the rule's index by one key.
+var byKey = regexp.MustCompile(`Index Cond: \(\(occurrence = \w+\.occurrence\) AND \(entity = \w+\.entity\)\)`)
 
 // TestFixQueryBatch_SortsNothing: materialising a batch packs the query's
 // rows into blocks as the query returns them, hashing the blocks, with no

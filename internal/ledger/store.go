@@ -284,7 +284,8 @@ func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key
 	for _, q := range s.sqlReadBoundList() {
 		b.Queue(q)
 	}
-	b.Queue(sqlIndexProbesOnly)
+	b.Queue(sqlNoSeqScan)
+	b.Queue(sqlNoBitmapScan)
 	b.Queue(sqlPinnedSearchPath)
 	b.Queue(sqlHolders, entities, occurrences).Query(func(rows pgx.Rows) error {
 		var k Key

@@ -15,18 +15,22 @@ import (
 	"github.com/runledger/runledger/internal/worker"
 )
 
-// TestPrepareAndRunShards: Prepare migrates an empty database and checks the
-// plan; RunShards runs every shard with one failure budget: once the run as a
+// TestPrepareAndRunShards: Prepare migrates an empty database (whose effect
+// sandbox is then given to the effect role, as `runledger migrate
+// --effect-role` does) and checks the plan; RunShards runs every shard with one failure budget: once the run as a
 // whole has more failed items than allowed, every shard stops, and the
 // reports add up to the result.
 func TestPrepareAndRunShards(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.NewEmptyDatabase(t)
 	pool := pgtest.Pool(t, dsn)
-	mustExec(t, pool, invoiceSchema) // no accounts: every effect fails
+	mustExec(t, pool, invoiceSchema+`GRANT ALL ON accounts, invoices TO `+pgtest.EffectRole) // no accounts: every effect fails
 	plan := &worker.Plan{Run: ledger.Run{Namespace: "default", Name: "budget", UID: "uid-budget"}, Shards: 3,
 		Source: worker.NewStaticSource("items", keyItems("acct", 300)), Effect: invoiceEffect, ChunkSize: 10, MaxFailedItems: 45}
 
+	_, _, err := worker.Prepare(context.Background(), plan, worker.PrepareConfig{DSN: dsn, Parallel: 3})
+	require.ErrorContains(t, err, "runledger migrate --grant-to WORKER --effect-role ROLE", "migrated, but no effect runs unsandboxed")
+	require.NoError(t, ledger.SetEffectRole(context.Background(), pool, pgtest.EffectRole))
 	store, closeStore, err := worker.Prepare(context.Background(), plan, worker.PrepareConfig{DSN: dsn, Parallel: 3})
 	require.NoError(t, err)
 	defer closeStore()

@@ -67,16 +67,17 @@ func TestTwoRoles_MigrateGrantToAndRun(t *testing.T) {
 	t.Parallel()
 	d := newTwoRoles(t)
 
-	r := runCLI(t, "", "migrate", "--dsn", d.owner.dsn, "--grant-to", d.role)
+	r := runCLI(t, "", "migrate", "--dsn", d.owner.dsn, "--grant-to", d.role, "--effect-role", pgtest.EffectRole)
 	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
 	require.Contains(t, r.stdout, fmt.Sprintf("migrations applied: %d\n", migrationFiles(t)))
+	require.Contains(t, r.stdout, "SQL effects run as "+pgtest.EffectRole+"\n")
 	require.Contains(t, r.stdout, "worker privileges granted to "+d.role+"\n")
 
 	// The worker starts (its migration check finds nothing to do) and runs a
 	// query batch with an effect; it may read the source, write the sink.
 	d.owner.exec(t, `CREATE TABLE src AS SELECT 'acct-' || i AS entity, '2024-06' AS occurrence FROM generate_series(1, 20) i;
 CREATE TABLE sink (entity text, occurrence text);
-GRANT SELECT ON src TO `+d.role+`; GRANT INSERT ON sink TO `+d.role)
+GRANT SELECT ON src TO `+d.role+`; GRANT INSERT ON sink TO `+pgtest.EffectRole)
 	good := manifest("june", `batch: {query: "SELECT entity, occurrence FROM src"}`, "workers: 2",
 		`effect: {sql: "INSERT INTO sink SELECT entity, occurrence FROM claimed"}`)
 	r = runCLI(t, "", "run", "-f", writeFile(t, "run.yaml", good), "--dsn", d.worker.dsn, "--output", "json")
@@ -86,11 +87,12 @@ GRANT SELECT ON src TO `+d.role+`; GRANT INSERT ON sink TO `+d.role)
 	before := d.owner.snapshot(t)
 
 	for _, effect := range []struct{ name, sql, want string }{
-		{"delete", `DELETE FROM runledger.ledger WHERE run_name = 'june'`, "permission denied for table ledger"},
-		{"rekey", `UPDATE runledger.ledger SET entity = 'moved' WHERE run_name = 'june'`, "permission denied for table ledger"},
-		{"rewrite-state", `UPDATE runledger.ledger SET state = 'committed', superseded_at = NULL WHERE run_name = 'june'`, "runledger.ledger is append-only: UPDATE of the committed row"},
-		{"truncate", `TRUNCATE runledger.ledger`, "permission denied for table ledger"},
-		{"supersede", `UPDATE runledger.ledger SET state = 'superseded', superseded_at = now() WHERE run_name = 'june'`, "was superseded and no committed row replaces it"},
+		{"delete", `DELETE FROM runledger.ledger WHERE run_name = 'june'`, "permission denied for schema runledger"},
+		{"rekey", `UPDATE runledger.ledger SET entity = 'moved' WHERE run_name = 'june'`, "permission denied for schema runledger"},
+		{"rewrite-state", `UPDATE runledger.ledger SET state = 'committed', superseded_at = NULL WHERE run_name = 'june'`, "permission denied for schema runledger"},
+		{"truncate", `TRUNCATE runledger.ledger`, "permission denied for schema runledger"},
+		{"supersede", `UPDATE runledger.ledger SET state = 'superseded', superseded_at = now() WHERE run_name = 'june'`, "permission denied for schema runledger"},
+		{"forge", `INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt) VALUES ('acct-1', '2024-07', 'x', 'x', 'x', 0, 0)`, "permission denied for schema runledger"},
 	} {
 		t.Run(effect.name, func(t *testing.T) {
 			hostile := manifest("hostile-"+effect.name, inlineItems([2]string{"mal-1", "x"}, [2]string{"mal-2", "x"}, [2]string{"mal-3", "x"}),
