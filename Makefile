@@ -166,8 +166,8 @@ envtest-assets: ## Build (once, cached under bin/k8s/) kube-apiserver, etcd and 
 	$(ROOT)/hack/k8s-bins.sh kube-apiserver etcd kubectl
 
 .PHONY: bench
-bench: ## Benchmarks of the insert path and the worker against their baselines; prints items/s and ratios (fsync on).
-	go test -run '^$$' -bench '^Benchmark(Ledger|Worker)$$' -benchtime 1x -timeout 60m ./internal/bench/...
+bench: ## Benchmarks of the insert path and the worker against their baselines, and the worker with SQL effects and a processor against the same run without; prints items/s and ratios (fsync on).
+	go test -run '^$$' -bench '^Benchmark(Ledger|Worker|WorkerEffects)$$' -benchtime 1x -timeout 90m ./internal/bench/...
 
 .PHONY: bench-growth
 bench-growth: ## The worker's items/s on a ledger of 10M and 50M committed rows beside an empty one, with table and index sizes (about 30 minutes, 15 GB of disk).

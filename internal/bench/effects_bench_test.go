@@ -38,8 +38,8 @@ const (
 // the default chunk size) on a fresh ledger each time, durable, without an
 // effect and then with a trivial SQL effect, an SQL effect that inserts one
 // row per item, and a minimal Go processor (pkg/processor, answering ok, in
-// this process on loopback; maxItemsPerCall 1000, so chunks stay the
-// default size), and prints each one's items/s and its ratio to the run
+// this process on loopback; the default maxItemsPerCall, 100, so its chunks
+// are of 100 items), and prints each one's items/s and its ratio to the run
 // without an effect measured in the same process. Each figure is the best
 // of two runs. Targets: trivial >= 0.8x, inserting >= 0.5x
 // (docs/insert-path.md gives the processor's and what bounds it).
@@ -54,7 +54,7 @@ func BenchmarkWorkerEffects(b *testing.B) {
 		{name: "no effect"},
 		{name: "SQL effect, trivial", spec: "  effect: {sql: '" + trivialEffect + "'}\n"},
 		{name: "SQL effect, inserting", spec: "  effect: {sql: '" + insertingEffect + "'}\n"},
-		{name: "processor, minimal", spec: "  effect:\n    processor: {image: bench-processor, maxItemsPerCall: 1000}\n", args: []string{"--processor-url", url}},
+		{name: "processor, minimal", spec: "  effect:\n    processor: {image: bench-processor}\n", args: []string{"--processor-url", url}},
 	}
 	rates := make([]float64, len(variants))
 	for range b.N {

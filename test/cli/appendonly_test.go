@@ -174,12 +174,19 @@ func TestTwoRoles_BadInput(t *testing.T) {
 
 	// The database as the previous releases left it: 00004 and later
 	// pending (00006 only replaces 00004's trigger function; 00009 added
-	// ledger_retired and its trigger). The worker
-	// may not apply them: exit 2, nothing committed, nothing applied.
+	// ledger_retired and its trigger; 00007 the effect's sandbox, undone
+	// first). The worker may not apply them: exit 2, nothing committed,
+	// nothing applied.
 	d.owner.exec(t, `DELETE FROM runledger.goose_db_version WHERE version_id = 9;
 DROP TRIGGER ledger_record_retired ON runledger.ledger;
 DROP FUNCTION runledger.ledger_record_retired();
 DROP TABLE runledger.ledger_retired;
+DELETE FROM runledger.goose_db_version WHERE version_id = 7;
+DROP TRIGGER ledger_not_from_trigger ON runledger.ledger;
+DROP TRIGGER batch_run_not_from_trigger ON runledger.batch_run;
+DROP TRIGGER batch_not_from_trigger ON runledger.batch;
+DROP FUNCTION runledger.ledger_not_from_trigger();
+DROP FUNCTION runledger.run_effect(text);
 DELETE FROM runledger.goose_db_version WHERE version_id = 6;
 DROP INDEX runledger.ledger_business_key_uq;
 CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger (entity, occurrence) WHERE state = 'committed';

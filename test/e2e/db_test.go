@@ -116,7 +116,8 @@ func (f *fixture) committedRows(uid string) int64 {
 	return f.int(`SELECT count(*) FROM runledger.ledger WHERE state = 'committed' AND run_uid = $1`, uid)
 }
 
-// ledgerExists reports whether a worker has migrated the test's database.
+// ledgerExists reports whether the test's database is migrated (by the
+// fixture, for the effect's sandbox, or by a worker).
 func (f *fixture) ledgerExists() bool {
 	return f.int(`SELECT count(*) FROM pg_tables WHERE schemaname = 'runledger' AND tablename = 'ledger'`) == 1
 }
