@@ -19,6 +19,10 @@ GOCYCLO := $(BIN)/gocyclo-$(GOCYCLO_VERSION)
 # helm: the version hack/tools/helm/go.mod pins (one source), built from the Go module proxy.
 HELM_VERSION := $(shell awk '$$1 == "helm.sh/helm/v3" { print $$2; exit }' $(ROOT)/hack/tools/helm/go.mod)
 HELM := $(BIN)/helm-$(HELM_VERSION)
+# promtool for the alert rules' unit tests: Prometheus' Go module version
+# (hack/tools/promtool pins it; v0.316.0 is Prometheus 3.16.0).
+PROMETHEUS_VERSION := v0.316.0
+PROMTOOL := $(BIN)/promtool-$(PROMETHEUS_VERSION)
 
 # envtest: kube-apiserver and etcd built from the Go module proxy (hack/k8s-bins.sh).
 ENVTEST_ASSETS = $(shell $(ROOT)/hack/k8s-bins.sh --print-dir kube-apiserver etcd kubectl)
@@ -146,8 +150,8 @@ release-check: ## make release twice, from two clean clones of HEAD (tagged v0.0
 ##@ Test
 
 .PHONY: test
-test: envtest-assets ## Run every test: unit, PostgreSQL integration, envtest (starts its own PostgreSQL and kube-apiserver).
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(GO_TEST_FLAGS) ./...
+test: envtest-assets $(PROMTOOL) ## Run every test: unit, PostgreSQL integration, envtest (starts its own PostgreSQL and kube-apiserver), the alerts through promtool test rules.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" PROMTOOL="$(PROMTOOL)" go test $(GO_TEST_FLAGS) ./...
 	cd $(ROOT)/hack/tools/image && GOWORK=off go test $(GO_TEST_FLAGS) ./...
 	cd $(ROOT)/hack/tools/pki && GOWORK=off go test $(GO_TEST_FLAGS) ./...
 	cd $(ROOT)/hack/tools/release && GOWORK=off go test $(GO_TEST_FLAGS) ./...
@@ -263,6 +267,12 @@ $(GOCYCLO):
 	@mkdir -p $(BIN)
 	GOBIN=$(BIN)/.tmp-gocyclo go install github.com/fzipp/gocyclo/cmd/gocyclo@$(GOCYCLO_VERSION)
 	mv $(BIN)/.tmp-gocyclo/gocyclo $@ && rmdir $(BIN)/.tmp-gocyclo
+.PHONY: promtool
+promtool: $(PROMTOOL) ## Build the pinned promtool into bin/ (once).
+
+$(PROMTOOL):
+	@mkdir -p $(BIN)
+	cd $(ROOT)/hack/tools/promtool && GOWORK=off CGO_ENABLED=0 go build -trimpath -o $@ github.com/prometheus/prometheus/cmd/promtool
 
 $(CONTROLLER_GEN):
 	@mkdir -p $(BIN)
