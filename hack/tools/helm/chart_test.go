@@ -218,6 +218,9 @@ func TestChartValues(t *testing.T) {
 		objs := render(t, c, "ops", fromYAML(t, "replicaCount: 3\nresources: {requests: {cpu: 1, memory: 1Gi}, limits: null}"))
 		require.EqualValues(t, 3, objs["Deployment/"+managerName]["spec"].(map[string]any)["replicas"])
 		_, ctr := deployment(t, objs)
+		// The default ephemeral-storage request stays unless nulled too.
+		require.Equal(t, map[string]any{"requests": map[string]any{"cpu": float64(1), "memory": "1Gi", "ephemeral-storage": "64Mi"}}, ctr["resources"])
+		_, ctr = deployment(t, render(t, c, "ops", fromYAML(t, "resources: {requests: {cpu: 1, memory: 1Gi, ephemeral-storage: null}, limits: null}")))
 		require.Equal(t, map[string]any{"requests": map[string]any{"cpu": float64(1), "memory": "1Gi"}}, ctr["resources"])
 	})
 	t.Run("placement", func(t *testing.T) {

@@ -51,9 +51,21 @@ func kustomize(dir string) ([]obj, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kustomize %s: %s: %w", dir, r.CurId(), err)
 		}
-		out = append(out, obj(mm))
+		o := obj(mm)
+		if clusterScoped[o.kind()] {
+			delete(o.meta(), "namespace")
+		}
+		out = append(out, o)
 	}
 	return out, nil
+}
+
+// clusterScoped are the cluster-scoped kinds kustomize's schema does not
+// know, so its namespace transformer gives them config/default's namespace;
+// the API server has no namespace for them, and neither has the chart.
+var clusterScoped = map[string]bool{
+	"ValidatingAdmissionPolicy":        true,
+	"ValidatingAdmissionPolicyBinding": true,
 }
 
 // sources are the kustomize builds the chart is made of.
