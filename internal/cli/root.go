@@ -2,7 +2,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -26,18 +25,6 @@ const (
 	flagDatabaseURL = "dsn"
 	flagDSNFile     = "dsn-file"
 )
-
-// ExitError carries a process exit code through cobra.
-type ExitError struct {
-	Code int
-	Err  error
-}
-
-func (e *ExitError) Error() string { return e.Err.Error() }
-func (e *ExitError) Unwrap() error { return e.Err }
-
-// badInput marks err as bad input or configuration (exit 2).
-func badInput(err error) error { return &ExitError{Code: v1alpha1.ExitBadInput, Err: err} }
 
 // NewRootCommand builds the runledger command tree.
 func NewRootCommand() *cobra.Command {
@@ -70,19 +57,6 @@ func Execute() int {
 	}
 	fmt.Fprintln(os.Stderr, "runledger:", err)
 	return codeOf(err, v1alpha1.ExitBadInput) // without a code: a command line cobra refused
-}
-
-// codeOf is the exit code err carries (an *ExitError anywhere in its chain),
-// or otherwise; nil is ExitSucceeded.
-func codeOf(err error, otherwise int) int {
-	if err == nil {
-		return v1alpha1.ExitSucceeded
-	}
-	var exit *ExitError
-	if errors.As(err, &exit) {
-		return exit.Code
-	}
-	return otherwise
 }
 
 // addDatabaseFlags adds --dsn and --dsn-file.

@@ -17,7 +17,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/api/v1alpha1"
-	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
@@ -223,9 +222,9 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	badInputs := false
 	for _, r := range res.Shards {
 		if r.Err != nil {
-			err, rejected := explainRejection(r.Err) // e.g. --skip-migrate: the shard connects first
+			err, _ := explainRejection(r.Err) // e.g. --skip-migrate: the shard connects first
 			errs = append(errs, fmt.Errorf("shard %d: %w", r.Shard, err))
-			badInputs = badInputs || rejected || worker.IsInputError(r.Err)
+			badInputs = badInputs || exitCode(r.Err) == v1alpha1.ExitBadInput
 		}
 		log.Info("shard finished", "shard", r.Shard, "state", shardState(r), "total", r.Total, "completed", r.Completed,
 			"alreadyHandled", r.AlreadyHandled, "failed", r.Failed, "elapsed", r.Elapsed.Round(time.Millisecond).String())
@@ -259,36 +258,6 @@ func redactExit(err error, secrets *redact.Redactor) error {
 		return &ExitError{Code: exit.Code, Err: errors.New(masked)}
 	}
 	return errors.New(masked)
-}
-
-// exitFor maps an error of the preparation steps to its exit code: bad input
-// or configuration (the query, the effect, the DSN's credentials or
-// database) is 2; anything else (the database stayed unreachable) is 1.
-func exitFor(err error) error {
-	var exit *ExitError
-	if errors.As(err, &exit) {
-		return err
-	}
-	if worker.IsInputError(err) {
-		return badInput(err)
-	}
-	if err, rejected := explainRejection(err); rejected {
-		return badInput(err)
-	}
-	if ledger.IsConfigurationError(err) { // e.g. a missing privilege or object
-		return badInput(err)
-	}
-	return &ExitError{Code: v1alpha1.ExitFailed, Err: err}
-}
-
-// explainRejection prefixes err with why the server refused the connection
-// for good (credentials, missing database), and reports whether it did.
-func explainRejection(err error) (error, bool) {
-	why, rejected := ledger.ConnectionRejected(err)
-	if !rejected {
-		return err, false
-	}
-	return fmt.Errorf("%s: %w", why, err), true
 }
 
 func shardState(r worker.Report) string {

@@ -22,7 +22,6 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/runledger/runledger/api/v1alpha1"
-	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
@@ -109,9 +108,8 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 
 	s := &workerRun{opts: o, env: env, log: log, engineLog: engineLog}
 	rep, maxFailed, err := s.work(ctx, envErr)
-	var rejected bool
-	rep.Err, rejected = explainRejection(rep.Err)         // e.g. --skip-migrate: the shard connects first
-	code := workerExitCode(rep, err, rejected, maxFailed) // before redaction, which may drop the errors' wrapping
+	rep.Err, _ = explainRejection(rep.Err)      // e.g. --skip-migrate: the shard connects first
+	code := workerExitCode(rep, err, maxFailed) // before redaction, which may drop the errors' wrapping
 	err = redactExit(err, secrets)
 	rep.Err = secrets.Error(rep.Err)
 	if err != nil && rep.Err == nil {
@@ -147,24 +145,6 @@ func (o *workerOptions) podEnv() (worker.PodEnv, error) {
 		}
 		return os.Getenv(name)
 	})
-}
-
-// workerExitCode is the worker's exit code (the contract's Exit* codes) for
-// how its shard ended: err kept the shard from running, rep is what it did,
-// rejected says the database refused the connection (explainRejection).
-func workerExitCode(rep worker.Report, err error, rejected bool, maxFailed int) int {
-	switch {
-	case err != nil && (worker.IsInputError(err) || codeOf(err, v1alpha1.ExitFailed) == v1alpha1.ExitBadInput),
-		rep.Err != nil && (rejected || worker.IsInputError(rep.Err)): // e.g. the query failed when it ran
-		return v1alpha1.ExitBadInput
-	case errors.Is(rep.Err, ledger.ErrShardBusy):
-		// Not a failure of the shard: the controller retries without
-		// counting it against backoffLimit.
-		return v1alpha1.ExitShardBusy
-	case err != nil, rep.Err != nil, rep.Interrupted, !rep.Done, rep.TooManyFailures, rep.Failed > int64(maxFailed):
-		return v1alpha1.ExitFailed
-	}
-	return v1alpha1.ExitSucceeded
 }
 
 type workerRun struct {
