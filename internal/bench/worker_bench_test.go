@@ -41,6 +41,7 @@ type workerRun struct {
 	rate    float64  // items per second, wall clock of the slowest shard
 	peakRSS []int64  // bytes, per shard
 	counts  [4]int64 // total, completed, alreadyHandled, failed
+	flat    float64  // slowest fifth's rate over the fastest's (flatness), on a fresh ledger
 }
 
 // BenchmarkWorker runs `runledger run` end to end (the real binary, one
@@ -170,6 +171,7 @@ spec:
 		outs[s], errs[s] = &bytes.Buffer{}, &bytes.Buffer{}
 		cmds[s].Stdout, cmds[s].Stderr = outs[s], errs[s]
 	}
+	stopSampling := sampleLedger(b, dsn, 100*time.Millisecond)
 	start := time.Now()
 	var wg sync.WaitGroup
 	failures := make([]error, shards)
@@ -184,6 +186,7 @@ spec:
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	samples := stopSampling()
 
 	for s := range cmds {
 		if failures[s] != nil {
@@ -199,6 +202,7 @@ spec:
 		r.counts[3] += out.Failed
 	}
 	r.rate = float64(r.counts[0]) / elapsed.Seconds()
+	r.flat = flatness(samples, r.counts[1])
 	if os.Getenv("RUNLEDGER_BENCH_DEBUG") != "" {
 		b.Logf("%s: %s\n%s", name, elapsed, errs[0])
 	}
