@@ -14,7 +14,8 @@ import (
 const pruneLong = `Delete what finished runs leave behind, as the role that owns the schema.
 
 --older-than deletes the materialised batches (runledger.batch) of runs
-whose batch was fixed more than DURATION ago. A query source's rows are
+whose batch was fixed more than DURATION ago, and those runs' failure
+records (runledger.item_failure: which items failed and why). A query source's rows are
 copied into the ledger database once per run, when its first shard starts;
 they are what every shard, retry and resumption of the run reads, so prune
 only runs that are over: a run a shard of which is being processed (its
@@ -65,11 +66,12 @@ func newPruneCommand() *cobra.Command {
 			var inFlight *ledger.RunsInFlightError
 			if batches {
 				cutoff := time.Now().Add(-olderThan)
-				n, rows, err := store.PruneBatches(cmd.Context(), cutoff)
+				p, err := store.PruneBatches(cmd.Context(), cutoff)
 				if err != nil && !errors.As(err, &inFlight) {
 					return redactExit(pruneExit(err), secrets)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "batches pruned: %d (%d rows deleted), fixed before %s\n", n, rows, cutoff.UTC().Format(time.RFC3339))
+				fmt.Fprintf(cmd.OutOrStdout(), "batches pruned: %d (%d rows deleted, %d failure records), fixed before %s\n",
+					p.Batches, p.Items, p.FailureRecords, cutoff.UTC().Format(time.RFC3339))
 			}
 			if history {
 				cutoff := time.Now().Add(-supersededOlderThan)

@@ -51,10 +51,12 @@ Progress goes to stderr (a live line on a terminal, a line every
 --output json exactly one JSON object:
 
   {"total":N,"completed":N,"alreadyHandled":N,"failed":N,
-   "failures":[{"entity":"...","occurrence":"...","error":"..."}]}
+   "failures":[{"entity":"...","occurrence":"...","error":"...","class":"..."}]}
 
-(failures lists the first 100; "interrupted" and "error" are added when they
-apply). Exit status: 0 when failed <= spec.maxFailedItems, 1 otherwise (or when
+(failures lists the first 100, class being the error's SQLSTATE or
+runledger's class of it; "interrupted" and "error" are added when they
+apply). Every failed item is also recorded in the ledger database
+(runledger.item_failure). Exit status: 0 when failed <= spec.maxFailedItems, 1 otherwise (or when
 the run could not finish: interrupted, database unreachable after retries),
 2 for bad input or configuration (nothing is committed then).`
 

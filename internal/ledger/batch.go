@@ -411,9 +411,15 @@ func (e *RunsInFlightError) Error() string {
 		len(e.Runs), strings.Join(e.Runs, ", "))
 }
 
-// PruneBatches deletes the items of every batch created before cutoff and
-// marks its header pruned (the header stays, a tombstone). It returns the
-// number of batches pruned and of items (the query's rows) deleted.
+// Pruned is what PruneBatches deleted: batches, their items (a query's
+// rows) and the failure records of their runs.
+type Pruned struct {
+	Batches, Items, FailureRecords int64
+}
+
+// PruneBatches deletes the items of every batch created before cutoff, and
+// the failure records of its run, and marks its header pruned (the header
+// stays, a tombstone).
 //
 // A run in flight is never pruned: each run's batch is pruned in a
 // transaction of its own that first takes the run's shard locks, and a run
@@ -421,14 +427,15 @@ func (e *RunsInFlightError) Error() string {
 // a *RunsInFlightError, returned with the counts of what was pruned. While a
 // run's batch is being pruned, its workers wait for their shard lock, then
 // find the tombstone.
-func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (batches, rows int64, err error) {
+func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (Pruned, error) {
+	var out Pruned
 	type candidate struct {
 		uid, namespace, name string
 		shards               int
 	}
 	list, err := s.pool.Query(ctx, sqlPruneCandidates, cutoff)
 	if err != nil {
-		return 0, 0, fmt.Errorf("listing batches created before %s: %w", cutoff.Format(time.RFC3339), err)
+		return out, fmt.Errorf("listing batches created before %s: %w", cutoff.Format(time.RFC3339), err)
 	}
 	var c candidate
 	candidates, err := pgx.CollectRows(list, func(row pgx.CollectableRow) (candidate, error) {
@@ -436,7 +443,7 @@ func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (batches, ro
 		return c, err
 	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("listing batches created before %s: %w", cutoff.Format(time.RFC3339), err)
+		return out, fmt.Errorf("listing batches created before %s: %w", cutoff.Format(time.RFC3339), err)
 	}
 	inFlight := &RunsInFlightError{}
 	for _, c := range candidates {
@@ -444,26 +451,26 @@ func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (batches, ro
 		for i := range keys {
 			keys[i] = s.ShardLock(c.uid, i).key
 		}
-		var n, r int64
+		var n, r, f int64
 		var free bool
 		err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: sqlBeginPrune()}, func(tx pgx.Tx) error {
 			if err := tx.QueryRow(ctx, sqlTryShardLocks, keys).Scan(&free); err != nil || !free {
 				return err
 			}
-			return tx.QueryRow(ctx, sqlPruneBatch, c.uid).Scan(&n, &r)
+			return tx.QueryRow(ctx, sqlPruneBatch, c.uid).Scan(&n, &r, &f)
 		})
 		if err != nil {
-			return batches, rows, fmt.Errorf("pruning the batch of run %s/%s (%s): %w", c.namespace, c.name, c.uid, err)
+			return out, fmt.Errorf("pruning the batch of run %s/%s (%s): %w", c.namespace, c.name, c.uid, err)
 		}
 		if !free {
 			inFlight.Runs = append(inFlight.Runs, fmt.Sprintf("%s/%s (%s)", c.namespace, c.name, c.uid))
 		}
-		batches, rows = batches+n, rows+r
+		out.Batches, out.Items, out.FailureRecords = out.Batches+n, out.Items+r, out.FailureRecords+f
 	}
 	if len(inFlight.Runs) > 0 {
-		return batches, rows, inFlight
+		return out, inFlight
 	}
-	return batches, rows, nil
+	return out, nil
 }
 
 // setOccurrence makes occurrence the transaction's runledger.occurrence

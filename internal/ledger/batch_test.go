@@ -177,7 +177,8 @@ func TestBatchCursor_SeesAPrune(t *testing.T) {
 	require.Len(t, first, 10)
 	require.Nil(t, now.Pruned)
 
-	n, rows, err := s.PruneBatches(ctx, time.Now().Add(time.Hour))
+	p, err := s.PruneBatches(ctx, time.Now().Add(time.Hour))
+	n, rows := p.Batches, p.Items
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	require.EqualValues(t, 1000, rows)
@@ -233,7 +234,8 @@ func TestPruneBatches(t *testing.T) {
 	require.NoError(t, err)
 	mustExec(t, pool, `UPDATE runledger.batch_run SET created_at = now() - interval '2 days' WHERE run_uid IN ('old', 'old-static')`)
 
-	batches, rows, err := s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	p, err := s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	batches, rows := p.Batches, p.Items
 	require.NoError(t, err)
 	require.EqualValues(t, 2, batches)
 	require.EqualValues(t, 1000, rows)
@@ -246,7 +248,8 @@ func TestPruneBatches(t *testing.T) {
 	require.EqualValues(t, 1000, h.Items, "and what the batch was")
 	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'old')`), "not materialised again")
 
-	batches, rows, err = s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	p, err = s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	batches, rows = p.Batches, p.Items
 	require.NoError(t, err)
 	require.Zero(t, batches, "pruning again finds nothing")
 	require.Zero(t, rows)
@@ -331,7 +334,8 @@ func TestPruneBatches_LeavesRunsInFlight(t *testing.T) {
 	worker := s.ShardLock("busy", 2) // on a session of its own, like a worker's
 	require.NoError(t, worker.Acquire(ctx, time.Second, nil))
 
-	batches, rows, err := s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	p, err := s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	batches, rows := p.Batches, p.Items
 	var inFlight *ledger.RunsInFlightError
 	require.ErrorAs(t, err, &inFlight)
 	require.Equal(t, []string{"default/run-busy (busy)"}, inFlight.Runs)
@@ -346,7 +350,8 @@ func TestPruneBatches_LeavesRunsInFlight(t *testing.T) {
 	// The shard goes on: its lock is still its own.
 	require.NoError(t, worker.Check(ctx))
 	worker.Release()
-	batches, rows, err = s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	p, err = s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	batches, rows = p.Batches, p.Items
 	require.NoError(t, err)
 	require.EqualValues(t, 1, batches)
 	require.EqualValues(t, 1000, rows)

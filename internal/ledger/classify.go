@@ -345,3 +345,58 @@ func walkChain(err error, prune, match func(error) bool) bool {
 	}
 	return false
 }
+
+// The classes of a failed item that are not a SQLSTATE (FailureClass,
+// runledger.item_failure.class).
+const (
+	// ClassInput: the source's row could not become an item (a NULL or
+	// blank key part, a payload too large or not JSON); never committed.
+	ClassInput = "input"
+	// ClassProcessorRefused: the processor answered ok: false for the item.
+	ClassProcessorRefused = "processor-refused"
+	// ClassProcessorRetriesExhausted: the processor asked to retry the item
+	// (retryable: true) until the retries were spent.
+	ClassProcessorRetriesExhausted = "processor-retries-exhausted"
+	// ClassProcessorUnavailable: every call for the item failed as a whole
+	// (no answer, a non-2xx status, a malformed answer) until the retries
+	// were spent.
+	ClassProcessorUnavailable = "processor-unavailable"
+	// ClassEffectSandbox: the effect tried to leave its sandbox
+	// (ErrEffectSandbox); every item of its chunk failed.
+	ClassEffectSandbox = "effect-sandbox"
+	// ClassUnproven: a verdict the ledger could not prove with a committed
+	// row read back (a holder that vanished); not committed.
+	ClassUnproven = "unproven"
+	// ClassError: any other error (no SQLSTATE in it).
+	ClassError = "error"
+)
+
+// FailureClass is the class recorded for an item that failed with err: the
+// SQLSTATE of the first PostgreSQL error in its chain (an effect's foreign
+// key: 23503, a malformed payload: 22P02), or one of the Class constants.
+// A sandbox escape is ClassEffectSandbox whatever error came with it, and a
+// processor's verdict its processor class.
+func FailureClass(err error) string {
+	var refused *refusedError
+	var perr *ProcessorError
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return ClassError
+	case errors.Is(err, ErrEffectSandbox):
+		return ClassEffectSandbox
+	case errors.As(err, &refused), errors.As(err, &perr):
+		if errors.Is(err, ErrRetryItem) {
+			return ClassProcessorRetriesExhausted
+		}
+		if refused != nil {
+			return ClassProcessorRefused
+		}
+		return ClassProcessorUnavailable
+	case errors.As(err, &pgErr) && len(pgErr.Code) == 5:
+		return pgErr.Code
+	case errors.Is(err, errHolderVanished), errors.Is(err, errUnproven):
+		return ClassUnproven
+	}
+	return ClassError
+}

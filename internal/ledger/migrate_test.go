@@ -126,8 +126,11 @@ func TestMigrate_LeastPrivilegeRole(t *testing.T) {
 
 	// The database as an earlier release left it: 00003 and later not
 	// applied (00006 only replaces 00004's trigger function, dropped below;
-	// 00009 added ledger_retired and its trigger; 00007 the effect's sandbox).
-	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 9;
+	// 00009 added ledger_retired and its trigger; 00007 the effect's sandbox;
+	// 00010 item_failure).
+	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 10;
+DROP TABLE runledger.item_failure;
+DELETE FROM runledger.goose_db_version WHERE version_id = 9;
 DROP TRIGGER ledger_record_retired ON runledger.ledger;
 DROP FUNCTION runledger.ledger_record_retired();
 DROP TABLE runledger.ledger_retired;
@@ -193,6 +196,8 @@ ORDER BY 1`, role)
 		"batch:INSERT", "batch:SELECT",
 		"batch_run.items:UPDATE", "batch_run:INSERT", "batch_run:SELECT",
 		"goose_db_version:SELECT",
+		"item_failure.attempt:UPDATE", "item_failure.chunk:UPDATE", "item_failure.class:UPDATE", "item_failure.error:UPDATE", "item_failure.failed_at:UPDATE", "item_failure.items:UPDATE", "item_failure.pass:UPDATE", "item_failure.payload_digest:UPDATE", "item_failure.run_name:UPDATE", "item_failure.run_namespace:UPDATE", "item_failure.shard:UPDATE",
+		"item_failure:DELETE", "item_failure:INSERT", "item_failure:SELECT",
 		"ledger.state:UPDATE", "ledger.superseded_at:UPDATE", "ledger:INSERT", "ledger:SELECT", "ledger_retired:SELECT",
 	}, got)
 	require.True(t, scalar[bool](t, owner, `SELECT has_database_privilege($1, current_database(), 'TEMP')`, role))

@@ -49,6 +49,12 @@ type ProcessorError struct{ Err error }
 func (e *ProcessorError) Error() string { return "calling the processor: " + e.Err.Error() }
 func (e *ProcessorError) Unwrap() error { return e.Err }
 
+// refusedError is the processor's ok: false for one item (FailureClass).
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string { return e.err.Error() }
+func (e *refusedError) Unwrap() error { return e.err }
+
 // ErrRetryItem marks the error of an item the processor asked to retry
 // ({"ok": false, "retryable": true}): the item was not committed, and the
 // caller may send it again.
@@ -101,7 +107,7 @@ func process(ctx context.Context, tx pgx.Tx, run Run, items []Item, out []Result
 		if v.Retryable {
 			itemErr = fmt.Errorf("%s (%w)", why, ErrRetryItem)
 		}
-		out[i] = Result{Key: items[i].Key, Outcome: Failed, Err: fmt.Errorf("processor: %w", itemErr)}
+		out[i] = Result{Key: items[i].Key, Outcome: Failed, Err: fmt.Errorf("processor: %w", &refusedError{err: itemErr})}
 	}
 	if len(entities) == 0 {
 		return out, nil

@@ -271,6 +271,7 @@ func sqlAfterEffect(bounds string) string {
 // COMMIT.
 const (
 	sqlBeginReadOnly = `BEGIN READ ONLY`
+	sqlBeginWrite    = `BEGIN`
 	sqlCommit        = `COMMIT`
 )
 
@@ -523,10 +524,11 @@ ORDER BY created_at, run_uid`
 	// of its workers starts before the prune commits.
 	sqlTryShardLocks = `SELECT coalesce(bool_and(pg_try_advisory_xact_lock(k)), true) FROM unnest($1::bigint[]) AS k`
 
-	// sqlPruneBatch deletes the blocks of run $1's batch and keeps its
-	// header as a tombstone (pruned_at), so that a worker of a pruned run
-	// fails instead of materialising its batch again. It returns the batches
-	// pruned (0 or 1) and the items deleted.
+	// sqlPruneBatch deletes the blocks of run $1's batch and the run's
+	// failure records, and keeps its header as a tombstone (pruned_at), so
+	// that a worker of a pruned run fails instead of materialising its batch
+	// again. It returns the batches pruned (0 or 1), the items and the
+	// failure records deleted.
 	sqlPruneBatch = `
 WITH old AS (
     UPDATE ` + Schema + `.batch_run SET pruned_at = now()
@@ -535,8 +537,11 @@ WITH old AS (
 ), gone AS (
     DELETE FROM ` + Schema + `.batch AS b USING old WHERE b.batch_id = old.id
     RETURNING cardinality(b.seqs) AS items
+), failures AS (
+    DELETE FROM ` + Schema + `.item_failure AS f WHERE f.run_uid = $1 AND EXISTS (SELECT FROM old)
+    RETURNING 1
 )
-SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone)`
+SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone), (SELECT count(*) FROM failures)`
 )
 
 // sqlBeforeBatchQuery prepares the materialising transaction: its work_mem
@@ -661,6 +666,9 @@ GROUP BY b.rl_k`
 //     those to everyone anyway);
 //   - the batch: read and write a run's batch once, set its header's item
 //     count; pruning (DELETE, pruned_at) is the owner's;
+//   - the failure records: write, replace (every column but the key) and
+//     forget a run's; no TRUNCATE; pruning them with their run is the
+//     owner's;
 //   - taking back its own transaction's claims (ledger_take_back, for a
 //     processor's refusals; it touches no committed row; nobody else may);
 //   - running an effect in its sandbox (run_effect, whose owner, the
@@ -679,6 +687,7 @@ GRANT SELECT, INSERT, UPDATE (state, superseded_at) ON ` + Schema + `.ledger TO 
 GRANT SELECT, INSERT, UPDATE (items) ON ` + Schema + `.batch_run TO ` + role + `;
 GRANT SELECT, INSERT ON ` + Schema + `.batch TO ` + role + `;
 GRANT SELECT ON ` + Schema + `.ledger_retired TO ` + role + `;
+GRANT SELECT, INSERT, DELETE, UPDATE (` + failureRecordColumns + `) ON ` + Schema + `.item_failure TO ` + role + `;
 GRANT EXECUTE ON FUNCTION ` + Schema + `.ledger_take_back(text[], text[], bigint[]) TO ` + role + `;
 GRANT EXECUTE ON FUNCTION ` + Schema + `.run_effect(text) TO ` + role + `;
 GRANT TEMPORARY ON DATABASE ` + db + ` TO ` + role
@@ -718,3 +727,46 @@ const (
 	sqlSetOccurrence     = `SELECT set_config('` + sqlOccurrenceSetting + `', $1, true)`
 	sqlOccurrenceDefined = `SELECT current_setting('` + sqlOccurrenceSetting + `', true) IS NOT NULL`
 )
+
+// Failure records (migrations/00010, failures.go). sqlRecordVerdicts writes
+// a chunk's failed items and forgets the earlier passes' records of the keys
+// the chunk settled otherwise, in one statement. A record of an earlier pass
+// is replaced; one of this pass (a key whose repeats span two chunks) gets
+// the later chunk's copies added, keeping its first error: $1 run uid, $2 namespace,
+// $3 name, $4 shard, $5 attempt, $6 pass, $7 chunk; the failed items as
+// arrays $8 entities, $9 occurrences, $10 copies, $11 payload digests (NULL:
+// no payload), $12 classes, $13 errors (keys distinct); $14, $15 the settled
+// keys. It returns the rows deleted and written.
+const sqlRecordVerdicts = `
+WITH gone AS (
+    DELETE FROM ` + Schema + `.item_failure AS f
+    USING unnest($14::text[], $15::text[]) AS k(entity, occurrence)
+    WHERE f.run_uid = $1 AND f.entity = k.entity AND f.occurrence = k.occurrence AND f.pass <> $6
+    RETURNING 1
+), put AS (
+    INSERT INTO ` + Schema + `.item_failure AS f
+        (run_uid, entity, occurrence, run_namespace, run_name, shard, attempt, pass, chunk, items, payload_digest, class, error)
+    SELECT $1, k.entity, k.occurrence, $2, $3, $4, $5, $6, $7, k.items, k.digest, k.class, k.error
+    FROM unnest($8::text[], $9::text[], $10::integer[], $11::text[], $12::text[], $13::text[])
+        AS k(entity, occurrence, items, digest, class, error)
+    ON CONFLICT (run_uid, entity, occurrence) DO UPDATE SET
+        run_namespace = EXCLUDED.run_namespace, run_name = EXCLUDED.run_name,
+        shard = EXCLUDED.shard, attempt = EXCLUDED.attempt, pass = EXCLUDED.pass, chunk = EXCLUDED.chunk,
+        items = CASE WHEN f.pass = EXCLUDED.pass THEN f.items + EXCLUDED.items ELSE EXCLUDED.items END,
+        payload_digest = CASE WHEN f.pass = EXCLUDED.pass THEN f.payload_digest ELSE EXCLUDED.payload_digest END,
+        class = CASE WHEN f.pass = EXCLUDED.pass THEN f.class ELSE EXCLUDED.class END,
+        error = CASE WHEN f.pass = EXCLUDED.pass THEN f.error ELSE EXCLUDED.error END,
+        failed_at = CASE WHEN f.pass = EXCLUDED.pass THEN f.failed_at ELSE EXCLUDED.failed_at END
+    -- The same chunk again (a try whose answer was lost): already counted.
+    WHERE f.pass <> EXCLUDED.pass OR f.chunk <> EXCLUDED.chunk
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM put)`
+
+// failureRecordColumns are the columns sqlRecordVerdicts replaces: all but
+// the key (run_uid, entity, occurrence).
+const failureRecordColumns = `run_namespace, run_name, shard, attempt, pass, chunk, items, payload_digest, class, error, failed_at`
+
+// sqlRunHasFailures: does run $1 have a failure record (of any pass)? A
+// shard that starts asks once: only then do its chunks forget records.
+const sqlRunHasFailures = `SELECT EXISTS (SELECT FROM ` + Schema + `.item_failure WHERE run_uid = $1)`

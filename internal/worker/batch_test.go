@@ -123,7 +123,8 @@ func TestPrunedBatchFailsClearly(t *testing.T) {
 	require.True(t, rep.Interrupted)
 	require.Zero(t, f.committed(t))
 	mustExec(t, f.pool, `UPDATE runledger.batch_run SET created_at = now() - interval '1 hour'`)
-	n, rows, err := f.store.PruneBatches(context.Background(), time.Now())
+	p, err := f.store.PruneBatches(context.Background(), time.Now())
+	n, rows := p.Batches, p.Items
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	require.EqualValues(t, 200, rows)
@@ -157,7 +158,8 @@ func TestPrunedWhileRunning(t *testing.T) {
 	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-pruned-live"), Source: src, ChunkSize: 50,
 		Progress: func(worker.Report) {
 			if calls++; calls == 2 {
-				n, _, err := f.store.PruneBatches(context.Background(), time.Now().Add(time.Hour))
+				p, err := f.store.PruneBatches(context.Background(), time.Now().Add(time.Hour))
+				n := p.Batches
 				var inFlight *ledger.RunsInFlightError
 				require.ErrorAs(t, err, &inFlight, "the run is in flight")
 				require.Zero(t, n)

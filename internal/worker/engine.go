@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -101,6 +102,11 @@ type shardRun struct {
 	cfg   ShardConfig
 	store *ledger.Store
 	rep   Report
+	// pass writes this processing's failure records; forget: the run has
+	// records of an earlier pass, which the chunks' other verdicts replace.
+	pass   ledger.Pass
+	forget bool
+	chunk  int
 	// carry: the outcome of the last key of the previous chunk, for repeats
 	// of it that start the next chunk.
 	carry carried
@@ -132,6 +138,16 @@ func (s *shardRun) run(ctx context.Context) {
 	s.rep.WaitingForLock = false
 	if err != nil {
 		s.fail(ctx, fmt.Errorf("shard %d of run %s/%s: %w", s.cfg.Run.Shard, s.cfg.Run.Namespace, s.cfg.Run.Name, err))
+		return
+	}
+	// Once per pass, under the lock: no other pass of the shard writes now.
+	s.pass = ledger.Pass{Run: s.cfg.Run, ID: rand.Text()}
+	err = s.cfg.Retry.Do(ctx, "looking up earlier failure records", s.onRetry("failures"), func(int) error {
+		s.forget, err = s.store.RunHasFailures(ctx, s.cfg.Run.UID)
+		return err
+	})
+	if err != nil {
+		s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, err))
 		return
 	}
 	st, err := s.cfg.Source.open(ctx, s.store, s.cfg.Run.Shard, s.cfg.Shards, streamOptions{
@@ -176,6 +192,7 @@ func (s *shardRun) run(ctx context.Context) {
 			s.progress()
 			return
 		}
+		s.chunk = chunkNo
 		if err := s.process(ctx, chunk); err != nil {
 			s.fail(ctx, fmt.Errorf("processing chunk %d: %w", chunkNo, err))
 			return
@@ -254,8 +271,40 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 	if err != nil {
 		return err
 	}
+	if err := s.record(ctx, work, chunk, t); err != nil {
+		return err
+	}
 	s.settle(t)
 	return nil
+}
+
+// record writes the chunk's failed items to the ledger database, exactly the
+// items its tally counts failed, and forgets the earlier passes' records of
+// the chunk's other keys (only when the run has such records): a failure is
+// never known only to a log. Nothing is written for a chunk without failures
+// on a run without records: no round trip on that path.
+func (s *shardRun) record(ctx, work context.Context, chunk []entry, t tally) error {
+	failed := make([]ledger.FailedItem, len(t.failures))
+	isFailed := make(map[ledger.Key]bool, len(t.failures))
+	for i, f := range t.failures {
+		k := ledger.Key{Entity: f.Entity, Occurrence: f.Occurrence}
+		failed[i] = ledger.FailedItem{Key: k, Payload: f.payload, Class: f.Class, Error: f.Error}
+		isFailed[k] = true
+	}
+	var settled []ledger.Key
+	if s.forget {
+		for _, e := range chunk {
+			if k := e.item.Key; e.bad == nil && !isFailed[k] && (len(settled) == 0 || settled[len(settled)-1] != k) {
+				settled = append(settled, k)
+			}
+		}
+	}
+	if len(failed) == 0 && len(settled) == 0 {
+		return nil
+	}
+	return s.cfg.Retry.Do(ctx, "recording failed items", s.onRetry("failures"), func(int) error {
+		return s.store.RecordVerdicts(work, s.pass, s.chunk, failed, settled)
+	})
 }
 
 // drainContext is the context of the chunk in flight: it may finish after
@@ -402,13 +451,15 @@ func (s *shardRun) tallyChunk(chunk []entry, g firstCopies, results map[ledger.K
 	firstOutcome := make([]*Failure, len(g.firsts)) // nil: committed (by someone)
 	for i, it := range g.firsts {
 		if r, ok := results[it.Key]; ok && r.Outcome == ledger.Failed {
-			firstOutcome[i] = &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: errString(r.Err)}
+			firstOutcome[i] = &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: errString(r.Err),
+				Class: ledger.FailureClass(r.Err), payload: it.Payload}
 		}
 	}
 	for i, e := range chunk {
 		switch {
 		case e.bad != nil:
-			t.failed(Failure{Entity: e.item.Entity, Occurrence: e.item.Occurrence, Error: e.bad.Error()})
+			t.failed(Failure{Entity: e.item.Entity, Occurrence: e.item.Occurrence, Error: e.bad.Error(),
+				Class: ledger.ClassInput, payload: e.item.Payload})
 		case e.repeat && g.firstIdx[i] < 0:
 			// A repeat of the last key of the previous chunk.
 			if !t.carry.ok || t.carry.key != e.item.Key {
@@ -477,7 +528,8 @@ func (s *shardRun) countRepeat(t *tally, it ledger.Item, first *Failure) {
 		t.alreadyHandled()
 		return
 	}
-	t.failed(Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: "repeat of a failed item: " + first.Error})
+	t.failed(Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: "repeat of a failed item: " + first.Error,
+		Class: first.Class, payload: it.Payload})
 }
 
 func (s *shardRun) onRetry(what string) func(int, time.Duration, error) {

@@ -16,6 +16,11 @@ type Failure struct {
 	Entity     string `json:"entity"`
 	Occurrence string `json:"occurrence"`
 	Error      string `json:"error"`
+	// Class is the error's SQLSTATE or runledger's class of it
+	// (ledger.FailureClass), as the ledger records it.
+	Class string `json:"class,omitempty"`
+	// payload is the item's, whose digest the ledger records.
+	payload []byte
 }
 
 // Report is what a shard did.

@@ -95,6 +95,7 @@ type summary struct {
 		Entity     string `json:"entity"`
 		Occurrence string `json:"occurrence"`
 		Error      string `json:"error"`
+		Class      string `json:"class"`
 	} `json:"failures"`
 	Interrupted bool   `json:"interrupted"`
 	Error       string `json:"error"`

@@ -17,8 +17,9 @@ import (
 	"github.com/runledger/runledger/internal/pgtest"
 )
 
-// TestPrune: runledger prune deletes the rows of old batches only, keeps
-// their headers as tombstones, and a bad flag prunes nothing.
+// TestPrune: runledger prune deletes the rows of old batches only, and the
+// failure records of their runs, keeps their headers as tombstones, and a
+// bad flag prunes nothing.
 func TestPrune(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.NewDatabase(t)
@@ -50,6 +51,18 @@ func TestPrune(t *testing.T) {
 	}
 	before := ledgerRows()
 	require.Len(t, before, 10)
+	// Both runs have failed items on record.
+	for _, uid := range []string{"old", "new"} {
+		pass := ledger.Pass{Run: ledger.Run{Namespace: "ns", Name: uid, UID: uid}, ID: "pass-" + uid}
+		require.NoError(t, store.RecordVerdicts(ctx, pass, 1, []ledger.FailedItem{
+			{Key: ledger.Key{Entity: "f1", Occurrence: "o"}, Class: "23503", Error: "no account"},
+			{Key: ledger.Key{Entity: "f2", Occurrence: "o"}, Class: ledger.ClassInput, Error: "blank"},
+		}, nil))
+	}
+	failures := func(uid string) (n int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM runledger.item_failure WHERE run_uid = $1`, uid).Scan(&n))
+		return n
+	}
 
 	prune := func(args ...string) (string, error) {
 		cmd := cli.NewRootCommand()
@@ -61,7 +74,9 @@ func TestPrune(t *testing.T) {
 	}
 	out, err := prune("--older-than", "24h")
 	require.NoError(t, err)
-	require.Contains(t, out, "batches pruned: 1 (10 rows deleted)")
+	require.Contains(t, out, "batches pruned: 1 (10 rows deleted, 2 failure records)")
+	require.Zero(t, failures("old"), "the pruned run's failure records go with it")
+	require.Equal(t, 2, failures("new"), "the newer run's stay")
 	var pruned *time.Time
 	require.NoError(t, pool.QueryRow(ctx, `SELECT pruned_at FROM runledger.batch_run WHERE run_uid = 'old'`).Scan(&pruned))
 	require.NotNil(t, pruned, "the header stays, marked pruned")
@@ -81,6 +96,7 @@ func TestPrune(t *testing.T) {
 	require.ErrorContains(t, err, "--older-than must be a positive duration")
 	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(cardinality(seqs)), 0) FROM runledger.batch`).Scan(&left))
 	require.Equal(t, 10, left, "a bad flag prunes nothing")
+	require.Equal(t, 2, failures("new"), "a bad flag prunes nothing")
 }
 
 // TestPrune_RunInFlight: runledger prune leaves the batch of a run in flight

@@ -235,8 +235,11 @@ CREATE TABLE invoices (account text NOT NULL REFERENCES accounts, period text NO
 		require.True(t, strings.HasSuffix(f.Entity, "00"), "only accounts without a row fail: %s", f.Entity)
 		require.Equal(t, "2024-06", f.Occurrence)
 		require.Contains(t, f.Error, `violates foreign key constraint "invoices_account_fkey"`)
+		require.Equal(t, "23503", f.Class, "the error's SQLSTATE")
 	}
 	require.EqualValues(t, 990, d.int(t, `SELECT count(*) FROM invoices`))
+	require.EqualValues(t, 10, d.int(t, `SELECT sum(items) FROM runledger.item_failure WHERE run_name = 'within' AND class = '23503'`),
+		"every failure recorded in the ledger database")
 
 	r = run("beyond", 9)
 	require.Equal(t, 1, r.code, "10 failures, 9 allowed; stderr:\n%s", r.stderr)
