@@ -319,8 +319,10 @@ type shardFailure struct {
 	message string
 }
 
-// shardDecision is the shard's state and the controller's next move.
+// shardDecision is what was observed of a shard (its fields) and what to
+// do about it (shardActions); every phase of decideShard fills the same one.
 type shardDecision struct {
+	shardActions
 	index int32
 	phase v1alpha1.ShardPhase
 	// pod is the shard's current (latest) pod name, empty before the first.
@@ -350,7 +352,20 @@ type shardDecision struct {
 	// ExitShardBusy), busyAttempt its attempt.
 	busyPod     string
 	busyAttempt int32
+	// lostWhy says why the latest pod on a lost node was given up.
+	lostWhy string
+	// live is the number of live pods (never more than one).
+	live int
+	// startProblem says why the live pod's worker cannot start.
+	startProblem string
+	// unschedulable is the scheduler's word on the live pod it cannot
+	// place, empty otherwise.
+	unschedulable string
+}
 
+// shardActions is the controller's next move for a shard; the zero value
+// is "nothing to do".
+type shardActions struct {
 	// create, when set, is the attempt to create now, with createFloor as
 	// its counts floor.
 	create      *int32
@@ -367,19 +382,11 @@ type shardDecision struct {
 	deletePods []*corev1.Pod
 	// lostPods are live pods on lost nodes, replaced without waiting for
 	// them; they are deleted, so their node's kubelet stops them if it comes
-	// back. lostWhy says why the latest was given up.
+	// back.
 	lostPods []*corev1.Pod
-	lostWhy  string
 	// lostIn, when positive, is how long until a pod on a not-Ready node
 	// counts as lost: look again then.
 	lostIn time.Duration
-	// live is the number of live pods (never more than one).
-	live int
-	// startProblem says why the live pod's worker cannot start.
-	startProblem string
-	// unschedulable is the scheduler's word on the live pod it cannot
-	// place, empty otherwise.
-	unschedulable string
 }
 
 // backoff is the delay before the retry that follows the n-th failure
