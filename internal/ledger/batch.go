@@ -227,6 +227,9 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 	if err != nil {
 		return err
 	}
+	if _, err := tx.Exec(ctx, sqlUserSearchPath); err != nil {
+		return fmt.Errorf("preparing the batch's query: %w", err)
+	}
 	var items int64
 	bounded, cancel := answerBy(ctx, q.Timeout, q.NetworkTimeout)
 	err = tx.QueryRow(bounded, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.shardOf()), run.UID, run.Namespace, run.Name, q.Shards, q.Digest).Scan(&items)

@@ -447,14 +447,18 @@ FROM ` + Schema + `.batch_run WHERE run_uid = $1`
 	// (a function it called): the query runs in a read-write transaction (it
 	// feeds the batch's insert), and this is how "a batch query cannot write"
 	// still holds. (Sequences are not tables: a nextval() goes unnoticed.)
+	// It names the catalog by schema and runs under sqlPinnedSearchPath: a
+	// temporary table the query created named like the view would otherwise
+	// be read instead (pg_temp comes first unless the path lists it), and
+	// hide every write, the ledger's included.
 	sqlBatchWrites = `
 SELECT s.relid::bigint, s.schemaname || '.' || s.relname, s.n_tup_ins, s.n_tup_upd, s.n_tup_del
-FROM pg_stat_xact_all_tables AS s
+FROM pg_catalog.pg_stat_xact_all_tables AS s
 WHERE s.n_tup_ins + s.n_tup_upd + s.n_tup_del > 0
   AND s.relid NOT IN (
-    SELECT c.oid FROM pg_class AS c WHERE c.oid IN ('` + Schema + `.batch'::regclass, '` + Schema + `.batch_run'::regclass)
+    SELECT c.oid FROM pg_catalog.pg_class AS c WHERE c.oid IN ('` + Schema + `.batch'::pg_catalog.regclass, '` + Schema + `.batch_run'::pg_catalog.regclass)
     UNION ALL
-    SELECT c.reltoastrelid FROM pg_class AS c WHERE c.oid IN ('` + Schema + `.batch'::regclass, '` + Schema + `.batch_run'::regclass)
+    SELECT c.reltoastrelid FROM pg_catalog.pg_class AS c WHERE c.oid IN ('` + Schema + `.batch'::pg_catalog.regclass, '` + Schema + `.batch_run'::pg_catalog.regclass)
   )`
 
 	// sqlFixStaticBatch records a static batch's size and digest the first
@@ -544,14 +548,26 @@ WITH old AS (
 SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone), (SELECT count(*) FROM failures)`
 )
 
-// sqlBeforeBatchQuery prepares the materialising transaction: its work_mem
-// and the run's bounds on the query and the statements after it (sqlBounds).
-func sqlBeforeBatchQuery(bounds string) string { return sqlBatchWorkMem + `; ` + bounds }
+// sqlBeforeBatchQuery prepares the materialising transaction: its work_mem,
+// the run's bounds on the query and the statements after it (sqlBounds),
+// and the ledger's search_path for its own statements before the query
+// (sqlUserSearchPath gives the query the session's).
+func sqlBeforeBatchQuery(bounds string) string {
+	return sqlBatchWorkMem + `; ` + bounds + `; ` + sqlPinnedSearchPath
+}
+
+// sqlUserSearchPath gives the user's SQL the session's own search_path, so
+// that its names resolve as its author wrote them.
+const sqlUserSearchPath = `SET LOCAL search_path TO DEFAULT`
 
 // sqlAfterBatchQuery resets the session after the user's query
-// (sqlResetSession) and sets the run's bounds again for the rest of the
-// transaction.
-func sqlAfterBatchQuery(bounds string) string { return sqlResetSession + `; ` + bounds }
+// (sqlResetSession), sets the run's bounds again for the rest of the
+// transaction, and the ledger's search_path (the user's query ran as the
+// worker login and may have created objects that would stand in for the
+// catalog's: sqlBatchWrites).
+func sqlAfterBatchQuery(bounds string) string {
+	return sqlResetSession + `; ` + bounds + `; ` + sqlPinnedSearchPath
+}
 
 // sqlBatchLockWait bounds, for the session, the wait for the batch lock
 // (sqlLockBatch) to the query's own bound plus a lock wait;
