@@ -131,7 +131,7 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 	if opts.Effect != "" {
 		// A trigger the effect left to fire at COMMIT ran as the login: the
 		// session goes if it left anything behind for the next transaction.
-		if intact, err := sessionIntact(ctx, conn.Conn().PgConn(), sqlSandboxIntact); err != nil || !intact {
+		if intact, err := sessionIntact(ctx, conn.Conn().PgConn(), sqlSessionIntact); err != nil || !intact {
 			_ = conn.Conn().Close(context.WithoutCancel(ctx))
 			return res, nil
 		}
@@ -479,7 +479,7 @@ func isRuleCheckError(e error) bool {
 	return ok && isRuleCheck(pgErr)
 }
 
-// sessionIntact runs sqlSandboxIntact (q) on conn, by the simple protocol.
+// sessionIntact runs sqlSessionIntact (q) on conn, by the simple protocol.
 func sessionIntact(ctx context.Context, conn *pgconn.PgConn, q string) (bool, error) {
 	results, err := conn.Exec(ctx, q).ReadAll()
 	if err != nil {

@@ -48,3 +48,77 @@ GRANT SELECT ON src TO PUBLIC`)
 	later := commit(t, ledger.NewStore(worker), runNamed("honest"), items("later", 0, 4), ledger.ChunkOptions{})
 	require.Equal(t, tally{completed: 4}, count(later), "the later keys are completed by the run that processes them")
 }
+
+// atCommitAsLogin is an effect that needs nothing but the TEMP privilege:
+// in its own temporary tables it sets up a deferred constraint trigger that
+// re-defers a second one, which then fires at COMMIT, outside the sandbox,
+// as the worker's login, the owner of the session's table "claimed". There
+// it gives "claimed" a shape (reshape) whose SQL the login's next claim on
+// that session runs at trigger depth 0, where the login may insert into the
+// ledger. prelude runs first, as the effect role.
+func atCommitAsLogin(prelude, reshape string) string {
+	return prelude + `CREATE FUNCTION pg_temp.forge() RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    IF pg_catalog.pg_trigger_depth() = 0 THEN
+        INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
+        SELECT 'later', 'occ-' || lpad(i::text, 6, '0'), 'default', 'invented', 'invented', 0, 0 FROM generate_series(0, 3) AS i
+        ON CONFLICT (entity, occurrence) WHERE state = 'committed' DO NOTHING;
+    END IF;
+    RETURN true;
+END $f$;
+CREATE FUNCTION pg_temp.forge_text(x text) RETURNS text LANGUAGE plpgsql AS $f$ BEGIN PERFORM pg_temp.forge(); RETURN x; END $f$;
+CREATE FUNCTION pg_temp.forge_immutable(x text) RETURNS text LANGUAGE sql IMMUTABLE AS $f$ SELECT pg_temp.forge_text(x) $f$;
+CREATE FUNCTION pg_temp.reshape() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN ` + reshape + `; RETURN NULL; END $f$;
+CREATE FUNCTION pg_temp.redefer() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN SET CONSTRAINTS ALL DEFERRED; INSERT INTO pg_temp.relay VALUES (1); RETURN NULL; END $f$;
+CREATE TEMP TABLE sink (x int);
+CREATE TEMP TABLE relay (x int);
+CREATE CONSTRAINT TRIGGER redefer AFTER INSERT ON pg_temp.sink DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.redefer();
+CREATE CONSTRAINT TRIGGER reshape AFTER INSERT ON pg_temp.relay DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.reshape();
+INSERT INTO pg_temp.sink VALUES (1)`
+}
+
+// TestSandbox_CommitTimeTriggerCannotReshapeClaimed: whatever a trigger
+// that fires at COMMIT as the login does to the session's table "claimed"
+// (a CHECK constraint, a column with a default, a domain, an expression
+// index, a cast into a type of its own, a table of its own in its place),
+// the next chunk on the session does not run it: nothing is forged and the
+// later keys are completed by the run that processes them. On the old code
+// the check after COMMIT looked at the table's owner, triggers, rules and
+// policy only, the next claim ran the login's forge at depth 0 and the later
+// keys were "already handled" by an invented run.
+func TestSandbox_CommitTimeTriggerCannotReshapeClaimed(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	worker, _ := workerRole(t, owner)
+	// An operator of the effect role's that says every int2 equals every
+	// int4 (the check compares relchecks, an int2, to 0), and a trigger at
+	// COMMIT that puts it before the catalog's on the session's path.
+	const lie = `CREATE FUNCTION public.yes(int2, int4) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+CREATE OPERATOR public.= (LEFTARG = int2, RIGHTARG = int4, FUNCTION = public.yes);
+GRANT EXECUTE ON FUNCTION public.yes(int2, int4) TO PUBLIC;
+`
+	for _, tt := range []struct{ name, prelude, reshape string }{
+		{"check constraint", "", `ALTER TABLE pg_temp.claimed ADD CONSTRAINT forge CHECK (pg_temp.forge()) NOT VALID`},
+		{"check constraint, an operator of its own on the session's path", lie,
+			`PERFORM pg_catalog.set_config('search_path', 'public, pg_catalog', false); ALTER TABLE pg_temp.claimed ADD CONSTRAINT forge CHECK (pg_temp.forge()) NOT VALID`},
+		{"column with a default", "", `ALTER TABLE pg_temp.claimed ADD COLUMN forged boolean DEFAULT pg_temp.forge()`},
+		{"domain", "", `CREATE DOMAIN pg_temp.forging AS text CHECK (pg_temp.forge()); ALTER TABLE pg_temp.claimed ALTER COLUMN entity TYPE pg_temp.forging`},
+		{"expression index", "", `CREATE INDEX ON pg_temp.claimed (pg_temp.forge_immutable(entity))`},
+		{"a table of its own", "", `DROP TABLE pg_temp.claimed; CREATE TEMP TABLE claimed (entity text NOT NULL CHECK (pg_temp.forge()), occurrence text NOT NULL, payload jsonb) ON COMMIT DELETE ROWS;
+GRANT SELECT ON pg_temp.claimed TO PUBLIC`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			mustExec(t, owner, `SET session_replication_role = replica; DELETE FROM runledger.ledger; RESET session_replication_role`)
+			one := poolWith(t, worker, map[string]string{"pool_max_conns": "1"}) // every chunk on the same session
+			s := ledger.NewStore(one)
+			first := commit(t, s, runNamed("forger"), items("mal", 0, 4), ledger.ChunkOptions{Effect: atCommitAsLogin(tt.prelude, tt.reshape)})
+			requireNoneHandled(t, first, "the reshaping chunk")
+			next := commit(t, s, runNamed("next"), items("next", 0, 4), ledger.ChunkOptions{Effect: `SELECT count(*) FROM claimed`})
+			require.Equal(t, tally{completed: 4}, count(next), "the next chunk claims through a table of the ledger's shape: %v", next)
+			require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'invented'`), "nothing forged")
+			later := commit(t, s, runNamed("honest"), items("later", 0, 4), ledger.ChunkOptions{Effect: `SELECT count(*) FROM claimed`})
+			require.Equal(t, tally{completed: 4}, count(later), "the later keys are completed by the run that processes them")
+		})
+	}
+}

@@ -228,19 +228,42 @@ func sqlGrantClaimed(role string) string { return `GRANT SELECT ON pg_temp.claim
 
 // sqlSandboxIntact says, right after an effect and before the ledger runs
 // anything else on the session, whether the effect left it as it was:
-//   - "claimed" is still the worker's own table (an effect may DISCARD TEMP
-//     and create a "claimed" of its own, with triggers the next chunk's
-//     claim would fire as the worker; the worker's own table takes no
-//     trigger, rule, policy or column from the effect role);
+//   - "claimed" is still the worker's own table, of exactly the shape
+//     sqlCreateClaimed gave it. Nothing the claim's insert into it (or the
+//     clearing DELETE) could run: no trigger, rule or policy, no CHECK
+//     constraint, no index (an expression calls functions), no child table,
+//     and its three columns of the catalog's types with no default or
+//     generation. An effect may DISCARD TEMP and create a "claimed" of its
+//     own; a trigger it leaves to fire at COMMIT runs as the login, the
+//     table's owner, and may reshape it: whatever the next chunk's claim ran
+//     would run as the login at trigger depth 0, where the login may write
+//     the ledger;
 //   - no statement was PREPAREd from SQL (an effect could replace one of the
 //     driver's prepared statements by name, with a statement that would
 //     then run as the worker). Not transactional: the connection is closed.
+//
+// It runs under sqlPinnedSearchPath (after COMMIT too: sqlSessionIntact), so
+// that no operator of the session's path answers for the catalog's.
 const sqlSandboxIntact = `SELECT
     coalesce((SELECT c.relowner = r.oid AND c.relkind = 'r' AND c.relpersistence = 't'
                      AND NOT c.relhastriggers AND NOT c.relhasrules AND NOT c.relrowsecurity
+                     AND c.relchecks = 0 AND NOT c.relhasindex AND NOT c.relhassubclass AND c.reloftype = 0
+                     AND (SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute AS a
+                          WHERE a.attrelid = c.oid AND a.attnum > 0) = 3
+                     AND (SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute AS a
+                          WHERE a.attrelid = c.oid AND NOT a.attisdropped AND NOT a.atthasdef AND a.attgenerated = ''
+                            AND (a.attnum, a.attname, a.atttypid) IN (
+                                (1, 'entity', 'pg_catalog.text'::pg_catalog.regtype::pg_catalog.oid),
+                                (2, 'occurrence', 'pg_catalog.text'::pg_catalog.regtype::pg_catalog.oid),
+                                (3, 'payload', 'pg_catalog.jsonb'::pg_catalog.regtype::pg_catalog.oid))) = 3
               FROM pg_catalog.pg_class AS c, pg_catalog.pg_roles AS r
               WHERE c.oid = pg_catalog.to_regclass('pg_temp.claimed') AND r.rolname = current_user), false),
     NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements AS s WHERE s.from_sql)`
+
+// sqlSessionIntact is sqlSandboxIntact on its own, after COMMIT, under the
+// ledger's search_path for its one implicit transaction: a trigger that
+// fired at COMMIT may have set the session's.
+const sqlSessionIntact = sqlPinnedSearchPath + `; ` + sqlSandboxIntact
 
 // sqlResetSession undoes whatever session state the user's SQL (an effect, a
 // batch query) set, by SET, SET ROLE, SET SESSION AUTHORIZATION or
