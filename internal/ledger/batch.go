@@ -248,12 +248,22 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 	if w := foreignWrite(before, after); w != nil {
 		return fmt.Errorf("%w: %w", ErrBatchQuery, w)
 	}
+	var held string
+	if err := tx.QueryRow(ctx, sqlHoldCursors).Scan(&held); err != nil {
+		return fmt.Errorf("reading the session's cursors: %w", err)
+	}
+	if held != "" {
+		return fmt.Errorf("%w: it declared the cursor(s) %s WITH HOLD, which PostgreSQL would run to the end at COMMIT, after the write check", ErrBatchQuery, held)
+	}
 	if items > 0 {
 		if _, err := tx.Exec(ctx, sqlSetBatchItems, run.UID, items); err != nil {
 			return fmt.Errorf("counting the batch of run %s: %w", run.UID, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if IsAppendOnlyViolation(err) { // user code that ran at COMMIT wrote runledger's tables (00013)
+			return fmt.Errorf("%w: writing the batch of run %s: %w", ErrBatchQuery, run.UID, err)
+		}
 		return fmt.Errorf("writing the batch of run %s: %w", run.UID, err)
 	}
 	return nil

@@ -122,9 +122,9 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 	}
 	if err := tx.Commit(ctx); err != nil {
 		if opts.Effect != "" && IsAppendOnlyViolation(err) {
-			// Only user code, a trigger the effect left to fire at COMMIT as
-			// the login, writes the ledger from a trigger (00007).
-			return nil, fmt.Errorf("committing: %w: a trigger it left to fire at COMMIT wrote runledger's tables: %w", ErrEffectSandbox, err)
+			// Only user code the effect left to run at COMMIT as the login
+			// writes the ledger from a trigger (00007) or at COMMIT (00013).
+			return nil, fmt.Errorf("committing: %w: user code it left to run at COMMIT (a deferred trigger, a cursor WITH HOLD) wrote runledger's tables: %w", ErrEffectSandbox, err)
 		}
 		return nil, fmt.Errorf("committing: %w", err)
 	}
@@ -458,17 +458,20 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 	if err != nil {
 		return fmt.Errorf("restoring the session after the effect: %w", err)
 	}
-	claimedOK, unprepared, err := intactResult(results)
+	intact, err := intactResult(results)
 	if err != nil {
 		return fmt.Errorf("restoring the session after the effect: %w", err)
 	}
-	if !unprepared {
+	if !intact.unprepared {
 		// Not transactional: no later statement may run on this session.
 		_ = tx.Conn().Close(context.WithoutCancel(ctx))
 		return fmt.Errorf("running effect: %w: it PREPAREd a statement (which could stand in for one of the worker's); the connection is closed and nothing of the chunk commits", ErrEffectSandbox)
 	}
-	if !claimedOK {
-		return fmt.Errorf("running effect: %w: the session's table claimed is no longer the worker's own (DISCARD TEMP, a table of the effect's in its place); nothing of the chunk commits", ErrEffectSandbox)
+	if !intact.claimed {
+		return fmt.Errorf("running effect: %w: the session's table claimed is no longer the worker's own, of the shape it gave it (DISCARD TEMP, a table of the effect's in its place, a constraint, index or column added); nothing of the chunk commits", ErrEffectSandbox)
+	}
+	if !intact.noHoldCursor {
+		return fmt.Errorf("running effect: %w: it declared a cursor WITH HOLD (PostgreSQL runs its query to the end at COMMIT, outside the sandbox, as the login); nothing of the chunk commits", ErrEffectSandbox)
 	}
 	return nil
 }
@@ -485,20 +488,28 @@ func sessionIntact(ctx context.Context, conn *pgconn.PgConn, q string) (bool, er
 	if err != nil {
 		return false, err
 	}
-	claimedOK, unprepared, err := intactResult(results)
-	return claimedOK && unprepared, err
+	intact, err := intactResult(results)
+	return intact.claimed && intact.unprepared && intact.noHoldCursor, err
+}
+
+// sandboxState is sqlSandboxIntact's row: what the effect left as it was.
+type sandboxState struct {
+	claimed      bool // the session's table claimed is the worker's own, of its shape
+	unprepared   bool // no statement PREPAREd from SQL
+	noHoldCursor bool // no cursor WITH HOLD
 }
 
 // intactResult reads sqlSandboxIntact's row, the last result of results.
-func intactResult(results []*pgconn.Result) (claimedOK, unprepared bool, err error) {
+func intactResult(results []*pgconn.Result) (sandboxState, error) {
 	if len(results) == 0 {
-		return false, false, errors.New("the sandbox check returned nothing")
+		return sandboxState{}, errors.New("the sandbox check returned nothing")
 	}
 	last := results[len(results)-1]
-	if len(last.Rows) != 1 || len(last.Rows[0]) != 2 {
-		return false, false, fmt.Errorf("the sandbox check returned %d rows", len(last.Rows))
+	if len(last.Rows) != 1 || len(last.Rows[0]) != 3 {
+		return sandboxState{}, fmt.Errorf("the sandbox check returned %d rows", len(last.Rows))
 	}
-	return string(last.Rows[0][0]) == "t", string(last.Rows[0][1]) == "t", nil
+	row := last.Rows[0]
+	return sandboxState{claimed: string(row[0]) == "t", unprepared: string(row[1]) == "t", noHoldCursor: string(row[2]) == "t"}, nil
 }
 
 // ErrEffectSandbox: the effect tried to leave its sandbox, or the sandbox

@@ -122,3 +122,71 @@ GRANT SELECT ON pg_temp.claimed TO PUBLIC`},
 		})
 	}
 }
+
+// forgeFn is a function of the effect role's, in its temporary schema, that
+// inserts committed ledger rows for keys later(0..3) under an invented run,
+// once (it answers true).
+const forgeFn = `CREATE FUNCTION pg_temp.forge() RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
+    SELECT 'later', 'occ-' || lpad(i::text, 6, '0'), 'default', 'invented', 'invented', 0, 0 FROM generate_series(0, 3) AS i
+    ON CONFLICT (entity, occurrence) WHERE state = 'committed' DO NOTHING;
+    RETURN true;
+END $f$;
+`
+
+// TestSandbox_HoldableCursorDoesNotRunAsLogin: PostgreSQL runs a cursor
+// declared WITH HOLD to its end while the transaction commits, outside the
+// sandbox and outside any trigger, as the login. An effect (or a trigger it
+// leaves to fire at COMMIT, or a batch query's function) that declares one
+// over a function that inserts committed ledger rows forges nothing: the
+// chunk's items fail (or the batch is refused), nothing of it commits, and
+// the later keys are completed by the run that processes them. On the old
+// code the forged rows committed with the chunk (or the batch).
+func TestSandbox_HoldableCursorDoesNotRunAsLogin(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	worker, _ := workerRole(t, owner)
+	const declare = `DECLARE forging CURSOR WITH HOLD FOR SELECT pg_temp.forge()`
+	for _, tt := range []struct{ name, effect string }{
+		{"declared by the effect", forgeFn + declare},
+		{"declared at COMMIT by a trigger it re-deferred", atCommitAsLogin("", `EXECUTE '`+declare+`'`)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			mustExec(t, owner, `SET session_replication_role = replica; DELETE FROM runledger.ledger; RESET session_replication_role`)
+			one := poolWith(t, worker, map[string]string{"pool_max_conns": "1"})
+			s := ledger.NewStore(one)
+			res := commit(t, s, runNamed("forger"), items("mal", 0, 4), ledger.ChunkOptions{Effect: tt.effect})
+			require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'invented'`), "nothing forged")
+			requireNotForged(t, owner, s, res, "WITH HOLD")
+		})
+	}
+	t.Run("declared by a batch query's function", func(t *testing.T) {
+		mustExec(t, owner, `SET session_replication_role = replica; DELETE FROM runledger.ledger; RESET session_replication_role`)
+		mustExec(t, owner, batchSource+`GRANT SELECT ON src TO PUBLIC;
+CREATE FUNCTION public.forge() RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
+    SELECT 'later', 'occ-' || lpad(i::text, 6, '0'), 'default', 'invented', 'invented', 0, 0 FROM generate_series(0, 3) AS i
+    ON CONFLICT (entity, occurrence) WHERE state = 'committed' DO NOTHING;
+    RETURN true;
+END $f$;
+CREATE FUNCTION public.declare_forging() RETURNS int LANGUAGE plpgsql AS $f$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_cursors WHERE name = 'forging') THEN
+        EXECUTE 'DECLARE forging CURSOR WITH HOLD FOR SELECT public.forge()';
+    END IF;
+    RETURN 1;
+END $f$`)
+		for _, p := range []*pgxpool.Pool{worker, owner} {
+			s := ledger.NewStore(poolWith(t, p, map[string]string{"pool_max_conns": "1"}))
+			q := batchQuery()
+			q.SQL = `SELECT entity, occurrence, payload FROM src WHERE declare_forging() = 1`
+			_, err := s.FixQueryBatch(context.Background(), runNamed("cursor"), q)
+			require.ErrorIs(t, err, ledger.ErrBatchQuery)
+			require.ErrorContains(t, err, "WITH HOLD")
+			require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'invented'`), "nothing forged")
+			require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.batch_run`), "no batch")
+		}
+	})
+}

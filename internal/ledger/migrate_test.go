@@ -127,8 +127,13 @@ func TestMigrate_LeastPrivilegeRole(t *testing.T) {
 	// The database as an earlier release left it: 00003 and later not
 	// applied (00006 only replaces 00004's trigger function, dropped below;
 	// 00009 added ledger_retired and its trigger; 00007 the effect's sandbox;
-	// 00010 item_failure).
-	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 10;
+	// 00010 item_failure; 00013 the sandbox's guard at COMMIT).
+	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 13;
+DROP TRIGGER batch_not_at_commit ON runledger.batch;
+DROP TRIGGER batch_run_not_at_commit ON runledger.batch_run;
+DROP TRIGGER ledger_not_at_commit ON runledger.ledger;
+DROP FUNCTION runledger.ledger_not_at_commit();
+DELETE FROM runledger.goose_db_version WHERE version_id = 10;
 DROP TABLE runledger.item_failure;
 DELETE FROM runledger.goose_db_version WHERE version_id = 9;
 DROP TRIGGER ledger_record_retired ON runledger.ledger;

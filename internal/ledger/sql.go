@@ -240,7 +240,10 @@ func sqlGrantClaimed(role string) string { return `GRANT SELECT ON pg_temp.claim
 //     the ledger;
 //   - no statement was PREPAREd from SQL (an effect could replace one of the
 //     driver's prepared statements by name, with a statement that would
-//     then run as the worker). Not transactional: the connection is closed.
+//     then run as the worker). Not transactional: the connection is closed;
+//   - no cursor is declared WITH HOLD: PostgreSQL runs the rest of its query
+//     at COMMIT, outside the sandbox and any trigger, as the login (the
+//     ledger refuses writes at COMMIT too: migrations/00013).
 //
 // It runs under sqlPinnedSearchPath (after COMMIT too: sqlSessionIntact), so
 // that no operator of the session's path answers for the catalog's.
@@ -258,7 +261,12 @@ const sqlSandboxIntact = `SELECT
                                 (3, 'payload', 'pg_catalog.jsonb'::pg_catalog.regtype::pg_catalog.oid))) = 3
               FROM pg_catalog.pg_class AS c, pg_catalog.pg_roles AS r
               WHERE c.oid = pg_catalog.to_regclass('pg_temp.claimed') AND r.rolname = current_user), false),
-    NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements AS s WHERE s.from_sql)`
+    NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements AS s WHERE s.from_sql),
+    NOT EXISTS (SELECT FROM pg_catalog.pg_cursors AS k WHERE k.is_holdable)`
+
+// sqlHoldCursors names the cursors WITH HOLD the session has (the user's
+// query of a batch declared them: they would run at its COMMIT).
+const sqlHoldCursors = `SELECT coalesce(pg_catalog.string_agg(k.name, ', ' ORDER BY k.name), '') FROM pg_catalog.pg_cursors AS k WHERE k.is_holdable`
 
 // sqlSessionIntact is sqlSandboxIntact on its own, after COMMIT, under the
 // ledger's search_path for its one implicit transaction: a trigger that

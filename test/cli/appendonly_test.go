@@ -174,10 +174,15 @@ func TestTwoRoles_BadInput(t *testing.T) {
 
 	// The database as the previous releases left it: 00004 and later
 	// pending (00006 only replaces 00004's trigger function; 00009 added
-	// ledger_retired and its trigger; 00007 the effect's sandbox, undone
-	// first; 00010 item_failure). The worker may not apply them: exit 2,
-	// nothing committed, nothing applied.
-	d.owner.exec(t, `DELETE FROM runledger.goose_db_version WHERE version_id = 10;
+	// ledger_retired and its trigger; 00007 the effect's sandbox and 00013
+	// its guard at COMMIT, undone first; 00010 item_failure). The worker may
+	// not apply them: exit 2, nothing committed, nothing applied.
+	d.owner.exec(t, `DELETE FROM runledger.goose_db_version WHERE version_id = 13;
+DROP TRIGGER batch_not_at_commit ON runledger.batch;
+DROP TRIGGER batch_run_not_at_commit ON runledger.batch_run;
+DROP TRIGGER ledger_not_at_commit ON runledger.ledger;
+DROP FUNCTION runledger.ledger_not_at_commit();
+DELETE FROM runledger.goose_db_version WHERE version_id = 10;
 DROP TABLE runledger.item_failure;
 DELETE FROM runledger.goose_db_version WHERE version_id = 9;
 DROP TRIGGER ledger_record_retired ON runledger.ledger;
