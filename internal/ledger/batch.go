@@ -118,6 +118,9 @@ type BatchRow struct {
 	Occurrence *string
 	Payload    *string
 	Holder     Holder // HolderNone, HolderSameRun or HolderOtherRun
+	// PayloadMatch: for HolderOtherRun, what the payload's text says of the
+	// committed row's.
+	PayloadMatch PayloadMatch
 }
 
 // BatchHeader returns the header of run's batch, or nil if there is none.
@@ -361,7 +364,7 @@ func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, sh
 	b.Queue(sqlNoSeqScan)
 	b.Queue(sqlNoBitmapScan)
 	b.Queue(sqlPinnedSearchPath)
-	b.Queue(sqlDeclareBatchCursor, h.ID, shard, skip)
+	b.Queue(sqlDeclareBatchCursor, h.ID, shard, skip, runUID)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		conn.Release() // a connection left in a transaction is closed, not reused
 		return nil, fmt.Errorf("opening shard %d of the batch at row %d of its key order: %w", shard, skip, err)
@@ -380,10 +383,14 @@ func (c *BatchCursor) Fetch(ctx context.Context, n int) ([]BatchRow, *BatchHeade
 	b.Queue(sqlFetchBatch(n)).Query(func(rows pgx.Rows) error {
 		var r BatchRow
 		var uid []byte
-		_, err := pgx.ForEachRow(rows, []any{&r.Seq, &r.Entity, &r.Occurrence, &r.Payload, &uid}, func() error {
+		var match *bool
+		_, err := pgx.ForEachRow(rows, []any{&r.Seq, &r.Entity, &r.Occurrence, &r.Payload, &uid, &match}, func() error {
 			r.Holder = HolderNone
 			if uid != nil {
 				r.Holder = holderOf(uid, c.runUID)
+			}
+			if r.Holder == HolderOtherRun {
+				r.PayloadMatch = payloadMatch(match)
 			}
 			out = append(out, r)
 			r = BatchRow{}

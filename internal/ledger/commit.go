@@ -284,8 +284,10 @@ type claimer struct {
 }
 
 // held attributes item i, which this call did not claim, to the run whose
-// committed row holds it (read back in this transaction: the proof).
-func (c *claimer) held(i int, holder string) {
+// committed row holds it (read back in this transaction: the proof), and
+// says whether that row's payload differs from the item's (another run's
+// row only).
+func (c *claimer) held(i int, holder string, changed bool) {
 	if c.out[i].Outcome != 0 {
 		return
 	}
@@ -293,7 +295,7 @@ func (c *claimer) held(i int, holder string) {
 	if c.out[i].Holder = holderOf([]byte(holder), c.run.UID); c.out[i].Holder == HolderSameRun {
 		c.out[i].Outcome = Completed
 	} else {
-		c.out[i].Outcome = AlreadyHandled
+		c.out[i].Outcome, c.out[i].PayloadChanged = AlreadyHandled, changed
 	}
 }
 
@@ -330,7 +332,7 @@ func (c *claimer) round(ctx context.Context, mode claimMode) error {
 		if err == nil {
 			err = forEachKey(rows, c.items, func(i int, rest [][]byte) {
 				if rest[0] == nil { // a key this run committed before
-					c.held(i, c.run.UID)
+					c.held(i, c.run.UID, false)
 					return
 				}
 				if c.supersededRow[i], err = parseRowID(rest[0]); err != nil {
@@ -359,7 +361,7 @@ func (c *claimer) round(ctx context.Context, mode claimMode) error {
 		switch {
 		case err != nil: // reported below
 		case mode == lookupFirst: // rows: the skipped keys, with their holders
-			err = forEachSkipped(rows, len(sub), func(j int, holder string) { c.held(todo.at(j), holder) })
+			err = forEachSkipped(rows, len(sub), func(j int, holder string, changed bool) { c.held(todo.at(j), holder, changed) })
 			if err == nil { // the statement inserted every key it did not skip
 				for j := range sub {
 					if i := todo.at(j); c.out[i].Outcome == 0 {
@@ -376,23 +378,60 @@ func (c *claimer) round(ctx context.Context, mode claimMode) error {
 	}
 
 	if _, skipped := unresolved(c.items, c.out); len(skipped) > 0 {
-		keys := make([]Key, len(skipped))
-		for j, it := range skipped {
-			keys[j] = it.Key
-		}
-		holders, args := sqlHolders, []any(nil)
-		if c.opts.OnExisting == Supersede {
-			holders, args = sqlHoldersSupersede, []any{c.run.UID}
-		}
-		rows, err := queryHolders(ctx, c.tx, holders, keys, args...)
-		if err == nil {
-			err = forEachKey(rows, c.items, func(i int, rest [][]byte) { c.held(i, string(rest[0])) })
-		}
-		if err != nil {
+		if err := c.attribute(ctx, skipped); err != nil {
 			return fmt.Errorf("attributing skipped keys: %w", err)
 		}
 	}
 	return nil
+}
+
+// attribute finds the holders of the keys the arbiter's insert skipped; a
+// Skip run also learns whose payload differs (sqlHoldersPayload), a
+// Supersede run supersedes them in its next round instead.
+func (c *claimer) attribute(ctx context.Context, skipped []Item) error {
+	var rows pgx.Rows
+	var err error
+	if c.opts.OnExisting == Supersede {
+		keys := make([]Key, len(skipped))
+		for j, it := range skipped {
+			keys[j] = it.Key
+		}
+		rows, err = queryHolders(ctx, c.tx, sqlHoldersSupersede, keys, c.run.UID)
+	} else {
+		entities, occurrences, payloads := columns(skipped)
+		if rows, err = c.tx.Query(ctx, sqlHoldersPayload, entities, occurrences, payloads, c.run.UID); err != nil {
+			err = fmt.Errorf("looking up committed keys: %w", err)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	var bad error
+	err = forEachKey(rows, c.items, func(i int, rest [][]byte) {
+		changed, err := payloadChangedColumn(rest)
+		if err != nil {
+			bad = err
+			return
+		}
+		c.held(i, string(rest[0]), changed)
+	})
+	return cmp.Or(err, bad)
+}
+
+// payloadChangedColumn reads the optional boolean after a holder's uid
+// (sqlHoldersPayload), raw in the binary or the text format: absent or NULL
+// is false.
+func payloadChangedColumn(rest [][]byte) (bool, error) {
+	if len(rest) < 2 || rest[1] == nil {
+		return false, nil
+	}
+	switch string(rest[1]) {
+	case "t", "\x01":
+		return true, nil
+	case "f", "\x00":
+		return false, nil
+	}
+	return false, fmt.Errorf("reading holders: payload comparison %q is no boolean", rest[1])
 }
 
 // positions maps the positions of a sub-list of items back to items; nil is
@@ -628,14 +667,16 @@ func forEachKey(rows pgx.Rows, items []Item, fn func(i int, rest [][]byte)) erro
 }
 
 // forEachSkipped reads the rows of sqlClaim, (holder's run uid, positions
-// from 1 of the keys it holds), and calls fn with each key's index in the
-// chunk of n items and the uid of the run whose committed row holds it. A
-// position outside the chunk, or a NULL, is an error: it would mean the
-// statement answered about rows it was not asked for.
-func forEachSkipped(rows pgx.Rows, n int, fn func(i int, holder string)) error {
+// from 1 of the keys it holds, those of them whose payload differs), and
+// calls fn with each key's index in the chunk of n items, the uid of the run
+// whose committed row holds it and whether its payload differs. A position
+// outside the chunk, a changed position the holder does not hold, or a NULL
+// holder, is an error: it would mean the statement answered about rows it
+// was not asked for.
+func forEachSkipped(rows pgx.Rows, n int, fn func(i int, holder string, changed bool)) error {
 	var holder string
-	var pos []int64
-	_, err := pgx.ForEachRow(rows, []any{&holder, &pos}, func() error {
+	var pos, changedPos []int64
+	_, err := pgx.ForEachRow(rows, []any{&holder, &pos, &changedPos}, func() error {
 		for _, p := range pos {
 			if p < 1 || p > int64(n) {
 				return fmt.Errorf("position %d is outside the chunk of %d", p, n)
@@ -644,8 +685,15 @@ func forEachSkipped(rows pgx.Rows, n int, fn func(i int, holder string)) error {
 		if holder == "" {
 			return errors.New("a skipped key's holder has no run uid")
 		}
+		changed := make(map[int64]bool, len(changedPos))
+		for _, p := range changedPos {
+			if !slices.Contains(pos, p) {
+				return fmt.Errorf("position %d has a changed payload but is not among its holder's", p)
+			}
+			changed[p] = true
+		}
 		for _, p := range pos {
-			fn(int(p-1), holder)
+			fn(int(p-1), holder, changed[p])
 		}
 		return nil
 	})

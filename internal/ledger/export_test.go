@@ -10,6 +10,8 @@ var (
 	SQLCreateClaimed    = sqlCreateClaimed
 	SQLPinnedSearchPath = sqlPinnedSearchPath
 	SQLHolders          = sqlHolders
+	SQLHoldersPayload   = sqlHoldersPayload
+	SQLPreload          = sqlPreload
 	SQLSupersede        = sqlSupersede
 	SQLHoldersSupersede = sqlHoldersSupersede
 	SQLFixQueryBatch    = sqlFixQueryBatch

@@ -50,6 +50,8 @@ func TestInsertPathPlansAreOChunk(t *testing.T) {
 		{"insert (arbiter)", ledger.SQLInsert, append([]any{entities, occurrences, payloads}, run...), false},
 		{"insert (arbiter) with effect", ledger.SQLInsertEffect, append([]any{entities, occurrences, payloads}, run...), false},
 		{"holders", ledger.SQLHolders, []any{entities, occurrences}, true},
+		{"holders with payloads", ledger.SQLHoldersPayload, []any{entities, occurrences, payloads, "run-uid"}, true},
+		{"preload with payloads", ledger.SQLPreload, []any{entities, occurrences, payloads}, true},
 		{"supersede", ledger.SQLSupersede, []any{entities, occurrences, "other-run"}, true},
 		{"holders, supersede", ledger.SQLHoldersSupersede, []any{entities, occurrences, "other-run"}, true},
 	}
@@ -167,7 +169,7 @@ func TestBatchCursor_SortsItsShardOnly(t *testing.T) {
 	// cursor never gets one).
 	_, err = tx.Exec(ctx, ledger.SQLIndexProbesOnly+`; SET LOCAL max_parallel_workers_per_gather = 0`)
 	require.NoError(t, err)
-	rows, err := tx.Query(ctx, "EXPLAIN "+ledger.SQLBatchCursor, h.ID, 1, 10)
+	rows, err := tx.Query(ctx, "EXPLAIN "+ledger.SQLBatchCursor, h.ID, 1, 10, "uid")
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

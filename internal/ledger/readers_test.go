@@ -23,22 +23,28 @@ func TestResultReaders(t *testing.T) {
 		for _, tc := range []struct {
 			name    string
 			sql     string
-			want    map[int]string // index in chunk -> holder's run uid
+			want    map[int]string // index in chunk -> holder's run uid (and " changed")
 			wantErr string
 		}{
-			{name: "none skipped", sql: `SELECT 'u'::text, ARRAY[1::bigint] WHERE false`, want: map[int]string{}},
-			{name: "first and last", sql: `VALUES ('run-a', ARRAY[1::bigint]), ('run-b', ARRAY[3::bigint])`, want: map[int]string{0: "run-a", 2: "run-b"}},
-			{name: "two of one holder", sql: `VALUES ('run-a', ARRAY[3::bigint, 1])`, want: map[int]string{0: "run-a", 2: "run-a"}},
-			{name: "position 0", sql: `SELECT 'u'::text, ARRAY[0::bigint]`, wantErr: "reading skipped keys: position 0 is outside the chunk of 3"},
-			{name: "past the end", sql: `SELECT 'u'::text, ARRAY[2::bigint, 4]`, wantErr: "reading skipped keys: position 4 is outside the chunk of 3"},
-			{name: "NULL holder", sql: `SELECT NULL::text, ARRAY[2::bigint]`, wantErr: "NULL"},
-			{name: "empty holder", sql: `SELECT ''::text, ARRAY[2::bigint]`, wantErr: "has no run uid"},
+			{name: "none skipped", sql: `SELECT 'u'::text, ARRAY[1::bigint], NULL::bigint[] WHERE false`, want: map[int]string{}},
+			{name: "first and last", sql: `VALUES ('run-a', ARRAY[1::bigint], NULL::bigint[]), ('run-b', ARRAY[3::bigint], NULL)`, want: map[int]string{0: "run-a", 2: "run-b"}},
+			{name: "two of one holder", sql: `VALUES ('run-a', ARRAY[3::bigint, 1], NULL::bigint[])`, want: map[int]string{0: "run-a", 2: "run-a"}},
+			{name: "one payload changed", sql: `VALUES ('run-a', ARRAY[3::bigint, 1], ARRAY[3::bigint])`, want: map[int]string{0: "run-a", 2: "run-a changed"}},
+			{name: "changed position not held", sql: `VALUES ('run-a', ARRAY[1::bigint], ARRAY[2::bigint])`, wantErr: "reading skipped keys: position 2 has a changed payload but is not among its holder's"},
+			{name: "position 0", sql: `SELECT 'u'::text, ARRAY[0::bigint], NULL::bigint[]`, wantErr: "reading skipped keys: position 0 is outside the chunk of 3"},
+			{name: "past the end", sql: `SELECT 'u'::text, ARRAY[2::bigint, 4], NULL::bigint[]`, wantErr: "reading skipped keys: position 4 is outside the chunk of 3"},
+			{name: "NULL holder", sql: `SELECT NULL::text, ARRAY[2::bigint], NULL::bigint[]`, wantErr: "NULL"},
+			{name: "empty holder", sql: `SELECT ''::text, ARRAY[2::bigint], NULL::bigint[]`, wantErr: "has no run uid"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				rows, err := pool.Query(ctx, tc.sql)
 				require.NoError(t, err)
 				got := map[int]string{}
-				err = ledger.ForEachSkipped(rows, len(chunk), func(i int, holder string) { got[i] = holder })
+				err = ledger.ForEachSkipped(rows, len(chunk), func(i int, holder string, changed bool) {
+					if got[i] = holder; changed {
+						got[i] += " changed"
+					}
+				})
 				if tc.wantErr != "" {
 					require.ErrorContains(t, err, tc.wantErr)
 					require.ErrorContains(t, err, "reading skipped keys: ", "the error must say what was being read")

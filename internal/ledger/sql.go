@@ -67,10 +67,11 @@ const (
 )` + copyClaimed + claimResult
 	claimWith = `
 WITH k AS (
-    SELECT k.n, k.entity, k.occurrence, k.payload, h.run_uid AS holder
+    SELECT k.n, k.entity, k.occurrence, k.payload, h.run_uid AS holder,
+           CASE WHEN h.run_uid <> $6 THEN ` + sqlPayloadChanged + ` END AS changed
     FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(entity, occurrence, payload, n)
     LEFT JOIN LATERAL (
-        SELECT l.run_uid
+        SELECT l.run_uid, l.payload
         FROM ` + Schema + `.ledger AS l
         WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
         LIMIT 1
@@ -81,11 +82,12 @@ ins AS (
     ` + insertInto + `
     FROM k
     WHERE k.holder IS NULL`
-	// One row per holding run: its uid and the positions of the keys it
-	// holds. The holder is the proof of "already handled" (or, $6, of
-	// "completed earlier by this run"), read in this very statement.
+	// One row per holding run: its uid, the positions of the keys it holds
+	// and of those among them whose payload differs (NULL: none). The holder
+	// is the proof of "already handled" (or, $6, of "completed earlier by
+	// this run"), read in this very statement.
 	claimResult = `
-SELECT holder, array_agg(n) FROM k WHERE holder IS NOT NULL GROUP BY holder`
+SELECT holder, array_agg(n), array_agg(n) FILTER (WHERE changed) FROM k WHERE holder IS NOT NULL GROUP BY holder`
 )
 
 // sqlInsert is the arbiter path: the chunk's keys inserted with ON CONFLICT DO
@@ -417,6 +419,57 @@ CROSS JOIN LATERAL (
     LIMIT 1
 ) AS h`
 
+// sqlHoldersPayload is sqlHolders for the keys the arbiter's insert skipped
+// ($3 their payloads, $4 the run's uid), with whether the payload of the
+// holding row of another run differs (sqlPayloadChanged; NULL for the run's
+// own rows). The insert cast every payload already.
+const sqlHoldersPayload = `
+SELECT k.entity, k.occurrence, h.run_uid, CASE WHEN h.run_uid <> $4 THEN ` + sqlPayloadChanged + ` END
+FROM unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)
+CROSS JOIN LATERAL (
+    SELECT l.run_uid, l.payload
+    FROM ` + Schema + `.ledger AS l
+    WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
+    LIMIT 1
+) AS h`
+
+// sqlPreload is sqlHolders for the preload of items ($3 their payloads),
+// with what their text says of the holding row's payload
+// (sqlPayloadSameText): it runs before any item is validated by the
+// database, so it casts nothing.
+const sqlPreload = `
+SELECT k.entity, k.occurrence, h.run_uid, ` + sqlPayloadSameText + `
+FROM unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)
+CROSS JOIN LATERAL (
+    SELECT l.run_uid, l.payload
+    FROM ` + Schema + `.ledger AS l
+    WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
+    LIMIT 1
+) AS h`
+
+// sqlPayloadChanged says whether an item's payload (k.payload, text sent by
+// the worker) differs from the committed row's (h.payload, jsonb): jsonb
+// equality, so key order, white space and a number's spelling do not count,
+// and no payload is a JSON null (the static sources make a null payload
+// none, a query may return either). The cast fails like the insert's would
+// (a payload jsonb cannot hold: 22P02, 22P05), and the item is isolated and
+// fails.
+const sqlPayloadChanged = `nullif(h.payload, 'null'::jsonb) IS DISTINCT FROM nullif(k.payload::jsonb, 'null'::jsonb)`
+
+// sqlPayloadSameText is what a lookup can say of k.payload against h.payload
+// without casting it (a cast error would fail the whole lookup, where the
+// insert path isolates the one item): false (same) when its text is the
+// committed row's as jsonb prints it (the text of a query's jsonb column
+// is), true (changed) when it is none and the row holds a value, else NULL
+// (unknown: the claim compares, sqlPayloadChanged). NULL payloads are JSON
+// nulls, as there. sqlBatchPayloadSameText is the same of b.payload.
+const (
+	sqlPayloadSameText = `CASE WHEN coalesce(h.payload::text, 'null') = coalesce(k.payload, 'null') THEN false
+            WHEN k.payload IS NULL THEN nullif(h.payload, 'null'::jsonb) IS NOT NULL END`
+	sqlBatchPayloadSameText = `CASE WHEN coalesce(h.payload::text, 'null') = coalesce(b.payload, 'null') THEN false
+            WHEN b.payload IS NULL THEN nullif(h.payload, 'null'::jsonb) IS NOT NULL END`
+)
+
 // sqlHoldersSupersede is sqlHolders for a Supersede run $3: a key this run
 // has ever committed (its committed row, or one retired since: see
 // sqlSupersede) is held by the run itself, whoever holds its committed row
@@ -529,7 +582,8 @@ ON CONFLICT (run_uid) DO NOTHING`
 	// again.
 	sqlDeclareBatchCursor = `DECLARE ` + batchCursor + ` NO SCROLL CURSOR FOR ` + sqlBatchCursorQuery
 	sqlBatchCursorQuery   = `
-SELECT b.seq, b.entity, b.occurrence, b.payload, h.run_uid
+SELECT b.seq, b.entity, b.occurrence, b.payload, h.run_uid,
+       CASE WHEN h.run_uid <> $4 THEN ` + sqlBatchPayloadSameText + ` END
 FROM (
     SELECT u.seq, u.entity, u.occurrence, u.payload
     FROM ` + Schema + `.batch AS k
@@ -539,7 +593,7 @@ FROM (
     OFFSET $3
 ) AS b
 LEFT JOIN LATERAL (
-    SELECT l.run_uid
+    SELECT l.run_uid, l.payload
     FROM ` + Schema + `.ledger AS l
     WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
     LIMIT 1

@@ -121,6 +121,10 @@ type Result struct {
 	HolderUID string
 	// Superseded: claiming this item retired another run's committed row.
 	Superseded bool
+	// PayloadChanged (AlreadyHandled by another run only): the committed
+	// row's payload differs from the item's, as jsonb values (sql.go,
+	// sqlPayloadChanged).
+	PayloadChanged bool
 	// Err is set when Outcome is Failed.
 	Err error
 	// supersededRow is the id of the row this call superseded for the item,
@@ -279,15 +283,7 @@ func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key
 		return out, nil
 	}
 	entities, occurrences := keyColumns(keys)
-	b := &pgx.Batch{}
-	b.Queue(sqlBeginReadOnly)
-	for _, q := range s.sqlReadBoundList() {
-		b.Queue(q)
-	}
-	b.Queue(sqlNoSeqScan)
-	b.Queue(sqlNoBitmapScan)
-	b.Queue(sqlPinnedSearchPath)
-	b.Queue(sqlHolders, entities, occurrences).Query(func(rows pgx.Rows) error {
+	err := s.preload(ctx, sqlHolders, []any{entities, occurrences}, func(rows pgx.Rows) error {
 		var k Key
 		var uid []byte
 		_, err := pgx.ForEachRow(rows, []any{&k.Entity, &k.Occurrence, &uid}, func() error {
@@ -296,11 +292,89 @@ func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key
 		})
 		return err
 	})
-	b.Queue(sqlCommit)
-	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("preloading %d keys: %w", len(keys), err)
 	}
 	return out, nil
+}
+
+// PayloadMatch is what a lookup before the claim (PreloadItems, a batch's
+// cursor) could tell of an item's payload against the committed row of
+// another run that holds its key.
+type PayloadMatch int
+
+const (
+	// PayloadUnknown: not compared (no other run holds the key), or the
+	// text alone cannot tell: the claim compares (Result.PayloadChanged).
+	PayloadUnknown PayloadMatch = iota
+	// PayloadSame: the same jsonb value.
+	PayloadSame
+	// PayloadDiffers: a different jsonb value.
+	PayloadDiffers
+)
+
+// payloadMatch reads sqlPayloadSameText's column (NULL: unknown).
+func payloadMatch(changed *bool) PayloadMatch {
+	switch {
+	case changed == nil:
+		return PayloadUnknown
+	case *changed:
+		return PayloadDiffers
+	}
+	return PayloadSame
+}
+
+// Held is what the preload found of an item's key: who holds its committed
+// row and, for another run's row, what it could tell of the payload.
+type Held struct {
+	Holder  Holder
+	Payload PayloadMatch
+}
+
+// PreloadItems is Preload for items, with what the text of each item's
+// payload says of the committed row's of another run (PayloadMatch; never a
+// cast: an item the database cannot read as jsonb is for the claim to
+// fail). Same round trip, same cost per key.
+func (s *Store) PreloadItems(ctx context.Context, runUID string, items []Item) (map[Key]Held, error) {
+	out := make(map[Key]Held)
+	if len(items) == 0 {
+		return out, nil
+	}
+	entities, occurrences, payloads := columns(items)
+	err := s.preload(ctx, sqlPreload, []any{entities, occurrences, payloads}, func(rows pgx.Rows) error {
+		var k Key
+		var uid []byte
+		var match *bool
+		_, err := pgx.ForEachRow(rows, []any{&k.Entity, &k.Occurrence, &uid, &match}, func() error {
+			h := Held{Holder: holderOf(uid, runUID)}
+			if h.Holder == HolderOtherRun {
+				h.Payload = payloadMatch(match)
+			}
+			out[k] = h
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("preloading %d keys: %w", len(items), err)
+	}
+	return out, nil
+}
+
+// preload runs a lookup in the preload's read-only transaction, in one
+// pipeline (see Preload).
+func (s *Store) preload(ctx context.Context, lookup string, args []any, read func(pgx.Rows) error) error {
+	b := &pgx.Batch{}
+	b.Queue(sqlBeginReadOnly)
+	for _, q := range s.sqlReadBoundList() {
+		b.Queue(q)
+	}
+	b.Queue(sqlNoSeqScan)
+	b.Queue(sqlNoBitmapScan)
+	b.Queue(sqlPinnedSearchPath)
+	b.Queue(lookup, args...).Query(read)
+	b.Queue(sqlCommit)
+	return s.pool.SendBatch(ctx, b).Close()
 }
 
 // queryHolders runs holders (sqlHolders, or sqlHoldersSupersede with the

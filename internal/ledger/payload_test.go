@@ -1,0 +1,146 @@
+package ledger_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+// payloadCases: a committed row's payload, an item's for the same key, and
+// whether they differ as jsonb values (key order, white space and a number's
+// spelling do not count; no payload is a JSON null).
+var payloadCases = []struct {
+	name              string
+	committed, given  string // "" is no payload
+	changed, sameText bool   // sameText: given is the committed value as jsonb prints it
+}{
+	{name: "identical", committed: `{"a": 1, "b": [1, 2]}`, given: `{"a": 1, "b": [1, 2]}`, sameText: true},
+	{name: "key order and white space", committed: `{"a": 1, "b": [1, 2]}`, given: `{"b":[1,2],"a":1}`},
+	{name: "a number spelled otherwise", committed: `{"amount": 100}`, given: `{"amount": 1e2}`},
+	{name: "trailing zeros", committed: `{"amount": 1}`, given: `{"amount": 1.00}`},
+	{name: "an escape", committed: `{"s": "é"}`, given: `{"s": "\u00e9"}`},
+	{name: "another value", committed: `{"a": 1}`, given: `{"a": 2}`, changed: true},
+	{name: "a member more", committed: `{"a": 1}`, given: `{"a": 1, "b": null}`, changed: true},
+	{name: "array order", committed: `[1, 2]`, given: `[2, 1]`, changed: true},
+	{name: "a string for a number", committed: `{"a": 1}`, given: `{"a": "1"}`, changed: true},
+	{name: "none, none", sameText: true},
+	{name: "none, null", given: `null`, sameText: true},
+	{name: "null, none", committed: `null`, sameText: true},
+	{name: "none, a value", given: `{}`, changed: true},
+	{name: "a value, none", committed: `{}`, changed: true, sameText: true},
+}
+
+func payloadItem(i int, payload string) ledger.Item {
+	it := ledger.Item{Key: ledger.Key{Entity: "acct", Occurrence: fmt.Sprintf("occ-%02d", i)}}
+	if payload != "" {
+		it.Payload = json.RawMessage(payload)
+	}
+	return it
+}
+
+// TestCommitChunk_PayloadChanged: an item already handled by another run is
+// marked PayloadChanged exactly when its payload differs from the committed
+// row's as a jsonb value, on the fast path and on the arbiter's (a bad item
+// in the chunk makes it isolate); nothing is written for it either way, and
+// a key the run itself committed is never compared.
+func TestCommitChunk_PayloadChanged(t *testing.T) {
+	t.Parallel()
+	for _, path := range []string{"fast path", "arbiter (isolating a bad item)"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			pool := newPool(t)
+			s := ledger.NewStore(pool)
+			var committed, given []ledger.Item
+			for i, c := range payloadCases {
+				committed = append(committed, payloadItem(i, c.committed))
+				given = append(given, payloadItem(i, c.given))
+			}
+			require.Equal(t, tally{completed: len(committed)}, count(commit(t, s, runNamed("holder"), committed, ledger.ChunkOptions{})))
+			// A key of the run's own with another payload: completed, not compared.
+			own := payloadItem(90, `{"v": 1}`)
+			commit(t, s, runNamed("other"), []ledger.Item{own}, ledger.ChunkOptions{})
+			own.Payload = json.RawMessage(`{"v": 2}`)
+			given = append(given, own)
+			if path != "fast path" {
+				// jsonb cannot hold \u0000: the statement fails, and the
+				// chunk is claimed again part by part by the arbiter.
+				given = append(given, payloadItem(99, `{"s": "\u0000"}`))
+			}
+			res := commit(t, s, runNamed("other"), given, ledger.ChunkOptions{})
+			for i, c := range payloadCases {
+				require.Equal(t, ledger.AlreadyHandled, res[i].Outcome, c.name)
+				require.Equal(t, "holder", res[i].HolderUID, c.name)
+				require.Equal(t, c.changed, res[i].PayloadChanged, "%s: %s against %s", c.name, c.given, c.committed)
+			}
+			n := len(payloadCases)
+			require.Equal(t, ledger.Completed, res[n].Outcome)
+			require.Equal(t, ledger.HolderSameRun, res[n].Holder)
+			require.False(t, res[n].PayloadChanged, "the run's own row is not compared")
+			if path != "fast path" {
+				require.Equal(t, ledger.Failed, res[n+1].Outcome, "the bad item fails, alone")
+				require.False(t, res[n+1].PayloadChanged)
+			}
+			requireOneCommittedPerKey(t, pool, n+1)
+			for i, c := range payloadCases {
+				var same bool
+				require.NoError(t, pool.QueryRow(context.Background(), `SELECT payload IS NOT DISTINCT FROM $2::jsonb
+					FROM runledger.ledger WHERE occurrence = $1 AND state = 'committed' AND run_uid = 'holder'`,
+					committed[i].Occurrence, nullable(c.committed)).Scan(&same))
+				require.True(t, same, "%s: the committed row is untouched", c.name)
+			}
+		})
+	}
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// TestPreloadItems_PayloadMatch: the preload tells a payload apart from the
+// committed row's only where its text can (it casts nothing): the same text
+// as jsonb prints the row's is PayloadSame, no payload against a value is
+// PayloadDiffers, anything else PayloadUnknown, never a wrong answer; a key
+// of the run itself or of nobody carries no comparison.
+func TestPreloadItems_PayloadMatch(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	var committed, given []ledger.Item
+	for i, c := range payloadCases {
+		committed = append(committed, payloadItem(i, c.committed))
+		given = append(given, payloadItem(i, c.given))
+	}
+	commit(t, s, runNamed("holder"), committed, ledger.ChunkOptions{})
+	commit(t, s, runNamed("self"), []ledger.Item{payloadItem(90, `{"v": 1}`)}, ledger.ChunkOptions{})
+	given = append(given, payloadItem(90, `{"v": 2}`), payloadItem(91, `{"fresh": true}`),
+		payloadItem(92, `{"s": "\u0000"}`)) // not castable: still no error
+	commit(t, s, runNamed("holder"), []ledger.Item{payloadItem(92, `{"s": "x"}`)}, ledger.ChunkOptions{})
+
+	held, err := s.PreloadItems(context.Background(), "self", given)
+	require.NoError(t, err)
+	for i, c := range payloadCases {
+		h := held[given[i].Key]
+		require.Equal(t, ledger.HolderOtherRun, h.Holder, c.name)
+		switch {
+		case c.sameText && !c.changed:
+			require.Equal(t, ledger.PayloadSame, h.Payload, c.name)
+		case c.given == "" && c.changed:
+			require.Equal(t, ledger.PayloadDiffers, h.Payload, c.name)
+		default:
+			require.Equal(t, ledger.PayloadUnknown, h.Payload, c.name)
+		}
+	}
+	n := len(payloadCases)
+	require.Equal(t, ledger.Held{Holder: ledger.HolderSameRun}, held[given[n].Key], "the run's own key is not compared")
+	require.NotContains(t, held, given[n+1].Key, "nobody holds a fresh key")
+	require.Equal(t, ledger.Held{Holder: ledger.HolderOtherRun, Payload: ledger.PayloadUnknown}, held[given[n+2].Key],
+		"a payload jsonb cannot hold is left to the claim")
+}
