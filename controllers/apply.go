@@ -19,6 +19,9 @@ func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.Processi
 		WithCompleted(st.Completed).
 		WithAlreadyHandled(st.AlreadyHandled).
 		WithFailed(st.Failed)
+	if st.PayloadChanged > 0 {
+		status.WithPayloadChanged(st.PayloadChanged)
+	}
 	if st.StartTime != nil {
 		status.WithStartTime(*st.StartTime)
 	}
@@ -49,6 +52,9 @@ func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.Processi
 		if final[e.Index] || e.LastReportTime != nil {
 			sh.WithAttempt(e.Attempt).WithTotal(e.Total).WithCompleted(e.Completed).
 				WithAlreadyHandled(e.AlreadyHandled).WithFailed(e.Failed)
+			if e.PayloadChanged > 0 {
+				sh.WithPayloadChanged(e.PayloadChanged)
+			}
 			if e.Message != "" {
 				sh.WithMessage(e.Message)
 			}

@@ -105,7 +105,7 @@ func (r *Reconciler) phaseEvents(ctx context.Context, s *scope, old, cur *v1alph
 		recordFinished(cur, s.outcome.reason)
 		r.event(run, nil, corev1.EventTypeNormal, ReasonSucceeded, "Complete", s.outcome.message)
 		logger.Info("run succeeded", "total", cur.Total, "completed", cur.Completed,
-			"alreadyHandled", cur.AlreadyHandled, "failed", cur.Failed)
+			"alreadyHandled", cur.AlreadyHandled, "failed", cur.Failed, "payloadChanged", cur.PayloadChanged)
 	case v1alpha1.RunFailed:
 		recordFinished(cur, s.outcome.reason)
 		r.event(run, nil, corev1.EventTypeWarning, s.outcome.reason, "Fail", s.outcome.message)

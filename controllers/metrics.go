@@ -21,6 +21,10 @@ var (
 		Name: "runledger_items_total",
 		Help: "Items processed by ProcessingRuns, by outcome (completed, alreadyHandled, failed), as the controller records them in the runs' status.",
 	}, []string{"outcome"})
+	itemsPayloadChanged = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "runledger_items_payload_changed_total",
+		Help: "Items found already committed by another run with a payload that differs from the committed row's (part of runledger_items_total's alreadyHandled, or of failed with spec.onPayloadChange: Fail), as the controller records them in the runs' status.",
+	})
 	reconcileErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "runledger_reconcile_errors_total",
 		Help: "Errors of the ProcessingRun reconciler, by step.",
@@ -95,10 +99,13 @@ func recordItems(before, after v1alpha1.ItemCounts) {
 			itemsTotal.WithLabelValues(d.outcome).Add(float64(d.n))
 		}
 	}
+	if n := after.PayloadChanged - before.PayloadChanged; n > 0 {
+		itemsPayloadChanged.Add(float64(n))
+	}
 }
 
 // ownCollectors are runledger's metrics registered at init.
-var ownCollectors = []prometheus.Collector{itemsTotal, reconcileErrors, podsCreated, attemptsFailed, statusConflicts,
+var ownCollectors = []prometheus.Collector{itemsTotal, itemsPayloadChanged, reconcileErrors, podsCreated, attemptsFailed, statusConflicts,
 	runsFinished, runDuration, schedRunsCreated, schedMissed, schedNextTick, schedLastSuccess}
 
 // recordScheduleMetrics sets a schedule's gauges from the status a pass

@@ -79,10 +79,13 @@ func TestItemsMetricCountsWhatStatusWritesAdd(t *testing.T) {
 	failed := testutil.ToFloat64(itemsTotal.WithLabelValues("failed"))
 	recordItems(v1alpha1.ItemCounts{Failed: 2}, v1alpha1.ItemCounts{Failed: 1}) // a retry fixed an item: a counter never goes down
 	require.Equal(t, failed, testutil.ToFloat64(itemsTotal.WithLabelValues("failed")))
+	changed := testutil.ToFloat64(itemsPayloadChanged)
+	recordItems(v1alpha1.ItemCounts{AlreadyHandled: 4, PayloadChanged: 1}, v1alpha1.ItemCounts{AlreadyHandled: 9, PayloadChanged: 3})
+	require.Equal(t, changed+2, testutil.ToFloat64(itemsPayloadChanged))
 }
 
 func TestMetricNames(t *testing.T) {
-	require.ElementsMatch(t, []string{"runledger_items_total", "runledger_reconcile_errors_total", "runledger_worker_pods_created_total",
+	require.ElementsMatch(t, []string{"runledger_items_total", "runledger_items_payload_changed_total", "runledger_reconcile_errors_total", "runledger_worker_pods_created_total",
 		"runledger_shard_attempts_failed_total", "runledger_status_conflicts_total", "runledger_runs_finished_total",
 		"runledger_run_duration_seconds", "runledger_runs", "runledger_runs_stalled",
 		"runledger_schedule_runs_created_total", "runledger_schedule_missed_ticks_total",

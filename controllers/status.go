@@ -139,8 +139,8 @@ func decideRun(run *v1alpha1.ProcessingRun, shards []shardDecision, started bool
 					c.Failed, run.Spec.MaxFailedItems)}
 		}
 		return runOutcome{phase: v1alpha1.RunSucceeded, reason: ReasonSucceeded, finished: true, counts: c,
-			message: fmt.Sprintf("%d items: %d completed, %d already handled, %d failed",
-				c.Total, c.Completed, c.AlreadyHandled, c.Failed)}
+			message: fmt.Sprintf("%d items: %d completed, %d already handled, %d failed%s",
+				c.Total, c.Completed, c.AlreadyHandled, c.Failed, payloadChangedNote(c))}
 	}
 	o := runOutcome{phase: v1alpha1.RunRunning, counts: sumCounts(run, shards, false)}
 	switch {
@@ -372,4 +372,13 @@ const maxConditionMessage = 32768
 
 func truncateMessage(s string) string {
 	return v1alpha1.Truncate(s, maxConditionMessage)
+}
+
+// payloadChangedNote says how many already handled items had another
+// payload than the committed row's, if any.
+func payloadChangedNote(c v1alpha1.ItemCounts) string {
+	if c.PayloadChanged == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d with a payload that differs from the committed row's)", c.PayloadChanged)
 }

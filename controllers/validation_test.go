@@ -104,6 +104,8 @@ func TestValidationRejectsBadRuns(t *testing.T) {
 			want: "spec.maxFailedItems: Invalid value: -5"},
 		{name: "unknown onExisting", run: withSpec(t, map[string]string{"onExisting": "Overwrite"}),
 			want: `spec.onExisting: Unsupported value: "Overwrite": supported values: "Skip", "Supersede"`},
+		{name: "unknown onPayloadChange", run: withSpec(t, map[string]string{"onPayloadChange": "Ignore"}),
+			want: `spec.onPayloadChange: Unsupported value: "Ignore": supported values: "Report", "Fail"`},
 		{name: "empty effect", run: withSpec(t, map[string]string{"effect": `{sql: ""}`}),
 			want: "spec.effect.sql"},
 		{name: "negative ttl", run: withSpec(t, map[string]string{"ttlSecondsAfterFinished": "-1"}),
@@ -188,6 +190,7 @@ func TestValidationDefaults(t *testing.T) {
 	run := &v1alpha1.ProcessingRun{}
 	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKeyFromObject(u), run))
 	require.Equal(t, v1alpha1.OnExistingSkip, run.Spec.OnExisting)
+	require.Equal(t, v1alpha1.OnPayloadChangeReport, run.Spec.OnPayloadChange)
 	require.Equal(t, int32(1), run.Spec.Workers)
 	require.Equal(t, int32(1000), run.Spec.ChunkSize)
 	require.Equal(t, int32(3), *run.Spec.BackoffLimit)
@@ -220,6 +223,8 @@ func TestValidationImmutability(t *testing.T) {
 			want: "effect cannot be added or removed after creation"},
 		{name: "onExisting", change: map[string]string{"onExisting": "Supersede"},
 			want: "onExisting is immutable"},
+		{name: "onPayloadChange", change: map[string]string{"onPayloadChange": "Fail"},
+			want: "onPayloadChange is immutable: create a new ProcessingRun to change it"},
 		{name: "occurrence added", change: map[string]string{"occurrence": "2026-02"},
 			want: "occurrence is immutable"},
 		{name: "suspend", change: map[string]string{"suspend": "true"}},

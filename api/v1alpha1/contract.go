@@ -135,6 +135,7 @@ var StatusSources = map[string]StatusSource{
 	"completed":         FromWorkerReport,
 	"alreadyHandled":    FromWorkerReport,
 	"failed":            FromWorkerReport,
+	"payloadChanged":    FromWorkerReport,
 	"message":           FromWorkerReport,
 	"lastReportTime":    FromWorkerReport,
 }

@@ -29,6 +29,7 @@ import (
 // +kubebuilder:validation:XValidation:rule="has(self.spec.effect) == has(oldSelf.spec.effect)",message="effect cannot be added or removed after creation: create a new ProcessingRun instead",fieldPath=`.spec.effect`
 // +kubebuilder:validation:XValidation:rule="!has(self.spec.effect) || !has(oldSelf.spec.effect) || self.spec.effect == oldSelf.spec.effect",message="effect is immutable: create a new ProcessingRun to apply a different effect",fieldPath=`.spec.effect`
 // +kubebuilder:validation:XValidation:rule="(has(self.spec.onExisting) ? self.spec.onExisting : 'Skip') == (has(oldSelf.spec.onExisting) ? oldSelf.spec.onExisting : 'Skip')",message="onExisting is immutable: create a new ProcessingRun to change it",fieldPath=`.spec.onExisting`
+// +kubebuilder:validation:XValidation:rule="(has(self.spec.onPayloadChange) ? self.spec.onPayloadChange : 'Report') == (has(oldSelf.spec.onPayloadChange) ? oldSelf.spec.onPayloadChange : 'Report')",message="onPayloadChange is immutable: create a new ProcessingRun to change it",fieldPath=`.spec.onPayloadChange`
 // +kubebuilder:validation:XValidation:rule="(has(self.spec.workers) ? self.spec.workers : 1) == (has(oldSelf.spec.workers) ? oldSelf.spec.workers : 1)",message="workers is immutable: the number of shards decides which shard owns each item, create a new ProcessingRun to change it",fieldPath=`.spec.workers`
 // +kubebuilder:validation:XValidation:rule=`has(self.spec.occurrence) == has(oldSelf.spec.occurrence) && (!has(self.spec.occurrence) || self.spec.occurrence == oldSelf.spec.occurrence)`,message="occurrence is immutable: create a new ProcessingRun for another occurrence",fieldPath=`.spec.occurrence`
 type ProcessingRun struct {
@@ -87,6 +88,19 @@ type ProcessingRunSpec struct {
 	// +optional
 	// +kubebuilder:default=Skip
 	OnExisting OnExistingPolicy `json:"onExisting,omitempty"`
+
+	// onPayloadChange says what to do with an item that is already handled
+	// (another run's committed row holds its key, onExisting: Skip) but whose
+	// payload differs from that row's: Report counts it in
+	// status.payloadChanged and as already handled; Fail counts it there and
+	// as failed instead (nothing is written either way). Payloads are
+	// compared as PostgreSQL compares jsonb values: key order, white space
+	// and the spelling of a number (1.0, 1, 1e0) do not matter; no payload
+	// and a JSON null are the same, and differ from any other value. A
+	// repeat of a key within the batch is not compared (its first copy is).
+	// +optional
+	// +kubebuilder:default=Report
+	OnPayloadChange OnPayloadChangePolicy `json:"onPayloadChange,omitempty"`
 
 	// workers is the number of shards, one worker pod each. Every item
 	// belongs to exactly one shard (a stable hash of its business key).
@@ -424,6 +438,19 @@ const (
 	OnExistingSupersede OnExistingPolicy = "Supersede"
 )
 
+// OnPayloadChangePolicy says what happens to an already handled item whose
+// payload differs from the committed row's.
+// +kubebuilder:validation:Enum=Report;Fail
+type OnPayloadChangePolicy string
+
+const (
+	// OnPayloadChangeReport counts the item in payloadChanged and as already
+	// handled.
+	OnPayloadChangeReport OnPayloadChangePolicy = "Report"
+	// OnPayloadChangeFail counts the item in payloadChanged and as failed.
+	OnPayloadChangeFail OnPayloadChangePolicy = "Fail"
+)
+
 // WorkerTemplate customises the worker pods of a run, with the fields of a
 // Job's pod template that clusters need. runledger's own labels, annotations,
 // environment variables and its /tmp volume cannot be overridden; the DSN
@@ -644,6 +671,13 @@ type ItemCounts struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Failed int64 `json:"failed"`
+	// payloadChanged is the number of items found already committed by
+	// another run whose payload differs from the committed row's (see
+	// spec.onPayloadChange): part of alreadyHandled, or of failed with
+	// onPayloadChange: Fail. Of a shard, from its worker's report.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	PayloadChanged int64 `json:"payloadChanged,omitempty"`
 }
 
 // Processed is how many items have an outcome.
@@ -655,6 +689,7 @@ func (c *ItemCounts) Add(o ItemCounts) {
 	c.Completed += o.Completed
 	c.AlreadyHandled += o.AlreadyHandled
 	c.Failed += o.Failed
+	c.PayloadChanged += o.PayloadChanged
 }
 
 // MaxEach is the field-wise maximum of c and o.
@@ -664,12 +699,13 @@ func (c ItemCounts) MaxEach(o ItemCounts) ItemCounts {
 		Completed:      max(c.Completed, o.Completed),
 		AlreadyHandled: max(c.AlreadyHandled, o.AlreadyHandled),
 		Failed:         max(c.Failed, o.Failed),
+		PayloadChanged: max(c.PayloadChanged, o.PayloadChanged),
 	}
 }
 
 // Negative reports whether any count is below zero.
 func (c ItemCounts) Negative() bool {
-	return c.Total < 0 || c.Completed < 0 || c.AlreadyHandled < 0 || c.Failed < 0
+	return c.Total < 0 || c.Completed < 0 || c.AlreadyHandled < 0 || c.Failed < 0 || c.PayloadChanged < 0
 }
 
 // ShardStatus is the state of one shard, written by the controller: index,

@@ -98,6 +98,8 @@ const (
 	MaxNodeLostAfterSeconds = 3600
 	// DefaultOnExisting is spec.onExisting when it is not set.
 	DefaultOnExisting = OnExistingSkip
+	// DefaultOnPayloadChange is spec.onPayloadChange when it is not set.
+	DefaultOnPayloadChange = OnPayloadChangeReport
 
 	// DefaultEffectSeconds, DefaultQuerySeconds, DefaultLockSeconds and
 	// DefaultNetworkSeconds are spec.timeouts' defaults: an effect per chunk
@@ -151,6 +153,12 @@ func (s *ProcessingRunSpec) BackoffLimitOrDefault() int32 {
 		return *s.BackoffLimit
 	}
 	return DefaultBackoffLimit
+}
+
+// PayloadChangePolicy is spec.onPayloadChange, or DefaultOnPayloadChange
+// when unset.
+func (s *ProcessingRunSpec) PayloadChangePolicy() OnPayloadChangePolicy {
+	return cmp.Or(s.OnPayloadChange, DefaultOnPayloadChange)
 }
 
 // NodeLostAfter is spec.nodeLostAfterSeconds, or

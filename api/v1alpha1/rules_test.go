@@ -117,6 +117,7 @@ func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
 	require.Equal(t, int64(v1alpha1.MaxNodeLostAfterSeconds), num(nodeLost.Maximum))
 	require.Equal(t, fmt.Sprint(v1alpha1.DefaultNodeLostAfterSeconds), def64(nodeLost))
 	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultOnExisting), def64(at("spec", "onExisting")))
+	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultOnPayloadChange), def64(at("spec", "onPayloadChange")))
 	proc := func(f string) apiextensionsv1.JSONSchemaProps { return at("spec", "effect", "processor", f) }
 	require.Equal(t, fmt.Sprint(v1alpha1.DefaultProcessorPort), def64(proc("port")))
 	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultProcessorPath), def64(proc("path")))

@@ -229,7 +229,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 			badInputs = badInputs || exitCode(r.Err) == v1alpha1.ExitBadInput
 		}
 		log.Info("shard finished", "shard", r.Shard, "state", shardState(r), "total", r.Total, "completed", r.Completed,
-			"alreadyHandled", r.AlreadyHandled, "failed", r.Failed, "elapsed", r.Elapsed.Round(time.Millisecond).String())
+			"alreadyHandled", r.AlreadyHandled, "failed", r.Failed, "payloadChanged", r.PayloadChanged, "elapsed", r.Elapsed.Round(time.Millisecond).String())
 	}
 	switch {
 	case badInputs: // e.g. the query failed when it ran, before any commit
@@ -279,6 +279,9 @@ func shardState(r worker.Report) string {
 func printSummary(w io.Writer, s *runSummary) {
 	fmt.Fprintf(w, "total %d, completed %d, already handled %d, failed %d (%s)\n",
 		s.Total, s.Completed, s.AlreadyHandled, s.Failed, s.Elapsed.Round(time.Millisecond))
+	if s.PayloadChanged > 0 {
+		fmt.Fprintf(w, "payload changed %d (already handled by another run, whose committed row has a different payload)\n", s.PayloadChanged)
+	}
 	if len(s.Failures) > 0 {
 		fmt.Fprintf(w, "failures (first %d of %d):\n", len(s.Failures), s.Failed)
 		for _, f := range s.Failures {

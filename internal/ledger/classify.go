@@ -367,6 +367,10 @@ const (
 	// ClassUnproven: a verdict the ledger could not prove with a committed
 	// row read back (a holder that vanished); not committed.
 	ClassUnproven = "unproven"
+	// ClassPayloadChanged: already handled by another run whose committed
+	// row has another payload, under spec.onPayloadChange: Fail; nothing
+	// was written.
+	ClassPayloadChanged = "payload-changed"
 	// ClassError: any other error (no SQLSTATE in it).
 	ClassError = "error"
 )

@@ -31,6 +31,11 @@ type ShardConfig struct {
 	Effect     string
 	Processor  ledger.Processor
 	OnExisting ledger.OnExisting
+	// FailOnPayloadChange (spec.onPayloadChange: Fail) counts an item
+	// already handled by another run whose payload differs from the
+	// committed row's as failed instead of already handled; either way it
+	// is counted in PayloadChanged and nothing is written.
+	FailOnPayloadChange bool
 	// Timeouts bound every statement of a chunk (Effect, Lock) and the
 	// batch query (Query, Lock); a zero one keeps the session's own, or the
 	// ledger's default where the session has none. Network is the pool's.
@@ -82,7 +87,9 @@ func (c ShardConfig) withDefaults() ShardConfig {
 //   - completed: committed by this run, now or by an earlier attempt of it
 //     (the ledger tells this run's rows apart by Run.UID);
 //   - alreadyHandled: committed by another run, or a repeat, within the
-//     batch, of a key counted once already;
+//     batch, of a key counted once already; payloadChanged counts those of
+//     the first kind whose payload differs from the committed row's (failed
+//     instead with cfg.FailOnPayloadChange);
 //   - failed: the item could not be committed (its error is kept), or the
 //     row could not become an item.
 //
@@ -239,6 +246,11 @@ func readChunk(ctx context.Context, st stream, size int) ([]entry, error) {
 	return chunk, nil
 }
 
+// ErrPayloadChanged is the failure of an item already handled by another
+// run whose payload differs from the committed row's, under
+// spec.onPayloadChange: Fail.
+var ErrPayloadChanged = errors.New("already handled by another run, whose committed row has a different payload (spec.onPayloadChange: Fail); nothing was written")
+
 // tally is one chunk's outcome, added to the report only once the chunk is
 // settled, so that a chunk abandoned mid-way counts nothing.
 type tally struct {
@@ -249,6 +261,7 @@ type tally struct {
 
 func (t *tally) completed()      { t.counts.Completed++ }
 func (t *tally) alreadyHandled() { t.counts.AlreadyHandled++ }
+
 func (t *tally) failed(f Failure) {
 	t.counts.Failed++
 	t.failures = append(t.failures, f)
@@ -331,14 +344,24 @@ type firstCopies struct {
 	// firstIdx maps an entry of the chunk to its first copy in firsts, or
 	// -1 (a bad entry, or a repeat of the previous chunk's last key).
 	firstIdx []int
-	// held are the first copies known committed, and by whom; unchecked
-	// are the keys the source did not check.
-	held      map[ledger.Key]ledger.Holder
-	unchecked []ledger.Key
+	// held are the first copies known committed, by whom and, for another
+	// run's row, whether the payload differs; unchecked are the items the
+	// source did not check. A key another run holds whose payload the
+	// lookup could not compare is not held: the claim compares it.
+	held      map[ledger.Key]ledger.Held
+	unchecked []ledger.Item
+}
+
+// hold records what a lookup found of a first copy's key.
+func (g *firstCopies) hold(k ledger.Key, h ledger.Held) {
+	if h.Holder == ledger.HolderNone || (h.Holder == ledger.HolderOtherRun && h.Payload == ledger.PayloadUnknown) {
+		return
+	}
+	g.held[k] = h
 }
 
 func groupFirstCopies(chunk []entry) firstCopies {
-	g := firstCopies{held: make(map[ledger.Key]ledger.Holder), firstIdx: make([]int, len(chunk))}
+	g := firstCopies{held: make(map[ledger.Key]ledger.Held), firstIdx: make([]int, len(chunk))}
 	last := -1
 	for i, e := range chunk {
 		g.firstIdx[i] = -1
@@ -348,11 +371,10 @@ func groupFirstCopies(chunk []entry) firstCopies {
 			last = len(g.firsts)
 			g.firsts = append(g.firsts, e.item)
 			g.firstIdx[i] = last
-			switch {
-			case !e.checked:
-				g.unchecked = append(g.unchecked, e.item.Key)
-			case e.holder != ledger.HolderNone:
-				g.held[e.item.Key] = e.holder
+			if e.checked {
+				g.hold(e.item.Key, ledger.Held{Holder: e.holder, Payload: e.payload})
+			} else {
+				g.unchecked = append(g.unchecked, e.item)
 			}
 		case last >= 0:
 			g.firstIdx[i] = last
@@ -366,7 +388,7 @@ func (g firstCopies) toCommit(onExisting ledger.OnExisting) []ledger.Item {
 	var out []ledger.Item
 	for _, it := range g.firsts {
 		h, ok := g.held[it.Key]
-		if !ok || (h == ledger.HolderOtherRun && onExisting == ledger.Supersede) {
+		if !ok || (h.Holder == ledger.HolderOtherRun && onExisting == ledger.Supersede) {
 			out = append(out, it)
 		}
 	}
@@ -380,9 +402,9 @@ func (s *shardRun) preload(ctx, work context.Context, g *firstCopies) error {
 		return nil
 	}
 	return s.cfg.Retry.Do(ctx, "preloading committed keys", s.onRetry("preload"), func(int) error {
-		h, err := s.store.Preload(work, s.cfg.Run.UID, g.unchecked)
+		h, err := s.store.PreloadItems(work, s.cfg.Run.UID, g.unchecked)
 		for k, v := range h {
-			g.held[k] = v
+			g.hold(k, v)
 		}
 		return err
 	})
@@ -445,15 +467,42 @@ func (s *shardRun) commit(ctx, work context.Context, items []ledger.Item) (map[l
 	return results, nil
 }
 
+// verdict is the outcome of a first copy.
+type verdict struct {
+	outcome        ledger.Outcome
+	payloadChanged bool     // already handled by another run, with another payload
+	failure        *Failure // outcome Failed
+}
+
+// verdictOf is the outcome of first copy it: from the commit, or from the
+// lookup that found its key held (it was not sent).
+func (s *shardRun) verdictOf(it ledger.Item, g firstCopies, results map[ledger.Key]ledger.Result) verdict {
+	var v verdict
+	r, committed := results[it.Key]
+	switch {
+	case !committed && g.held[it.Key].Holder == ledger.HolderSameRun:
+		v.outcome = ledger.Completed
+	case !committed:
+		v = verdict{outcome: ledger.AlreadyHandled, payloadChanged: g.held[it.Key].Payload == ledger.PayloadDiffers}
+	case r.Outcome == ledger.Failed:
+		v = verdict{outcome: ledger.Failed, failure: &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: errString(r.Err),
+			Class: ledger.FailureClass(r.Err), payload: it.Payload}}
+	default:
+		v = verdict{outcome: r.Outcome, payloadChanged: r.Outcome == ledger.AlreadyHandled && r.PayloadChanged}
+	}
+	if v.payloadChanged && s.cfg.FailOnPayloadChange {
+		v.outcome, v.failure = ledger.Failed, &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: ErrPayloadChanged.Error(),
+			Class: ledger.ClassPayloadChanged, payload: it.Payload}
+	}
+	return v
+}
+
 // tallyChunk counts the chunk's outcomes, in the chunk's order.
 func (s *shardRun) tallyChunk(chunk []entry, g firstCopies, results map[ledger.Key]ledger.Result) (tally, error) {
 	t := tally{carry: s.carry}
-	firstOutcome := make([]*Failure, len(g.firsts)) // nil: committed (by someone)
+	verdicts := make([]verdict, len(g.firsts))
 	for i, it := range g.firsts {
-		if r, ok := results[it.Key]; ok && r.Outcome == ledger.Failed {
-			firstOutcome[i] = &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: errString(r.Err),
-				Class: ledger.FailureClass(r.Err), payload: it.Payload}
-		}
+		verdicts[i] = s.verdictOf(it, g, results)
 	}
 	for i, e := range chunk {
 		switch {
@@ -467,23 +516,21 @@ func (s *shardRun) tallyChunk(chunk []entry, g firstCopies, results map[ledger.K
 			}
 			s.countRepeat(&t, e.item, t.carry.failed)
 		case e.repeat:
-			s.countRepeat(&t, e.item, firstOutcome[g.firstIdx[i]])
+			s.countRepeat(&t, e.item, verdicts[g.firstIdx[i]].failure)
 		default:
-			it := g.firsts[g.firstIdx[i]]
-			r, committed := results[it.Key]
-			switch {
-			case !committed && g.held[it.Key] == ledger.HolderSameRun:
+			v := verdicts[g.firstIdx[i]]
+			switch v.outcome {
+			case ledger.Completed:
 				t.completed()
-			case !committed:
-				t.alreadyHandled()
-			case r.Outcome == ledger.Completed:
-				t.completed()
-			case r.Outcome == ledger.AlreadyHandled:
+			case ledger.AlreadyHandled:
 				t.alreadyHandled()
 			default:
-				t.failed(*firstOutcome[g.firstIdx[i]])
+				t.failed(*v.failure)
 			}
-			t.carry = carried{ok: true, key: it.Key, failed: firstOutcome[g.firstIdx[i]]}
+			if v.payloadChanged {
+				t.counts.PayloadChanged++
+			}
+			t.carry = carried{ok: true, key: e.item.Key, failed: v.failure}
 		}
 	}
 	return t, nil
@@ -495,6 +542,7 @@ func (s *shardRun) settle(t tally) {
 	s.rep.Completed += t.counts.Completed
 	s.rep.AlreadyHandled += t.counts.AlreadyHandled
 	s.rep.Failed += t.counts.Failed
+	s.rep.PayloadChanged += t.counts.PayloadChanged
 	for _, f := range t.failures {
 		if len(s.rep.Failures) >= MaxFailures {
 			break

@@ -231,7 +231,7 @@ func (s *queryStream) fill(ctx context.Context) error {
 	buf := make([]entry, 0, len(page))
 	for _, r := range page {
 		en := s.rowEntry(r.Entity, r.Occurrence, r.Payload, r.Seq)
-		en.checked, en.holder = true, r.Holder
+		en.checked, en.holder, en.payload = true, r.Holder, r.PayloadMatch
 		buf = append(buf, en)
 	}
 	s.buf = buf

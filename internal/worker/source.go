@@ -52,6 +52,7 @@ type entry struct {
 	// holder is the answer (HolderNone: not committed when the source read it).
 	checked bool
 	holder  ledger.Holder
+	payload ledger.PayloadMatch // for HolderOtherRun
 }
 
 type stream interface {

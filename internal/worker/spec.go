@@ -24,11 +24,13 @@ type Plan struct {
 	// Processor is the run's processor (spec.effect.processor), called at
 	// ProcessorSpec.URL() unless the caller points it elsewhere
 	// (UseProcessorURL).
-	Processor      *HTTPProcessor
-	OnExisting     ledger.OnExisting
-	ChunkSize      int
-	MaxFailedItems int
-	Timeouts       v1alpha1.RunTimeouts
+	Processor  *HTTPProcessor
+	OnExisting ledger.OnExisting
+	// FailOnPayloadChange: spec.onPayloadChange is Fail.
+	FailOnPayloadChange bool
+	ChunkSize           int
+	MaxFailedItems      int
+	Timeouts            v1alpha1.RunTimeouts
 }
 
 // ShardConfig returns the configuration of one shard of the plan.
@@ -40,15 +42,16 @@ func (p *Plan) ShardConfig(shard, attempt int) ShardConfig {
 		proc = p.Processor
 	}
 	return ShardConfig{
-		Processor:      proc,
-		Run:            run,
-		Shards:         p.Shards,
-		Source:         p.Source,
-		Effect:         p.Effect,
-		OnExisting:     p.OnExisting,
-		ChunkSize:      p.ChunkSize,
-		MaxFailedItems: p.MaxFailedItems,
-		Timeouts:       p.Timeouts,
+		Processor:           proc,
+		Run:                 run,
+		Shards:              p.Shards,
+		Source:              p.Source,
+		Effect:              p.Effect,
+		OnExisting:          p.OnExisting,
+		FailOnPayloadChange: p.FailOnPayloadChange,
+		ChunkSize:           p.ChunkSize,
+		MaxFailedItems:      p.MaxFailedItems,
+		Timeouts:            p.Timeouts,
 	}
 }
 
@@ -76,11 +79,12 @@ var localRunSpace = uuid.MustParse("84c5fb6f-68c3-5321-8cb5-bddc4993e811")
 func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l Limits) (*Plan, error) {
 	spec := &run.Spec
 	p := &Plan{
-		Run:            ledger.Run{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID)},
-		Shards:         int(spec.ShardCount()),
-		ChunkSize:      int(spec.ChunkSizeOrDefault()),
-		MaxFailedItems: int(spec.MaxFailedItems),
-		Timeouts:       v1alpha1.TimeoutsOf(spec),
+		Run:                 ledger.Run{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID)},
+		Shards:              int(spec.ShardCount()),
+		ChunkSize:           int(spec.ChunkSizeOrDefault()),
+		MaxFailedItems:      int(spec.MaxFailedItems),
+		Timeouts:            v1alpha1.TimeoutsOf(spec),
+		FailOnPayloadChange: spec.PayloadChangePolicy() == v1alpha1.OnPayloadChangeFail,
 	}
 	if p.Run.Namespace == "" {
 		p.Run.Namespace = "default"

@@ -91,6 +91,7 @@ type summary struct {
 	Completed      int64 `json:"completed"`
 	AlreadyHandled int64 `json:"alreadyHandled"`
 	Failed         int64 `json:"failed"`
+	PayloadChanged int64 `json:"payloadChanged"`
 	Failures       []struct {
 		Entity     string `json:"entity"`
 		Occurrence string `json:"occurrence"`

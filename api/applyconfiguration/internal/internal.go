@@ -126,6 +126,8 @@ var schemaYAML = typed.YAMLObject(`types:
         namedType: com.github.runledger.runledger.api.v1alpha1.OccurrenceShift
 - name: com.github.runledger.runledger.api.v1alpha1.OnExistingPolicy
   scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.OnPayloadChangePolicy
+  scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.ProcessingRun
   map:
     fields:
@@ -184,6 +186,10 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         namedType: com.github.runledger.runledger.api.v1alpha1.OnExistingPolicy
       default: Skip
+    - name: onPayloadChange
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.OnPayloadChangePolicy
+      default: Report
     - name: suspend
       type:
         scalar: boolean
@@ -228,6 +234,9 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: numeric
     - name: observedGeneration
+      type:
+        scalar: numeric
+    - name: payloadChanged
       type:
         scalar: numeric
     - name: phase
@@ -491,6 +500,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: message
       type:
         scalar: string
+    - name: payloadChanged
+      type:
+        scalar: numeric
     - name: phase
       type:
         namedType: com.github.runledger.runledger.api.v1alpha1.ShardPhase

@@ -28,6 +28,11 @@ type ItemCountsApplyConfiguration struct {
 	// failed is the number of items that failed (each shard's message says
 	// why); of a shard, from its worker's report.
 	Failed *int64 `json:"failed,omitempty"`
+	// payloadChanged is the number of items found already committed by
+	// another run whose payload differs from the committed row's (see
+	// spec.onPayloadChange): part of alreadyHandled, or of failed with
+	// onPayloadChange: Fail. Of a shard, from its worker's report.
+	PayloadChanged *int64 `json:"payloadChanged,omitempty"`
 }
 
 // ItemCountsApplyConfiguration constructs a declarative configuration of the ItemCounts type for use with
@@ -65,5 +70,13 @@ func (b *ItemCountsApplyConfiguration) WithAlreadyHandled(value int64) *ItemCoun
 // If called multiple times, the Failed field is set to the value of the last call.
 func (b *ItemCountsApplyConfiguration) WithFailed(value int64) *ItemCountsApplyConfiguration {
 	b.Failed = &value
+	return b
+}
+
+// WithPayloadChanged sets the PayloadChanged field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the PayloadChanged field is set to the value of the last call.
+func (b *ItemCountsApplyConfiguration) WithPayloadChanged(value int64) *ItemCountsApplyConfiguration {
+	b.PayloadChanged = &value
 	return b
 }

@@ -32,6 +32,16 @@ type ProcessingRunSpecApplyConfiguration struct {
 	// committed in the ledger: Skip it (count it as already handled), or
 	// Supersede the committed row (deliberate reprocessing).
 	OnExisting *apiv1alpha1.OnExistingPolicy `json:"onExisting,omitempty"`
+	// onPayloadChange says what to do with an item that is already handled
+	// (another run's committed row holds its key, onExisting: Skip) but whose
+	// payload differs from that row's: Report counts it in
+	// status.payloadChanged and as already handled; Fail counts it there and
+	// as failed instead (nothing is written either way). Payloads are
+	// compared as PostgreSQL compares jsonb values: key order, white space
+	// and the spelling of a number (1.0, 1, 1e0) do not matter; no payload
+	// and a JSON null are the same, and differ from any other value. A
+	// repeat of a key within the batch is not compared (its first copy is).
+	OnPayloadChange *apiv1alpha1.OnPayloadChangePolicy `json:"onPayloadChange,omitempty"`
 	// workers is the number of shards, one worker pod each. Every item
 	// belongs to exactly one shard (a stable hash of its business key).
 	Workers *int32 `json:"workers,omitempty"`
@@ -119,6 +129,14 @@ func (b *ProcessingRunSpecApplyConfiguration) WithEffect(value *EffectSpecApplyC
 // If called multiple times, the OnExisting field is set to the value of the last call.
 func (b *ProcessingRunSpecApplyConfiguration) WithOnExisting(value apiv1alpha1.OnExistingPolicy) *ProcessingRunSpecApplyConfiguration {
 	b.OnExisting = &value
+	return b
+}
+
+// WithOnPayloadChange sets the OnPayloadChange field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the OnPayloadChange field is set to the value of the last call.
+func (b *ProcessingRunSpecApplyConfiguration) WithOnPayloadChange(value apiv1alpha1.OnPayloadChangePolicy) *ProcessingRunSpecApplyConfiguration {
+	b.OnPayloadChange = &value
 	return b
 }
 

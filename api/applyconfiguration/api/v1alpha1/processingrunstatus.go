@@ -95,6 +95,14 @@ func (b *ProcessingRunStatusApplyConfiguration) WithFailed(value int64) *Process
 	return b
 }
 
+// WithPayloadChanged sets the PayloadChanged field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the PayloadChanged field is set to the value of the last call.
+func (b *ProcessingRunStatusApplyConfiguration) WithPayloadChanged(value int64) *ProcessingRunStatusApplyConfiguration {
+	b.ItemCountsApplyConfiguration.PayloadChanged = &value
+	return b
+}
+
 // WithStartTime sets the StartTime field in the declarative configuration to the given value
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the StartTime field is set to the value of the last call.

@@ -134,6 +134,14 @@ func (b *ShardStatusApplyConfiguration) WithFailed(value int64) *ShardStatusAppl
 	return b
 }
 
+// WithPayloadChanged sets the PayloadChanged field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the PayloadChanged field is set to the value of the last call.
+func (b *ShardStatusApplyConfiguration) WithPayloadChanged(value int64) *ShardStatusApplyConfiguration {
+	b.ItemCountsApplyConfiguration.PayloadChanged = &value
+	return b
+}
+
 // WithMessage sets the Message field in the declarative configuration to the given value
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the Message field is set to the value of the last call.
