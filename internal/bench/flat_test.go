@@ -2,6 +2,9 @@ package bench
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,20 +29,23 @@ func sampleLedger(b *testing.B, dsn string, interval time.Duration) (stop func()
 		b.Fatal(err)
 	}
 	start := time.Now()
-	done := make(chan []ledgerSample, 1)
+	var samples []ledgerSample
+	sample := func(ctx context.Context) {
+		var rows int64
+		// The table may not exist until the first shard has migrated.
+		if err := pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM runledger.ledger`).Scan(&rows); err == nil {
+			samples = append(samples, ledgerSample{at: time.Since(start), rows: rows})
+		}
+	}
+	done := make(chan struct{})
 	go func() {
-		var samples []ledgerSample
+		defer close(done)
 		tick := time.NewTicker(interval)
 		defer tick.Stop()
 		for {
-			var rows int64
-			// The table may not exist until the first shard has migrated.
-			if err := pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM runledger.ledger`).Scan(&rows); err == nil {
-				samples = append(samples, ledgerSample{at: time.Since(start), rows: rows})
-			}
+			sample(ctx)
 			select {
 			case <-ctx.Done():
-				done <- samples
 				return
 			case <-tick.C:
 			}
@@ -47,20 +53,29 @@ func sampleLedger(b *testing.B, dsn string, interval time.Duration) (stop func()
 	}()
 	return func() []ledgerSample {
 		cancel()
-		s := <-done
+		<-done
+		sample(context.Background()) // the end, after the last commit
 		pool.Close()
-		return s
+		return samples
 	}
 }
 
 // flatness is the rate of the slowest fifth of a run's committed items over
 // the rate of its fastest fifth (1 is perfectly flat; a rate that decays as
-// the ledger grows, or steps when statistics catch up, shows well below).
-// The fifths are of the items after the first tenth, so that the start
-// (fixing the batch, the processes' first connections) is left out; the
-// moment a mark is reached is interpolated between two samples. It returns
-// 0 when the run did not finish or its samples are too few to tell.
-func flatness(samples []ledgerSample, total int64) float64 {
+// the ledger grows, or steps when statistics catch up, shows well below); 0
+// when the fifths are unknown.
+func flatness(rates []float64) float64 {
+	if rates == nil {
+		return 0
+	}
+	return slices.Min(rates) / slices.Max(rates)
+}
+
+// fifths is the items/s of each fifth of a run's items after the first tenth,
+// so that the start (fixing the batch, the processes' first connections) is
+// left out; the moment a mark is reached is interpolated between two
+// samples. It is nil when the run did not finish or its samples are too few.
+func fifths(samples []ledgerSample, total int64) []float64 {
 	const parts = 5
 	var reached [parts + 1]float64
 	k := 0
@@ -81,22 +96,17 @@ func flatness(samples []ledgerSample, total int64) float64 {
 		}
 	}
 	if k <= parts || len(samples) < 4*parts {
-		return 0
+		return nil
 	}
-	slowest, fastest := 0.0, 0.0
-	for i := 1; i <= parts; i++ {
-		d := reached[i] - reached[i-1]
+	rates := make([]float64, parts)
+	for i := range rates {
+		d := reached[i+1] - reached[i]
 		if d <= 0 {
-			return 0
+			return nil
 		}
-		if i == 1 || d > slowest {
-			slowest = d
-		}
-		if i == 1 || d < fastest {
-			fastest = d
-		}
+		rates[i] = float64(total) * 9 / 10 / parts / d
 	}
-	return fastest / slowest
+	return rates
 }
 
 func TestFlatness(t *testing.T) {
@@ -130,9 +140,21 @@ func TestFlatness(t *testing.T) {
 		{"too few samples", at(0, 50, 100), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := flatness(tc.samples, 100); got < tc.want-0.01 || got > tc.want+0.01 {
+			if got := flatness(fifths(tc.samples, 100)); got < tc.want-0.01 || got > tc.want+0.01 {
 				t.Fatalf("flatness = %.3f, want %.3f", got, tc.want)
 			}
 		})
 	}
+}
+
+// perSecond shows rates as "12.1k 11.8k ..." (or "-" when unknown).
+func perSecond(rates []float64) string {
+	if rates == nil {
+		return "-"
+	}
+	out := make([]string, len(rates))
+	for i, r := range rates {
+		out[i] = fmt.Sprintf("%.1fk", r/1000)
+	}
+	return strings.Join(out, " ")
 }

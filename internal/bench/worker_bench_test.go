@@ -38,10 +38,10 @@ const (
 // workerRun is one `runledger run` of every shard, each in its own process,
 // started together.
 type workerRun struct {
-	rate    float64  // items per second, wall clock of the slowest shard
-	peakRSS []int64  // bytes, per shard
-	counts  [4]int64 // total, completed, alreadyHandled, failed
-	flat    float64  // slowest fifth's rate over the fastest's (flatness), on a fresh ledger
+	rate    float64   // items per second, wall clock of the slowest shard
+	peakRSS []int64   // bytes, per shard
+	counts  [4]int64  // total, completed, alreadyHandled, failed
+	fifths  []float64 // items/s of each fifth of the items after the first tenth (fifths), on a fresh ledger
 }
 
 // BenchmarkWorker runs `runledger run` end to end (the real binary, one
@@ -202,7 +202,7 @@ spec:
 		r.counts[3] += out.Failed
 	}
 	r.rate = float64(r.counts[0]) / elapsed.Seconds()
-	r.flat = flatness(samples, r.counts[1])
+	r.fifths = fifths(samples, r.counts[1])
 	if os.Getenv("RUNLEDGER_BENCH_DEBUG") != "" {
 		b.Logf("%s: %s\n%s", name, elapsed, errs[0])
 	}
