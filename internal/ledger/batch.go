@@ -72,7 +72,7 @@ func (q BatchQuery) shardOf() func(entity, occurrence string) string {
 // prepares the statement that would materialise it for shards shards
 // (payload is taken when there is such a column). An error of the query
 // itself is PostgreSQL's (see RefusedStatement).
-func (s *Store) DescribeBatchQuery(ctx context.Context, query string, shards int, occurrence string) ([]string, error) {
+func (s *Store) DescribeBatchQuery(ctx context.Context, query string, shards int, occurrence string) ([]QueryColumn, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquiring a connection to describe the batch query: %w", err)
@@ -90,10 +90,10 @@ func (s *Store) DescribeBatchQuery(ctx context.Context, query string, shards int
 	if err != nil {
 		return nil, err
 	}
-	names := make([]string, 0, len(desc.Fields))
+	names := make([]QueryColumn, 0, len(desc.Fields))
 	cols := map[string]bool{}
 	for _, f := range desc.Fields {
-		names = append(names, f.Name)
+		names = append(names, QueryColumn{Name: f.Name, TypeOID: f.DataTypeOID})
 		cols[f.Name] = true
 	}
 	if !cols["entity"] || !cols["occurrence"] {
@@ -107,6 +107,22 @@ func (s *Store) DescribeBatchQuery(ctx context.Context, query string, shards int
 	}
 	return names, nil
 }
+
+// QueryColumn is a column of a batch query, as PostgreSQL describes it.
+type QueryColumn struct {
+	Name    string
+	TypeOID uint32
+}
+
+// The types whose text is the session's TimeZone's (timestamptz, timetz,
+// and their arrays): a key part of one of them would be another key in a
+// session with another TimeZone, which the batch cannot fix without
+// changing what the query means (sqlKeyFormats fixes the others).
+var zonedTypes = map[uint32]string{1184: "timestamp with time zone", 1185: "timestamp with time zone[]", 1266: "time with time zone", 1270: "time with time zone[]"}
+
+// PrintsInTimeZone names the column's type when its text depends on the
+// session's TimeZone ("" otherwise).
+func (c QueryColumn) PrintsInTimeZone() string { return zonedTypes[c.TypeOID] }
 
 // BatchRow is one row of a materialised batch. Seq is its row number in the
 // query's output. A key part is nil when the query returned NULL for it;

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -189,4 +190,40 @@ END $f$`)
 			require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.batch_run`), "no batch")
 		}
 	})
+}
+
+// TestFixQueryBatch_KeysDoNotFollowTheSessionsFormats: a query's key
+// columns become text in the batch; that text must not depend on the
+// session's output settings, or two values become one key (float8 under
+// extra_float_digits = 0: 0.3 and 0.1 + 0.2 both '0.3', the second then
+// "already handled") and the same value becomes another key in a session
+// set otherwise (a date under DateStyle 'SQL, DMY', an interval under
+// IntervalStyle 'sql_standard'), processed again by the next run. On the
+// old code the batch held what the session's settings printed.
+func TestFixQueryBatch_KeysDoNotFollowTheSessionsFormats(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	mustExec(t, owner, `CREATE TABLE typed (f float8, d date, i interval);
+INSERT INTO typed VALUES (0.3, '2024-06-01', '1 day 2 hours'), (0.1::float8 + 0.2::float8, '2024-06-01', '1 day 2 hours')`)
+	odd := poolWith(t, owner, map[string]string{"options": "'-c extra_float_digits=0 -c DateStyle=SQL,DMY -c IntervalStyle=sql_standard'"})
+	require.Equal(t, "0.3", scalar[string](t, odd, `SELECT (0.1::float8 + 0.2::float8)::text`), "the session prints floats rounded")
+	s := ledger.NewStore(odd)
+	for _, tt := range []struct{ uid, sql string }{
+		{"floats", `SELECT f AS entity, 'o' AS occurrence FROM typed`},
+		{"dates", `SELECT d AS entity, i AS occurrence FROM typed LIMIT 1`},
+	} {
+		q := ledger.BatchQuery{SQL: tt.sql, Shards: 1}
+		_, err := s.FixQueryBatch(context.Background(), runNamed(tt.uid), q)
+		require.NoError(t, err, tt.uid)
+	}
+	keys := func(uid string) []string {
+		rows, err := owner.Query(context.Background(), `SELECT e || '/' || o FROM runledger.batch AS b JOIN runledger.batch_run AS r ON r.id = b.batch_id,
+    unnest(b.entities, b.occurrences) AS u(e, o) WHERE r.run_uid = $1 ORDER BY 1`, uid)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	require.Equal(t, []string{"0.3/o", "0.30000000000000004/o"}, keys("floats"), "two values, two keys")
+	require.Equal(t, []string{"2024-06-01/1 day 02:00:00"}, keys("dates"), "the text of a session with the server's defaults")
 }

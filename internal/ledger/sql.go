@@ -638,8 +638,18 @@ SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone), (
 // and the ledger's search_path for its own statements before the query
 // (sqlUserSearchPath gives the query the session's).
 func sqlBeforeBatchQuery(bounds string) string {
-	return sqlBatchWorkMem + `; ` + bounds + `; ` + sqlPinnedSearchPath
+	return sqlBatchWorkMem + `; ` + bounds + `; ` + sqlKeyFormats + `; ` + sqlPinnedSearchPath
 }
+
+// sqlKeyFormats fixes, for the query's transaction, the settings that decide
+// how a value prints as text, which its key parts become in the batch: under
+// the session's own, two values could print as one key (float8 under
+// extra_float_digits = 0) and one value as another key in another session
+// (a date under DateStyle SQL, an interval, a bytea). Output only: the
+// query reads its input as the session does (DateStyle's field order is
+// left as it is); TimeZone, which changes what the query means, is the
+// session's (a timestamptz key is refused: QuerySource.Check).
+const sqlKeyFormats = `SET LOCAL extra_float_digits = 1; SET LOCAL DateStyle = 'ISO'; SET LOCAL IntervalStyle = 'postgres'; SET LOCAL bytea_output = 'hex'`
 
 // sqlUserSearchPath gives the user's SQL the session's own search_path, so
 // that its names resolve as its author wrote them.

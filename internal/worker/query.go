@@ -75,20 +75,25 @@ func (q *QuerySource) Check(ctx context.Context, store *ledger.Store) error {
 	if q.sql == "" {
 		return &InputError{Where: "batch.query", Msg: "is empty"}
 	}
-	names, err := store.DescribeBatchQuery(ctx, q.sql, 2, q.occurrence)
+	columns, err := store.DescribeBatchQuery(ctx, q.sql, 2, q.occurrence)
 	if err != nil {
 		return queryError("batch.query", err)
 	}
-	cols := map[string]bool{}
-	for _, n := range names {
-		cols[n] = true
+	cols := map[string]ledger.QueryColumn{}
+	names := make([]string, len(columns))
+	for i, c := range columns {
+		cols[c.Name], names[i] = c, c.Name
 	}
 	for _, want := range []string{"entity", "occurrence"} {
-		if !cols[want] {
+		c, ok := cols[want]
+		if !ok {
 			return &InputError{Where: "batch.query", Msg: fmt.Sprintf("returns no column %q: it must return entity, occurrence and optionally payload (it returns %s)", want, strings.Join(names, ", "))}
 		}
+		if zoned := c.PrintsInTimeZone(); zoned != "" {
+			return &InputError{Where: "batch.query", Msg: fmt.Sprintf("returns %s as a %s, whose text follows the session's TimeZone: one instant would be another key in a session with another TimeZone; return it as text in the query (say to_char(x AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'))", want, zoned)}
+		}
 	}
-	q.hasPayload = cols["payload"]
+	_, q.hasPayload = cols["payload"]
 	return nil
 }
 

@@ -88,7 +88,7 @@ func TestQuerySourceReadsOnlyItsShard(t *testing.T) {
 func TestQuerySourceCheck(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	mustExec(t, f.pool, `CREATE TABLE src (account text, period text)`)
+	mustExec(t, f.pool, `CREATE TABLE src (account text, period text); CREATE DOMAIN zoned AS timestamptz`)
 	tests := []struct{ query, want string }{
 		{`SELECT account AS entity FROM src`, `batch.query returns no column "occurrence": it must return entity, occurrence and optionally payload (it returns entity)`},
 		{`SELECT account, period FROM src`, `batch.query returns no column "entity"`},
@@ -97,6 +97,12 @@ func TestQuerySourceCheck(t *testing.T) {
 		{`SELECT 1 AS entity, 2 AS occurrence; DROP TABLE src`, `syntax error`},
 		{`  ;  `, `batch.query is empty`},
 		{`UPDATE src SET period = 'x' RETURNING account AS entity, period AS occurrence`, `batch.query is rejected by PostgreSQL: syntax error`},
+		// The text of a timestamptz follows the session's TimeZone: the same
+		// instant would be another key in another session.
+		{`SELECT account AS entity, now() AS occurrence FROM src`, `batch.query returns occurrence as a timestamp with time zone, whose text follows the session's TimeZone`},
+		{`SELECT ARRAY[now()] AS entity, period AS occurrence FROM src`, `batch.query returns entity as a timestamp with time zone[]`},
+		{`SELECT account AS entity, current_time AS occurrence FROM src`, `batch.query returns occurrence as a time with time zone`},
+		{`SELECT account AS entity, now()::zoned AS occurrence FROM src`, `batch.query returns occurrence as a timestamp with time zone`},
 	}
 	for _, tt := range tests {
 		err := worker.NewQuerySource(tt.query).Check(context.Background(), f.store)
@@ -104,6 +110,8 @@ func TestQuerySourceCheck(t *testing.T) {
 		require.True(t, worker.IsInputError(err), "bad input: %v", err)
 		require.Contains(t, err.Error(), tt.want, "query %q", tt.query)
 	}
+	// A timestamp made text in the query is the user's choice of key.
+	require.NoError(t, worker.NewQuerySource(`SELECT account AS entity, to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM') AS occurrence FROM src`).Check(context.Background(), f.store))
 	// A comment at the end of the query does not swallow the wrapper.
 	require.NoError(t, worker.NewQuerySource("SELECT account AS entity, period AS occurrence FROM src -- all of them\n;").Check(context.Background(), f.store))
 }
