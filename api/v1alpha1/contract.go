@@ -165,6 +165,10 @@ const (
 	// its lock); every other batch was pruned, and the rest of the command
 	// ran. Nothing is wrong: prune again once those runs are over.
 	ExitRunsInFlight = 4
+	// ExitNotFound (runledger items and runledger key, never a worker): the
+	// ledger database has no run of that name, or knows nothing of that key
+	// (no ledger row, no failure record).
+	ExitNotFound = 5
 )
 
 // ShardBusyMessage starts the worker's status message (and final report's

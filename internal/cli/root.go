@@ -44,6 +44,8 @@ func NewRootCommand() *cobra.Command {
 		newWorkerCommand(),
 		newRunCommand(),
 		newPruneCommand(),
+		newItemsCommand(),
+		newKeyCommand(),
 		newScheduleCommand(),
 	)
 	return root
@@ -66,7 +68,8 @@ func addDatabaseFlags(cmd *cobra.Command, what string) {
 }
 
 // openOwnerPool opens a small pool on the database the flags name, for the
-// owner's one-shot commands (migrate, prune), with the masker of its DSN.
+// one-shot commands (the owner's migrate and prune; items and key, which
+// only read), with the masker of its DSN.
 func openOwnerPool(cmd *cobra.Command) (*pgxpool.Pool, *redact.Redactor, error) {
 	dsn, err := databaseURL(cmd)
 	if err != nil {

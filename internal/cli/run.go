@@ -55,8 +55,8 @@ Progress goes to stderr (a live line on a terminal, a line every
 
 (failures lists the first 100, class being the error's SQLSTATE or
 runledger's class of it; "interrupted" and "error" are added when they
-apply). Every failed item is also recorded in the ledger database
-(runledger.item_failure). Exit status: 0 when failed <= spec.maxFailedItems, 1 otherwise (or when
+apply). Every failed item is also recorded in the ledger database:
+runledger items NAME -n NAMESPACE --failed lists them all. Exit status: 0 when failed <= spec.maxFailedItems, 1 otherwise (or when
 the run could not finish: interrupted, database unreachable after retries),
 2 for bad input or configuration (nothing is committed then).`
 

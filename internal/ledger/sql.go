@@ -881,3 +881,63 @@ const failureRecordColumns = `run_namespace, run_name, shard, attempt, pass, chu
 // sqlRunHasFailures: does run $1 have a failure record (of any pass)? A
 // shard that starts asks once: only then do its chunks forget records.
 const sqlRunHasFailures = `SELECT EXISTS (SELECT FROM ` + Schema + `.item_failure WHERE run_uid = $1)`
+
+// The ledger's readers for `runledger items` and `runledger key`
+// (verdicts.go), each run in a read-only transaction.
+const (
+	// sqlFindRuns: the runs named $1/$2, the latest first.
+	sqlFindRuns = `
+SELECT run_uid, run_namespace, run_name, source, shards, items, created_at, pruned_at
+FROM ` + Schema + `.batch_run WHERE run_namespace = $1 AND run_name = $2
+ORDER BY created_at DESC, run_uid`
+
+	// sqlRunCompleted: run $1's rows (ledger_run_uid_idx), committed or
+	// superseded since.
+	sqlRunCompleted = `
+SELECT entity, occurrence, shard, attempt, created_at, state
+FROM ` + Schema + `.ledger WHERE run_uid = $1
+ORDER BY entity COLLATE "C", occurrence COLLATE "C"`
+
+	// sqlRunFailed: run $1's failure records (their primary key).
+	sqlRunFailed = `
+SELECT entity, occurrence, shard, attempt, failed_at, items, class, error, payload_digest
+FROM ` + Schema + `.item_failure WHERE run_uid = $1
+ORDER BY entity COLLATE "C", occurrence COLLATE "C"`
+
+	// sqlRunAlreadyHandled: the distinct keys of run $1's kept batch whose
+	// committed row another run wrote (one probe of the rule's index each).
+	sqlRunAlreadyHandled = `
+SELECT k.entity, k.occurrence, l.run_namespace, l.run_name, l.run_uid, l.shard, l.attempt, l.created_at
+FROM (
+    SELECT DISTINCT i.entity, i.occurrence
+    FROM ` + Schema + `.batch_run AS h
+    JOIN ` + Schema + `.batch AS b ON b.batch_id = h.id
+    CROSS JOIN LATERAL unnest(b.entities, b.occurrences) AS i(entity, occurrence)
+    WHERE h.run_uid = $1 AND i.entity IS NOT NULL AND i.occurrence IS NOT NULL
+) AS k
+JOIN LATERAL (
+    SELECT l.run_namespace, l.run_name, l.run_uid, l.shard, l.attempt, l.created_at
+    FROM ` + Schema + `.ledger AS l
+    WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
+    LIMIT 1
+) AS l ON l.run_uid <> $1
+ORDER BY k.entity COLLATE "C", k.occurrence COLLATE "C"`
+
+	// sqlKeyRows: key ($1, $2)'s ledger rows, its committed one first, then
+	// its superseded ones (a scan: no index covers them), newest first.
+	sqlKeyRows = `
+SELECT run_namespace, run_name, run_uid, shard, attempt, state, created_at, superseded_at
+FROM ` + Schema + `.ledger WHERE entity = $1 AND occurrence = $2
+ORDER BY state = 'committed' DESC, created_at DESC, id DESC`
+
+	// sqlKeyRetired: the runs whose row of key ($1, $2) was superseded,
+	// kept when the row is pruned (a scan of ledger_retired).
+	sqlKeyRetired = `
+SELECT run_uid FROM ` + Schema + `.ledger_retired WHERE entity = $1 AND occurrence = $2 ORDER BY run_uid`
+
+	// sqlKeyFailures: key ($1, $2)'s failure records (item_failure_key_idx).
+	sqlKeyFailures = `
+SELECT run_namespace, run_name, run_uid, shard, attempt, items, class, error, failed_at
+FROM ` + Schema + `.item_failure WHERE occurrence = $2 AND entity = $1
+ORDER BY failed_at DESC, run_uid`
+)

@@ -1,0 +1,221 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// RunRecord is a run as the ledger database knows it: its batch's header
+// (runledger.batch_run), which the first shard of every run writes.
+type RunRecord struct {
+	UID, Namespace, Name string
+	// Source is BatchSourceQuery (its rows are kept in runledger.batch
+	// until pruned) or BatchSourceStatic (inline items or a ConfigMap: only
+	// a digest is kept).
+	Source  string
+	Shards  int
+	Items   int64
+	Created time.Time
+	Pruned  *time.Time
+}
+
+// FindRuns returns the runs named namespace/name, the latest first (a run
+// deleted and created again under its name is another run, of another uid).
+func (s *Store) FindRuns(ctx context.Context, namespace, name string) ([]RunRecord, error) {
+	rows, err := s.pool.Query(ctx, sqlFindRuns, namespace, name)
+	if err != nil {
+		return nil, fmt.Errorf("looking up run %s/%s: %w", namespace, name, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RunRecord, error) {
+		var r RunRecord
+		err := row.Scan(&r.UID, &r.Namespace, &r.Name, &r.Source, &r.Shards, &r.Items, &r.Created, &r.Pruned)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("looking up run %s/%s: %w", namespace, name, err)
+	}
+	return out, nil
+}
+
+// RunRef names the run that wrote a ledger row.
+type RunRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+}
+
+// ItemVerdict is one item of a run and its current verdict there.
+type ItemVerdict struct {
+	Key
+	Outcome Outcome
+	// Completed: the run's row (Holder is the run itself); AlreadyHandled:
+	// the committed row of the run that holds the key.
+	Holder  RunRef
+	Shard   int
+	Attempt int
+	// At: when the row was committed, or the item failed.
+	At time.Time
+	// State of a completed item's row: committed, or superseded since (by
+	// a later run that reprocessed the key).
+	State string
+	// A failed item's record: the copies of the key counted failed, the
+	// class and error, the payload's digest.
+	Copies        int
+	Class, Error  string
+	PayloadDigest *string
+}
+
+// ErrBatchNotKept: the run's batch was inline items or a ConfigMap, whose
+// items the ledger database does not keep (only their digest): which of them
+// another run held cannot be read from it.
+var ErrBatchNotKept = errors.New("the run's batch (inline items or a ConfigMap) is not kept in the ledger database, only its digest")
+
+// ErrBatchPruned: runledger prune deleted the run's batch.
+var ErrBatchPruned = errors.New("the run's batch was pruned (runledger prune)")
+
+// RunItems calls fn with run's items of the outcomes asked, in key order,
+// each outcome in turn (Completed, Failed, AlreadyHandled): a completed item
+// is a ledger row of the run, a failed one its failure record, an already
+// handled one a key of its batch whose committed row another run wrote
+// (listed once however often the batch repeats it). AlreadyHandled needs the
+// batch kept in the database (a query source's, until pruned): otherwise
+// ErrBatchNotKept or ErrBatchPruned, after the other outcomes.
+func (s *Store) RunItems(ctx context.Context, run RunRecord, outcomes []Outcome, fn func(ItemVerdict) error) error {
+	for _, o := range outcomes {
+		var err error
+		switch o {
+		case Completed:
+			err = s.eachItem(ctx, sqlRunCompleted, run.UID, func(row pgx.Rows, v *ItemVerdict) error {
+				v.Outcome, v.Holder = Completed, RunRef{Namespace: run.Namespace, Name: run.Name, UID: run.UID}
+				return row.Scan(&v.Entity, &v.Occurrence, &v.Shard, &v.Attempt, &v.At, &v.State)
+			}, fn)
+		case Failed:
+			err = s.eachItem(ctx, sqlRunFailed, run.UID, func(row pgx.Rows, v *ItemVerdict) error {
+				v.Outcome = Failed
+				return row.Scan(&v.Entity, &v.Occurrence, &v.Shard, &v.Attempt, &v.At, &v.Copies, &v.Class, &v.Error, &v.PayloadDigest)
+			}, fn)
+		case AlreadyHandled:
+			switch {
+			case run.Source != BatchSourceQuery:
+				return ErrBatchNotKept
+			case run.Pruned != nil:
+				return ErrBatchPruned
+			}
+			err = s.eachItem(ctx, sqlRunAlreadyHandled, run.UID, func(row pgx.Rows, v *ItemVerdict) error {
+				v.Outcome = AlreadyHandled
+				return row.Scan(&v.Entity, &v.Occurrence, &v.Holder.Namespace, &v.Holder.Name, &v.Holder.UID, &v.Shard, &v.Attempt, &v.At)
+			}, fn)
+		default:
+			return fmt.Errorf("listing items: no such outcome %s", o)
+		}
+		if err != nil {
+			return fmt.Errorf("listing the %s items of run %s/%s (%s): %w", o, run.Namespace, run.Name, run.UID, err)
+		}
+	}
+	return nil
+}
+
+// eachItem runs q for uid in a read-only transaction under the Store's
+// bounds and calls fn with each row scanned by scan.
+func (s *Store) eachItem(ctx context.Context, q, uid string, scan func(pgx.Rows, *ItemVerdict) error, fn func(ItemVerdict) error) error {
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.sqlReadBounds()); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, q, uid)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var v ItemVerdict
+			if err := scan(rows, &v); err != nil {
+				return err
+			}
+			if err := fn(v); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+}
+
+// KeyRow is a ledger row of a key: the committed one, or a superseded one
+// (history).
+type KeyRow struct {
+	Run        RunRef     `json:"run"`
+	Shard      int        `json:"shard"`
+	Attempt    int        `json:"attempt"`
+	State      string     `json:"state"`
+	Committed  time.Time  `json:"committedAt"`
+	Superseded *time.Time `json:"supersededAt,omitempty"`
+}
+
+// KeyFailure is a run's failure record of a key.
+type KeyFailure struct {
+	Run     RunRef    `json:"run"`
+	Shard   int       `json:"shard"`
+	Attempt int       `json:"attempt"`
+	Copies  int       `json:"copies"`
+	Class   string    `json:"class"`
+	Error   string    `json:"error"`
+	At      time.Time `json:"failedAt"`
+}
+
+// KeyHistory is what the ledger database knows of a key.
+type KeyHistory struct {
+	// Rows: its committed row (at most one: the rule) and its superseded
+	// rows (not yet pruned), newest first.
+	Rows []KeyRow
+	// Retired: the runs that committed the key and had their row
+	// superseded (runledger.ledger_retired; kept when the row is pruned).
+	Retired []string
+	// Failures: the runs in which the key's item is failed now.
+	Failures []KeyFailure
+}
+
+// Key returns the history of key. Its superseded rows and retired runs are
+// read by a scan (no index covers them by key: the insert path keeps its
+// one index), bounded by the Store's statement timeout.
+func (s *Store) Key(ctx context.Context, key Key) (KeyHistory, error) {
+	var h KeyHistory
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.sqlReadBounds()); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlKeyRows, key.Entity, key.Occurrence)
+		if err != nil {
+			return err
+		}
+		if h.Rows, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (KeyRow, error) {
+			var r KeyRow
+			err := row.Scan(&r.Run.Namespace, &r.Run.Name, &r.Run.UID, &r.Shard, &r.Attempt, &r.State, &r.Committed, &r.Superseded)
+			return r, err
+		}); err != nil {
+			return err
+		}
+		if rows, err = tx.Query(ctx, sqlKeyRetired, key.Entity, key.Occurrence); err != nil {
+			return err
+		}
+		if h.Retired, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return err
+		}
+		if rows, err = tx.Query(ctx, sqlKeyFailures, key.Entity, key.Occurrence); err != nil {
+			return err
+		}
+		h.Failures, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (KeyFailure, error) {
+			var f KeyFailure
+			err := row.Scan(&f.Run.Namespace, &f.Run.Name, &f.Run.UID, &f.Shard, &f.Attempt, &f.Copies, &f.Class, &f.Error, &f.At)
+			return f, err
+		})
+		return err
+	})
+	if err != nil {
+		return h, fmt.Errorf("reading the history of key %s: %w", key, err)
+	}
+	return h, nil
+}
