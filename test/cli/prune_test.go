@@ -128,7 +128,7 @@ JOIN runledger.batch_run AS h ON h.id = b.batch_id WHERE h.run_uid = $1`, uid).S
 	r := runCLI(t, "", "prune", "--older-than", "24h", "--dsn", d.dsn)
 	require.Equal(t, v1alpha1.ExitRunsInFlight, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 	require.Equal(t, 4, r.code, "the code is part of the CLI's contract")
-	require.Contains(t, r.stdout, "batches pruned: 1 (10 rows deleted)")
+	require.Contains(t, r.stdout, "batches pruned: 1 (10 rows deleted, 0 failure records)")
 	require.Contains(t, r.stderr, "1 runs in flight left unpruned")
 	require.Contains(t, r.stderr, "ns/busy (uid-busy)")
 	require.Zero(t, left("uid-over"), "the run that is over is pruned")
@@ -140,6 +140,6 @@ JOIN runledger.batch_run AS h ON h.id = b.batch_id WHERE h.run_uid = $1`, uid).S
 	lock.Release()
 	r = runCLI(t, "", "prune", "--older-than", "24h", "--dsn", d.dsn)
 	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
-	require.Contains(t, r.stdout, "batches pruned: 1 (10 rows deleted)")
+	require.Contains(t, r.stdout, "batches pruned: 1 (10 rows deleted, 0 failure records)")
 	require.Zero(t, left("uid-busy"))
 }
