@@ -42,7 +42,8 @@ const (
 // this process on loopback; the default maxItemsPerCall, 100, so its chunks
 // are of 100 items), and prints each one's items/s and its ratio to the run
 // without an effect measured in the same process. Each figure is the best
-// of two runs; its flatness (flatness()) is the worst of the two. Targets:
+// of two runs; its flatness (flatness(), while every shard's process runs)
+// is the worst of the two. Targets:
 // trivial >= 0.8x, inserting >= 0.5x, flatness >= 0.6 for each
 // (docs/insert-path.md gives the processor's and what bounds it).
 func BenchmarkWorkerEffects(b *testing.B) {
@@ -90,7 +91,7 @@ func BenchmarkWorkerEffects(b *testing.B) {
 	for i, v := range variants {
 		fmt.Fprintf(w, "%s\t%.0f/s\t%.2fx\t%.2f\t%s\t\n", v.name, rates[i], rates[i]/rates[0], flat[i], perSecond(shape[i]))
 	}
-	fmt.Fprintln(w, "flatness: the slowest fifth of the items after the first tenth over the fastest fifth, worst of the runs (1 is flat)")
+	fmt.Fprintln(w, "flatness: the slowest fifth of the items after the first tenth, until a shard ends, over the fastest fifth; worst of the runs (1 is flat)")
 	fmt.Fprintln(w, "targets: trivial SQL >= 0.80x; inserting SQL >= 0.50x; flatness >= 0.60 (docs/insert-path.md)")
 	_ = w.Flush()
 }

@@ -20,15 +20,14 @@ type ledgerSample struct {
 
 // sampleLedger reads the ledger's highest id every interval (an index-only
 // lookup, so cheap whatever the ledger's size) until the returned stop is
-// called, which returns the samples.
-func sampleLedger(b *testing.B, dsn string, interval time.Duration) (stop func() []ledgerSample) {
+// called, which returns the samples, timed from start.
+func sampleLedger(b *testing.B, dsn string, start time.Time, interval time.Duration) (stop func() []ledgerSample) {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		b.Fatal(err)
 	}
-	start := time.Now()
 	var samples []ledgerSample
 	sample := func(ctx context.Context) {
 		var rows int64
@@ -69,6 +68,21 @@ func flatness(rates []float64) float64 {
 		return 0
 	}
 	return slices.Min(rates) / slices.Max(rates)
+}
+
+// whileAllRan is the samples taken before the first shard's process exited
+// (at firstExit): after it fewer shards commit, so the run's rate falls for a
+// reason that is not the insert path's; and the rows they reach, the total
+// for fifths.
+func whileAllRan(samples []ledgerSample, firstExit time.Duration) ([]ledgerSample, int64) {
+	n := 0
+	for n < len(samples) && samples[n].at <= firstExit {
+		n++
+	}
+	if n == 0 {
+		return nil, 0
+	}
+	return samples[:n], samples[n-1].rows
 }
 
 // fifths is the items/s of each fifth of a run's items after the first tenth,
@@ -157,4 +171,15 @@ func perSecond(rates []float64) string {
 		out[i] = fmt.Sprintf("%.1fk", r/1000)
 	}
 	return strings.Join(out, " ")
+}
+
+func TestWhileAllRan(t *testing.T) {
+	s := []ledgerSample{{at: 0, rows: 0}, {at: time.Second, rows: 10}, {at: 2 * time.Second, rows: 20}, {at: 3 * time.Second, rows: 25}}
+	got, rows := whileAllRan(s, 2*time.Second)
+	if len(got) != 3 || rows != 20 {
+		t.Fatalf("whileAllRan = %v, %d; want the first 3 samples and 20 rows", got, rows)
+	}
+	if got, rows := whileAllRan(s, -time.Second); got != nil || rows != 0 {
+		t.Fatalf("before any sample: %v, %d", got, rows)
+	}
 }

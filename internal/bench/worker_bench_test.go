@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,8 +172,9 @@ spec:
 		outs[s], errs[s] = &bytes.Buffer{}, &bytes.Buffer{}
 		cmds[s].Stdout, cmds[s].Stderr = outs[s], errs[s]
 	}
-	stopSampling := sampleLedger(b, dsn, 100*time.Millisecond)
 	start := time.Now()
+	stopSampling := sampleLedger(b, dsn, start, 100*time.Millisecond)
+	exits := make([]time.Duration, shards) // since start
 	var wg sync.WaitGroup
 	failures := make([]error, shards)
 	r := workerRun{peakRSS: make([]int64, shards)}
@@ -181,7 +183,7 @@ spec:
 			b.Fatalf("starting shard %d: %v", s, err)
 		}
 		exited := make(chan struct{})
-		wg.Go(func() { failures[s] = cmd.Wait(); close(exited) })
+		wg.Go(func() { failures[s] = cmd.Wait(); exits[s] = time.Since(start); close(exited) })
 		wg.Go(func() { r.peakRSS[s] = peakRSS(cmd.Process.Pid, exited) })
 	}
 	wg.Wait()
@@ -202,7 +204,7 @@ spec:
 		r.counts[3] += out.Failed
 	}
 	r.rate = float64(r.counts[0]) / elapsed.Seconds()
-	r.fifths = fifths(samples, r.counts[1])
+	r.fifths = fifths(whileAllRan(samples, slices.Min(exits)))
 	if os.Getenv("RUNLEDGER_BENCH_DEBUG") != "" {
 		b.Logf("%s: %s\n%s", name, elapsed, errs[0])
 	}
