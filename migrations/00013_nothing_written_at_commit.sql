@@ -1,5 +1,6 @@
 -- +goose Up
--- Nothing writes the ledger or a batch while a transaction commits.
+-- Nothing writes the ledger, a batch or a failure record while a
+-- transaction commits.
 --
 -- PostgreSQL runs user code at COMMIT outside the effect's sandbox, as the
 -- login: a deferred trigger an effect re-deferred (00007 refuses its writes:
@@ -8,7 +9,7 @@
 -- (pg_trigger_depth() = 0). An effect, a trigger it left to COMMIT or a batch
 -- query's function could so declare a cursor over a function that inserts
 -- committed rows under an invented run, and make later items "already
--- handled" though nobody processed them. runledger itself never writes
+-- handled" though nobody processed them (or erase failure records, 00010). runledger itself never writes
 -- these tables at COMMIT (its deferred check, ledger_superseded_replaced,
 -- only reads), so a write while the client's statement is a COMMIT (or END,
 -- or PREPARE TRANSACTION) is user code's, and refused. Inside a trigger,
@@ -28,7 +29,7 @@ BEGIN
     RAISE EXCEPTION 'runledger.% is written by runledger only: % while the transaction commits refused (as %)', TG_TABLE_NAME, TG_OP, current_user
         USING ERRCODE = 'restrict_violation', CONSTRAINT = 'ledger_append_only',
               SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
-              DETAIL = 'User code that runs at COMMIT (a cursor WITH HOLD, a deferred trigger) never writes the ledger or a batch.';
+              DETAIL = 'User code that runs at COMMIT (a cursor WITH HOLD) never writes the ledger, a batch or a failure record.';
 END
 $$;
 -- +goose StatementEnd
@@ -51,9 +52,16 @@ CREATE TRIGGER batch_not_at_commit
     WHEN (pg_catalog.pg_trigger_depth() = 0
           AND pg_catalog.current_query() OPERATOR(pg_catalog.~*) '^\s*(commit|end|prepare\s+transaction)\M')
     EXECUTE FUNCTION runledger.ledger_not_at_commit();
+CREATE TRIGGER item_failure_not_at_commit
+    BEFORE INSERT OR UPDATE OR DELETE ON runledger.item_failure
+    FOR EACH STATEMENT
+    WHEN (pg_catalog.pg_trigger_depth() = 0
+          AND pg_catalog.current_query() OPERATOR(pg_catalog.~*) '^\s*(commit|end|prepare\s+transaction)\M')
+    EXECUTE FUNCTION runledger.ledger_not_at_commit();
 
 -- +goose Down
 SET LOCAL lock_timeout = '5s';
+DROP TRIGGER item_failure_not_at_commit ON runledger.item_failure;
 DROP TRIGGER batch_not_at_commit ON runledger.batch;
 DROP TRIGGER batch_run_not_at_commit ON runledger.batch_run;
 DROP TRIGGER ledger_not_at_commit ON runledger.ledger;

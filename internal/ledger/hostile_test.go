@@ -162,6 +162,20 @@ func TestSandbox_HoldableCursorDoesNotRunAsLogin(t *testing.T) {
 			requireNotForged(t, owner, s, res, "WITH HOLD")
 		})
 	}
+	t.Run("erasing failure records at COMMIT", func(t *testing.T) {
+		mustExec(t, owner, `INSERT INTO runledger.item_failure (run_uid, entity, occurrence, run_namespace, run_name, shard, attempt, pass, chunk, items, class, error)
+VALUES ('earlier', 'acct', 'o', 'default', 'earlier', 0, 0, 'p', 0, 1, 'input', 'a failure to keep')`)
+		erase := `CREATE FUNCTION pg_temp.erase() RETURNS boolean LANGUAGE plpgsql AS $f$ BEGIN DELETE FROM runledger.item_failure; RETURN true; END $f$;
+`
+		s := ledger.NewStore(poolWith(t, worker, map[string]string{"pool_max_conns": "1"}))
+		res := commit(t, s, runNamed("eraser"), items("mal", 0, 4), ledger.ChunkOptions{
+			Effect: atCommitAsLogin(erase, `EXECUTE 'DECLARE erasing CURSOR WITH HOLD FOR SELECT pg_temp.erase()'`)})
+		require.EqualValues(t, 1, scalar[int64](t, owner, `SELECT count(*) FROM runledger.item_failure`), "the failure record stays")
+		require.Equal(t, tally{failed: 4}, count(res))
+		for _, r := range res {
+			require.ErrorContains(t, r.Err, "while the transaction commits refused")
+		}
+	})
 	t.Run("declared by a batch query's function", func(t *testing.T) {
 		mustExec(t, owner, `SET session_replication_role = replica; DELETE FROM runledger.ledger; RESET session_replication_role`)
 		mustExec(t, owner, batchSource+`GRANT SELECT ON src TO PUBLIC;

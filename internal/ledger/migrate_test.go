@@ -129,6 +129,7 @@ func TestMigrate_LeastPrivilegeRole(t *testing.T) {
 	// 00009 added ledger_retired and its trigger; 00007 the effect's sandbox;
 	// 00010 item_failure; 00013 the sandbox's guard at COMMIT).
 	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 13;
+DROP TRIGGER item_failure_not_at_commit ON runledger.item_failure;
 DROP TRIGGER batch_not_at_commit ON runledger.batch;
 DROP TRIGGER batch_run_not_at_commit ON runledger.batch_run;
 DROP TRIGGER ledger_not_at_commit ON runledger.ledger;

@@ -178,6 +178,7 @@ func TestTwoRoles_BadInput(t *testing.T) {
 	// its guard at COMMIT, undone first; 00010 item_failure). The worker may
 	// not apply them: exit 2, nothing committed, nothing applied.
 	d.owner.exec(t, `DELETE FROM runledger.goose_db_version WHERE version_id = 13;
+DROP TRIGGER item_failure_not_at_commit ON runledger.item_failure;
 DROP TRIGGER batch_not_at_commit ON runledger.batch;
 DROP TRIGGER batch_run_not_at_commit ON runledger.batch_run;
 DROP TRIGGER ledger_not_at_commit ON runledger.ledger;
