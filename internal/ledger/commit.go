@@ -129,8 +129,9 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 		return nil, fmt.Errorf("committing: %w", err)
 	}
 	if opts.Effect != "" {
-		// A trigger the effect left to fire at COMMIT ran as the login: the
-		// session goes if it left anything behind for the next transaction.
+		// A trigger the effect left to fire at COMMIT ran as the login: its
+		// settings are undone, and the session goes if it left anything else
+		// behind for the next transaction.
 		if intact, err := sessionIntact(ctx, conn.Conn().PgConn(), sqlSessionIntact); err != nil || !intact {
 			_ = conn.Conn().Close(context.WithoutCancel(ctx))
 			return res, nil

@@ -241,3 +241,29 @@ INSERT INTO typed VALUES (0.3, '2024-06-01', '1 day 2 hours'), (0.1::float8 + 0.
 	require.Equal(t, []string{"0.3/o", "0.30000000000000004/o"}, keys("floats"), "two values, two keys")
 	require.Equal(t, []string{"2024-06-01/1 day 02:00:00"}, keys("dates"), "the text of a session with the server's defaults")
 }
+
+// TestSandbox_CommitTimeTriggerLeavesNoSettings: a trigger an effect left
+// to fire at COMMIT runs as the login outside the sandbox and may set the
+// session's settings for good (set_config(..., false)). None of them
+// reaches the next chunk on the session: not client_encoding (LATIN1 would
+// make the server read the next chunk's UTF-8 keys as other text, stored
+// as other keys: the real key processed again by a later run), nor
+// default_transaction_isolation. On the old code the key was stored as
+// "cafÃ©-Î©".
+func TestSandbox_CommitTimeTriggerLeavesNoSettings(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	worker, _ := workerRole(t, owner)
+	one := poolWith(t, worker, map[string]string{"pool_max_conns": "1"})
+	s := ledger.NewStore(one)
+	first := commit(t, s, runNamed("setter"), items("mal", 0, 4), ledger.ChunkOptions{Effect: atCommitAsLogin("",
+		`PERFORM pg_catalog.set_config('client_encoding', 'LATIN1', false); PERFORM pg_catalog.set_config('default_transaction_isolation', 'serializable', false)`)})
+	requireNoneHandled(t, first, "the setting chunk")
+	key := ledger.Key{Entity: "café-Ω", Occurrence: "2026-12"}
+	next := commit(t, s, runNamed("next"), []ledger.Item{{Key: key}}, ledger.ChunkOptions{Effect: `SELECT count(*) FROM claimed`})
+	require.Equal(t, tally{completed: 1}, count(next))
+	require.EqualValues(t, 1, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE entity = $1 AND occurrence = $2 AND state = 'committed'`, key.Entity, key.Occurrence),
+		"the key is stored as it was sent")
+	require.Equal(t, "read committed", scalar[string](t, one, `SELECT current_setting('default_transaction_isolation')`))
+	require.Equal(t, "UTF8", scalar[string](t, one, `SELECT current_setting('client_encoding')`))
+}

@@ -270,10 +270,16 @@ const sqlSandboxIntact = `SELECT
 // query of a batch declared them: they would run at its COMMIT).
 const sqlHoldCursors = `SELECT coalesce(pg_catalog.string_agg(k.name, ', ' ORDER BY k.name), '') FROM pg_catalog.pg_cursors AS k WHERE k.is_holdable`
 
-// sqlSessionIntact is sqlSandboxIntact on its own, after COMMIT, under the
-// ledger's search_path for its one implicit transaction: a trigger that
-// fired at COMMIT may have set the session's.
-const sqlSessionIntact = sqlPinnedSearchPath + `; ` + sqlSandboxIntact
+// sqlSessionIntact resets the session after an effect's COMMIT and checks
+// it (sqlSandboxIntact, under the ledger's search_path for its one implicit
+// transaction). A trigger the effect left to fire at COMMIT ran as the
+// login, outside the sandbox, and may have set the session's settings for
+// good: a client_encoding of LATIN1 would make the server read the next
+// chunk's UTF-8 keys as other text and commit them as other keys (the real
+// ones processed again by a later run); a search_path, a role,
+// synchronous_commit. sqlResetSession undoes them all before the next
+// transaction.
+const sqlSessionIntact = sqlResetSession + `; ` + sqlPinnedSearchPath + `; ` + sqlSandboxIntact
 
 // sqlResetSession undoes whatever session state the user's SQL (an effect, a
 // batch query) set, by SET, SET ROLE, SET SESSION AUTHORIZATION or
