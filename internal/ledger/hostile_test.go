@@ -267,3 +267,62 @@ func TestSandbox_CommitTimeTriggerLeavesNoSettings(t *testing.T) {
 	require.Equal(t, "read committed", scalar[string](t, one, `SELECT current_setting('default_transaction_isolation')`))
 	require.Equal(t, "UTF8", scalar[string](t, one, `SELECT current_setting('client_encoding')`))
 }
+
+// TestSandbox_EffectLeftoversHold: what an effect may leave behind on its
+// session (objects named like runledger's or the catalog's, functions and
+// operators that would stand in for built-ins, settings, listeners,
+// advisory locks, dropped prepared statements) changes nothing the ledger
+// says about the chunks that follow on that session, in a Skip and in a
+// Supersede run: their keys are committed by them, with their effect run
+// once each, and nothing is "already handled" that no committed row holds.
+func TestSandbox_EffectLeftoversHold(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	worker, _ := workerRole(t, owner)
+	mustExec(t, owner, `CREATE TABLE sink (run text, entity text, occurrence text); GRANT ALL ON sink TO PUBLIC`)
+	for i, effect := range []string{
+		// Relations named like runledger's and the catalog's, in pg_temp.
+		`CREATE TEMP TABLE ledger (entity text, occurrence text, state text, run_uid text, id bigint);
+INSERT INTO pg_temp.ledger SELECT 'next', 'occ-' || lpad(i::text, 6, '0'), 'committed', 'invented', 1 FROM generate_series(0, 3) AS i;
+CREATE TEMP TABLE ledger_retired (run_uid text, occurrence text, entity text);
+CREATE TEMP TABLE batch_run (run_uid text); CREATE TEMP TABLE batch (batch_id bigint);
+CREATE TEMP VIEW pg_prepared_statements AS SELECT false AS from_sql;
+CREATE TEMP VIEW pg_cursors AS SELECT false AS is_holdable;
+CREATE TEMP VIEW pg_roles AS SELECT 'x'::name AS rolname, 0::oid AS oid`,
+		// Functions and operators of the effect role's that would stand in
+		// for built-ins the ledger's statements call.
+		`CREATE FUNCTION public.unnest(text[], text[], text[]) RETURNS TABLE (a text, b text, c text) LANGUAGE sql AS $f$ SELECT 'next', 'occ-000000', NULL::text $f$;
+CREATE FUNCTION public.unnest(text[], text[]) RETURNS TABLE (a text, b text) LANGUAGE sql AS $f$ SELECT 'next', 'occ-000000' $f$;
+CREATE FUNCTION public.to_regclass(text) RETURNS regclass LANGUAGE sql AS $f$ SELECT 'pg_catalog.pg_class'::regclass $f$;
+CREATE FUNCTION public.always(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.always)`,
+		// Settings, for the session (RESET ALL undoes them) and for good (a
+		// custom setting's placeholder), listeners, advisory locks.
+		`SELECT set_config('search_path', 'public, pg_catalog', false), set_config('client_encoding', 'LATIN1', false),
+       set_config('runledger.occurrence', 'forged', false), set_config('default_transaction_read_only', 'on', false),
+       set_config('enable_indexscan', 'off', false), pg_advisory_lock(1), pg_advisory_unlock_all();
+LISTEN runledger; DISCARD PLANS; DISCARD SEQUENCES`,
+		// The driver's prepared statements dropped: later chunks fail or
+		// commit, never are told another run handled them.
+		`DEALLOCATE ALL`,
+	} {
+		one := poolWith(t, worker, map[string]string{"pool_max_conns": "1"}) // every chunk on the same session
+		s := ledger.NewStore(one)
+		mustExec(t, owner, `SET session_replication_role = replica; DELETE FROM runledger.ledger; RESET session_replication_role; DELETE FROM sink`)
+		first := commit(t, s, runNamed("leaver"), items("mal", 0, 4), ledger.ChunkOptions{Effect: effect})
+		require.Equal(t, tally{completed: 4}, count(first), "attack %d commits, leaving its state on the session: %v", i, first)
+		for _, opts := range []struct {
+			run string
+			on  ledger.OnExisting
+		}{{"skip", ledger.Skip}, {"supersede", ledger.Supersede}} {
+			res := commit(t, s, runNamed(opts.run), items("next", 0, 4), ledger.ChunkOptions{OnExisting: opts.on,
+				Effect: `INSERT INTO public.sink SELECT '` + opts.run + `', entity, occurrence FROM claimed`})
+			c := count(res)
+			require.Zero(t, c.already, "attack %d, %s: %v", i, opts.run, res)
+			require.EqualValues(t, c.completed, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`, opts.run),
+				"attack %d, %s: the counts are the ledger's: %v", i, opts.run, res)
+			require.EqualValues(t, c.completed, scalar[int64](t, owner, `SELECT count(*) FROM sink WHERE run = $1`, opts.run), "attack %d, %s: the effect once per key", i, opts.run)
+		}
+		require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'invented'`), "attack %d: nothing forged", i)
+	}
+}
