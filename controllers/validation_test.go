@@ -73,9 +73,19 @@ func TestValidationRejectsBadRuns(t *testing.T) {
 		want    string
 	}{
 		{name: "no source", run: withSpec(t, map[string]string{"batch": "{}"}),
-			want: "batch has no source: set exactly one of batch.items, batch.configMapRef or batch.query"},
+			want: "batch has no source: set exactly one of batch.items, batch.configMapRef, batch.query or batch.fromRun"},
 		{name: "two sources", run: withSpec(t, map[string]string{"batch": `{items: [{entity: a, occurrence: "1"}], query: "select 1"}`}),
-			want: "batch has more than one source: keep exactly one of batch.items, batch.configMapRef or batch.query"},
+			want: "batch has more than one source: keep exactly one of batch.items, batch.configMapRef, batch.query or batch.fromRun"},
+		{name: "fromRun and a query", run: withSpec(t, map[string]string{"batch": `{fromRun: {name: june}, query: "select 1"}`}),
+			want: "batch has more than one source"},
+		{name: "fromRun of itself", run: withSpec(t, map[string]string{"batch": `{fromRun: {name: self-retry}}`}), runName: "self-retry",
+			want: "batch.fromRun names this run itself: a retry is another run"},
+		{name: "fromRun of no name", run: withSpec(t, map[string]string{"batch": `{fromRun: {name: ""}}`}),
+			want: "spec.batch.fromRun.name"},
+		{name: "fromRun of a bad name", run: withSpec(t, map[string]string{"batch": `{fromRun: {name: "June_1"}}`}),
+			want: "spec.batch.fromRun.name"},
+		{name: "fromRun verdict unknown", run: withSpec(t, map[string]string{"batch": `{fromRun: {name: june, verdict: Completed}}`}),
+			want: `spec.batch.fromRun.verdict: Unsupported value: "Completed": supported values: "Failed"`},
 		{name: "three sources", run: withSpec(t, map[string]string{"batch": `{items: [{entity: a, occurrence: "1"}], query: "select 1", configMapRef: {name: b, key: k}}`}),
 			want: "batch has more than one source"},
 		{name: "empty items", run: withSpec(t, map[string]string{"batch": "{items: []}"}),
@@ -196,6 +206,12 @@ func TestValidationDefaults(t *testing.T) {
 	require.Equal(t, int32(3), *run.Spec.BackoffLimit)
 	require.Equal(t, int64(0), run.Spec.MaxFailedItems)
 	require.JSONEq(t, `{"amount": 12.5}`, string(run.Spec.Batch.Items[0].Payload.Raw), "payload kept as is")
+
+	retry := manifest(t, ns, "retry-defaults", withSpec(t, map[string]string{"batch": `{fromRun: {name: june}}`}))
+	require.NoError(t, env.Client.Create(context.Background(), retry))
+	got := &v1alpha1.ProcessingRun{}
+	require.NoError(t, env.Client.Get(context.Background(), client.ObjectKeyFromObject(retry), got))
+	require.Equal(t, &v1alpha1.FromRunSource{Name: "june", Verdict: v1alpha1.FromRunFailed}, got.Spec.Batch.FromRun)
 }
 
 func TestValidationImmutability(t *testing.T) {
@@ -211,6 +227,8 @@ func TestValidationImmutability(t *testing.T) {
 	}{
 		{name: "batch", change: map[string]string{"batch": `{query: "select 1"}`},
 			want: "batch is immutable: create a new ProcessingRun to process a different batch"},
+		{name: "batch to fromRun", change: map[string]string{"batch": `{fromRun: {name: june}}`},
+			want: "batch is immutable"},
 		{name: "one more item", change: map[string]string{"batch": `{items: [{entity: acct-1, occurrence: "2026-01"}, {entity: acct-2, occurrence: "2026-01"}, {entity: acct-3, occurrence: "2026-01"}]}`},
 			want: "batch is immutable"},
 		{name: "workers", change: map[string]string{"workers": "3"},

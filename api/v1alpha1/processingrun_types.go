@@ -26,6 +26,7 @@ import (
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is used as a label value on the worker pods"
 // +kubebuilder:validation:XValidation:rule="self.spec.database == oldSelf.spec.database",message="database is immutable: a run's ledger cannot change, create a new ProcessingRun instead",fieldPath=`.spec.database`
 // +kubebuilder:validation:XValidation:rule="self.spec.batch == oldSelf.spec.batch",message="batch is immutable: create a new ProcessingRun to process a different batch",fieldPath=`.spec.batch`
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.batch.fromRun) || self.spec.batch.fromRun.name != self.metadata.name",message="batch.fromRun names this run itself: a retry is another run",fieldPath=`.spec.batch.fromRun.name`
 // +kubebuilder:validation:XValidation:rule="has(self.spec.effect) == has(oldSelf.spec.effect)",message="effect cannot be added or removed after creation: create a new ProcessingRun instead",fieldPath=`.spec.effect`
 // +kubebuilder:validation:XValidation:rule="!has(self.spec.effect) || !has(oldSelf.spec.effect) || self.spec.effect == oldSelf.spec.effect",message="effect is immutable: create a new ProcessingRun to apply a different effect",fieldPath=`.spec.effect`
 // +kubebuilder:validation:XValidation:rule="(has(self.spec.onExisting) ? self.spec.onExisting : 'Skip') == (has(oldSelf.spec.onExisting) ? oldSelf.spec.onExisting : 'Skip')",message="onExisting is immutable: create a new ProcessingRun to change it",fieldPath=`.spec.onExisting`
@@ -237,10 +238,10 @@ type ConfigMapKeyRef struct {
 }
 
 // BatchSpec is the source of a run's items: exactly one of items,
-// configMapRef or query.
+// configMapRef, query or fromRun.
 //
-// +kubebuilder:validation:XValidation:rule="has(self.items) || has(self.configMapRef) || has(self.query)",message="batch has no source: set exactly one of batch.items, batch.configMapRef or batch.query"
-// +kubebuilder:validation:XValidation:rule="(has(self.items) ? 1 : 0) + (has(self.configMapRef) ? 1 : 0) + (has(self.query) ? 1 : 0) <= 1",message="batch has more than one source: keep exactly one of batch.items, batch.configMapRef or batch.query"
+// +kubebuilder:validation:XValidation:rule="has(self.items) || has(self.configMapRef) || has(self.query) || has(self.fromRun)",message="batch has no source: set exactly one of batch.items, batch.configMapRef, batch.query or batch.fromRun"
+// +kubebuilder:validation:XValidation:rule="(has(self.items) ? 1 : 0) + (has(self.configMapRef) ? 1 : 0) + (has(self.query) ? 1 : 0) + (has(self.fromRun) ? 1 : 0) <= 1",message="batch has more than one source: keep exactly one of batch.items, batch.configMapRef, batch.query or batch.fromRun"
 type BatchSpec struct {
 	// items is the batch inline, for small batches.
 	// +optional
@@ -262,7 +263,41 @@ type BatchSpec struct {
 	// +kubebuilder:validation:MaxLength=65536
 	// +kubebuilder:validation:XValidation:rule="self.replace(';', '').trim() != ''",message="must hold a statement, not only white space and semicolons"
 	Query string `json:"query,omitempty"`
+
+	// fromRun is the items of an earlier run of the same namespace that
+	// have the given verdict there, read from the ledger's failure records
+	// (runledger.item_failure) with their payloads: {name: june, verdict:
+	// Failed} retries exactly the items that failed in run june. Like a
+	// query's rows, they are fixed in the ledger once, when the first shard
+	// of this run starts: failures recorded later (june still running, or
+	// run again) are not in it. The earlier run is the latest run of that
+	// name whose batch the ledger holds.
+	// +optional
+	FromRun *FromRunSource `json:"fromRun,omitempty"`
 }
+
+// FromRunSource names an earlier run and which of its items to take.
+type FromRunSource struct {
+	// name of the earlier run (metadata.name), in this run's namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+	// verdict of the items to take: Failed, the items whose current
+	// verdict in that run is failed (a later attempt or rerun of it that
+	// completed an item took it off).
+	// +optional
+	// +kubebuilder:default=Failed
+	Verdict FromRunVerdict `json:"verdict,omitempty"`
+}
+
+// FromRunVerdict is which items of an earlier run a fromRun batch takes.
+// +kubebuilder:validation:Enum=Failed
+type FromRunVerdict string
+
+// FromRunFailed takes the items that failed.
+const FromRunFailed FromRunVerdict = "Failed"
 
 // Item is one business occurrence. (entity, occurrence) is its business key:
 // the ledger commits at most one row per key.

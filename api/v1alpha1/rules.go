@@ -100,6 +100,8 @@ const (
 	DefaultOnExisting = OnExistingSkip
 	// DefaultOnPayloadChange is spec.onPayloadChange when it is not set.
 	DefaultOnPayloadChange = OnPayloadChangeReport
+	// DefaultFromRunVerdict is spec.batch.fromRun.verdict when it is not set.
+	DefaultFromRunVerdict = FromRunFailed
 
 	// DefaultEffectSeconds, DefaultQuerySeconds, DefaultLockSeconds and
 	// DefaultNetworkSeconds are spec.timeouts' defaults: an effect per chunk
@@ -159,6 +161,11 @@ func (s *ProcessingRunSpec) BackoffLimitOrDefault() int32 {
 // when unset.
 func (s *ProcessingRunSpec) PayloadChangePolicy() OnPayloadChangePolicy {
 	return cmp.Or(s.OnPayloadChange, DefaultOnPayloadChange)
+}
+
+// VerdictOrDefault is fromRun.verdict, or DefaultFromRunVerdict when unset.
+func (f *FromRunSource) VerdictOrDefault() FromRunVerdict {
+	return cmp.Or(f.Verdict, DefaultFromRunVerdict)
 }
 
 // NodeLostAfter is spec.nodeLostAfterSeconds, or

@@ -118,6 +118,8 @@ func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
 	require.Equal(t, fmt.Sprint(v1alpha1.DefaultNodeLostAfterSeconds), def64(nodeLost))
 	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultOnExisting), def64(at("spec", "onExisting")))
 	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultOnPayloadChange), def64(at("spec", "onPayloadChange")))
+	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultFromRunVerdict), def64(at("spec", "batch", "fromRun", "verdict")))
+	require.Equal(t, int64(v1alpha1.MaxRunNameLength), *at("spec", "batch", "fromRun", "name").MaxLength)
 	proc := func(f string) apiextensionsv1.JSONSchemaProps { return at("spec", "effect", "processor", f) }
 	require.Equal(t, fmt.Sprint(v1alpha1.DefaultProcessorPort), def64(proc("port")))
 	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultProcessorPath), def64(proc("path")))

@@ -333,6 +333,8 @@ func describeSource(run *v1alpha1.ProcessingRun) string {
 		return fmt.Sprintf("%d inline items", len(b.Items))
 	case b.ConfigMapRef != nil:
 		return "configMap " + b.ConfigMapRef.Name + "/" + b.ConfigMapRef.Key
+	case b.FromRun != nil:
+		return "the failed items of run " + b.FromRun.Name
 	}
 	return "query"
 }

@@ -30,3 +30,6 @@ func ShardSQLForTest(entity, occurrence string, n int) string {
 
 // HashBytesExtendedForTest exposes the Go port of PostgreSQL's hash.
 func HashBytesExtendedForTest(k []byte, seed uint64) uint64 { return hashBytesExtended(k, seed) }
+
+// QuoteLiteralForTest exposes the literal quoting of fromRun's query.
+func QuoteLiteralForTest(s string) string { return quoteLiteral(s) }

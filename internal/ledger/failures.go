@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -77,7 +78,7 @@ func (s *Store) RecordVerdicts(ctx context.Context, p Pass, chunk int, failed []
 	entities, occurrences := keyColumns(settled)
 	b.Queue(sqlRecordVerdicts, p.UID, p.Namespace, p.Name, p.Shard, p.Attempt, p.ID, chunk,
 		rows.entities, rows.occurrences, rows.items, rows.digests, rows.classes, rows.errors,
-		entities, occurrences).QueryRow(func(r pgx.Row) error { return r.Scan(&gone, &put) })
+		entities, occurrences, rows.payloads).QueryRow(func(r pgx.Row) error { return r.Scan(&gone, &put) })
 	b.Queue(sqlCommit)
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("recording %d failed items of shard %d of run %s/%s: %w", len(failed), p.Shard, p.Namespace, p.Name, err)
@@ -89,7 +90,7 @@ func (s *Store) RecordVerdicts(ctx context.Context, p Pass, chunk int, failed []
 type failureColumns struct {
 	entities, occurrences, classes, errors []string
 	items                                  []int32
-	digests                                []*string
+	digests, payloads                      []*string
 }
 
 // failureRows merges failed into one record per (storable) key, in order of
@@ -109,6 +110,7 @@ func failureRows(failed []FailedItem) (failureColumns, map[Key]int) {
 		c.occurrences = append(c.occurrences, k.Occurrence)
 		c.items = append(c.items, 1)
 		c.digests = append(c.digests, PayloadDigest(f.Payload))
+		c.payloads = append(c.payloads, keptPayload(f.Payload))
 		c.classes = append(c.classes, cmpOr(f.Class, ClassError))
 		c.errors = append(c.errors, CutError(f.Error))
 	}
@@ -131,6 +133,22 @@ func PayloadDigest(payload []byte) *string {
 	sum := sha256.Sum256(payload)
 	d := hex.EncodeToString(sum[:])
 	return &d
+}
+
+// MaxFailurePayloadBytes bounds the payload a failure record keeps (for a
+// fromRun retry): the worker's own limit, over which an item fails as bad
+// input anyway.
+const MaxFailurePayloadBytes = 1 << 20
+
+// keptPayload is the payload a failure record keeps: nil without one, or
+// for one text cannot hold (not valid UTF-8, a NUL) or over
+// MaxFailurePayloadBytes, whose digest alone is kept.
+func keptPayload(payload []byte) *string {
+	if payload == nil || len(payload) > MaxFailurePayloadBytes || !utf8.Valid(payload) || bytes.IndexByte(payload, 0) >= 0 {
+		return nil
+	}
+	s := string(payload)
+	return &s
 }
 
 // CutError cuts an error text to MaxFailureErrorBytes bytes of valid UTF-8

@@ -128,7 +128,9 @@ func TestMigrate_LeastPrivilegeRole(t *testing.T) {
 	// applied (00006 only replaces 00004's trigger function, dropped below;
 	// 00009 added ledger_retired and its trigger; 00007 the effect's sandbox;
 	// 00010 item_failure; 00013 the sandbox's guard at COMMIT).
-	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 13;
+	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 14;
+ALTER TABLE runledger.item_failure DROP COLUMN payload;
+DELETE FROM runledger.goose_db_version WHERE version_id = 13;
 DROP TRIGGER item_failure_not_at_commit ON runledger.item_failure;
 DROP TRIGGER batch_not_at_commit ON runledger.batch;
 DROP TRIGGER batch_run_not_at_commit ON runledger.batch_run;
@@ -202,12 +204,23 @@ ORDER BY 1`, role)
 		"batch:INSERT", "batch:SELECT",
 		"batch_run.items:UPDATE", "batch_run:INSERT", "batch_run:SELECT",
 		"goose_db_version:SELECT",
-		"item_failure.attempt:UPDATE", "item_failure.chunk:UPDATE", "item_failure.class:UPDATE", "item_failure.error:UPDATE", "item_failure.failed_at:UPDATE", "item_failure.items:UPDATE", "item_failure.pass:UPDATE", "item_failure.payload_digest:UPDATE", "item_failure.run_name:UPDATE", "item_failure.run_namespace:UPDATE", "item_failure.shard:UPDATE",
+		"item_failure.attempt:UPDATE", "item_failure.chunk:UPDATE", "item_failure.class:UPDATE", "item_failure.error:UPDATE", "item_failure.failed_at:UPDATE", "item_failure.items:UPDATE", "item_failure.pass:UPDATE", "item_failure.payload:UPDATE", "item_failure.payload_digest:UPDATE", "item_failure.run_name:UPDATE", "item_failure.run_namespace:UPDATE", "item_failure.shard:UPDATE",
 		"item_failure:DELETE", "item_failure:INSERT", "item_failure:SELECT",
 		"ledger.state:UPDATE", "ledger.superseded_at:UPDATE", "ledger:INSERT", "ledger:SELECT", "ledger_retired:SELECT",
 	}, got)
 	require.True(t, scalar[bool](t, owner, `SELECT has_database_privilege($1, current_database(), 'TEMP')`, role))
 	require.False(t, scalar[bool](t, owner, `SELECT has_database_privilege($1, current_database(), 'CREATE')`, role))
+
+	// A login granted before 00014: the migration lets it write a record's
+	// payload too, without a grant to run again.
+	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 14;
+ALTER TABLE runledger.item_failure DROP COLUMN payload`)
+	require.True(t, scalar[bool](t, owner, `SELECT has_column_privilege($1, 'runledger.item_failure', 'payload_digest', 'UPDATE') AND
+		NOT EXISTS (SELECT FROM information_schema.columns WHERE table_schema = 'runledger' AND table_name = 'item_failure' AND column_name = 'payload')`, role))
+	applied, err := ledger.Migrate(ctx, owner)
+	require.NoError(t, err)
+	require.Equal(t, 1, applied)
+	require.True(t, scalar[bool](t, owner, `SELECT has_column_privilege($1, 'runledger.item_failure', 'payload', 'UPDATE')`, role))
 
 	err = ledger.GrantWorker(ctx, owner, `no "such" role`)
 	require.ErrorContains(t, err, `granting worker privileges to no "such" role: ERROR: role "no "such" role" does not exist (SQLSTATE 42704)`)

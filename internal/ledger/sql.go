@@ -852,8 +852,9 @@ const (
 // the later chunk's copies added, keeping its first error: $1 run uid, $2 namespace,
 // $3 name, $4 shard, $5 attempt, $6 pass, $7 chunk; the failed items as
 // arrays $8 entities, $9 occurrences, $10 copies, $11 payload digests (NULL:
-// no payload), $12 classes, $13 errors (keys distinct); $14, $15 the settled
-// keys. It returns the rows deleted and written.
+// no payload), $12 classes, $13 errors (keys distinct), $16 payloads (NULL:
+// none, or not kept: migrations/00014); $14, $15 the settled keys. It
+// returns the rows deleted and written.
 const sqlRecordVerdicts = `
 WITH gone AS (
     DELETE FROM ` + Schema + `.item_failure AS f
@@ -862,15 +863,16 @@ WITH gone AS (
     RETURNING 1
 ), put AS (
     INSERT INTO ` + Schema + `.item_failure AS f
-        (run_uid, entity, occurrence, run_namespace, run_name, shard, attempt, pass, chunk, items, payload_digest, class, error)
-    SELECT $1, k.entity, k.occurrence, $2, $3, $4, $5, $6, $7, k.items, k.digest, k.class, k.error
-    FROM unnest($8::text[], $9::text[], $10::integer[], $11::text[], $12::text[], $13::text[])
-        AS k(entity, occurrence, items, digest, class, error)
+        (run_uid, entity, occurrence, run_namespace, run_name, shard, attempt, pass, chunk, items, payload_digest, class, error, payload)
+    SELECT $1, k.entity, k.occurrence, $2, $3, $4, $5, $6, $7, k.items, k.digest, k.class, k.error, k.payload
+    FROM unnest($8::text[], $9::text[], $10::integer[], $11::text[], $12::text[], $13::text[], $16::text[])
+        AS k(entity, occurrence, items, digest, class, error, payload)
     ON CONFLICT (run_uid, entity, occurrence) DO UPDATE SET
         run_namespace = EXCLUDED.run_namespace, run_name = EXCLUDED.run_name,
         shard = EXCLUDED.shard, attempt = EXCLUDED.attempt, pass = EXCLUDED.pass, chunk = EXCLUDED.chunk,
         items = CASE WHEN f.pass = EXCLUDED.pass THEN f.items + EXCLUDED.items ELSE EXCLUDED.items END,
         payload_digest = CASE WHEN f.pass = EXCLUDED.pass THEN f.payload_digest ELSE EXCLUDED.payload_digest END,
+        payload = CASE WHEN f.pass = EXCLUDED.pass THEN f.payload ELSE EXCLUDED.payload END,
         class = CASE WHEN f.pass = EXCLUDED.pass THEN f.class ELSE EXCLUDED.class END,
         error = CASE WHEN f.pass = EXCLUDED.pass THEN f.error ELSE EXCLUDED.error END,
         failed_at = CASE WHEN f.pass = EXCLUDED.pass THEN f.failed_at ELSE EXCLUDED.failed_at END
@@ -882,7 +884,7 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM put)`
 
 // failureRecordColumns are the columns sqlRecordVerdicts replaces: all but
 // the key (run_uid, entity, occurrence).
-const failureRecordColumns = `run_namespace, run_name, shard, attempt, pass, chunk, items, payload_digest, class, error, failed_at`
+const failureRecordColumns = `run_namespace, run_name, shard, attempt, pass, chunk, items, payload_digest, class, error, failed_at, payload`
 
 // sqlRunHasFailures: does run $1 have a failure record (of any pass)? A
 // shard that starts asks once: only then do its chunks forget records.
@@ -947,3 +949,40 @@ SELECT run_namespace, run_name, run_uid, shard, attempt, items, class, error, fa
 FROM ` + Schema + `.item_failure WHERE occurrence = $2 AND entity = $1
 ORDER BY failed_at DESC, run_uid`
 )
+
+// A fromRun batch (spec.batch.fromRun): the items an earlier run of the same
+// namespace failed, with their payloads, from its failure records
+// (runledger.item_failure, migrations/00010 and 00014). The earlier run is
+// the latest run of that name whose batch the ledger holds
+// (runledger.batch_run, one header per run from its first start), as for
+// `runledger items` (sqlFindRuns).
+const sqlEarlierRun = `
+SELECT run_uid, pruned_at IS NOT NULL FROM ` + Schema + `.batch_run
+WHERE run_namespace = $1 AND run_name = $2
+ORDER BY created_at DESC, run_uid
+LIMIT 1`
+
+// sqlFromRunFailed is the batch query of a fromRun batch (fixed like any
+// batch query, sqlFixQueryBatch): the failed items of the earlier run
+// (sqlEarlierRun's) as (entity, occurrence, payload). A record of a row that
+// could not become an item (class input: its key was made storable, so it
+// may look valid now) or whose payload was not kept has FromRunNotAnItem for
+// its payload: it fails again, never processed under a key or payload it did
+// not have. The namespace and name are quoted literals: the batch query is
+// text, fixed with its digest.
+func sqlFromRunFailed(namespace, name string) string {
+	return `SELECT f.entity, f.occurrence,
+       CASE WHEN f.class = ` + quoteLiteral(ClassInput) + ` OR (f.payload IS NULL AND f.payload_digest IS NOT NULL)
+            THEN ` + quoteLiteral(FromRunNotAnItem) + ` ELSE f.payload END AS payload
+FROM ` + Schema + `.item_failure AS f
+WHERE f.run_uid = (
+    SELECT b.run_uid FROM ` + Schema + `.batch_run AS b
+    WHERE b.run_namespace = ` + quoteLiteral(namespace) + ` AND b.run_name = ` + quoteLiteral(name) + `
+    ORDER BY b.created_at DESC, b.run_uid
+    LIMIT 1
+)`
+}
+
+// quoteLiteral quotes s as an SQL string literal (standard_conforming_strings,
+// on since PostgreSQL 9.1: a backslash is an ordinary character).
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }

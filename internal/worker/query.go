@@ -48,6 +48,26 @@ type QuerySource struct {
 	// occurrence is the run's spec.occurrence, the query's
 	// current_setting('runledger.occurrence'); empty: not set.
 	occurrence string
+	// fromRun: the query is a fromRun batch's (ledger.FromRunQuery), over
+	// the failure records of the run it names in namespace.
+	fromRun *fromRun
+}
+
+type fromRun struct{ namespace, name string }
+
+// field names the source in errors.
+func (q *QuerySource) field() string {
+	if q.fromRun != nil {
+		return "batch.fromRun"
+	}
+	return "batch.query"
+}
+
+// NewFromRunSource returns the source of a fromRun batch: the items that
+// failed in the latest run called name in namespace, fixed like a query's
+// rows. Call Check before using it.
+func NewFromRunSource(namespace, name string) *QuerySource {
+	return &QuerySource{sql: ledger.FromRunQuery(namespace, name), fromRun: &fromRun{namespace: namespace, name: name}}
 }
 
 // NewQuerySource returns a source over the query text (trailing semicolons
@@ -64,7 +84,31 @@ func trimQuery(q string) string {
 	return q
 }
 
-func (q *QuerySource) describe() string { return "query" }
+func (q *QuerySource) describe() string {
+	if q.fromRun != nil {
+		return "the failed items of run " + q.fromRun.name
+	}
+	return "query"
+}
+
+// checkEarlierRun makes sure a fromRun batch not fixed yet has a run to read
+// (ledger.Store.EarlierRun): a name that matches no run is bad input, not an
+// empty batch. Once the batch is fixed, the earlier run no longer matters.
+func (q *QuerySource) checkEarlierRun(ctx context.Context, store *ledger.Store, runUID string) error {
+	if q.fromRun == nil {
+		return nil
+	}
+	h, err := store.BatchHeader(ctx, runUID)
+	if err != nil || h != nil {
+		return err
+	}
+	if _, err := store.EarlierRun(ctx, q.fromRun.namespace, q.fromRun.name); errors.Is(err, ledger.ErrNoEarlierRun) {
+		return &InputError{Where: "batch.fromRun", Msg: "names no run to retry: " + err.Error()}
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
 
 // Check describes the query on the database (without running it): it must
 // parse, be allowed in a READ ONLY transaction, and return entity and
@@ -73,11 +117,11 @@ func (q *QuerySource) describe() string { return "query" }
 // reached.
 func (q *QuerySource) Check(ctx context.Context, store *ledger.Store) error {
 	if q.sql == "" {
-		return &InputError{Where: "batch.query", Msg: "is empty"}
+		return &InputError{Where: q.field(), Msg: "is empty"}
 	}
 	columns, err := store.DescribeBatchQuery(ctx, q.sql, 2, q.occurrence)
 	if err != nil {
-		return queryError("batch.query", err)
+		return queryError(q.field(), err)
 	}
 	cols := map[string]ledger.QueryColumn{}
 	names := make([]string, len(columns))
@@ -87,10 +131,10 @@ func (q *QuerySource) Check(ctx context.Context, store *ledger.Store) error {
 	for _, want := range []string{"entity", "occurrence"} {
 		c, ok := cols[want]
 		if !ok {
-			return &InputError{Where: "batch.query", Msg: fmt.Sprintf("returns no column %q: it must return entity, occurrence and optionally payload (it returns %s)", want, strings.Join(names, ", "))}
+			return &InputError{Where: q.field(), Msg: fmt.Sprintf("returns no column %q: it must return entity, occurrence and optionally payload (it returns %s)", want, strings.Join(names, ", "))}
 		}
 		if zoned := c.PrintsInTimeZone(); zoned != "" {
-			return &InputError{Where: "batch.query", Msg: fmt.Sprintf("returns %s as a %s, whose text follows the session's TimeZone: one instant would be another key in a session with another TimeZone; return it as text in the query (say to_char(x AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'))", want, zoned)}
+			return &InputError{Where: q.field(), Msg: fmt.Sprintf("returns %s as a %s, whose text follows the session's TimeZone: one instant would be another key in a session with another TimeZone; return it as text in the query (say to_char(x AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'))", want, zoned)}
 		}
 	}
 	_, q.hasPayload = cols["payload"]
@@ -120,7 +164,7 @@ func (q *QuerySource) batchQuery(shards int, t v1alpha1.RunTimeouts) ledger.Batc
 }
 
 func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shards int, opt streamOptions) (stream, error) {
-	s := &queryStream{store: store, shard: shard, opt: opt}
+	s := &queryStream{store: store, shard: shard, opt: opt, fromRun: q.fromRun}
 	if opt.fetchSize <= 0 {
 		s.opt.fetchSize = v1alpha1.DefaultChunkSize
 	}
@@ -142,11 +186,11 @@ func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shar
 		return err
 	})
 	if w := (*ledger.ForeignWriteError)(nil); errors.As(err, &w) {
-		return nil, &InputError{Where: "batch.query", Msg: "writes: " + w.Error() + "; a batch query must only read, and nothing it did was kept"}
+		return nil, &InputError{Where: q.field(), Msg: "writes: " + w.Error() + "; a batch query must only read, and nothing it did was kept"}
 	}
 	if errors.Is(err, ledger.ErrBatchQuery) {
 		// The query's own errors surface here, before anything is committed.
-		return nil, queryError("batch.query", err)
+		return nil, queryError(q.field(), err)
 	}
 	if err != nil {
 		return nil, err
@@ -157,10 +201,11 @@ func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shar
 
 // queryStream reads one shard of a materialised batch.
 type queryStream struct {
-	store *ledger.Store
-	batch *ledger.BatchHeader
-	shard int
-	opt   streamOptions
+	store   *ledger.Store
+	batch   *ledger.BatchHeader
+	shard   int
+	opt     streamOptions
+	fromRun *fromRun // a fromRun batch's
 
 	rows     int64               // rows of the shard
 	cur      *ledger.BatchCursor // nil when not open
@@ -265,6 +310,13 @@ func (s *queryStream) shortBatch(ctx context.Context, got int64) error {
 
 func (s *queryStream) rowEntry(e, o, p *string, n int64) entry {
 	where := "query row " + strconv.FormatInt(n, 10)
+	if s.fromRun != nil {
+		where = "batch.fromRun row " + strconv.FormatInt(n, 10)
+		if p != nil && *p == ledger.FromRunNotAnItem {
+			return entry{item: ledger.Item{Key: ledger.Key{Entity: deref(e), Occurrence: deref(o)}}, bad: &InputError{Where: where,
+				Msg: "failed in run " + s.fromRun.name + " as bad input (its row could not become an item, or its payload could not be kept): not retried; fix the source and process it in a new run"}}
+		}
+	}
 	var it ledger.Item
 	var bad []*InputError
 	for _, f := range []struct {
@@ -295,4 +347,11 @@ func (s *queryStream) rowEntry(e, o, p *string, n int64) entry {
 		first.Msg += fmt.Sprintf("; field %q %s", b.Field, b.Msg)
 	}
 	return entry{item: it, bad: first}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

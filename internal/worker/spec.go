@@ -133,6 +133,11 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 			}
 		}
 		p.Source = NewStaticSource(name, items)
+	case b.FromRun != nil:
+		if v := b.FromRun.VerdictOrDefault(); v != v1alpha1.FromRunFailed {
+			return nil, &InputError{Where: "spec.batch.fromRun", Field: "verdict", Msg: fmt.Sprintf("is %q: only %q is supported", v, v1alpha1.FromRunFailed)}
+		}
+		p.Source = NewFromRunSource(p.Run.Namespace, b.FromRun.Name)
 	default:
 		q := NewQuerySource(b.Query)
 		q.occurrence = spec.Occurrence
@@ -180,6 +185,9 @@ func (p *Plan) Check(ctx context.Context, store *ledger.Store, policy Backoff, o
 	return policy.Do(ctx, "checking the batch and effect on the database", onRetry, func(int) error {
 		if q, ok := p.Source.(*QuerySource); ok {
 			if err := q.Check(ctx, store); err != nil {
+				return err
+			}
+			if err := q.checkEarlierRun(ctx, store, p.Run.UID); err != nil {
 				return err
 			}
 		}

@@ -177,7 +177,9 @@ func TestTwoRoles_BadInput(t *testing.T) {
 	// ledger_retired and its trigger; 00007 the effect's sandbox and 00013
 	// its guard at COMMIT, undone first; 00010 item_failure). The worker may
 	// not apply them: exit 2, nothing committed, nothing applied.
-	d.owner.exec(t, `DELETE FROM runledger.goose_db_version WHERE version_id = 13;
+	d.owner.exec(t, `DELETE FROM runledger.goose_db_version WHERE version_id = 14;
+ALTER TABLE runledger.item_failure DROP COLUMN payload;
+DELETE FROM runledger.goose_db_version WHERE version_id = 13;
 DROP TRIGGER item_failure_not_at_commit ON runledger.item_failure;
 DROP TRIGGER batch_not_at_commit ON runledger.batch;
 DROP TRIGGER batch_run_not_at_commit ON runledger.batch_run;

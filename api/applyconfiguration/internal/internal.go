@@ -33,6 +33,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: configMapRef
       type:
         namedType: com.github.runledger.runledger.api.v1alpha1.ConfigMapKeyRef
+    - name: fromRun
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.FromRunSource
     - name: items
       type:
         list:
@@ -70,6 +73,18 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: sql
       type:
         scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.FromRunSource
+  map:
+    fields:
+    - name: name
+      type:
+        scalar: string
+    - name: verdict
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.FromRunVerdict
+      default: Failed
+- name: com.github.runledger.runledger.api.v1alpha1.FromRunVerdict
+  scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.Item
   map:
     fields:

@@ -10,7 +10,7 @@ package v1alpha1
 // with apply.
 //
 // BatchSpec is the source of a run's items: exactly one of items,
-// configMapRef or query.
+// configMapRef, query or fromRun.
 type BatchSpecApplyConfiguration struct {
 	// items is the batch inline, for small batches.
 	Items []ItemApplyConfiguration `json:"items,omitempty"`
@@ -21,6 +21,15 @@ type BatchSpecApplyConfiguration struct {
 	// transaction, returning the text columns entity and occurrence and
 	// optionally a jsonb column payload.
 	Query *string `json:"query,omitempty"`
+	// fromRun is the items of an earlier run of the same namespace that
+	// have the given verdict there, read from the ledger's failure records
+	// (runledger.item_failure) with their payloads: {name: june, verdict:
+	// Failed} retries exactly the items that failed in run june. Like a
+	// query's rows, they are fixed in the ledger once, when the first shard
+	// of this run starts: failures recorded later (june still running, or
+	// run again) are not in it. The earlier run is the latest run of that
+	// name whose batch the ledger holds.
+	FromRun *FromRunSourceApplyConfiguration `json:"fromRun,omitempty"`
 }
 
 // BatchSpecApplyConfiguration constructs a declarative configuration of the BatchSpec type for use with
@@ -55,5 +64,13 @@ func (b *BatchSpecApplyConfiguration) WithConfigMapRef(value *ConfigMapKeyRefApp
 // If called multiple times, the Query field is set to the value of the last call.
 func (b *BatchSpecApplyConfiguration) WithQuery(value string) *BatchSpecApplyConfiguration {
 	b.Query = &value
+	return b
+}
+
+// WithFromRun sets the FromRun field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the FromRun field is set to the value of the last call.
+func (b *BatchSpecApplyConfiguration) WithFromRun(value *FromRunSourceApplyConfiguration) *BatchSpecApplyConfiguration {
+	b.FromRun = value
 	return b
 }
