@@ -271,7 +271,10 @@ type BatchSpec struct {
 	// query's rows, they are fixed in the ledger once, when the first shard
 	// of this run starts: failures recorded later (june still running, or
 	// run again) are not in it. The earlier run is the latest run of that
-	// name whose batch the ledger holds.
+	// name whose batch the ledger holds; a name that matches none, or one
+	// pruned since, fails the run as bad input. A failure of a row that was
+	// no item (bad input), or whose payload was not kept (not UTF-8 text, or
+	// over 1 MiB), fails again.
 	// +optional
 	FromRun *FromRunSource `json:"fromRun,omitempty"`
 }
