@@ -143,6 +143,20 @@ func TestExitForPreparationErrors(t *testing.T) {
 // twice (in the run, its items, a ConfigMap's data), a lone surrogate escape
 // or invalid UTF-8 is refused with the document and the key named, never
 // read one way or another.
+// TestReadManifestKeepsNumbers: the numbers JSON keeps (an int64 beyond
+// 2^53, a float64's shortest spelling, a trailing zero) reach the payload as
+// their values.
+func TestReadManifestKeepsNumbers(t *testing.T) {
+	t.Parallel()
+	const doc = "apiVersion: processing.runledger.dev/v1alpha1\nkind: ProcessingRun\nmetadata: {name: june}\nspec:\n  database: {secretRef: {name: db, key: dsn}}\n" +
+		"  batch:\n    items:\n    - {entity: a, occurrence: b, payload: {big: 9007199254740993, min: -9223372036854775808, f: 0.30000000000000004, t: 1.10, e: 1e300, h: 0x1F}}\n"
+	path := filepath.Join(t.TempDir(), "run.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(doc), 0o600))
+	m, err := readManifest(path, nil)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"big": 9007199254740993, "min": -9223372036854775808, "f": 0.30000000000000004, "t": 1.1, "e": 1e300, "h": 31}`, string(m.run.Spec.Batch.Items[0].Payload.Raw))
+}
+
 func TestReadManifestRefusesRewrites(t *testing.T) {
 	t.Parallel()
 	const head = "apiVersion: processing.runledger.dev/v1alpha1\nkind: ProcessingRun\nmetadata: {name: june}\nspec:\n  database: {secretRef: {name: db, key: dsn}}\n"
@@ -158,6 +172,15 @@ func TestReadManifestRefusesRewrites(t *testing.T) {
 		"lone surrogate in JSON": {`{"apiVersion": "processing.runledger.dev/v1alpha1", "kind": "ProcessingRun", "metadata": {"name": "j"}, "spec": {"database": {"secretRef": {"name": "d", "key": "k"}}, "batch": {"items": [{"entity": "a\ud800", "occurrence": "b"}]}}}`, "document 1"},
 		"key twice in JSON":      {`{"apiVersion": "processing.runledger.dev/v1alpha1", "kind": "ProcessingRun", "metadata": {"name": "j"}, "spec": {"database": {"secretRef": {"name": "d", "key": "k"}}, "batch": {"items": [{"entity": "a", "entity": "c", "occurrence": "b"}]}}}`, `"entity"`},
 		"invalid UTF-8":          {head + "  batch:\n    items:\n    - {entity: \"a\xff\", occurrence: b}\n", "document 1"},
+		// A number JSON would not keep as written: rounded to a float64, or
+		// turned into a string.
+		"payload integer beyond 64 bits": {head + "  batch:\n    items:\n    - {entity: a, occurrence: b, payload: {id: 12345678901234567891}}\n",
+			"line 8: the number 12345678901234567891 "},
+		"payload float with more digits than it keeps": {head + "  batch:\n    items:\n    - {entity: a, occurrence: b, payload: {x: 0.1000000000000000055511151231257827}}\n",
+			"the number 0.1000000000000000055511151231257827 "},
+		"payload float beyond float64": {head + "  batch:\n    items:\n    - {entity: a, occurrence: b, payload: {x: 1e400}}\n", "the number 1e400 "},
+		"JSON payload integer beyond 64 bits": {`{"apiVersion": "processing.runledger.dev/v1alpha1", "kind": "ProcessingRun", "metadata": {"name": "j"}, "spec": {"database": {"secretRef": {"name": "d", "key": "k"}}, "batch": {"items": [{"entity": "a", "occurrence": "b", "payload": {"id": 12345678901234567891}}]}}}`,
+			"the number 12345678901234567891 "},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
