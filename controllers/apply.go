@@ -31,6 +31,9 @@ func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.Processi
 	if st.Duration != nil {
 		status.WithDuration(*st.Duration)
 	}
+	if st.FailedItems != "" {
+		status.WithFailedItems(st.FailedItems)
+	}
 	final := make(map[int32]bool, len(shards))
 	for _, d := range shards {
 		final[d.index] = d.final
@@ -57,6 +60,16 @@ func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.Processi
 			}
 			if e.Message != "" {
 				sh.WithMessage(e.Message)
+			}
+			for _, f := range e.Failures {
+				fs := acv1alpha1.FailureSample().WithEntity(f.Entity).WithOccurrence(f.Occurrence)
+				if f.Class != "" {
+					fs.WithClass(f.Class)
+				}
+				if f.Error != "" {
+					fs.WithError(f.Error)
+				}
+				sh.WithFailures(fs)
 			}
 			if e.LastReportTime != nil {
 				sh.WithLastReportTime(*e.LastReportTime)

@@ -46,12 +46,13 @@ func withProgress(entry *v1alpha1.ShardStatus, index int32, pods []podInfo) *v1a
 	e.Attempt = latest.Attempt
 	e.ItemCounts = latest.ItemCounts
 	e.Message = latest.Message
+	e.Failures = append([]v1alpha1.FailureSample(nil), latest.Failures...)
 	e.LastReportTime = latest.ReportTime.DeepCopy()
 	return &e
 }
 
 // progressOnlyChange reports whether two statuses differ only in counts and
-// in the shards' report fields (counts, message, report time): what moves
+// in the shards' report fields (counts, message, failures, report time): what moves
 // with every report, and is written at most every StatusInterval.
 func progressOnlyChange(old, desired *v1alpha1.ProcessingRunStatus) bool {
 	if len(old.Shards) != len(desired.Shards) {
@@ -65,7 +66,7 @@ func progressOnlyChange(old, desired *v1alpha1.ProcessingRunStatus) bool {
 			return false
 		}
 		e.ItemCounts = o.ItemCounts
-		e.Message, e.LastReportTime = o.Message, o.LastReportTime
+		e.Message, e.LastReportTime, e.Failures = o.Message, o.LastReportTime, o.Failures
 	}
 	return equality.Semantic.DeepEqual(*old, *c)
 }

@@ -225,12 +225,45 @@ func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.Processin
 		if d.final && d.report != nil {
 			e.Attempt = d.report.Attempt
 			e.Message = d.report.Message
+			e.Failures = append([]v1alpha1.FailureSample(nil), d.report.Failures...)
 		}
 		st.Shards = append(st.Shards, e)
 	}
 
+	boundFailureSamples(st.Shards)
+	st.FailedItems = ""
+	if st.Failed > 0 {
+		st.FailedItems = FailedItemsCommand(run.Namespace, run.Name)
+	}
 	st.Conditions = buildConditions(run, in)
 	return st
+}
+
+// MaxRunFailureSamples bounds the failures the shards' entries show
+// together: the first shards' (in index order) keep theirs, so that the
+// sample's size does not grow with the shard count.
+const MaxRunFailureSamples = 10
+
+// boundFailureSamples applies MaxRunFailureSamples to entries (in index
+// order).
+func boundFailureSamples(entries []v1alpha1.ShardStatus) {
+	left := MaxRunFailureSamples
+	for i := range entries {
+		f := entries[i].Failures
+		if len(f) > left {
+			entries[i].Failures = f[:left:left]
+		}
+		left -= len(entries[i].Failures)
+		if len(entries[i].Failures) == 0 {
+			entries[i].Failures = nil
+		}
+	}
+}
+
+// FailedItemsCommand is the command that lists a run's failed items from the
+// ledger database (status.failedItems).
+func FailedItemsCommand(namespace, name string) string {
+	return fmt.Sprintf("runledger items %s -n %s --failed", name, namespace)
 }
 
 // buildConditions are the run's conditions: Complete, Failed and Suspended

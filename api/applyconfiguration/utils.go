@@ -28,6 +28,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.DatabaseSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("EffectSpec"):
 		return &apiv1alpha1.EffectSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("FailureSample"):
+		return &apiv1alpha1.FailureSampleApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("FromRunSource"):
 		return &apiv1alpha1.FromRunSourceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Item"):

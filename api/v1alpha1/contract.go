@@ -137,6 +137,7 @@ var StatusSources = map[string]StatusSource{
 	"failed":            FromWorkerReport,
 	"payloadChanged":    FromWorkerReport,
 	"message":           FromWorkerReport,
+	"failures":          FromWorkerReport,
 	"lastReportTime":    FromWorkerReport,
 }
 
@@ -209,28 +210,48 @@ type ShardReport struct {
 	Attempt    int32 `json:"attempt"`
 	ItemCounts `json:",inline"`
 	Message    string `json:"message,omitempty"`
+	// Failures are the shard's first failed items (BoundFailures).
+	Failures []FailureSample `json:"failures,omitempty"`
 	// ReportTime is when the worker wrote the report (progress annotations
 	// only: the termination message has the container's finish time).
 	ReportTime *metav1.Time `json:"reportTime,omitempty"`
 }
 
-// TerminationMessage encodes the report for TerminationMessagePath, cutting
-// the message so that the whole fits in MaxTerminationMessageBytes.
+// TerminationMessage encodes the report for TerminationMessagePath, within
+// MaxTerminationMessageBytes: the message cut first, to minKeptMessage,
+// then the failures dropped (the latest first), then the message cut
+// further.
 func (r ShardReport) TerminationMessage() ([]byte, error) {
 	for {
 		b, err := json.Marshal(r)
 		if err != nil {
 			return nil, fmt.Errorf("encode shard report: %w", err)
 		}
-		if len(b) <= MaxTerminationMessageBytes {
+		excess := len(b) - MaxTerminationMessageBytes
+		switch {
+		case excess <= 0:
 			return b, nil
-		}
-		if r.Message == "" {
+		case len(r.Message) > minKeptMessage:
+			r.Message = Truncate(r.Message, max(len(r.Message)-excess, minKeptMessage))
+		case len(r.Failures) > 0:
+			r.Failures = r.Failures[:len(r.Failures)-1]
+		case len(r.Message) > len("…"):
+			n := len(r.Message) - excess
+			if n < len("…") { // escaping makes the JSON longer than the text
+				n = max(len(r.Message)/2, len("…"))
+			}
+			r.Message = Truncate(r.Message, n)
+		case r.Message != "":
+			r.Message = ""
+		default:
 			return nil, errors.New("encode shard report: too long without a message")
 		}
-		r.Message = Truncate(r.Message, len(r.Message)-(len(b)-MaxTerminationMessageBytes))
 	}
 }
+
+// minKeptMessage is how much of its message a termination message keeps
+// before it drops failures.
+const minKeptMessage = 1024
 
 // ParseShardReport decodes a termination message written by
 // ShardReport.TerminationMessage. It fails on anything else (with
@@ -246,7 +267,25 @@ func ParseShardReport(msg string) (ShardReport, error) {
 	if r.Shard < 0 || r.Attempt < 0 || r.Negative() {
 		return ShardReport{}, errors.New("decode shard report: negative field")
 	}
+	// The status' bounds, whatever the worker sent.
+	r.Failures = BoundFailures(r.Failures)
 	return r, nil
+}
+
+// BoundFailures is failures as a report and the status carry them: the
+// first MaxShardFailures, each text cut to its bound (Truncate).
+func BoundFailures(failures []FailureSample) []FailureSample {
+	if len(failures) == 0 {
+		return nil
+	}
+	out := make([]FailureSample, 0, min(len(failures), MaxShardFailures))
+	for _, f := range failures[:min(len(failures), MaxShardFailures)] {
+		out = append(out, FailureSample{
+			Entity: Truncate(f.Entity, MaxFailureSampleBytes), Occurrence: Truncate(f.Occurrence, MaxFailureSampleBytes),
+			Class: Truncate(f.Class, MaxFailureClassBytes), Error: Truncate(f.Error, MaxFailureSampleBytes),
+		})
+	}
+	return out
 }
 
 // Truncate cuts s to at most n bytes (and never less than the mark), on a

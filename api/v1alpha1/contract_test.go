@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -16,7 +17,8 @@ func TestNames(t *testing.T) {
 }
 
 func TestShardReportRoundTrip(t *testing.T) {
-	r := ShardReport{Shard: 2, Attempt: 1, ItemCounts: ItemCounts{Total: 10, Completed: 7, AlreadyHandled: 2, Failed: 1}, Message: "item a/1: boom"}
+	r := ShardReport{Shard: 2, Attempt: 1, ItemCounts: ItemCounts{Total: 10, Completed: 7, AlreadyHandled: 2, Failed: 1}, Message: "item a/1: boom",
+		Failures: []FailureSample{{Entity: "a", Occurrence: "1", Class: "23503", Error: "boom"}}}
 	b, err := r.TerminationMessage()
 	if err != nil {
 		t.Fatal(err)
@@ -25,14 +27,14 @@ func TestShardReportRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != r {
+	if !reflect.DeepEqual(got, r) {
 		t.Fatalf("round trip: %+v != %+v", got, r)
 	}
 	var m map[string]any
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"shard", "attempt", "total", "completed", "alreadyHandled", "failed", "message"} {
+	for _, k := range []string{"shard", "attempt", "total", "completed", "alreadyHandled", "failed", "message", "failures"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("field %q missing from %s", k, b)
 		}
@@ -59,6 +61,50 @@ func TestTerminationMessageFitsTheKubeletLimit(t *testing.T) {
 		if r.Completed != 5 || !strings.HasSuffix(r.Message, "…") {
 			t.Fatalf("report %+v", r)
 		}
+	}
+}
+
+// TestFailureSampleIsBounded: a report's failures, however many and long
+// (escaping included), fit the termination message with the counts: the
+// latest go first, then the message is cut; parsed, they are within the
+// status' bounds whatever the worker sent.
+func TestFailureSampleIsBounded(t *testing.T) {
+	long := strings.Repeat("\"\x01é", 2000)
+	var many []FailureSample
+	for range 10 {
+		many = append(many, FailureSample{Entity: long, Occurrence: long, Class: long, Error: long})
+	}
+	bounded := BoundFailures(many)
+	if len(bounded) != MaxShardFailures {
+		t.Fatalf("%d failures kept", len(bounded))
+	}
+	for _, f := range bounded {
+		if len(f.Entity) > MaxFailureSampleBytes || len(f.Occurrence) > MaxFailureSampleBytes || len(f.Error) > MaxFailureSampleBytes ||
+			len(f.Class) > MaxFailureClassBytes || !strings.HasSuffix(f.Error, "…") {
+			t.Fatalf("not bounded: %+v", f)
+		}
+	}
+	b, err := ShardReport{Shard: 1, ItemCounts: ItemCounts{Failed: 10}, Message: long, Failures: bounded}.TerminationMessage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > MaxTerminationMessageBytes {
+		t.Fatalf("%d bytes", len(b))
+	}
+	r, err := ParseShardReport(string(b))
+	if err != nil || r.Failed != 10 {
+		t.Fatalf("report %+v: %v", r, err)
+	}
+	unbounded, err := json.Marshal(ShardReport{Shard: 1, Failures: many})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err = ParseShardReport(string(unbounded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(r.Failures, bounded) {
+		t.Fatalf("parsed failures not bounded: %d", len(r.Failures))
 	}
 }
 

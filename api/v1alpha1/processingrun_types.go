@@ -671,6 +671,14 @@ type ProcessingRunStatus struct {
 	// +kubebuilder:validation:MaxItems=256
 	Shards []ShardStatus `json:"shards,omitempty"`
 
+	// failedItems, once an item failed, is the command that lists every
+	// failed item of the run, with its error, from the ledger database
+	// (runledger items NAME -n NAMESPACE --failed): each shard's entry
+	// shows only its first few failures.
+	// +optional
+	// +kubebuilder:validation:MaxLength=600
+	FailedItems string `json:"failedItems,omitempty"`
+
 	// conditions: Complete, Failed and Suspended (as batch/v1 Job), Ready,
 	// Reconciling and Stalled (as kstatus reads them).
 	// +optional
@@ -791,10 +799,42 @@ type ShardStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	Message string `json:"message,omitempty"`
+	// failures are the shard's first failed items, at most 3, each with its
+	// key and why, cut short (from the worker's report); the shards show 10
+	// in all at most, the first shards' in index order. Every failed item
+	// is recorded in the ledger database: status.failedItems lists them.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=3
+	Failures []FailureSample `json:"failures,omitempty"`
 	// lastReportTime is when the worker made the report this entry shows
 	// (from the worker's report).
 	// +optional
 	LastReportTime *metav1.Time `json:"lastReportTime,omitempty"`
+}
+
+// FailureSample is one failed item as a shard's status shows it: its key
+// and why, each part cut to its bound (marked "…"); the ledger database
+// keeps the item's whole record.
+type FailureSample struct {
+	// entity of the item's key, cut to 256 bytes.
+	// +required
+	// +kubebuilder:validation:MaxLength=256
+	Entity string `json:"entity"`
+	// occurrence of the item's key, cut to 256 bytes.
+	// +required
+	// +kubebuilder:validation:MaxLength=256
+	Occurrence string `json:"occurrence"`
+	// class of the error: its SQLSTATE (e.g. 23503), or input,
+	// processor-refused, processor-retries-exhausted, processor-unavailable,
+	// effect-sandbox, unproven, payload-changed.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Class string `json:"class,omitempty"`
+	// error is why the item failed, cut to 256 bytes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Error string `json:"error,omitempty"`
 }
 
 // Condition types of a ProcessingRun.

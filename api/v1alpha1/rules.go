@@ -34,6 +34,12 @@ const (
 	// MaxShardMessageLength bounds status.shards[].message, in characters
 	// (a worker cuts its message to as many bytes, see Truncate).
 	MaxShardMessageLength = 4096
+	// MaxShardFailures bounds status.shards[].failures (and a report's).
+	MaxShardFailures = 3
+	// MaxFailureSampleBytes bounds each text of a FailureSample but its
+	// class, in bytes (its class: MaxFailureClassBytes).
+	MaxFailureSampleBytes = 256
+	MaxFailureClassBytes  = 64
 
 	// ReservedEnvPrefix starts the names of the environment variables
 	// runledger sets on the worker container (EnvPodName is reserved too):

@@ -64,6 +64,12 @@ func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
 	require.Equal(t, int64(v1alpha1.MaxSQLLength), *at("spec", "effect", "sql").MaxLength)
 	require.Equal(t, int64(v1alpha1.MaxImageLength), *at("spec", "workerTemplate", "image").MaxLength)
 	require.Equal(t, int64(v1alpha1.MaxShardMessageLength), *at("status", "shards", "[]", "message").MaxLength)
+	// The failures a status shows: as BoundFailures cuts them (bytes bound characters).
+	require.Equal(t, int64(v1alpha1.MaxShardFailures), *at("status", "shards", "[]", "failures").MaxItems)
+	for _, f := range []string{"entity", "occurrence", "error"} {
+		require.Equal(t, int64(v1alpha1.MaxFailureSampleBytes), *at("status", "shards", "[]", "failures", "[]", f).MaxLength, f)
+	}
+	require.Equal(t, int64(v1alpha1.MaxFailureClassBytes), *at("status", "shards", "[]", "failures", "[]", "class").MaxLength)
 	for _, ref := range [][]string{{"spec", "database", "secretRef"}, {"spec", "batch", "configMapRef"}} {
 		for _, f := range []string{"name", "key"} {
 			require.Equal(t, int64(v1alpha1.MaxRefNameLength), *at(append(ref, f)...).MaxLength, "%v.%s", ref, f)

@@ -193,8 +193,19 @@ func (s *StatusReporter) report(r Report, message string) v1alpha1.ShardReport {
 		Shard: int32(s.env.Shard), Attempt: int32(s.env.Attempt),
 		ItemCounts: r.ItemCounts,
 		Message:    v1alpha1.Truncate(message, v1alpha1.MaxShardMessageLength),
+		Failures:   failureSample(r),
 		ReportTime: &metav1.Time{Time: s.now()},
 	}
+}
+
+// failureSample is the report's sample of the shard's failed items: the
+// first few, bounded (every one is recorded in the ledger database).
+func failureSample(r Report) []v1alpha1.FailureSample {
+	out := make([]v1alpha1.FailureSample, 0, min(len(r.Failures), v1alpha1.MaxShardFailures))
+	for _, f := range r.Failures[:min(len(r.Failures), v1alpha1.MaxShardFailures)] {
+		out = append(out, v1alpha1.FailureSample{Entity: f.Entity, Occurrence: f.Occurrence, Class: f.Class, Error: f.Error})
+	}
+	return v1alpha1.BoundFailures(out)
 }
 
 // Run writes pending updates, at most one per interval, until ctx is done.
@@ -316,6 +327,7 @@ func WriteTerminationMessage(path string, env PodEnv, r Report, message string) 
 		Shard: int32(env.Shard), Attempt: int32(env.Attempt),
 		ItemCounts: r.ItemCounts,
 		Message:    message,
+		Failures:   failureSample(r),
 	}
 	b, err := rep.TerminationMessage()
 	if err != nil {

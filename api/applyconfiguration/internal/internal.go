@@ -73,6 +73,21 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: sql
       type:
         scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.FailureSample
+  map:
+    fields:
+    - name: class
+      type:
+        scalar: string
+    - name: entity
+      type:
+        scalar: string
+    - name: error
+      type:
+        scalar: string
+    - name: occurrence
+      type:
+        scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.FromRunSource
   map:
     fields:
@@ -248,6 +263,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: failed
       type:
         scalar: numeric
+    - name: failedItems
+      type:
+        scalar: string
     - name: observedGeneration
       type:
         scalar: numeric
@@ -503,6 +521,12 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: failedAttempts
       type:
         scalar: numeric
+    - name: failures
+      type:
+        list:
+          elementType:
+            namedType: com.github.runledger.runledger.api.v1alpha1.FailureSample
+          elementRelationship: atomic
     - name: index
       type:
         scalar: numeric

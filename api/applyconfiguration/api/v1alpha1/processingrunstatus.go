@@ -36,6 +36,11 @@ type ProcessingRunStatusApplyConfiguration struct {
 	Duration *v1.Duration `json:"duration,omitempty"`
 	// shards has one entry per shard.
 	Shards []ShardStatusApplyConfiguration `json:"shards,omitempty"`
+	// failedItems, once an item failed, is the command that lists every
+	// failed item of the run, with its error, from the ledger database
+	// (runledger items NAME -n NAMESPACE --failed): each shard's entry
+	// shows only its first few failures.
+	FailedItems *string `json:"failedItems,omitempty"`
 	// conditions: Complete, Failed and Suspended (as batch/v1 Job), Ready,
 	// Reconciling and Stalled (as kstatus reads them).
 	Conditions []metav1.ConditionApplyConfiguration `json:"conditions,omitempty"`
@@ -137,6 +142,14 @@ func (b *ProcessingRunStatusApplyConfiguration) WithShards(values ...*ShardStatu
 		}
 		b.Shards = append(b.Shards, *values[i])
 	}
+	return b
+}
+
+// WithFailedItems sets the FailedItems field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the FailedItems field is set to the value of the last call.
+func (b *ProcessingRunStatusApplyConfiguration) WithFailedItems(value string) *ProcessingRunStatusApplyConfiguration {
+	b.FailedItems = &value
 	return b
 }
 

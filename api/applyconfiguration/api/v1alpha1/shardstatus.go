@@ -43,6 +43,11 @@ type ShardStatusApplyConfiguration struct {
 	// message is the worker's last word, e.g. its first item error (from the
 	// worker's report).
 	Message *string `json:"message,omitempty"`
+	// failures are the shard's first failed items, at most 3, each with its
+	// key and why, cut short (from the worker's report); the shards show 10
+	// in all at most, the first shards' in index order. Every failed item
+	// is recorded in the ledger database: status.failedItems lists them.
+	Failures []FailureSampleApplyConfiguration `json:"failures,omitempty"`
 	// lastReportTime is when the worker made the report this entry shows
 	// (from the worker's report).
 	LastReportTime *v1.Time `json:"lastReportTime,omitempty"`
@@ -147,6 +152,19 @@ func (b *ShardStatusApplyConfiguration) WithPayloadChanged(value int64) *ShardSt
 // If called multiple times, the Message field is set to the value of the last call.
 func (b *ShardStatusApplyConfiguration) WithMessage(value string) *ShardStatusApplyConfiguration {
 	b.Message = &value
+	return b
+}
+
+// WithFailures adds the given value to the Failures field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Failures field.
+func (b *ShardStatusApplyConfiguration) WithFailures(values ...*FailureSampleApplyConfiguration) *ShardStatusApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithFailures")
+		}
+		b.Failures = append(b.Failures, *values[i])
+	}
 	return b
 }
 
