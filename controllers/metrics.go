@@ -14,6 +14,9 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 )
 
+// runItemsHelp describes runledger_run_items.
+const runItemsHelp = "Items of the ProcessingRuns that exist, by namespace and verdict (completed, alreadyHandled, failed; payloadChanged: part of alreadyHandled or failed), as their status counts them and the controller's cache holds them: a namespace's series go with its last run."
+
 // Prometheus metrics, served on the manager's metrics endpoint next to
 // controller-runtime's own (reconcile rates and durations, workqueue depth).
 var (
@@ -68,6 +71,7 @@ var (
 	}, []string{"namespace", "schedule"})
 	runsDesc = prometheus.NewDesc("runledger_runs",
 		"ProcessingRuns by phase, as the controller's cache holds them.", []string{"phase"}, nil)
+	runItemsDesc = prometheus.NewDesc("runledger_run_items", runItemsHelp, []string{"namespace", "verdict"}, nil)
 	stalledDesc = prometheus.NewDesc("runledger_runs_stalled",
 		"ProcessingRuns that cannot progress without someone acting (Stalled=True, not Failed), by reason, as the controller's cache holds them.",
 		[]string{"reason"}, nil)
@@ -188,6 +192,7 @@ func RegisterRunsMetric(reader client.Reader) error {
 func (c runsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- runsDesc
 	ch <- stalledDesc
+	ch <- runItemsDesc
 }
 
 func (c runsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -203,8 +208,14 @@ func (c runsCollector) Collect(ch chan<- prometheus.Metric) {
 		byPhase[p] = 0
 	}
 	stalled := map[string]int{}
+	items := map[string]*v1alpha1.ItemCounts{} // by namespace: the labels are bounded by the runs that exist
 	for i := range runs.Items {
 		st := &runs.Items[i].Status
+		ns := runs.Items[i].Namespace
+		if items[ns] == nil {
+			items[ns] = &v1alpha1.ItemCounts{}
+		}
+		items[ns].Add(st.ItemCounts)
 		p := st.Phase
 		if p == "" {
 			p = v1alpha1.RunPending
@@ -220,5 +231,10 @@ func (c runsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for reason, n := range stalled {
 		ch <- prometheus.MustNewConstMetric(stalledDesc, prometheus.GaugeValue, float64(n), reason)
+	}
+	for ns, c := range items {
+		for verdict, n := range map[string]int64{"completed": c.Completed, "alreadyHandled": c.AlreadyHandled, "failed": c.Failed, "payloadChanged": c.PayloadChanged} {
+			ch <- prometheus.MustNewConstMetric(runItemsDesc, prometheus.GaugeValue, float64(n), ns, verdict)
+		}
 	}
 }

@@ -50,6 +50,35 @@ runledger_runs_stalled{reason="WorkerNotStarting"} 1
 `), "runledger_runs", "runledger_runs_stalled"))
 }
 
+// TestRunItemsMetric: runledger_run_items sums the counts of the runs that
+// exist by namespace and verdict; a namespace without runs has no series.
+func TestRunItemsMetric(t *testing.T) {
+	scheme, err := envtestutil.Scheme()
+	require.NoError(t, err)
+	run := func(ns, name string, c v1alpha1.ItemCounts) *v1alpha1.ProcessingRun {
+		return &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Status: v1alpha1.ProcessingRunStatus{ItemCounts: c}}
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		run("billing", "june", v1alpha1.ItemCounts{Total: 10, Completed: 6, AlreadyHandled: 1, Failed: 3}),
+		run("billing", "july", v1alpha1.ItemCounts{Total: 5, Completed: 2, AlreadyHandled: 3, PayloadChanged: 1}),
+		run("mail", "june", v1alpha1.ItemCounts{Total: 1, Completed: 1}),
+	).Build()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(runsCollector{reader: c}))
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP runledger_run_items `+runItemsHelp+`
+# TYPE runledger_run_items gauge
+runledger_run_items{namespace="billing",verdict="alreadyHandled"} 4
+runledger_run_items{namespace="billing",verdict="completed"} 8
+runledger_run_items{namespace="billing",verdict="failed"} 3
+runledger_run_items{namespace="billing",verdict="payloadChanged"} 1
+runledger_run_items{namespace="mail",verdict="alreadyHandled"} 0
+runledger_run_items{namespace="mail",verdict="completed"} 1
+runledger_run_items{namespace="mail",verdict="failed"} 0
+runledger_run_items{namespace="mail",verdict="payloadChanged"} 0
+`), "runledger_run_items"))
+}
+
 // durationCount is how many durations runledger_run_duration_seconds has
 // observed for a result.
 func durationCount(t *testing.T, result string) uint64 {
@@ -87,7 +116,7 @@ func TestItemsMetricCountsWhatStatusWritesAdd(t *testing.T) {
 func TestMetricNames(t *testing.T) {
 	require.ElementsMatch(t, []string{"runledger_items_total", "runledger_items_payload_changed_total", "runledger_reconcile_errors_total", "runledger_worker_pods_created_total",
 		"runledger_shard_attempts_failed_total", "runledger_status_conflicts_total", "runledger_runs_finished_total",
-		"runledger_run_duration_seconds", "runledger_runs", "runledger_runs_stalled",
+		"runledger_run_duration_seconds", "runledger_runs", "runledger_runs_stalled", "runledger_run_items",
 		"runledger_schedule_runs_created_total", "runledger_schedule_missed_ticks_total",
 		"runledger_schedule_next_tick_timestamp_seconds", "runledger_schedule_last_success_timestamp_seconds"}, MetricNames())
 }
