@@ -72,7 +72,7 @@ var (
 	runsDesc = prometheus.NewDesc("runledger_runs",
 		"ProcessingRuns by phase, as the controller's cache holds them.", []string{"phase"}, nil)
 	runItemsDesc = prometheus.NewDesc("runledger_run_items", runItemsHelp, []string{"namespace", "verdict"}, nil)
-	stalledDesc = prometheus.NewDesc("runledger_runs_stalled",
+	stalledDesc  = prometheus.NewDesc("runledger_runs_stalled",
 		"ProcessingRuns that cannot progress without someone acting (Stalled=True, not Failed), by reason, as the controller's cache holds them.",
 		[]string{"reason"}, nil)
 )
