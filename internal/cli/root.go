@@ -77,7 +77,8 @@ func openOwnerPool(cmd *cobra.Command) (*pgxpool.Pool, *redact.Redactor, error) 
 	}
 	secrets := redact.New(dsn)
 	// No run to read timeouts from: the runs' default.
-	pool, err := ledger.Open(cmd.Context(), dsn, 2, ledger.NetworkTimeout(v1alpha1.DefaultNetworkSeconds*time.Second))
+	pool, err := ledger.Open(cmd.Context(), dsn, 2, ledger.NetworkTimeout(v1alpha1.DefaultNetworkSeconds*time.Second),
+		ledger.ApplicationName("runledger "+cmd.Name()))
 	if err != nil {
 		return nil, nil, badInput(err)
 	}

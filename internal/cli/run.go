@@ -198,6 +198,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 
 	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
 		DSN: dsn, Parallel: parallel, SkipMigrate: o.skipMigrate, Retry: retry, Log: log,
+		ApplicationName: "runledger run/" + m.run.Namespace + "/" + m.run.Name,
 	})
 	if err != nil {
 		return sum, exitFor(err)

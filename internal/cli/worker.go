@@ -22,6 +22,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
@@ -209,6 +210,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	retry := s.opts.retry()
 	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
 		DSN: s.env.DSN, Parallel: 1, SkipMigrate: s.opts.skipMigrate, Retry: retry, Log: s.log,
+		ApplicationName: ledger.WorkerApplicationName(s.env.Namespace, s.env.Name, s.env.Shard),
 	})
 	if err != nil {
 		return worker.Report{}, maxFailed, exitFor(err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -13,7 +14,9 @@ import (
 )
 
 // Open parses dsn and opens a pool on it (maxConns 0 keeps pgx's default),
-// tuned by opts. Errors never contain the DSN's secrets.
+// tuned by opts. Its first connection finds out whether it reaches
+// PostgreSQL through a pooler (poolerProbe). Errors never contain the DSN's
+// secrets.
 func Open(ctx context.Context, dsn string, maxConns int32, opts ...Option) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -25,10 +28,21 @@ func Open(ctx context.Context, dsn string, maxConns int32, opts ...Option) (*pgx
 	for _, o := range opts {
 		o(cfg)
 	}
+	probe := &poolerProbe{}
+	next := cfg.BeforeConnect
+	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		if next != nil {
+			if err := next(ctx, cc); err != nil {
+				return err
+			}
+		}
+		return probe.beforeConnect(ctx, cc)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("opening database pool: %w", redact.New(dsn).Error(err))
 	}
+	poolerProbes.Store(pool, probe)
 	return pool, nil
 }
 

@@ -25,8 +25,9 @@ const migrationLockKey int64 = 0x3f1b_5c2e_9d47_a061
 const versionTable = Schema + ".goose_db_version"
 
 // Migrate applies every embedded migration that the database lacks and returns
-// how many it applied. It is idempotent, safe to run concurrently, and holds
-// one connection of the pool at a time, so a pool of one connection will do.
+// how many it applied. It is idempotent and safe to run concurrently. Straight
+// to PostgreSQL it holds one connection of the pool at a time, so a pool of
+// one connection will do; behind a pooler it holds two (migrationLock).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	if err := ensureSchema(ctx, pool); err != nil {
 		return 0, err
@@ -38,7 +39,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
 		goose.WithTableName(versionTable),
 		goose.WithDisableGlobalRegistry(true),
-		goose.WithSessionLocker(migrationLocker{}),
+		goose.WithSessionLocker(&migrationLocker{pool: pool}),
 	)
 	if err != nil {
 		return 0, fmt.Errorf("loading migrations: %w", err)
@@ -57,53 +58,130 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 // and gives the connection back: goose looks for its version table in the
 // schema before it takes any lock (Provider.Up calls HasPending first).
 func ensureSchema(ctx context.Context, pool *pgxpool.Pool) (err error) {
-	conn, err := pool.Acquire(ctx)
+	l, err := takeMigrationLock(ctx, pool, nil)
 	if err != nil {
-		return fmt.Errorf("acquiring connection for migration lock: %w", err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, sqlMigrationLock, migrationLockKey); err != nil {
-		return fmt.Errorf("taking migration lock: %w", err)
+		return err
 	}
 	defer func() {
-		if _, uerr := conn.Exec(context.WithoutCancel(ctx), sqlMigrationUnlock, migrationLockKey); uerr != nil {
-			err = errors.Join(err, fmt.Errorf("releasing migration lock: %w", uerr))
+		if uerr := l.release(context.WithoutCancel(ctx)); uerr != nil {
+			err = errors.Join(err, uerr)
 		}
 	}()
 	// Look first: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on
 	// the database even when the schema exists, and a least-privilege worker
 	// role must be able to run Migrate when there is nothing to do.
 	var exists bool
-	if err := conn.QueryRow(ctx, sqlSchemaExists, Schema).Scan(&exists); err != nil {
+	if err := l.db.QueryRow(ctx, sqlSchemaExists, Schema).Scan(&exists); err != nil {
 		return fmt.Errorf("looking up schema %s: %w", Schema, err)
 	}
 	if !exists {
-		if _, err := conn.Exec(ctx, sqlCreateSchema); err != nil {
+		if _, err := l.db.Exec(ctx, sqlCreateSchema); err != nil {
 			return fmt.Errorf("creating schema %s: %w", Schema, err)
 		}
 	}
 	return nil
 }
 
-// migrationLocker is goose's session lock, taken on the connection goose
-// migrates with. It waits in pg_advisory_lock for as long as ctx allows
-// (goose's own Postgres locker polls every five seconds instead).
-type migrationLocker struct{}
+// migrationLock serialises migrators (migrationLockKey). Straight to
+// PostgreSQL it is a session lock on the connection that migrates. Behind a
+// pooler, whose transaction mode gives each transaction any server
+// connection (a session lock would stay on one of them, with nobody to
+// release it), it is a transaction lock (sqlMigrationXactLock) held by a
+// transaction of its own on a second connection, open while the migrations
+// run on the first and committed after them: that transaction pins one
+// server connection, and the lock goes with it if the migrator dies. It
+// takes no snapshot beyond its one statement (READ COMMITTED, no write), so
+// it holds back no vacuum.
+type migrationLock struct {
+	conn *pgxpool.Conn // nil: the session lock on goose's connection
+	tx   pgx.Tx
+	db   dbtx // where ensureSchema's statements run
+}
 
-var _ lock.SessionLocker = migrationLocker{}
+// takeMigrationLock takes the lock; session, when not nil, is goose's
+// connection, the session lock's straight to PostgreSQL.
+func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool, session *sql.Conn) (*migrationLock, error) {
+	// ensureSchema's connection came first: the pool knows what it reaches
+	// by goose's.
+	if session != nil && !BehindPooler(pool) {
+		if _, err := session.ExecContext(ctx, sqlMigrationLock, migrationLockKey); err != nil {
+			return nil, fmt.Errorf("taking migration lock: %w", err)
+		}
+		return &migrationLock{}, nil
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquiring connection for migration lock: %w", err)
+	}
+	if !BehindPooler(pool) {
+		if _, err := conn.Exec(ctx, sqlMigrationLock, migrationLockKey); err != nil {
+			conn.Release()
+			return nil, fmt.Errorf("taking migration lock: %w", err)
+		}
+		return &migrationLock{conn: conn, db: conn}, nil
+	}
+	tx, err := conn.Begin(ctx)
+	if err == nil {
+		_, err = tx.Exec(ctx, sqlMigrationXactLock, migrationLockKey)
+	}
+	if err != nil {
+		_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		conn.Release()
+		return nil, fmt.Errorf("taking migration lock (a transaction lock: the connection goes through a pooler): %w", err)
+	}
+	return &migrationLock{conn: conn, tx: tx, db: tx}, nil
+}
 
-func (migrationLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
-	if _, err := conn.ExecContext(ctx, sqlMigrationLock, migrationLockKey); err != nil {
-		return fmt.Errorf("taking migration lock: %w", err)
+// release releases the lock taken by takeMigrationLock; session is goose's
+// connection, as given to it.
+func (l *migrationLock) releaseOn(ctx context.Context, session *sql.Conn) error {
+	switch {
+	case l.tx != nil:
+		defer l.conn.Release()
+		if err := l.tx.Commit(ctx); err != nil {
+			return fmt.Errorf("releasing migration lock: %w", err)
+		}
+	case l.conn != nil:
+		defer l.conn.Release()
+		if _, err := l.conn.Exec(ctx, sqlMigrationUnlock, migrationLockKey); err != nil {
+			return fmt.Errorf("releasing migration lock: %w", err)
+		}
+	case session != nil:
+		if _, err := session.ExecContext(ctx, sqlMigrationUnlock, migrationLockKey); err != nil {
+			return fmt.Errorf("releasing migration lock: %w", err)
+		}
 	}
 	return nil
 }
 
-func (migrationLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
-	if _, err := conn.ExecContext(ctx, sqlMigrationUnlock, migrationLockKey); err != nil {
-		return fmt.Errorf("releasing migration lock: %w", err)
+func (l *migrationLock) release(ctx context.Context) error { return l.releaseOn(ctx, nil) }
+
+// migrationLocker is goose's session lock (migrationLock), taken for the
+// connection goose migrates with. It waits for the lock for as long as ctx
+// allows (goose's own Postgres locker polls every five seconds instead).
+type migrationLocker struct {
+	pool *pgxpool.Pool
+	held *migrationLock
+}
+
+var _ lock.SessionLocker = (*migrationLocker)(nil)
+
+func (m *migrationLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
+	l, err := takeMigrationLock(ctx, m.pool, conn)
+	if err != nil {
+		return err
 	}
+	m.held = l
 	return nil
+}
+
+func (m *migrationLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
+	if m.held == nil {
+		return nil
+	}
+	l := m.held
+	m.held = nil
+	return l.releaseOn(ctx, conn)
 }
 
 // GrantWorker gives the login role exactly the privileges a worker needs on

@@ -497,12 +497,15 @@ LEFT JOIN LATERAL (
 ) AS r ON true`
 
 // Migrate's statements. The advisory lock is session-level: goose runs each
-// migration in a transaction of its own, all under the one lock.
+// migration in a transaction of its own, all under the one lock; behind a
+// pooler it is a transaction's, held by a transaction of its own
+// (migrationLock).
 const (
-	sqlMigrationLock   = `SELECT pg_advisory_lock($1)`
-	sqlMigrationUnlock = `SELECT pg_advisory_unlock($1)`
-	sqlSchemaExists    = `SELECT to_regnamespace($1) IS NOT NULL`
-	sqlCreateSchema    = `CREATE SCHEMA IF NOT EXISTS ` + Schema
+	sqlMigrationLock     = `SELECT pg_advisory_lock($1)`
+	sqlMigrationXactLock = `SELECT pg_advisory_xact_lock($1)`
+	sqlMigrationUnlock   = `SELECT pg_advisory_unlock($1)`
+	sqlSchemaExists      = `SELECT to_regnamespace($1) IS NOT NULL`
+	sqlCreateSchema      = `CREATE SCHEMA IF NOT EXISTS ` + Schema
 )
 
 // A run's batch (migrations/00002_batch.sql): what a query source returned,
@@ -831,6 +834,23 @@ const (
 	sqlPing              = `SELECT 1`
 	sqlUnlockAll         = `SELECT pg_advisory_unlock_all()`
 )
+
+// sqlServerKeepalives asks the server for its side of NetworkTimeout
+// (settings: name, value, ...; constants of the ledger's own), for the
+// session, but only if the session is the server backend whose process ID
+// the connection was given (pid): behind a pooler (PgBouncer, RDS Proxy,
+// Supavisor, pgcat) that ID is the pooler's own and the backend serves
+// other clients' transactions, so nothing is set there.
+func sqlServerKeepalives(pid uint32, settings []string) string {
+	calls := make([]string, 0, len(settings)/2)
+	for i := 0; i+1 < len(settings); i += 2 {
+		calls = append(calls, `set_config('`+settings[i]+`', '`+settings[i+1]+`', false)`)
+	}
+	return `SELECT ` + strings.Join(calls, `, `) + ` WHERE pg_catalog.pg_backend_pid() = ` + strconv.FormatUint(uint64(pid), 10)
+}
+
+// sqlBackendPID is the server backend's own process ID (poolerProbe).
+const sqlBackendPID = `SELECT pg_catalog.pg_backend_pid()`
 
 // sqlDescribeQuery wraps the user's query to describe its columns without
 // running it.

@@ -40,6 +40,14 @@ func Main(m *testing.M, opts ...func(*Options)) {
 		o(&mainOpts)
 	}
 	code := m.Run()
+	if bouncer != nil {
+		if err := bouncer.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: stopping pgbouncer: %v\n", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
 	if server != nil {
 		if err := server.Stop(); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: stopping cluster: %v\n", err)

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -19,6 +20,9 @@ type PrepareConfig struct {
 	Parallel int
 	// SkipMigrate: the schema is migrated already (by the owner).
 	SkipMigrate bool
+	// ApplicationName names the pool's connections in pg_stat_activity
+	// (ledger.ApplicationName).
+	ApplicationName string
 	// Retry is the back-off while the database is unreachable.
 	Retry Backoff
 	// Log is told about each retry.
@@ -33,7 +37,7 @@ type PrepareConfig struct {
 func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store, func(), error) {
 	// Three connections per shard (the source's reads, the commits, the
 	// shard's lock), one more for the start.
-	pool, err := ledger.Open(ctx, cfg.DSN, int32(3*max(cfg.Parallel, 1)+1), ledger.NetworkTimeout(plan.Timeouts.Network))
+	pool, err := ledger.Open(ctx, cfg.DSN, int32(3*max(cfg.Parallel, 1)+1), ledger.NetworkTimeout(plan.Timeouts.Network), ledger.ApplicationName(cfg.ApplicationName))
 	if err != nil {
 		return nil, nil, &InputError{Msg: err.Error()}
 	}
@@ -53,6 +57,18 @@ func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store,
 			pool.Close()
 			return nil, nil, err
 		}
+	}
+	// Until the worker's protocol holds no session state, behind a pooler
+	// it stops here, before anything is read or written.
+	if err := cfg.Retry.Do(ctx, "connecting to the ledger", onRetry("connect"), func(int) error {
+		err := ledger.RefuseTransactionPooler(ctx, pool)
+		if errors.Is(err, ledger.ErrTransactionPooler) {
+			return &InputError{Msg: err.Error()}
+		}
+		return err
+	}); err != nil {
+		pool.Close()
+		return nil, nil, err
 	}
 	store := ledger.NewStore(pool).WithBounds(plan.Timeouts.Query, plan.Timeouts.Lock)
 	if err := plan.Check(ctx, store, cfg.Retry, onRetry("check")); err != nil {

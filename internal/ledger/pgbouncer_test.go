@@ -1,0 +1,125 @@
+package ledger_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+)
+
+// TestMigrateThroughPgBouncer: a pool with the worker's network timeout
+// reaches PostgreSQL through a real PgBouncer in transaction mode with its
+// usual settings (ignore_startup_parameters = extra_float_digits only), and
+// migrates an empty database there. PgBouncer refuses a startup parameter it
+// does not know (FATAL: unsupported startup parameter, 08P01): the network
+// timeouts used to travel as such.
+func TestMigrateThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn := pgtest.ThroughBouncer(t, pgtest.NewEmptyDatabase(t))
+	pool, err := ledger.Open(ctx, dsn, 2, ledger.NetworkTimeout(6*time.Second))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	n, err := ledger.Migrate(ctx, pool)
+	require.NoError(t, err)
+	require.Positive(t, n, "migrations applied")
+	n, err = ledger.Migrate(ctx, pool)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing left to apply")
+}
+
+// TestNetworkTimeout_BehindPgBouncer: behind a pooler the server's
+// keep-alives are not set (its server connection is PgBouncer's, shared by
+// other clients' transactions), the pool knows it is behind one, and the
+// connection carries its application_name through PgBouncer.
+func TestNetworkTimeout_BehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	direct, err := ledger.Open(ctx, dsn, 1)
+	require.NoError(t, err)
+	t.Cleanup(direct.Close)
+	require.NoError(t, direct.Ping(ctx))
+	require.False(t, ledger.BehindPooler(direct), "straight to PostgreSQL")
+
+	pool, err := ledger.Open(ctx, pgtest.ThroughBouncer(t, dsn), 1, ledger.NetworkTimeout(6*time.Second),
+		ledger.ApplicationName("runledger test/"+t.Name()))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	tx, err := pool.Begin(ctx) // one server connection for the transaction
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var asked int
+	var name string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_settings WHERE source = 'session' AND name LIKE 'tcp%'), current_setting('application_name')`).Scan(&asked, &name))
+	require.True(t, ledger.BehindPooler(pool))
+	require.Zero(t, asked, "no keep-alive set on the pooler's server connection")
+	require.Equal(t, "runledger test/"+t.Name(), name)
+}
+
+// TestCutApplicationName: PostgreSQL keeps 63 bytes of application_name;
+// the cut never splits a UTF-8 sequence.
+func TestCutApplicationName(t *testing.T) {
+	t.Parallel()
+	long := ledger.WorkerApplicationName("team-payments-production", "invoices-2026-01-monthly-settlement-run", 255)
+	require.Equal(t, "runledger/team-payments-production/invoices-2026-01-monthly-set", ledger.CutApplicationName(long))
+	require.Len(t, ledger.CutApplicationName(long), ledger.MaxApplicationName)
+	short := ledger.WorkerApplicationName("default", "run-a", 3)
+	require.Equal(t, "runledger/default/run-a/shard-3", ledger.CutApplicationName(short))
+	// 62 ASCII bytes then a 3-byte rune: the rune goes whole.
+	multi := strings.Repeat("a", 62) + "€x"
+	require.Equal(t, strings.Repeat("a", 62), ledger.CutApplicationName(multi))
+	require.True(t, utf8.ValidString(ledger.CutApplicationName(strings.Repeat("é", 40))))
+	require.Len(t, ledger.CutApplicationName(strings.Repeat("é", 40)), 62)
+}
+
+// TestMigrateThroughPgBouncer_Concurrent: eight migrators at once through
+// PgBouncer in transaction mode, each with a pool of two: one applies the
+// migrations, the others wait for the lock (a transaction's, held on a
+// server connection the transaction pins) and find nothing left; none is
+// left holding it (a ninth migrates at once afterwards).
+func TestMigrateThroughPgBouncer_Concurrent(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dsn := pgtest.ThroughBouncer(t, pgtest.NewEmptyDatabase(t))
+	applied := make(chan int, 8)
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			pool, err := ledger.Open(ctx, dsn, 2, ledger.NetworkTimeout(6*time.Second))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer pool.Close()
+			n, err := ledger.Migrate(ctx, pool)
+			applied <- n
+			errs <- err
+		}()
+	}
+	total := 0
+	for range 8 {
+		require.NoError(t, <-errs)
+		total += <-applied
+	}
+	require.Equal(t, migrationCount(t), total, "each migration applied once")
+	pool, err := ledger.Open(ctx, dsn, 2)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	quick, cancelQuick := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelQuick()
+	n, err := ledger.Migrate(quick, pool)
+	require.NoError(t, err, "the lock is free")
+	require.Zero(t, n)
+	var locks int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&locks))
+	require.Zero(t, locks, "no advisory lock left on any server connection")
+}

@@ -1,0 +1,141 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// poolerProbe finds out, once per pool, whether its connections reach
+// PostgreSQL itself or a pooler (PgBouncer, RDS Proxy, Supavisor, pgcat),
+// and makes them use, behind a pooler, only statements it can route in
+// transaction mode: no named prepared statement, which lives on one server
+// connection while the next transaction may run on another.
+type poolerProbe struct {
+	mu     sync.Mutex
+	known  bool
+	pooled bool
+}
+
+// beforeConnect is the pool's BeforeConnect: the first connection is
+// preceded by a probe connection (closed at once) that compares the process
+// ID the connection was given with the backend's own (sqlBackendPID); they
+// differ behind a pooler, which hands out IDs of its own. A probe that fails
+// is tried again by the next connection.
+func (p *poolerProbe) beforeConnect(ctx context.Context, cc *pgx.ConnConfig) error {
+	pooled, err := p.detect(ctx, cc)
+	if err != nil {
+		return err
+	}
+	if pooled {
+		// One round trip per statement, by the unnamed statement, its
+		// description cached on the client: what a transaction pooler
+		// routes (a mode the connection string chose is kept).
+		if cc.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+			cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+		}
+		cc.StatementCacheCapacity = 0
+	}
+	return nil
+}
+
+func (p *poolerProbe) detect(ctx context.Context, cc *pgx.ConnConfig) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.known {
+		return p.pooled, nil
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cc.Config.Copy())
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	res, err := conn.Exec(ctx, sqlBackendPID).ReadAll()
+	if err != nil {
+		return false, fmt.Errorf("asking the server for its backend's process ID: %w", err)
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+		return false, fmt.Errorf("asking the server for its backend's process ID: unexpected answer")
+	}
+	p.known, p.pooled = true, string(res[0].Rows[0][0]) != fmt.Sprint(conn.PID())
+	return p.pooled, nil
+}
+
+// poolerProbes remembers each pool's probe, for BehindPooler.
+var poolerProbes sync.Map // *pgxpool.Pool -> *poolerProbe
+
+// BehindPooler reports whether pool's connections reach PostgreSQL through
+// a pooler, as its first connection found (false before any connection, or
+// for a pool Open did not make).
+func BehindPooler(pool *pgxpool.Pool) bool {
+	p, ok := poolerProbes.Load(pool)
+	if !ok {
+		return false
+	}
+	probe := p.(*poolerProbe)
+	probe.mu.Lock()
+	defer probe.mu.Unlock()
+	return probe.pooled
+}
+
+// ErrTransactionPooler: the pool reaches PostgreSQL through a pooler, which
+// runledger takes to be in transaction mode (PgBouncer's usual one; RDS
+// Proxy, Supavisor and pgcat work the same way): the shard's lock and the
+// batch's lock are session locks, and an effect's table "claimed" is the
+// session's, none of which survives between transactions there. Only the
+// migrations work through it (their lock is a transaction's then).
+var ErrTransactionPooler = errors.New("the connection string reaches PostgreSQL through a connection pooler (PgBouncer, RDS Proxy, Supavisor, pgcat), whose transaction mode keeps no session between transactions: a worker holds session state (the shard's lock, the batch's lock, an effect's table claimed), so it must connect to PostgreSQL directly or through a session-mode pool; runledger migrate works through the pooler")
+
+// RefuseTransactionPooler connects (if no connection was made yet) and
+// returns ErrTransactionPooler when pool's connections go through a pooler.
+func RefuseTransactionPooler(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := pool.Ping(ctx); err != nil {
+		return fmt.Errorf("connecting to the ledger's database: %w", err)
+	}
+	if BehindPooler(pool) {
+		return ErrTransactionPooler
+	}
+	return nil
+}
+
+// MaxApplicationName is PostgreSQL's limit on application_name, in bytes
+// (NAMEDATALEN - 1); a longer name is cut by the server.
+const MaxApplicationName = 63
+
+// ApplicationName names every connection of the pool name in
+// pg_stat_activity (application_name, a startup parameter that PgBouncer
+// accepts and passes on), cut to MaxApplicationName bytes at a UTF-8
+// boundary. It replaces the connection string's application_name: a DBA
+// finds runledger's sessions by theirs.
+func ApplicationName(name string) Option {
+	return func(cfg *pgxpool.Config) {
+		if name != "" {
+			cfg.ConnConfig.RuntimeParams["application_name"] = CutApplicationName(name)
+		}
+	}
+}
+
+// CutApplicationName cuts name to MaxApplicationName bytes, never inside a
+// UTF-8 sequence.
+func CutApplicationName(name string) string {
+	if len(name) <= MaxApplicationName {
+		return name
+	}
+	n := MaxApplicationName
+	for n > 0 && !utf8.RuneStart(name[n]) {
+		n--
+	}
+	return name[:n]
+}
+
+// WorkerApplicationName is the application_name of a worker pod's
+// connections: runledger/<namespace>/<run>/shard-<shard>.
+func WorkerApplicationName(namespace, run string, shard int) string {
+	return fmt.Sprintf("runledger/%s/%s/shard-%d", namespace, run, shard)
+}

@@ -1,0 +1,220 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// EnvPgBouncer names the variable that points the tests at another pgbouncer
+// binary than Debian's.
+const EnvPgBouncer = "PGBOUNCER"
+
+// PgBouncer is a real PgBouncer, owned by this process, in front of the
+// test cluster, with the settings production poolers usually have:
+// pool_mode = transaction and ignore_startup_parameters =
+// extra_float_digits. It listens on loopback TCP only.
+type PgBouncer struct {
+	dir     string
+	port    int
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	logPath string
+}
+
+var (
+	bouncerOnce sync.Once
+	bouncer     *PgBouncer
+	bouncerErr  error
+)
+
+// Bouncer returns this binary's PgBouncer in front of its cluster, starting
+// both if needed (it is stopped by Main). It skips the test when
+// TEST_DATABASE_URL points at a server pgtest does not own, and fails it
+// when pgbouncer is not installed.
+func Bouncer(t testing.TB) *PgBouncer {
+	t.Helper()
+	c := Server(t)
+	bouncerOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		bouncer, bouncerErr = StartPgBouncer(ctx, c)
+	})
+	if bouncerErr != nil {
+		t.Fatalf("pgtest: no PgBouncer: %v", bouncerErr)
+	}
+	return bouncer
+}
+
+// ThroughBouncer returns dsn (keyword/value, as NewDatabase returns) going
+// through this binary's PgBouncer instead of the server's socket.
+func ThroughBouncer(t testing.TB, dsn string) string {
+	t.Helper()
+	b := Bouncer(t)
+	fields := strings.Fields(dsn)
+	out := fields[:0]
+	for _, f := range fields {
+		if !strings.HasPrefix(f, "host=") && !strings.HasPrefix(f, "port=") {
+			out = append(out, f)
+		}
+	}
+	return strings.Join(append(out, "host=127.0.0.1", "port="+strconv.Itoa(b.port)), " ")
+}
+
+// StartPgBouncer starts a PgBouncer in front of cluster c, on a free
+// loopback port. Every role of c may log in through it (auth_query as the
+// superuser, whom c trusts on its socket).
+func StartPgBouncer(ctx context.Context, c *Cluster) (_ *PgBouncer, err error) {
+	bin := os.Getenv(EnvPgBouncer)
+	if bin == "" {
+		bin = "/usr/sbin/pgbouncer"
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return nil, fmt.Errorf("pgbouncer not found (apt-get install -y pgbouncer, or set %s): %w", EnvPgBouncer, err)
+	}
+	dir, err := os.MkdirTemp("", "pgtest-bouncer-")
+	if err != nil {
+		return nil, fmt.Errorf("creating pgbouncer directory: %w", err)
+	}
+	b := &PgBouncer{dir: dir, logPath: filepath.Join(dir, "pgbouncer.log")}
+	defer func() {
+		if err != nil {
+			_ = b.Stop()
+		}
+	}()
+	if b.port, err = freePort(); err != nil {
+		return nil, err
+	}
+	// As root, pgbouncer drops to the server's user (it refuses to run as
+	// root), who must read its files.
+	userLine := ""
+	if c.cred != nil {
+		userLine = "user = postgres\n"
+		if err := os.Chown(dir, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+			return nil, fmt.Errorf("handing %s to the server user: %w", dir, err)
+		}
+	}
+	ini := fmt.Sprintf(`[databases]
+* = host=%s port=%d
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = trust
+auth_file = %s
+auth_user = %s
+pool_mode = transaction
+ignore_startup_parameters = extra_float_digits
+max_client_conn = 2000
+default_pool_size = 50
+max_db_connections = 0
+server_lifetime = 3600
+logfile = %s
+log_connections = 0
+log_disconnections = 0
+%s`, c.socketDir, c.port, b.port, filepath.Join(dir, "userlist.txt"), superuser, b.logPath, userLine)
+	files := map[string]string{
+		"pgbouncer.ini": ini,
+		"userlist.txt":  fmt.Sprintf("%q \"\"\n", superuser),
+	}
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			return nil, fmt.Errorf("writing %s: %w", name, err)
+		}
+		if c.cred != nil {
+			if err := os.Chown(p, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+				return nil, fmt.Errorf("handing %s to the server user: %w", p, err)
+			}
+		}
+	}
+	b.cmd = exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
+	// Its own log file has everything; stderr only says it started.
+	b.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := b.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting pgbouncer: %w", err)
+	}
+	b.exited = make(chan struct{})
+	cmd, exited := b.cmd, b.exited
+	go func() { _ = cmd.Wait(); close(exited) }()
+	return b, b.waitReady(ctx, 30*time.Second)
+}
+
+// freePort finds a loopback TCP port nobody listens on.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (b *PgBouncer) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=postgres sslmode=disable", b.port, superuser)
+	return wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
+		conn, err := pgconn.Connect(ctx, dsn)
+		if err == nil {
+			return true, conn.Close(ctx)
+		}
+		select {
+		case <-b.exited:
+			return false, fmt.Errorf("pgbouncer exited during start-up:\n%s", b.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return false, fmt.Errorf("pgbouncer not ready after %s: %w\n%s", timeout, err, b.logTail())
+		}
+		return false, nil
+	})
+}
+
+func (b *PgBouncer) logTail() string {
+	out, _ := os.ReadFile(b.logPath)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Port is the loopback port it listens on.
+func (b *PgBouncer) Port() int { return b.port }
+
+// PID is its process ID.
+func (b *PgBouncer) PID() int { return b.cmd.Process.Pid }
+
+// Stop stops it by its PID (SIGTERM: immediate shutdown, then SIGKILL after
+// 10 s) and removes its files.
+func (b *PgBouncer) Stop() error {
+	var err error
+	if b.cmd != nil && b.cmd.Process != nil {
+		_ = b.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-b.exited:
+		case <-time.After(10 * time.Second):
+			_ = b.cmd.Process.Kill()
+			<-b.exited
+			err = errors.New("pgbouncer did not stop within 10s of SIGTERM; killed")
+		}
+	}
+	if rmErr := os.RemoveAll(b.dir); rmErr != nil {
+		err = errors.Join(err, fmt.Errorf("removing pgbouncer directory: %w", rmErr))
+	}
+	return err
+}
