@@ -352,24 +352,63 @@ func (s *Store) BatchShardSize(ctx context.Context, h *BatchHeader, shard int) (
 
 // BatchCursor reads one shard of a materialised batch in key order: byte
 // order of (entity, occurrence), NULL key parts first, repeats of a key
-// adjacent in query order. It holds one pooled connection, in a read-only
-// transaction, until Close.
+// adjacent in query order. It is a holdable cursor (WITH HOLD): the shard's
+// rows, sorted and each with its holder, are materialised once, by the
+// transaction that opens it, whose snapshot ends there; every Fetch then
+// reads that result in a statement of its own, holding no snapshot between
+// them, so that no transaction stays open while the shard runs (vacuum is
+// held back for the open only, bounded by the Store's statement bound).
+// The cursor lives in its session: the shard lock's (OpenBatchOn), or a
+// pooled connection of its own (OpenBatch), until Close.
 type BatchCursor struct {
 	conn   *pgxpool.Conn
+	lock   *ShardLock // nil: conn is the cursor's own
 	runUID string
 	shard  int
 }
 
-// OpenBatch opens a cursor over shard of the materialised batch h that skips
-// the first skip rows of the shard's key order (to resume where a lost
-// connection stopped: the order is the same on every open). Each row comes
-// with the holder of its key relative to runUID, the run whose batch h is.
-// The shard's rows are sorted by the first Fetch, in this cursor's backend.
+// ErrShardSessionLost: the shard lock's session, which held the batch's
+// cursor, was replaced (a lost connection); the cursor is gone with it and
+// must be opened again. Retryable.
+var ErrShardSessionLost = errors.New("the shard's database session was lost, and the batch's cursor with it")
+
+// OpenBatch opens a cursor over shard of the materialised batch h, on a
+// pooled connection of its own, that skips the first skip rows of the
+// shard's key order (to resume where a lost connection stopped: the order
+// is the same on every open). Each row comes with the holder of its key
+// relative to runUID, the run whose batch h is, as of the open.
 func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, shard int, skip int64) (*BatchCursor, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquiring a connection to read shard %d of the batch: %w", shard, err)
 	}
+	c := &BatchCursor{conn: conn, runUID: runUID, shard: shard}
+	if err := s.declareBatch(ctx, conn, h, runUID, shard, skip); err != nil {
+		conn.Release() // a connection left in a transaction is closed, not reused
+		return nil, err
+	}
+	return c, nil
+}
+
+// OpenBatchOn is OpenBatch on the session of lock, which the shard holds
+// (taken again first if its session was lost): the shard then needs no
+// connection of its own for its reads.
+func (s *Store) OpenBatchOn(ctx context.Context, lock *ShardLock, h *BatchHeader, runUID string, shard int, skip int64) (*BatchCursor, error) {
+	if lock.conn == nil {
+		if err := lock.Check(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.declareBatch(ctx, lock.conn, h, runUID, shard, skip); err != nil {
+		lock.drop() // the session may be left in a transaction
+		return nil, err
+	}
+	return &BatchCursor{conn: lock.conn, lock: lock, runUID: runUID, shard: shard}, nil
+}
+
+// declareBatch declares the shard's holdable cursor on conn in one
+// pipeline; its COMMIT materialises the cursor.
+func (s *Store) declareBatch(ctx context.Context, conn *pgxpool.Conn, h *BatchHeader, runUID string, shard int, skip int64) error {
 	b := &pgx.Batch{}
 	b.Queue(sqlBeginBatchCursor)
 	for _, q := range s.sqlReadBoundList() {
@@ -380,12 +419,13 @@ func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, sh
 	b.Queue(sqlNoSeqScan)
 	b.Queue(sqlNoBitmapScan)
 	b.Queue(sqlPinnedSearchPath)
+	b.Queue(sqlCloseBatchCursor) // a cursor left by an earlier open, which failed after it
 	b.Queue(sqlDeclareBatchCursor, h.ID, shard, skip, runUID)
+	b.Queue(sqlCommit)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		conn.Release() // a connection left in a transaction is closed, not reused
-		return nil, fmt.Errorf("opening shard %d of the batch at row %d of its key order: %w", shard, skip, err)
+		return fmt.Errorf("opening shard %d of the batch at row %d of its key order: %w", shard, skip, err)
 	}
-	return &BatchCursor{conn: conn, runUID: runUID, shard: shard}, nil
+	return nil
 }
 
 // Fetch returns the cursor's next rows, up to n (fewer only at the shard's
@@ -393,6 +433,9 @@ func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, sh
 // cursor reads the batch as of its open, so a `runledger prune` since shows
 // in the header only. Both come in one round trip.
 func (c *BatchCursor) Fetch(ctx context.Context, n int) ([]BatchRow, *BatchHeader, error) {
+	if c.lock != nil && c.lock.conn != c.conn {
+		return nil, nil, fmt.Errorf("reading shard %d of the batch: %w", c.shard, ErrShardSessionLost)
+	}
 	out := make([]BatchRow, 0, n)
 	var h *BatchHeader
 	b := &pgx.Batch{}
@@ -425,14 +468,26 @@ func (c *BatchCursor) Fetch(ctx context.Context, n int) ([]BatchRow, *BatchHeade
 	return out, h, nil
 }
 
-// Close ends the cursor's transaction and returns its connection to the
-// pool (or closes it, if the transaction could not be ended).
+// Close closes the cursor (its materialised rows go) and returns its own
+// connection to the pool (or closes it, if the cursor could not be closed);
+// the shard lock's session stays the lock's.
 func (c *BatchCursor) Close() {
-	// Read only: ending the transaction either way loses nothing.
+	if c.lock != nil && c.lock.conn != c.conn {
+		return // gone with its session
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	_, _ = c.conn.Exec(ctx, sqlCommit)
+	_, err := c.conn.Exec(ctx, sqlCloseBatchCursor)
 	cancel()
-	c.conn.Release()
+	switch {
+	case c.lock != nil && err != nil:
+		c.lock.drop()
+	case c.lock != nil:
+	case err != nil:
+		_ = c.conn.Conn().Close(context.Background())
+		c.conn.Release()
+	default:
+		c.conn.Release()
+	}
 }
 
 // RunsInFlightError: PruneBatches left the batches of these runs alone,

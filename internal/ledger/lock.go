@@ -107,14 +107,15 @@ func (l *ShardLock) Check(ctx context.Context) error {
 	return nil
 }
 
-// Release unlocks and returns the session to the pool.
+// Release unlocks, closes the batch's cursor it may hold (OpenBatchOn) and
+// returns the session to the pool.
 func (l *ShardLock) Release() {
 	if l.conn == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := l.conn.Exec(ctx, sqlUnlockAll); err != nil {
+	if _, err := l.conn.Exec(ctx, sqlReleaseShardSession); err != nil {
 		l.drop()
 		return
 	}

@@ -566,13 +566,14 @@ ON CONFLICT (run_uid) DO NOTHING`
 	// primary key's range of the shard).
 	sqlBatchShardSize = `SELECT coalesce(sum(cardinality(seqs)), 0) FROM ` + Schema + `.batch WHERE batch_id = $1 AND shard = $2`
 
-	// A shard's reader: a cursor over its items in key order, in a READ
-	// ONLY, READ COMMITTED transaction (sqlBeginBatchCursor): the cursor
-	// reads the snapshot of its DECLARE, while the header read beside each
-	// FETCH (sqlBatchHeader) sees a prune committed since. Each shard
-	// unpacks and sorts only its own blocks' items, in its own backend, with
-	// room to stay in memory (sqlBatchCursorWorkMem); its lookups must probe
-	// the rule's index (sqlIndexProbesOnly).
+	// A shard's reader: a holdable cursor over its items in key order,
+	// declared in a READ ONLY, READ COMMITTED transaction
+	// (sqlBeginBatchCursor) whose COMMIT materialises it: its snapshot is
+	// that transaction's, and none is held after it, while the header read
+	// beside each FETCH (sqlBatchHeader) sees a prune committed since. Each
+	// shard unpacks and sorts only its own blocks' items, in its own
+	// backend, with room to stay in memory (sqlBatchCursorWorkMem); its
+	// lookups must probe the rule's index (sqlIndexProbesOnly).
 	sqlBeginBatchCursor   = `BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY`
 	sqlBatchCursorWorkMem = `SET LOCAL work_mem = '64MB'`
 	// Compiling the cursor's plan (JIT) costs more than its plain
@@ -582,15 +583,20 @@ ON CONFLICT (run_uid) DO NOTHING`
 	// sqlDeclareBatchCursor declares the cursor over shard $2 of batch $1:
 	// the items of the shard's blocks in key order (byte order, NULL key
 	// parts first, repeats of a key in query order), after the first $3,
-	// each with the run holding its key if any (the preload, one probe of the rule's index per row as in
-	// sqlHolders). The batch is fixed and seq breaks every tie, so the order
-	// is the same on every open and OFFSET resumes exactly where a lost
-	// connection stopped. The sort and the OFFSET sit in a subquery so that
-	// rows are probed as they are fetched, skipped rows never; the outer
-	// ORDER BY is the subquery's, which the planner keeps without sorting
-	// again.
-	sqlDeclareBatchCursor = `DECLARE ` + batchCursor + ` NO SCROLL CURSOR FOR ` + sqlBatchCursorQuery
-	sqlBatchCursorQuery   = `
+	// each with the run holding its key if any (the preload, one probe of
+	// the rule's index per row as in sqlHolders) and, for another run's
+	// ($4 is the reading run), whether the payloads match, as of the
+	// declaring transaction. The batch is fixed and seq breaks every tie, so the
+	// order is the same on every open and OFFSET resumes exactly where a
+	// lost connection stopped. The sort and the OFFSET sit in a subquery so
+	// that skipped rows are never probed; the outer ORDER BY is the
+	// subquery's, which the planner keeps without sorting again.
+	sqlDeclareBatchCursor = `DECLARE ` + batchCursor + ` NO SCROLL CURSOR WITH HOLD FOR ` + sqlBatchCursorQuery
+	// sqlCloseBatchCursor closes the shard's cursor, if its session has one
+	// (the only cursor a session of the ledger has: CLOSE of a name that is
+	// not open fails).
+	sqlCloseBatchCursor = `CLOSE ALL`
+	sqlBatchCursorQuery = `
 SELECT b.seq, b.entity, b.occurrence, b.payload, h.run_uid,
        CASE WHEN h.run_uid <> $4 THEN ` + sqlBatchPayloadSameText + ` END
 FROM (
@@ -832,7 +838,9 @@ const (
 	sqlSessionKeepalives = `SET tcp_keepalives_idle = 20; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3`
 	sqlTryLock           = `SELECT pg_try_advisory_lock($1)`
 	sqlPing              = `SELECT 1`
-	sqlUnlockAll         = `SELECT pg_advisory_unlock_all()`
+	// sqlReleaseShardSession leaves the session as the pool lends it: no
+	// lock, no cursor (OpenBatchOn).
+	sqlReleaseShardSession = `SELECT pg_advisory_unlock_all(); ` + sqlCloseBatchCursor
 )
 
 // sqlServerKeepalives asks the server for its side of NetworkTimeout

@@ -164,6 +164,7 @@ func (s *shardRun) run(ctx context.Context) {
 		limits:    s.cfg.Limits,
 		timeouts:  s.cfg.Timeouts,
 		log:       log,
+		lock:      lock,
 	})
 	if err != nil {
 		s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))

@@ -256,7 +256,13 @@ func (s *queryStream) fill(ctx context.Context) error {
 	var page []ledger.BatchRow
 	err := s.opt.retry.Do(ctx, "reading the batch", onRetry, func(int) error {
 		if s.cur == nil {
-			cur, err := s.store.OpenBatch(ctx, s.batch, s.opt.run.UID, s.shard, s.consumed)
+			open := s.store.OpenBatch
+			if s.opt.lock != nil { // the shard's session holds the cursor: no connection of its own
+				open = func(ctx context.Context, h *ledger.BatchHeader, uid string, shard int, skip int64) (*ledger.BatchCursor, error) {
+					return s.store.OpenBatchOn(ctx, s.opt.lock, h, uid, shard, skip)
+				}
+			}
+			cur, err := open(ctx, s.batch, s.opt.run.UID, s.shard, s.consumed)
 			if err != nil {
 				return err
 			}

@@ -36,6 +36,9 @@ type streamOptions struct {
 	limits    Limits
 	timeouts  v1alpha1.RunTimeouts
 	log       logr.Logger
+	// lock is the shard's lock, whose session holds a query source's
+	// cursor (nil: a connection of the cursor's own).
+	lock *ledger.ShardLock
 }
 
 // entry is one declared item as a stream yields it.
