@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -42,6 +43,12 @@ const (
 	// message is its own); the run waits, as the scheduler retries, for a
 	// node to fit (an autoscaler, a freed node, a changed workerTemplate).
 	ReasonUnschedulable = "Unschedulable"
+
+	// ReasonDatabaseRefusingConnections: a worker waits for a database
+	// connection, which the server refuses because it has as many as it
+	// allows (SQLSTATE 53300, too_many_connections: max_connections, a
+	// role's or the database's CONNECTION LIMIT); it retries.
+	ReasonDatabaseRefusingConnections = "DatabaseRefusingConnections"
 	// ReasonDeadlineExceeded: the run was active longer than
 	// spec.activeDeadlineSeconds (as a Job's reason).
 	ReasonDeadlineExceeded = "DeadlineExceeded"
@@ -325,6 +332,9 @@ func buildConditions(run *v1alpha1.ProcessingRun, in statusInput) []metav1.Condi
 		if u := unschedulable(in.shards); u != "" {
 			reason, msg = ReasonUnschedulable, u+"; "+msg
 		}
+		if w := refusedConnections(run, in); w != "" {
+			reason, msg = ReasonDatabaseRefusingConnections, w+"; "+msg
+		}
 		if in.reconcileError != "" {
 			reason, msg = ReasonReconcileError, in.reconcileError+" (retrying); "+msg
 		}
@@ -361,6 +371,36 @@ func unschedulable(shards []shardDecision) string {
 		return "cannot be scheduled: " + first
 	default:
 		return fmt.Sprintf("%d pods cannot be scheduled, e.g. %s", n, first)
+	}
+}
+
+// refusedConnections says which live shards wait for a database
+// connection (their latest report starts with
+// v1alpha1.DatabaseRefusingMessage), empty when none does.
+func refusedConnections(run *v1alpha1.ProcessingRun, in statusInput) string {
+	var first string
+	n := 0
+	for _, d := range in.shards {
+		e := in.entries[d.index]
+		for i := range run.Status.Shards {
+			if e == nil && run.Status.Shards[i].Index == d.index {
+				e = &run.Status.Shards[i]
+			}
+		}
+		if d.live == 0 || e == nil || !strings.HasPrefix(e.Message, v1alpha1.DatabaseRefusingMessage) {
+			continue
+		}
+		if n++; first == "" {
+			first = fmt.Sprintf("shard %d: %s", d.index, e.Message)
+		}
+	}
+	switch n {
+	case 0:
+		return ""
+	case 1:
+		return first
+	default:
+		return fmt.Sprintf("%d shards wait for a database connection, e.g. %s", n, first)
 	}
 }
 

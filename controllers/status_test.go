@@ -454,3 +454,25 @@ func roundTrip(t *testing.T, run *v1alpha1.ProcessingRun) *v1alpha1.ProcessingRu
 	require.NoError(t, json.Unmarshal(b, out))
 	return out
 }
+
+// TestRefusedConnectionsCondition: while a live shard's worker reports that
+// the database refuses it connections (53300), the run's Ready and
+// Reconciling conditions say so (reason DatabaseRefusingConnections) with
+// the shard and the worker's message; once it runs again, the reason goes.
+func TestRefusedConnectionsCondition(t *testing.T) {
+	run := testRun()
+	run.Spec.Workers = 2
+	waiting := v1alpha1.DatabaseRefusingMessage + ": the database refuses new connections (too many connections, SQLSTATE 53300); retrying"
+	d0, d1 := shard(0, v1alpha1.ShardRunning, v1alpha1.ItemCounts{}), shard(1, v1alpha1.ShardRunning, v1alpha1.ItemCounts{})
+	d0.live, d1.live = 1, 1
+	shards := []shardDecision{d0, d1}
+	entries := map[int32]*v1alpha1.ShardStatus{1: {Index: 1, Message: waiting}}
+	st := buildStatus(run, statusInput{shards: shards, entries: entries, outcome: decideRun(run, shards, true), startTime: &metav1.Time{Time: t0}, now: t0})
+	requireCond(t, st, v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonDatabaseRefusingConnections)
+	requireCond(t, st, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonDatabaseRefusingConnections)
+	require.Contains(t, cond(t, st, v1alpha1.ConditionReconciling).Message, "shard 1: "+waiting)
+
+	entries[1] = &v1alpha1.ShardStatus{Index: 1, Message: "processing: 10 of 20 items"}
+	st = buildStatus(run, statusInput{shards: shards, entries: entries, outcome: decideRun(run, shards, true), startTime: &metav1.Time{Time: t0}, now: t0})
+	requireCond(t, st, v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonRunning)
+}

@@ -176,6 +176,11 @@ const (
 // message) while, or because, another process holds the shard's lock.
 const ShardBusyMessage = "waiting for the shard's lock"
 
+// DatabaseRefusingMessage starts the worker's status message while the
+// database refuses it a connection because it has as many as it allows
+// (SQLSTATE 53300, too_many_connections) and the worker waits to try again.
+const DatabaseRefusingMessage = "waiting for a database connection"
+
 // Labels on worker pods.
 const (
 	// LabelRun is the name of the pod's run.

@@ -211,6 +211,11 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
 		DSN: s.env.DSN, Parallel: 1, SkipMigrate: s.opts.skipMigrate, Retry: retry, Log: s.log,
 		ApplicationName: ledger.WorkerApplicationName(s.env.Namespace, s.env.Name, s.env.Shard),
+		OnRetry: func(err error) {
+			if ledger.IsTooManyConnections(err) {
+				s.reporter.Update(worker.Report{Shard: s.env.Shard, WaitingForConnection: true}, maxFailed)
+			}
+		},
 	})
 	if err != nil {
 		return worker.Report{}, maxFailed, exitFor(err)

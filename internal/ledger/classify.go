@@ -204,6 +204,18 @@ func IsRetryable(err error) bool {
 	})
 }
 
+// IsTooManyConnections reports whether err is, anywhere in its chain, the
+// server (or a pooler in front of it) refusing a connection because it has
+// as many as it allows (53300 too_many_connections: max_connections, a
+// role's or a database's CONNECTION LIMIT). Retryable (IsRetryable): the
+// worker waits for a connection and says so in its shard's status.
+func IsTooManyConnections(err error) bool {
+	return anyInChain(err, func(e error) bool {
+		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
+		return ok && pgErr.Code == sqlstateTooManyConnections
+	})
+}
+
 // ConnectionRejected reports whether err is the server refusing the
 // connection for a reason that waiting will not change, and says which in
 // words for the user: the credentials (class 28: a wrong password, an unknown

@@ -142,7 +142,7 @@ func (s *shardRun) run(ctx context.Context) {
 			s.progress()
 		})
 	})
-	s.rep.WaitingForLock = false
+	s.rep.WaitingForLock, s.rep.WaitingForConnection = false, false
 	if err != nil {
 		s.fail(ctx, fmt.Errorf("shard %d of run %s/%s: %w", s.cfg.Run.Shard, s.cfg.Run.Namespace, s.cfg.Run.Name, err))
 		return
@@ -165,6 +165,7 @@ func (s *shardRun) run(ctx context.Context) {
 		timeouts:  s.cfg.Timeouts,
 		log:       log,
 		lock:      lock,
+		retried:   s.retried,
 	})
 	if err != nil {
 		s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
@@ -172,6 +173,7 @@ func (s *shardRun) run(ctx context.Context) {
 	}
 	defer st.close()
 	s.rep.Total, s.rep.TotalKnown = st.total()
+	s.rep.WaitingForConnection = false
 	s.progress()
 
 	for chunkNo := 1; ; chunkNo++ {
@@ -208,6 +210,7 @@ func (s *shardRun) run(ctx context.Context) {
 		if s.rep.TotalKnown && s.rep.Processed() == s.rep.Total {
 			s.rep.Done = true
 		}
+		s.rep.WaitingForConnection = false
 		s.progress()
 		if s.rep.Done {
 			return
@@ -584,6 +587,16 @@ func (s *shardRun) countRepeat(t *tally, it ledger.Item, first *Failure) {
 func (s *shardRun) onRetry(what string) func(int, time.Duration, error) {
 	return func(attempt int, wait time.Duration, err error) {
 		s.log().Info("retrying after a retryable error", "step", what, "retry", attempt, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
+		s.retried(err)
+	}
+}
+
+// retried reports, once, that the database refuses the shard a connection
+// (too many connections): the run's status shows why nothing moves.
+func (s *shardRun) retried(err error) {
+	if ledger.IsTooManyConnections(err) && !s.rep.WaitingForConnection {
+		s.rep.WaitingForConnection = true
+		s.progress()
 	}
 }
 

@@ -124,6 +124,8 @@ func ShardMessage(r Report, maxFailed int) string {
 		first = fmt.Sprintf("; first: %s/%s: %s", f.Entity, f.Occurrence, f.Error)
 	}
 	switch {
+	case r.WaitingForConnection:
+		return v1alpha1.DatabaseRefusingMessage + ": the database refuses new connections (too many connections, SQLSTATE 53300); retrying"
 	case r.WaitingForLock:
 		return v1alpha1.ShardBusyMessage + ": another process still runs this shard (an earlier pod finishing its chunk)"
 	case errors.Is(r.Err, ledger.ErrShardBusy):

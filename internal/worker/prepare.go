@@ -27,6 +27,9 @@ type PrepareConfig struct {
 	Retry Backoff
 	// Log is told about each retry.
 	Log logr.Logger
+	// OnRetry, if set, is told about each retryable error (the worker pod
+	// reports a refused connection in its shard's status).
+	OnRetry func(error)
 }
 
 // Prepare connects to the ledger's database, applies its migrations (unless
@@ -35,15 +38,16 @@ type PrepareConfig struct {
 // do before their shards run. A connection string that cannot be parsed is an
 // *InputError. The caller closes the store's pool with the returned func.
 func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store, func(), error) {
-	// Three connections per shard (the source's reads, the commits, the
-	// shard's lock), one more for the start.
-	pool, err := ledger.Open(ctx, cfg.DSN, int32(3*max(cfg.Parallel, 1)+1), ledger.NetworkTimeout(plan.Timeouts.Network), ledger.ApplicationName(cfg.ApplicationName))
+	pool, err := ledger.Open(ctx, cfg.DSN, int32(MaxConnections(cfg.Parallel)), ledger.NetworkTimeout(plan.Timeouts.Network), ledger.ApplicationName(cfg.ApplicationName))
 	if err != nil {
 		return nil, nil, &InputError{Msg: err.Error()}
 	}
 	onRetry := func(step string) func(int, time.Duration, error) {
 		return func(retry int, wait time.Duration, err error) {
 			cfg.Log.Info("database not reachable, retrying", "step", step, "retry", retry, "wait", wait.Round(time.Millisecond).String(), "error", err.Error())
+			if cfg.OnRetry != nil {
+				cfg.OnRetry(err)
+			}
 		}
 	}
 	if cfg.Log.GetSink() == nil {
@@ -77,6 +81,15 @@ func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store,
 	}
 	return store, pool.Close, nil
 }
+
+// MaxConnections is the most connections a worker process opens for
+// parallel shards running at once (the README's connection budget): two
+// per shard, one session that holds the shard's lock and its batch cursor,
+// one for everything else (commits, the preload, fixing the batch), taken
+// and given back per transaction. Before its shards start, the process uses
+// at most two (migrations, the plan's check). A worker pod runs one shard:
+// 2.
+func MaxConnections(parallel int) int { return 2 * max(parallel, 1) }
 
 // ShardsConfig is how RunShards runs a set of shards of one plan.
 type ShardsConfig struct {

@@ -170,6 +170,9 @@ func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shar
 	}
 	onRetry := func(attempt int, wait time.Duration, err error) {
 		opt.log.Info("fixing the batch failed, trying again", "retry", attempt, "wait", wait.Round(time.Millisecond), "error", err.Error())
+		if opt.retried != nil {
+			opt.retried(err)
+		}
 	}
 	start := time.Now()
 	var h *ledger.BatchHeader
@@ -252,6 +255,9 @@ func (s *queryStream) fill(ctx context.Context) error {
 		s.close()
 		s.opt.log.Info("reading the batch failed, reading again where it stopped", "retry", attempt, "atRow", s.consumed,
 			"wait", wait.Round(time.Millisecond), "error", err.Error())
+		if s.opt.retried != nil {
+			s.opt.retried(err)
+		}
 	}
 	var page []ledger.BatchRow
 	err := s.opt.retry.Do(ctx, "reading the batch", onRetry, func(int) error {

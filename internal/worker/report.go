@@ -43,6 +43,9 @@ type Report struct {
 	// WaitingForLock: another process holds the shard's lock (an earlier
 	// pod still finishing) and the shard waits for it.
 	WaitingForLock bool
+	// WaitingForConnection: the database refused the shard a connection
+	// (too many connections, 53300) and it waits to try again.
+	WaitingForConnection bool
 	// Err is why the shard could not go on (the database stayed unreachable,
 	// the source broke), not an item's failure.
 	Err error

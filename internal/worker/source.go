@@ -39,6 +39,9 @@ type streamOptions struct {
 	// lock is the shard's lock, whose session holds a query source's
 	// cursor (nil: a connection of the cursor's own).
 	lock *ledger.ShardLock
+	// retried, if set, is told about each retryable error of the stream's
+	// own reads.
+	retried func(error)
 }
 
 // entry is one declared item as a stream yields it.

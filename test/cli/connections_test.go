@@ -1,0 +1,71 @@
+package clitest
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/worker"
+)
+
+// TestConnectionBudget: a 256-shard run (a query batch, spec.workers 256)
+// by `runledger run --parallel 8` opens at most worker.MaxConnections(8) =
+// 16 connections, sampled all along in pg_stat_activity by the
+// application_name every connection of the run carries ("runledger
+// run/<namespace>/<run>"); one shard of it alone, as a worker pod runs it,
+// at most 2. The formula is the README's ("Running on a shared
+// PostgreSQL"). It used to be 3P+1.
+func TestConnectionBudget(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	d.exec(t, `CREATE TABLE usage AS SELECT 'acct-' || i AS account FROM generate_series(1, 5120) i`)
+	for _, tc := range []struct {
+		parallel int
+		shard    string
+	}{{1, "17/256"}, {8, ""}} {
+		parallel := tc.parallel
+		t.Run(strconv.Itoa(parallel), func(t *testing.T) {
+			name := fmt.Sprintf("budget-%d", parallel)
+			file := writeFile(t, "run.yaml", manifest(name,
+				fmt.Sprintf(`batch: {query: "SELECT account AS entity, 'p%d' AS occurrence FROM usage"}`, parallel), "workers: 256", "chunkSize: 7"))
+			app := "runledger run/billing/" + name
+			done := make(chan struct{})
+			peak := make(chan int64, 1)
+			go func() {
+				var most, samples int64
+				defer func() { peak <- most }()
+				for {
+					select {
+					case <-done:
+						return
+					case <-time.After(5 * time.Millisecond):
+					}
+					var n int64
+					if err := d.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err == nil {
+						most, samples = max(most, n), samples+1
+					}
+				}
+			}()
+			args := []string{"run", "-f", file, "--dsn", d.dsn, "--parallel", strconv.Itoa(parallel), "--output", "json"}
+			if tc.shard != "" {
+				args = append(args, "--shard", tc.shard)
+			}
+			r := runCLI(t, "", args...)
+			close(done)
+			most := <-peak
+			require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+			c := r.summary(t).counts()
+			require.Equal(t, counts{Total: c.Total, Completed: c.Total}, c)
+			if tc.shard == "" {
+				require.EqualValues(t, 5120, c.Total)
+			}
+			t.Logf("--parallel %d: at most %d connections named %q", parallel, most, app)
+			require.LessOrEqual(t, most, int64(worker.MaxConnections(parallel)), "the documented budget")
+			require.GreaterOrEqual(t, most, int64(parallel), "the run's connections are the ones sampled")
+		})
+	}
+}
