@@ -400,7 +400,13 @@ func (s *Store) OpenBatchOn(ctx context.Context, lock *ShardLock, h *BatchHeader
 		}
 	}
 	if err := s.declareBatch(ctx, lock.conn, h, runUID, shard, skip); err != nil {
-		lock.drop() // the session may be left in a transaction
+		// The session may be left in the failed transaction: rolled back,
+		// it keeps the lock; a session that cannot be is closed.
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if _, rbErr := lock.conn.Exec(rbCtx, sqlRollback); rbErr != nil || lock.conn.Conn().PgConn().TxStatus() != 'I' {
+			lock.drop()
+		}
+		cancel()
 		return nil, err
 	}
 	return &BatchCursor{conn: lock.conn, lock: lock, runUID: runUID, shard: shard}, nil
@@ -421,6 +427,8 @@ func (s *Store) declareBatch(ctx context.Context, conn *pgxpool.Conn, h *BatchHe
 	b.Queue(sqlPinnedSearchPath)
 	b.Queue(sqlCloseBatchCursor) // a cursor left by an earlier open, which failed after it
 	b.Queue(sqlDeclareBatchCursor, h.ID, shard, skip, runUID)
+	b.Queue(sqlMaterialiseBatchCursor)
+	b.Queue(sqlRewindBatchCursor)
 	b.Queue(sqlCommit)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("opening shard %d of the batch at row %d of its key order: %w", shard, skip, err)

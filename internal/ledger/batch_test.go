@@ -363,3 +363,38 @@ func TestPruneBatches_LeavesRunsInFlight(t *testing.T) {
 	require.NoError(t, again.Acquire(ctx, time.Second, nil))
 	again.Release()
 }
+
+// TestOpenBatchOn_FailureKeepsTheShardLock: the shard lock's session holds
+// the batch's cursor; an open that fails (its materialisation outlives the
+// statement bound) rolls the session back and keeps it, lock and all:
+// another process still finds the shard busy, and the next open on the
+// same session reads the shard.
+func TestOpenBatchOn_FailureKeepsTheShardLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	mustExec(t, pool, `CREATE TABLE src (entity text, occurrence text, payload jsonb, done bool NOT NULL DEFAULT false);
+INSERT INTO src (entity, occurrence) SELECT 'e' || i, 'o' FROM generate_series(1, 60000) i`)
+	s := ledger.NewStore(pool)
+	run := runNamed("held")
+	h, err := s.FixQueryBatch(ctx, run, batchQuery())
+	require.NoError(t, err)
+	lock := s.ShardLock(run.UID, 0)
+	require.NoError(t, lock.Acquire(ctx, 0, nil))
+	defer lock.Release()
+
+	_, err = s.WithBounds(time.Millisecond, 0).OpenBatchOn(ctx, lock, h, run.UID, 0, 0)
+	require.Error(t, err, "20,000 rows are not sorted and probed within 1ms")
+	require.True(t, ledger.IsRetryable(err), "%v", err)
+	other := s.ShardLock(run.UID, 0)
+	defer other.Release()
+	require.ErrorIs(t, other.Acquire(ctx, 0, nil), ledger.ErrShardBusy, "the lock stayed with its session")
+
+	cur, err := s.OpenBatchOn(ctx, lock, h, run.UID, 0, 0)
+	require.NoError(t, err)
+	defer cur.Close()
+	rows, _, err := cur.Fetch(ctx, 5)
+	require.NoError(t, err)
+	require.Len(t, rows, 5)
+	require.NoError(t, lock.Check(ctx))
+}

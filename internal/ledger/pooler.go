@@ -90,7 +90,7 @@ func BehindPooler(pool *pgxpool.Pool) bool {
 // batch's lock are session locks, and an effect's table "claimed" is the
 // session's, none of which survives between transactions there. Only the
 // migrations work through it (their lock is a transaction's then).
-var ErrTransactionPooler = errors.New("the connection string reaches PostgreSQL through a connection pooler (PgBouncer, RDS Proxy, Supavisor, pgcat), whose transaction mode keeps no session between transactions: a worker holds session state (the shard's lock, the batch's lock, an effect's table claimed), so it must connect to PostgreSQL directly or through a session-mode pool; runledger migrate works through the pooler")
+var ErrTransactionPooler = errors.New("the connection string reaches PostgreSQL through a connection pooler (PgBouncer, RDS Proxy, Supavisor, pgcat), whose transaction mode keeps no session between transactions (runledger cannot tell the pooler's mode, and takes it to be that one): a worker holds session state (the shard's lock and its batch cursor, the batch's lock, an effect's table claimed), so it must connect to PostgreSQL directly; runledger migrate works through the pooler")
 
 // RefuseTransactionPooler connects (if no connection was made yet) and
 // returns ErrTransactionPooler when pool's connections go through a pooler.

@@ -312,6 +312,7 @@ const (
 	sqlBeginReadOnly = `BEGIN READ ONLY`
 	sqlBeginWrite    = `BEGIN`
 	sqlCommit        = `COMMIT`
+	sqlRollback      = `ROLLBACK`
 )
 
 // sqlBeginChunk begins a chunk's transaction under bounds (sqlBounds), with
@@ -591,7 +592,15 @@ ON CONFLICT (run_uid) DO NOTHING`
 	// lost connection stopped. The sort and the OFFSET sit in a subquery so
 	// that skipped rows are never probed; the outer ORDER BY is the
 	// subquery's, which the planner keeps without sorting again.
-	sqlDeclareBatchCursor = `DECLARE ` + batchCursor + ` NO SCROLL CURSOR WITH HOLD FOR ` + sqlBatchCursorQuery
+	sqlDeclareBatchCursor = `DECLARE ` + batchCursor + ` SCROLL CURSOR WITH HOLD FOR ` + sqlBatchCursorQuery
+	// sqlMaterialiseBatchCursor computes the cursor's every row (its sort
+	// and probes) under the statement bound, and sqlRewindBatchCursor goes
+	// back before the first: the COMMIT that makes it holdable runs with no
+	// statement_timeout (the server disarms it before committing), and
+	// only copies the rows this statement stored (SCROLL: the plan keeps
+	// them for reading back).
+	sqlMaterialiseBatchCursor = `MOVE FORWARD ALL IN ` + batchCursor
+	sqlRewindBatchCursor      = `MOVE ABSOLUTE 0 IN ` + batchCursor
 	// sqlCloseBatchCursor closes the shard's cursor, if its session has one
 	// (the only cursor a session of the ledger has: CLOSE of a name that is
 	// not open fails).

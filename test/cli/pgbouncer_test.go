@@ -38,7 +38,7 @@ func TestRunThroughPgBouncerIsRefused(t *testing.T) {
 	r := runCLI(t, "", "run", "-f", file, "--dsn", pgtest.ThroughBouncer(t, d.dsn), "--output", "json")
 	require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
 	require.Contains(t, r.stderr, "through a connection pooler")
-	require.Contains(t, r.stderr, "connect to PostgreSQL directly or through a session-mode pool")
+	require.Contains(t, r.stderr, "it must connect to PostgreSQL directly")
 	noSecret(t, r)
 	require.Zero(t, d.committed(t), "nothing written")
 	require.Zero(t, d.ledgerWrites(t))
