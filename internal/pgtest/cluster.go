@@ -3,6 +3,10 @@
 // /usr/lib/postgresql/*/bin) on a unix socket in a temporary directory, and a
 // fresh database per test, cloned from a migrated template.
 //
+// Bouncer puts a real PgBouncer (pool_mode = transaction, its usual
+// ignore_startup_parameters = extra_float_digits) in front of the cluster,
+// on loopback; ThroughBouncer turns a test database's DSN into one through it.
+//
 // Set TEST_DATABASE_URL to use an existing server instead (its role needs
 // CREATEDB); every test database is then dropped when its test ends.
 //
