@@ -59,7 +59,26 @@ CREATE TRIGGER item_failure_not_at_commit
           AND pg_catalog.current_query() OPERATOR(pg_catalog.~*) '^\s*(commit|end|prepare\s+transaction)\M')
     EXECUTE FUNCTION runledger.ledger_not_at_commit();
 
+-- The ledger's functions name pg_temp last in their search_path. Listing
+-- only pg_catalog leaves the session's temporary schema searched first for
+-- relations: ledger_append_only's owner check read pg_class there, so a
+-- login granted DELETE by mistake could create a temporary pg_class naming
+-- itself the ledger's owner and delete superseded history. (A later CREATE
+-- OR REPLACE of one of them must keep this search_path.)
+ALTER FUNCTION runledger.ledger_append_only() SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION runledger.ledger_superseded_replaced() SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION runledger.ledger_written_by_this_xact(bigint) SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION runledger.ledger_take_back(text[], text[], bigint[]) SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION runledger.ledger_not_from_trigger() SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION runledger.ledger_record_retired() SET search_path = pg_catalog, pg_temp;
+
 -- +goose Down
+ALTER FUNCTION runledger.ledger_append_only() SET search_path = pg_catalog;
+ALTER FUNCTION runledger.ledger_superseded_replaced() SET search_path = pg_catalog;
+ALTER FUNCTION runledger.ledger_written_by_this_xact(bigint) SET search_path = pg_catalog;
+ALTER FUNCTION runledger.ledger_take_back(text[], text[], bigint[]) SET search_path = pg_catalog;
+ALTER FUNCTION runledger.ledger_not_from_trigger() SET search_path = pg_catalog;
+ALTER FUNCTION runledger.ledger_record_retired() SET search_path = pg_catalog;
 SET LOCAL lock_timeout = '5s';
 DROP TRIGGER item_failure_not_at_commit ON runledger.item_failure;
 DROP TRIGGER batch_not_at_commit ON runledger.batch;

@@ -326,3 +326,25 @@ LISTEN runledger; DISCARD PLANS; DISCARD SEQUENCES`,
 		require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'invented'`), "attack %d: nothing forged", i)
 	}
 }
+
+// TestAppendOnly_OwnerCheckReadsTheCatalog: the append-only trigger lets
+// only a member of the ledger's owner delete a superseded row, and finds
+// the owner in the catalog, not in a temporary table named pg_class that a
+// login granted DELETE by mistake creates first (pg_temp is searched before
+// pg_catalog unless the path names it). On the old code the login deleted
+// another run's superseded history.
+func TestAppendOnly_OwnerCheckReadsTheCatalog(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	worker, role := workerRole(t, owner)
+	mustExec(t, owner, `GRANT DELETE ON runledger.ledger TO `+role)
+	s := ledger.NewStore(owner)
+	commit(t, s, runNamed("r0"), items("acct", 0, 2), ledger.ChunkOptions{})
+	commit(t, s, runNamed("s1"), items("acct", 0, 2), ledger.ChunkOptions{OnExisting: ledger.Supersede})
+	require.EqualValues(t, 2, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE state = 'superseded'`))
+	_, err := worker.Exec(context.Background(), `CREATE TEMP TABLE pg_class (oid oid, relowner oid);
+INSERT INTO pg_temp.pg_class SELECT 'runledger.ledger'::regclass, r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = current_user;
+DELETE FROM runledger.ledger WHERE state = 'superseded'`)
+	require.True(t, ledger.IsAppendOnlyViolation(err), "refused: %v", err)
+	require.EqualValues(t, 2, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE state = 'superseded'`), "the history stays")
+}
