@@ -476,3 +476,25 @@ func TestRefusedConnectionsCondition(t *testing.T) {
 	st = buildStatus(run, statusInput{shards: shards, entries: entries, outcome: decideRun(run, shards, true), startTime: &metav1.Time{Time: t0}, now: t0})
 	requireCond(t, st, v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonRunning)
 }
+
+// TestBuildStatusPayloadChanged: the shards' payloadChanged counts add up
+// into the run's, each shard's entry and the status the controller applies
+// carry them, and the finished run's message says how many.
+func TestBuildStatusPayloadChanged(t *testing.T) {
+	run := testRun()
+	run.Spec.Workers = 2
+	var shards []shardDecision
+	for i, c := range []v1alpha1.ItemCounts{{Total: 5, AlreadyHandled: 5, PayloadChanged: 2}, {Total: 4, Completed: 1, AlreadyHandled: 3, PayloadChanged: 1}} {
+		shards = append(shards, shardDecision{index: int32(i), phase: v1alpha1.ShardSucceeded, final: true, counts: c,
+			report: &v1alpha1.ShardReport{Shard: int32(i), ItemCounts: c, Message: "done"}})
+	}
+	o := decideRun(run, shards, true)
+	require.Equal(t, v1alpha1.RunSucceeded, o.phase)
+	require.Equal(t, "9 items: 1 completed, 8 already handled, 0 failed (3 with a payload that differs from the committed row's)", o.message)
+	st := buildStatus(run, statusInput{shards: shards, outcome: o, now: t0})
+	require.Equal(t, int64(3), st.PayloadChanged)
+	require.Equal(t, int64(2), st.Shards[0].PayloadChanged)
+	ac := statusApplyConfiguration(run, &st, shards)
+	require.Equal(t, int64(3), *ac.Status.PayloadChanged)
+	require.Equal(t, int64(1), *ac.Status.Shards[1].PayloadChanged)
+}

@@ -17,7 +17,7 @@ func TestNames(t *testing.T) {
 }
 
 func TestShardReportRoundTrip(t *testing.T) {
-	r := ShardReport{Shard: 2, Attempt: 1, ItemCounts: ItemCounts{Total: 10, Completed: 7, AlreadyHandled: 2, Failed: 1}, Message: "item a/1: boom",
+	r := ShardReport{Shard: 2, Attempt: 1, ItemCounts: ItemCounts{Total: 10, Completed: 7, AlreadyHandled: 2, Failed: 1, PayloadChanged: 1}, Message: "item a/1: boom",
 		Failures: []FailureSample{{Entity: "a", Occurrence: "1", Class: "23503", Error: "boom"}}}
 	b, err := r.TerminationMessage()
 	if err != nil {
@@ -34,7 +34,7 @@ func TestShardReportRoundTrip(t *testing.T) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"shard", "attempt", "total", "completed", "alreadyHandled", "failed", "message", "failures"} {
+	for _, k := range []string{"shard", "attempt", "total", "completed", "alreadyHandled", "failed", "payloadChanged", "message", "failures"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("field %q missing from %s", k, b)
 		}
