@@ -267,12 +267,15 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 	if w := foreignWrite(before, after); w != nil {
 		return fmt.Errorf("%w: %w", ErrBatchQuery, w)
 	}
-	var held string
-	if err := tx.QueryRow(ctx, sqlHoldCursors).Scan(&held); err != nil {
-		return fmt.Errorf("reading the session's cursors: %w", err)
+	var held, prepared string
+	if err := tx.QueryRow(ctx, sqlHoldCursors).Scan(&held, &prepared); err != nil {
+		return fmt.Errorf("reading the session's cursors and prepared statements: %w", err)
 	}
 	if held != "" {
 		return fmt.Errorf("%w: it declared the cursor(s) %s WITH HOLD, which PostgreSQL would run to the end at COMMIT, after the write check", ErrBatchQuery, held)
+	}
+	if prepared != "" { // FixQueryBatch closes the session: PREPARE is not undone by a rollback
+		return fmt.Errorf("%w: it PREPAREd the statement(s) %s, which would outlive its transaction on the session", ErrBatchQuery, prepared)
 	}
 	if items > 0 {
 		if _, err := tx.Exec(ctx, sqlSetBatchItems, run.UID, items); err != nil {

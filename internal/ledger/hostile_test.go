@@ -348,3 +348,29 @@ DELETE FROM runledger.ledger WHERE state = 'superseded'`)
 	require.True(t, ledger.IsAppendOnlyViolation(err), "refused: %v", err)
 	require.EqualValues(t, 2, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE state = 'superseded'`), "the history stays")
 }
+
+// TestFixQueryBatch_QueryCannotPrepare: a batch query runs as the login; a
+// statement it PREPAREs (which outlives its transaction) could take the name
+// of one the driver prepares later on that pooled session. The batch is
+// refused, and the session closed. On the old code the batch was fixed and
+// the statement stayed on the session.
+func TestFixQueryBatch_QueryCannotPrepare(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	mustExec(t, owner, batchSource+`
+CREATE FUNCTION prep() RETURNS int LANGUAGE plpgsql AS $f$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_prepared_statements WHERE name = 'stand_in') THEN
+        EXECUTE 'PREPARE stand_in AS SELECT 1';
+    END IF;
+    RETURN 1;
+END $f$`)
+	one := poolWith(t, owner, map[string]string{"pool_max_conns": "1"})
+	q := batchQuery()
+	q.SQL = `SELECT entity, occurrence, payload FROM src WHERE prep() = 1`
+	_, err := ledger.NewStore(one).FixQueryBatch(context.Background(), runNamed("prep"), q)
+	require.ErrorIs(t, err, ledger.ErrBatchQuery)
+	require.ErrorContains(t, err, "PREPARE")
+	require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.batch_run`), "no batch")
+	require.Zero(t, scalar[int64](t, one, `SELECT count(*) FROM pg_prepared_statements WHERE from_sql`), "the session went")
+}

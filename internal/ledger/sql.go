@@ -267,8 +267,12 @@ const sqlSandboxIntact = `SELECT
     NOT EXISTS (SELECT FROM pg_catalog.pg_cursors AS k WHERE k.is_holdable)`
 
 // sqlHoldCursors names the cursors WITH HOLD the session has (the user's
-// query of a batch declared them: they would run at its COMMIT).
-const sqlHoldCursors = `SELECT coalesce(pg_catalog.string_agg(k.name, ', ' ORDER BY k.name), '') FROM pg_catalog.pg_cursors AS k WHERE k.is_holdable`
+// query of a batch declared them: they would run at its COMMIT), and the
+// statements PREPAREd from SQL (they outlive the transaction, and one could
+// take the name of a statement the driver prepares later on the session).
+const sqlHoldCursors = `SELECT
+    coalesce((SELECT pg_catalog.string_agg(k.name, ', ' ORDER BY k.name) FROM pg_catalog.pg_cursors AS k WHERE k.is_holdable), ''),
+    coalesce((SELECT pg_catalog.string_agg(p.name, ', ' ORDER BY p.name) FROM pg_catalog.pg_prepared_statements AS p WHERE p.from_sql), '')`
 
 // sqlSessionIntact resets the session after an effect's COMMIT and checks
 // it (sqlSandboxIntact, under the ledger's search_path for its one implicit
