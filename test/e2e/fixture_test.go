@@ -358,6 +358,7 @@ func (f *fixture) dump() {
 		{"describe", "processingruns"},
 		{"get", "events", "--sort-by=.lastTimestamp"},
 		{"get", "processingruns", "-o", "yaml"},
+		{"get", "processingschedules", "-o", "yaml"},
 	} {
 		out, _ := f.kubectl(args...)
 		f.t.Logf("$ kubectl -n %s %s\n%s", f.ns, strings.Join(args, " "), out)
