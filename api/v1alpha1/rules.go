@@ -2,8 +2,11 @@ package v1alpha1
 
 import (
 	"cmp"
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // The rules and defaults of a ProcessingRun's spec. The CRD's markers need
@@ -251,4 +254,25 @@ func (p *ProcessorSpec) ListenPort() int32 {
 		return DefaultProcessorPort
 	}
 	return p.Port
+}
+
+// KeyPartProblem says what is wrong with one part of a business key (an
+// entity, an occurrence), as the CRD's rules on them do, or "" when nothing
+// is: the worker's check of a batch's items and the checks of an
+// occurrence given by hand (`runledger schedule trigger`, the trigger
+// annotation) are this one.
+func KeyPartProblem(v string) string {
+	switch {
+	case v == "":
+		return "is empty"
+	case strings.TrimSpace(v) == "":
+		return "is blank (only white space)"
+	case len(v) > MaxKeyPartBytes:
+		return fmt.Sprintf("is %d bytes long, more than the %d allowed", len(v), MaxKeyPartBytes)
+	case !utf8.ValidString(v):
+		return "is not valid UTF-8"
+	case strings.IndexByte(v, 0) >= 0:
+		return "contains a NUL character, which PostgreSQL text cannot hold"
+	}
+	return ""
 }

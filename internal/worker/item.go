@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
@@ -98,24 +97,6 @@ func (l Limits) maxPayload() int {
 	return DefaultMaxPayloadBytes
 }
 
-// checkKeyPart validates one part of a business key. It returns the problem,
-// or "" when the value is fine.
-func checkKeyPart(v string) string {
-	switch {
-	case v == "":
-		return "is empty"
-	case strings.TrimSpace(v) == "":
-		return "is blank (only white space)"
-	case len(v) > v1alpha1.MaxKeyPartBytes:
-		return fmt.Sprintf("is %d bytes long, more than the %d allowed", len(v), v1alpha1.MaxKeyPartBytes)
-	case !utf8.ValidString(v):
-		return "is not valid UTF-8"
-	case strings.IndexByte(v, 0) >= 0:
-		return "contains a NUL character, which PostgreSQL text cannot hold"
-	}
-	return ""
-}
-
 // checkPayload validates a payload (nil: none). It returns the problem or "".
 func checkPayload(p []byte, l Limits) string {
 	if len(p) > l.maxPayload() {
@@ -165,10 +146,10 @@ func strictProblem(where string, err error) *InputError {
 // checkItem validates one item and returns its problems, if any.
 func checkItem(it ledger.Item, where string, l Limits) []*InputError {
 	var out []*InputError
-	if msg := checkKeyPart(it.Entity); msg != "" {
+	if msg := v1alpha1.KeyPartProblem(it.Entity); msg != "" {
 		out = append(out, &InputError{Where: where, Field: "entity", Msg: msg})
 	}
-	if msg := checkKeyPart(it.Occurrence); msg != "" {
+	if msg := v1alpha1.KeyPartProblem(it.Occurrence); msg != "" {
 		out = append(out, &InputError{Where: where, Field: "occurrence", Msg: msg})
 	}
 	if msg := checkPayload(it.Payload, l); msg != "" {

@@ -341,7 +341,7 @@ func (s *queryStream) rowEntry(e, o, p *string, n int64) entry {
 			continue
 		}
 		*f.dst = *f.v
-		if msg := checkKeyPart(*f.v); msg != "" {
+		if msg := v1alpha1.KeyPartProblem(*f.v); msg != "" {
 			bad = append(bad, &InputError{Where: where, Field: f.name, Msg: msg})
 		}
 	}

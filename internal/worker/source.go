@@ -257,7 +257,7 @@ func parseLine(line []byte, where string, l Limits) (ledger.Item, []*InputError)
 		case json.Unmarshal(raw, f.dst) != nil:
 			problems = append(problems, &InputError{Where: where, Field: f.name, Msg: "must be a string, not " + string(abbreviate(raw, 40))})
 		default:
-			if msg := checkKeyPart(*f.dst); msg != "" {
+			if msg := v1alpha1.KeyPartProblem(*f.dst); msg != "" {
 				problems = append(problems, &InputError{Where: where, Field: f.name, Msg: msg})
 			}
 		}
