@@ -111,6 +111,10 @@ type schedScope struct {
 	missed   []schedule.Missed
 	created  []string
 	replaced []string
+	// trigger: what became of a trigger annotation this pass dealt with;
+	// triggered: the run it created.
+	trigger   *v1alpha1.TriggerStatus
+	triggered string
 }
 
 // Reconcile fetches the schedule and runs the steps: observe its runs,
@@ -151,6 +155,7 @@ func (r *ScheduleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 		{"decideTicks", r.decideTicks},
 		{"replaceRuns", r.replaceRuns},
 		{"createRuns", r.createRuns},
+		{"triggerRun", r.triggerRun},
 		{"pruneHistory", r.pruneHistory},
 	} {
 		if err := st.run(ctx, s); err != nil {
@@ -296,6 +301,63 @@ func (r *ScheduleReconciler) createRuns(ctx context.Context, s *schedScope) erro
 	return nil
 }
 
+// triggerRun starts the run of the occurrence the trigger annotation names,
+// once: when its value is not the occurrence status.trigger records. As
+// with `runledger schedule trigger --occurrence`, suspension and
+// concurrencyPolicy do not apply, and AlreadyExists is the occurrence's run
+// being there: never a second run.
+func (r *ScheduleReconciler) triggerRun(ctx context.Context, s *schedScope) error {
+	occ, ok := s.sched.Annotations[v1alpha1.AnnotationTrigger]
+	if !ok {
+		return nil
+	}
+	// An occurrence too long to record is refused, and recorded cut: the
+	// same cut value is not dealt with again.
+	recorded := v1alpha1.Truncate(occ, v1alpha1.MaxKeyPartBytes)
+	if t := s.sched.Status.Trigger; t != nil && t.Occurrence == recorded {
+		return nil
+	}
+	tr := &v1alpha1.TriggerStatus{Occurrence: recorded, Time: metav1.Time{Time: s.now}}
+	refuse := func(msg string) {
+		tr.Result, tr.Message = v1alpha1.TriggerRefused, v1alpha1.Truncate(msg, v1alpha1.MaxTriggerMessageLength)
+		r.event(s.sched, nil, corev1.EventTypeWarning, "TriggerRefused", "Trigger", msg)
+	}
+	if problem := v1alpha1.KeyPartProblem(occ); problem != "" {
+		refuse(fmt.Sprintf("annotation %s: the occurrence %s: no run started", v1alpha1.AnnotationTrigger, problem))
+		s.trigger = tr
+		return nil
+	}
+	run := schedule.NewRun(s.sched, occ, time.Time{}, schedule.CreatedByTrigger)
+	err := r.Client.Create(ctx, run, client.FieldOwner(v1alpha1.ControllerFieldManager))
+	switch {
+	case err == nil:
+		tr.Result, tr.Run, s.triggered = v1alpha1.TriggerCreated, run.Name, run.Name
+		schedRunsCreated.WithLabelValues(s.sched.Namespace, s.sched.Name).Inc()
+		r.event(s.sched, run, corev1.EventTypeNormal, "RunCreated", "Trigger",
+			fmt.Sprintf("Created run %s for occurrence %s (annotation %s)", run.Name, occ, v1alpha1.AnnotationTrigger))
+		log.FromContext(ctx).Info("created triggered run", "run", run.Name, "occurrence", occ)
+	case apierrors.IsAlreadyExists(err):
+		existing := &v1alpha1.ProcessingRun{}
+		if gerr := r.Client.Get(ctx, client.ObjectKeyFromObject(run), existing); gerr != nil {
+			return fmt.Errorf("get run %s that already exists: %w", run.Name, gerr)
+		}
+		if !schedule.IsRunOf(existing, s.sched, occ) {
+			refuse(fmt.Sprintf("annotation %s: run name %s (occurrence %s) is taken by a ProcessingRun this schedule does not control, or of another occurrence: no run started",
+				v1alpha1.AnnotationTrigger, run.Name, occ))
+			break
+		}
+		tr.Result, tr.Run = v1alpha1.TriggerExists, run.Name
+		r.event(s.sched, existing, corev1.EventTypeNormal, "RunExists", "Trigger",
+			fmt.Sprintf("Run %s of occurrence %s already exists: not started again (annotation %s)", run.Name, occ, v1alpha1.AnnotationTrigger))
+	case apierrors.IsInvalid(err):
+		refuse(fmt.Sprintf("annotation %s: the run of occurrence %s is invalid: %v", v1alpha1.AnnotationTrigger, occ, err))
+	default:
+		return fmt.Errorf("create run %s for the trigger annotation: %w", run.Name, err)
+	}
+	s.trigger = tr
+	return nil
+}
+
 // pruneHistory deletes the oldest finished runs beyond the history limits;
 // an unfinished run is never deleted.
 func (r *ScheduleReconciler) pruneHistory(ctx context.Context, s *schedScope) error {
@@ -365,6 +427,9 @@ func buildScheduleStatus(s *schedScope) v1alpha1.ProcessingScheduleStatus {
 	if s.lastRun != nil {
 		st.LastRun = s.lastRun
 	}
+	if s.trigger != nil {
+		st.Trigger = s.trigger
+	}
 	st.NextScheduleTime, st.NextOccurrence = nil, ""
 	if n := s.plan.Next; n != nil && !sched.Spec.Suspend && s.stalled == nil {
 		st.NextScheduleTime = &metav1.Time{Time: n.Time}
@@ -397,6 +462,9 @@ func buildScheduleStatus(s *schedScope) v1alpha1.ProcessingScheduleStatus {
 			active = append(active, v1alpha1.ScheduledRun{Name: n, Occurrence: t.Occurrence})
 			seen[n] = true
 		}
+	}
+	if n := s.triggered; n != "" && !seen[n] {
+		active = append(active, v1alpha1.ScheduledRun{Name: n, Occurrence: s.trigger.Occurrence})
 	}
 	st.ActiveCount = int32(len(active))
 	if len(active) > v1alpha1.MaxActiveListed {

@@ -68,6 +68,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.ShardStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Timeouts"):
 		return &apiv1alpha1.TimeoutsApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("TriggerStatus"):
+		return &apiv1alpha1.TriggerStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WorkerPodMetadata"):
 		return &apiv1alpha1.WorkerPodMetadataApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WorkerTemplate"):

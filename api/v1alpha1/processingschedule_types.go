@@ -310,6 +310,14 @@ type ProcessingScheduleStatus struct {
 	// +kubebuilder:validation:MaxLength=1024
 	NextOccurrence string `json:"nextOccurrence,omitempty"`
 
+	// trigger is what became of the latest processing.runledger.dev/trigger
+	// annotation the controller read: its occurrence's run was created, was
+	// there already, or was refused. The controller starts the run of an
+	// annotation's occurrence once, when the annotation's value differs from
+	// trigger.occurrence.
+	// +optional
+	Trigger *TriggerStatus `json:"trigger,omitempty"`
+
 	// missedTicks counts the ticks that started no run, ever: never capped.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
@@ -342,6 +350,44 @@ type ScheduledRun struct {
 	// +kubebuilder:validation:MaxLength=1024
 	Occurrence string `json:"occurrence,omitempty"`
 }
+
+// TriggerStatus is what became of a trigger annotation.
+type TriggerStatus struct {
+	// occurrence the annotation named (cut to 1024 bytes with an ellipsis
+	// if it was longer, and then refused).
+	// +required
+	// +kubebuilder:validation:MaxLength=1024
+	Occurrence string `json:"occurrence"`
+	// result: Created (the controller created the occurrence's run),
+	// Exists (the run was there already: a tick, the CLI or an earlier
+	// trigger made it), or Refused (no run: see message).
+	// +required
+	Result TriggerResult `json:"result"`
+	// run is the occurrence's run (unset when Refused).
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Run string `json:"run,omitempty"`
+	// message says why a trigger was refused.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+	// time the controller dealt with the annotation.
+	// +required
+	Time metav1.Time `json:"time"`
+}
+
+// TriggerResult is what became of a trigger annotation.
+// +kubebuilder:validation:Enum=Created;Exists;Refused
+type TriggerResult string
+
+const (
+	// TriggerCreated: the controller created the occurrence's run.
+	TriggerCreated TriggerResult = "Created"
+	// TriggerExists: the occurrence's run was there already.
+	TriggerExists TriggerResult = "Exists"
+	// TriggerRefused: no run was created (status.trigger.message says why).
+	TriggerRefused TriggerResult = "Refused"
+)
 
 // MissedTick is a tick that started no run.
 type MissedTick struct {

@@ -27,6 +27,8 @@ const (
 	MaxActiveListed = 16
 	// MaxMissedListed bounds status.missed; status.missedTicks counts all.
 	MaxMissedListed = 20
+	// MaxTriggerMessageLength bounds status.trigger.message.
+	MaxTriggerMessageLength = 1024
 
 	// OccurrencePlaceholder in an item's occurrence is replaced by the
 	// run's spec.occurrence.
@@ -45,8 +47,14 @@ const (
 	// --occurrence`, which names no time.
 	AnnotationScheduledTime = Group + "/scheduled-time"
 	// AnnotationCreatedBy says who created a scheduled run: the controller
-	// (a tick) or `runledger schedule trigger` / `backfill`.
+	// (a tick), a trigger (`runledger schedule trigger` or the trigger
+	// annotation) or `runledger schedule backfill`.
 	AnnotationCreatedBy = Group + "/created-by"
+	// AnnotationTrigger on a schedule names an occurrence whose run the
+	// controller starts, as `runledger schedule trigger --occurrence` does:
+	// the kubectl-only trigger (kubectl annotate). status.trigger says what
+	// became of it.
+	AnnotationTrigger = Group + "/trigger"
 )
 
 // TimeZoneName is spec.timeZone with its default.

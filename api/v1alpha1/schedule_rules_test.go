@@ -48,6 +48,9 @@ func TestScheduleCRDSaysWhatTheConstantsSay(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("%q", v1alpha1.DefaultOccurrenceFormat), def64(at("spec", "occurrence", "format")))
 	require.Equal(t, int64(v1alpha1.MaxActiveListed), *at("status", "active").MaxItems)
 	require.Equal(t, int64(v1alpha1.MaxMissedListed), *at("status", "missed").MaxItems)
+	require.Equal(t, int64(v1alpha1.MaxKeyPartBytes), *at("status", "trigger", "occurrence").MaxLength)
+	require.Equal(t, int64(v1alpha1.MaxTriggerMessageLength), *at("status", "trigger", "message").MaxLength)
+	require.Equal(t, int64(v1alpha1.MaxRunNameLength), *at("status", "trigger", "run").MaxLength)
 	// The run's name must fit: <schedule>-<occurrence> or its hashed form.
 	require.Less(t, v1alpha1.MaxScheduleNameLength, v1alpha1.MaxRunNameLength-10)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -38,7 +37,11 @@ owner and spec.occurrence the controller gives them: a manual run of an occurren
 the schedule also fires is one run (whoever comes second finds it there).
 
 The Kubernetes connection is kubectl's: --kubeconfig (default $KUBECONFIG or
-~/.kube/config), --context, and --namespace (default the context's namespace).`,
+~/.kube/config), --context, and --namespace (default the context's namespace).
+
+Without this CLI, the annotation processing.runledger.dev/trigger=OCCURRENCE on the
+schedule (kubectl annotate) makes the controller create that occurrence's run the same
+way; status.trigger says what became of it (docs/recurring-batches.md).`,
 	}
 	f := cmd.PersistentFlags()
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "path to the kubeconfig file (default $KUBECONFIG, then ~/.kube/config, then in-cluster)")
@@ -146,13 +149,8 @@ suspend say.`,
 // checkOccurrence applies the run CRD's rules on spec.occurrence, so the
 // error is ours and says which flag.
 func checkOccurrence(occ string) error {
-	switch {
-	case strings.TrimSpace(occ) == "":
-		return badInput(fmt.Errorf("--occurrence must not be empty or only white space"))
-	case len(occ) > v1alpha1.MaxKeyPartBytes:
-		return badInput(fmt.Errorf("--occurrence is %d bytes, more than %d", len(occ), v1alpha1.MaxKeyPartBytes))
-	case strings.ContainsRune(occ, 0):
-		return badInput(fmt.Errorf("--occurrence must not contain a NUL character"))
+	if msg := v1alpha1.KeyPartProblem(occ); msg != "" {
+		return badInput(fmt.Errorf("--occurrence %s", msg))
 	}
 	return nil
 }

@@ -406,6 +406,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: timeZone
       type:
         scalar: string
+    - name: trigger
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.TriggerStatus
 - name: com.github.runledger.runledger.api.v1alpha1.ProcessorSpec
   map:
     fields:
@@ -570,6 +573,26 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: numeric
       default: 3600
+- name: com.github.runledger.runledger.api.v1alpha1.TriggerResult
+  scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.TriggerStatus
+  map:
+    fields:
+    - name: message
+      type:
+        scalar: string
+    - name: occurrence
+      type:
+        scalar: string
+    - name: result
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.TriggerResult
+    - name: run
+      type:
+        scalar: string
+    - name: time
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
 - name: com.github.runledger.runledger.api.v1alpha1.WorkerPodMetadata
   map:
     fields:

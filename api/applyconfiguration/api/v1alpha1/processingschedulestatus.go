@@ -44,6 +44,12 @@ type ProcessingScheduleStatusApplyConfiguration struct {
 	NextScheduleTime *v1.Time `json:"nextScheduleTime,omitempty"`
 	// nextOccurrence is the occurrence of the next tick.
 	NextOccurrence *string `json:"nextOccurrence,omitempty"`
+	// trigger is what became of the latest processing.runledger.dev/trigger
+	// annotation the controller read: its occurrence's run was created, was
+	// there already, or was refused. The controller starts the run of an
+	// annotation's occurrence once, when the annotation's value differs from
+	// trigger.occurrence.
+	Trigger *TriggerStatusApplyConfiguration `json:"trigger,omitempty"`
 	// missedTicks counts the ticks that started no run, ever: never capped.
 	MissedTicks *int64 `json:"missedTicks,omitempty"`
 	// missed lists the most recent of them (at most 20), the latest last.
@@ -149,6 +155,14 @@ func (b *ProcessingScheduleStatusApplyConfiguration) WithNextScheduleTime(value 
 // If called multiple times, the NextOccurrence field is set to the value of the last call.
 func (b *ProcessingScheduleStatusApplyConfiguration) WithNextOccurrence(value string) *ProcessingScheduleStatusApplyConfiguration {
 	b.NextOccurrence = &value
+	return b
+}
+
+// WithTrigger sets the Trigger field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Trigger field is set to the value of the last call.
+func (b *ProcessingScheduleStatusApplyConfiguration) WithTrigger(value *TriggerStatusApplyConfiguration) *ProcessingScheduleStatusApplyConfiguration {
+	b.Trigger = value
 	return b
 }
 
