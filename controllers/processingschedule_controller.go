@@ -570,15 +570,22 @@ func (r *ScheduleReconciler) writeScheduleStatus(ctx context.Context, s *schedSc
 }
 
 // missedEvents records an Event per missed tick listed, and one for the
-// rest.
+// rest. Each names as related the run its tick did not start: the event
+// recorder merges Events of the same reason about the same object version
+// and related object into one series that keeps the first note, which
+// would leave one tick of a catch-up pass visible.
 func (r *ScheduleReconciler) missedEvents(s *schedScope) {
 	for _, m := range s.missed {
+		notStarted := &v1alpha1.ProcessingRun{
+			TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "ProcessingRun"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: s.sched.Namespace, Name: m.RunName},
+		}
 		reason, note := "Missed", fmt.Sprintf("Tick %s (occurrence %s) started no run: %s", m.Time.UTC().Format(time.RFC3339), m.Occurrence, m.Reason)
 		if m.Reason == v1alpha1.MissedConcurrencyForbidden {
 			reason = "Skipped"
 			note = fmt.Sprintf("Tick %s (occurrence %s) skipped: a run is unfinished and concurrencyPolicy is Forbid", m.Time.UTC().Format(time.RFC3339), m.Occurrence)
 		}
-		r.event(s.sched, nil, corev1.EventTypeWarning, reason, "Schedule", note)
+		r.event(s.sched, notStarted, corev1.EventTypeWarning, reason, "Schedule", note)
 	}
 	if n := s.plan.MissedCount - int64(len(s.missed)); n > 0 {
 		r.event(s.sched, nil, corev1.EventTypeWarning, "Missed", "Schedule", fmt.Sprintf("%d more ticks started no run (status.missedTicks counts them)", n))

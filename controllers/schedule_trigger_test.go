@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -150,4 +151,64 @@ func TestScheduleTriggerAnnotation(t *testing.T) {
 	// again (its cut value is no longer the last one).
 	tr = f.trigger(t, strings.Repeat("x", v1alpha1.MaxKeyPartBytes+1))
 	require.Equal(t, v1alpha1.TriggerRefused, tr.Result)
+}
+
+// TestScheduleMissedAnnounced: a controller away for 25 ticks under
+// catchUp None: every tick is counted (status.missedTicks and the
+// runledger_schedule_missed_ticks_total counter, never capped), the latest
+// 20 are listed and each has a Missed Event, and one Event counts the rest;
+// the next-tick and last-success gauges follow the status.
+func TestScheduleMissedAnnounced(t *testing.T) {
+	t.Parallel()
+	f := newScheduleFixture(t, "missed", func(s *v1alpha1.ProcessingScheduleSpec) { s.CatchUp = v1alpha1.CatchUpNone })
+	f.clock.SetTime(f.hour.Add(24*time.Hour + time.Minute))
+	startScheduleManager(t, f.env, f.ns, "sched", f.clock)
+	last := f.hour.Add(24 * time.Hour)
+	s := f.waitStatus(t, "25 ticks missed", lastScheduled(last))
+	require.Empty(t, f.runNames(t))
+	require.EqualValues(t, 25, s.Status.MissedTicks)
+	require.Len(t, s.Status.Missed, v1alpha1.MaxMissedListed)
+	require.True(t, s.Status.Missed[len(s.Status.Missed)-1].ScheduledTime.Time.Equal(last), "the latest last")
+	require.True(t, s.Status.Missed[0].ScheduledTime.Time.Equal(f.hour.Add(5*time.Hour)), "the oldest listed is the 6th")
+	require.Equal(t, 25.0, testutil.ToFloat64(schedMissed.WithLabelValues(f.ns, f.name, string(v1alpha1.MissedNotCaughtUp))))
+	waitScheduleEvent(t, f, "Missed", "Tick "+last.UTC().Format(time.RFC3339)+" (occurrence "+occ(last)+") started no run: NotCaughtUp")
+	waitScheduleEvent(t, f, "Missed", "5 more ticks started no run (status.missedTicks counts them)")
+	// One Event per listed tick (not one series keeping the first tick's
+	// note), naming the run it did not start.
+	waitFor(t, "a Missed event per listed tick", func() error {
+		if n := len(scheduleEvents(t, f.env, f.ns, f.name, "Missed")); n != v1alpha1.MaxMissedListed+1 {
+			return fmt.Errorf("%d Missed events", n)
+		}
+		return nil
+	})
+	for _, e := range scheduleEvents(t, f.env, f.ns, f.name, "Missed") {
+		require.Nil(t, e.Series, "event %q is not a series", e.Note)
+		if strings.HasPrefix(e.Note, "Tick ") {
+			require.NotNil(t, e.Related, e.Note)
+			require.Equal(t, "ProcessingRun", e.Related.Kind)
+			require.Contains(t, e.Note, "(occurrence "+strings.TrimPrefix(e.Related.Name, f.name+"-")+")")
+		}
+	}
+	next := last.Add(time.Hour)
+	require.Equal(t, float64(next.Unix()), testutil.ToFloat64(schedNextTick.WithLabelValues(f.ns, f.name)))
+
+	// The next tick runs; its run's success is the last-success gauge.
+	f.at(t, next.Add(time.Second))
+	f.waitStatus(t, "next tick", lastScheduled(next))
+	done := next.Add(2 * time.Minute)
+	f.finish(t, f.runName(next), true, done)
+	f.waitStatus(t, "last success", func(st *v1alpha1.ProcessingScheduleStatus) error {
+		if st.LastSuccessfulTime == nil || !st.LastSuccessfulTime.Time.Equal(done) {
+			return fmt.Errorf("lastSuccessfulTime %v", st.LastSuccessfulTime)
+		}
+		return nil
+	})
+	waitFor(t, "last-success gauge", func() error {
+		if v := testutil.ToFloat64(schedLastSuccess.WithLabelValues(f.ns, f.name)); v != float64(done.Unix()) {
+			return fmt.Errorf("gauge %v", v)
+		}
+		return nil
+	})
+	require.EqualValues(t, 25, f.get(t).Status.MissedTicks, "a tick that ran is not missed")
+	require.Equal(t, 1.0, testutil.ToFloat64(schedRunsCreated.WithLabelValues(f.ns, f.name)))
 }
