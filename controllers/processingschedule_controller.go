@@ -63,9 +63,12 @@ const (
 // reconciler observes the schedule's runs, creates, replaces and prunes
 // them, and writes the status.
 type ScheduleReconciler struct {
-	Client   client.Client
-	Recorder events.EventRecorder
-	Clock    clock.PassiveClock
+	Client client.Client
+	// APIReader reads the schedule past the cache, to tell a pass behind
+	// the schedule's last status write (nil: every pass is taken as current).
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	Clock     clock.PassiveClock
 	// MaxRunsPerPass and MaxTicksPerPass bound a pass's work.
 	MaxRunsPerPass, MaxTicksPerPass int
 }
@@ -115,6 +118,8 @@ type schedScope struct {
 	// triggered: the run it created.
 	trigger   *v1alpha1.TriggerStatus
 	triggered string
+	// live is the schedule's status read past the cache (once, on demand).
+	live *v1alpha1.ProcessingScheduleStatus
 }
 
 // Reconcile fetches the schedule and runs the steps: observe its runs,
@@ -291,8 +296,14 @@ func (r *ScheduleReconciler) createRuns(ctx context.Context, s *schedScope) erro
 				s.plan.MissedCount, s.plan.MissedBy, s.missed = 0, nil, nil
 				return nil
 			}
-			r.event(s.sched, existing, corev1.EventTypeNormal, "RunExists", "Create",
-				fmt.Sprintf("Run %s of occurrence %s already exists: not started again", run.Name, t.Occurrence))
+			if st := r.liveStatus(ctx, s); st != nil && st.LastScheduleTime != nil && !st.LastScheduleTime.Time.Before(t.Time) {
+				// A pass behind the write of the pass that dealt with the
+				// tick (the run's own watch event started it): nothing new.
+				log.FromContext(ctx).V(1).Info("the tick's run exists and the tick was dealt with", "run", run.Name)
+			} else {
+				r.event(s.sched, existing, corev1.EventTypeNormal, "RunExists", "Create",
+					fmt.Sprintf("Run %s of occurrence %s already exists: not started again", run.Name, t.Occurrence))
+			}
 		default:
 			return fmt.Errorf("create run %s: %w", run.Name, err)
 		}
@@ -346,6 +357,9 @@ func (r *ScheduleReconciler) triggerRun(ctx context.Context, s *schedScope) erro
 				v1alpha1.AnnotationTrigger, run.Name, occ))
 			break
 		}
+		if st := r.liveStatus(ctx, s); st != nil && st.Trigger != nil && st.Trigger.Occurrence == recorded {
+			return nil // a pass behind the write of the pass that dealt with it
+		}
 		tr.Result, tr.Run = v1alpha1.TriggerExists, run.Name
 		r.event(s.sched, existing, corev1.EventTypeNormal, "RunExists", "Trigger",
 			fmt.Sprintf("Run %s of occurrence %s already exists: not started again (annotation %s)", run.Name, occ, v1alpha1.AnnotationTrigger))
@@ -356,6 +370,20 @@ func (r *ScheduleReconciler) triggerRun(ctx context.Context, s *schedScope) erro
 	}
 	s.trigger = tr
 	return nil
+}
+
+// liveStatus is the schedule's status read past the cache, nil when it
+// cannot be read (then the pass is taken as current).
+func (r *ScheduleReconciler) liveStatus(ctx context.Context, s *schedScope) *v1alpha1.ProcessingScheduleStatus {
+	if s.live != nil || r.APIReader == nil {
+		return s.live
+	}
+	live := &v1alpha1.ProcessingSchedule{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(s.sched), live); err != nil || live.UID != s.sched.UID {
+		return nil
+	}
+	s.live = &live.Status
+	return s.live
 }
 
 // pruneHistory deletes the oldest finished runs beyond the history limits;

@@ -191,8 +191,9 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 		return fmt.Errorf("set up controller: %w", err)
 	}
 	sr := &controllers.ScheduleReconciler{
-		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorder("runledger-controller"),
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("runledger-controller"),
 	}
 	if err := sr.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: o.concurrency}); err != nil {
 		return fmt.Errorf("set up schedule controller: %w", err)

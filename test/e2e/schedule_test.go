@@ -242,6 +242,23 @@ func (f *fixture) watchRunCreated(name string) func(timeout time.Duration) *v1al
 	}
 }
 
+// waitRunExistsEvent waits for the Event that says a pass found the run of
+// a tick already there.
+func (f *fixture) waitRunExistsEvent(sched, run string, timeout time.Duration) {
+	f.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		for _, ev := range f.events(sched) {
+			if ev.Reason == "RunExists" && strings.HasPrefix(ev.Message, "Run "+run+" ") {
+				f.t.Logf("the new leader dealt with the tick: %s", ev.Message)
+				return
+			}
+		}
+		require.True(f.t, time.Now().Before(deadline), "no RunExists event about run %s after %s", run, timeout)
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 // requireOccurrenceOnce: the occurrence's run completed with exact counts,
 // and its every ledger row is that run's (no other run ever took an item of
 // the occurrence).
@@ -322,8 +339,7 @@ func TestScheduleLeaderKilledAtTick(t *testing.T) {
 	t.Logf("tick %s: leader %s created run %s and was killed %.0fms after the tick (it had written the status: %v); %s took the Lease %.1fs after the kill",
 		at.Format(time.TimeOnly), holder, run.Name, killed.Sub(at).Seconds()*1000, statusWritten, now, acquired.Sub(killed).Seconds())
 	if !statusWritten {
-		ev := f.waitEvent(sched.Name, "RunExists", 2*time.Minute)
-		t.Logf("the new leader dealt with the tick: %s", ev.Message)
+		f.waitRunExistsEvent(sched.Name, run.Name, 2*time.Minute)
 	}
 
 	// The new leader goes on: the next tick's run is created on time.
@@ -394,6 +410,11 @@ func TestScheduleLeaderKilledAtTick(t *testing.T) {
 		}
 	}
 	t.Logf("RunCreated events by run: %v", events)
+	for _, ev := range f.events(sched.Name) {
+		if ev.Reason == "RunExists" {
+			require.True(t, strings.HasPrefix(ev.Message, "Run "+runName(at)+" "), "only the run the killed leader left unrecorded was found again: %s", ev.Message)
+		}
+	}
 	require.GreaterOrEqual(t, len(events), len(want)-1, "a RunCreated event per run (but the one whose creator was killed)")
 	for name, n := range events {
 		require.Equal(t, 1, n, "run %s: one RunCreated event", name)
