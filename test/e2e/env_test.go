@@ -38,6 +38,7 @@ const (
 // env is the cluster the tests run against, shared by all tests.
 type env struct {
 	c         client.Client
+	wc        client.WithWatch // c, to watch (made with it: a client made later logs a warning)
 	cs        kubernetes.Interface
 	cfg       *rest.Config // the admin's
 	adminDSN  string       // the cluster's PostgreSQL, database runledger
@@ -99,7 +100,7 @@ func newEnv() (*env, error) {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
@@ -107,7 +108,7 @@ func newEnv() (*env, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes clientset: %w", err)
 	}
-	e := &env{c: c, cs: cs, cfg: cfg, adminDSN: dsn, kubectl: kubectl, clusterSh: clusterSh}
+	e := &env{c: c, wc: c, cs: cs, cfg: cfg, adminDSN: dsn, kubectl: kubectl, clusterSh: clusterSh}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -213,10 +213,8 @@ func (f *fixture) waitRunExists(name string, timeout time.Duration) *v1alpha1.Pr
 // within milliseconds of it); the function it returns waits for it.
 func (f *fixture) watchRunCreated(name string) func(timeout time.Duration) *v1alpha1.ProcessingRun {
 	f.t.Helper()
-	wc, err := client.NewWithWatch(f.cfg, client.Options{Scheme: f.c.Scheme()})
-	require.NoError(f.t, err)
 	ctx, cancel := context.WithCancel(f.ctx)
-	w, err := wc.Watch(ctx, &v1alpha1.ProcessingRunList{}, client.InNamespace(f.ns), client.MatchingFields{"metadata.name": name})
+	w, err := f.wc.Watch(ctx, &v1alpha1.ProcessingRunList{}, client.InNamespace(f.ns), client.MatchingFields{"metadata.name": name})
 	if err != nil {
 		cancel()
 	}
