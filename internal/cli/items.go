@@ -31,7 +31,14 @@ database, connection string and rules as runledger run ($RUNLEDGER_DATABASE_URL,
   AlreadyHandled  the keys of the run's batch another run had committed,
                   with that run (batch.query runs only: the ledger database
                   keeps a query's batch, until runledger prune, but only the
-                  digest of inline items or a ConfigMap)
+                  digest of inline items or a ConfigMap), and whether the
+                  payload a copy came with differs from the holding row's
+                  ("payloadChanged": true; counted in status.payloadChanged)
+
+--payload-changed lists the repeats whose payload changed: the already
+handled items whose payload differs (onPayloadChange: Report) and the failed
+ones of class payload-changed (onPayloadChange: Fail). A key the run failed
+is listed as Failed only.
 
 A key repeated in the batch is listed once. RUN is the run's name in
 --namespace; a run created again under the same name is another run (its
@@ -42,27 +49,30 @@ one JSON object a line:
 
   {"verdict":"Failed","entity":"...","occurrence":"...","shard":N,"attempt":N,
    "time":"...","class":"23503","error":"...","copies":1,"payloadDigest":"..."}
-  {"verdict":"AlreadyHandled",...,"heldBy":{"namespace":"...","name":"...","uid":"..."}}
+  {"verdict":"AlreadyHandled",...,"heldBy":{"namespace":"...","name":"...","uid":"..."},
+   "payloadChanged":true}
 
 Exit status: 0 when listed; 5 when the ledger database has no run of that
-name; 2 for bad input (flags, the connection string, --already-handled for a
-run whose batch is not kept); 1 for any other failure.`
+name; 2 for bad input (flags, the connection string, --already-handled or
+--payload-changed for a run whose batch is not kept); 1 for any other failure.`
 
 type itemsOptions struct {
 	namespace, uid, output string
 	failed, completed      bool
 	alreadyHandled         bool
+	payloadChanged         bool
 }
 
 func newItemsCommand() *cobra.Command {
 	var o itemsOptions
 	cmd := &cobra.Command{
-		Use:   "items RUN [--namespace NS] [--failed|--completed|--already-handled] [--output table|json|jsonl]",
+		Use:   "items RUN [--namespace NS] [--failed|--completed|--already-handled|--payload-changed] [--output table|json|jsonl]",
 		Short: "List a run's items and their verdicts from the ledger database (which failed and why, which another run held)",
 		Long:  itemsLong,
 		Example: `  runledger items june-invoices -n billing --failed --dsn-file ledger.dsn
   runledger items june-invoices -n billing --failed --output jsonl | jq -r .entity
-  runledger items june-invoices -n billing --already-handled --output json`,
+  runledger items june-invoices -n billing --already-handled --output json
+  runledger items june-invoices -n billing --payload-changed`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
 	}
@@ -72,8 +82,9 @@ func newItemsCommand() *cobra.Command {
 	f.BoolVar(&o.failed, "failed", false, "only the failed items")
 	f.BoolVar(&o.completed, "completed", false, "only the completed items")
 	f.BoolVar(&o.alreadyHandled, "already-handled", false, "only the items another run had committed")
+	f.BoolVar(&o.payloadChanged, "payload-changed", false, "only the repeats whose payload differs from the holding row's (already handled, or failed of class payload-changed)")
 	f.StringVarP(&o.output, "output", "o", "table", "table, json or jsonl")
-	cmd.MarkFlagsMutuallyExclusive("failed", "completed", "already-handled")
+	cmd.MarkFlagsMutuallyExclusive("failed", "completed", "already-handled", "payload-changed")
 	addDatabaseFlags(cmd, "PostgreSQL connection string of the ledger")
 	return cmd
 }
@@ -87,6 +98,8 @@ func (o *itemsOptions) outcomes() ([]ledger.Outcome, bool) {
 		return []ledger.Outcome{ledger.Completed}, true
 	case o.alreadyHandled:
 		return []ledger.Outcome{ledger.AlreadyHandled}, true
+	case o.payloadChanged:
+		return []ledger.Outcome{ledger.Failed, ledger.AlreadyHandled}, true
 	}
 	return []ledger.Outcome{ledger.Completed, ledger.Failed, ledger.AlreadyHandled}, false
 }
@@ -111,7 +124,16 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 	}
 	outcomes, named := o.outcomes()
 	w := newItemWriter(secrets.Writer(cmd.OutOrStdout()), o.output)
-	err = store.RunItems(cmd.Context(), run, outcomes, w.write)
+	write := w.write
+	if o.payloadChanged {
+		write = func(v ledger.ItemVerdict) error {
+			if v.PayloadChanged || v.Outcome == ledger.Failed && v.Class == ledger.ClassPayloadChanged {
+				return w.write(v)
+			}
+			return nil
+		}
+	}
+	err = store.RunItems(cmd.Context(), run, outcomes, write)
 	if errors.Is(err, ledger.ErrBatchNotKept) || errors.Is(err, ledger.ErrBatchPruned) {
 		if named {
 			w.close()
@@ -175,11 +197,14 @@ type itemJSON struct {
 	Copies        int            `json:"copies,omitempty"`
 	PayloadDigest *string        `json:"payloadDigest,omitempty"`
 	HeldBy        *ledger.RunRef `json:"heldBy,omitempty"`
+	// PayloadChanged: omitted when false, so that the other verdicts' objects stay as they were.
+	PayloadChanged bool `json:"payloadChanged,omitempty"`
 }
 
 func toItemJSON(v ledger.ItemVerdict) itemJSON {
 	out := itemJSON{Verdict: v.Outcome.String(), Entity: v.Entity, Occurrence: v.Occurrence, Shard: v.Shard, Attempt: v.Attempt,
-		Time: v.At.UTC(), State: v.State, Class: v.Class, Error: v.Error, Copies: v.Copies, PayloadDigest: v.PayloadDigest}
+		Time: v.At.UTC(), State: v.State, Class: v.Class, Error: v.Error, Copies: v.Copies, PayloadDigest: v.PayloadDigest,
+		PayloadChanged: v.PayloadChanged}
 	if v.Outcome == ledger.AlreadyHandled {
 		held := v.Holder
 		out.HeldBy = &held
@@ -266,7 +291,11 @@ func detail(v ledger.ItemVerdict) string {
 		}
 		return s
 	case ledger.AlreadyHandled:
-		return fmt.Sprintf("held by %s/%s (%s)", v.Holder.Namespace, v.Holder.Name, v.Holder.UID)
+		s := fmt.Sprintf("held by %s/%s (%s)", v.Holder.Namespace, v.Holder.Name, v.Holder.UID)
+		if v.PayloadChanged {
+			s += ", payload changed"
+		}
+		return s
 	case ledger.Completed:
 		if v.State != "committed" {
 			return v.State

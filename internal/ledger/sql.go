@@ -954,22 +954,36 @@ FROM ` + Schema + `.item_failure WHERE run_uid = $1
 ORDER BY entity COLLATE "C", occurrence COLLATE "C"`
 
 	// sqlRunAlreadyHandled: the distinct keys of run $1's kept batch whose
-	// committed row another run wrote (one probe of the rule's index each).
+	// committed row another run wrote (one probe of the rule's index each),
+	// but not those the run failed (their verdict there is Failed: one probe
+	// of item_failure's key each), with whether a copy's payload differs
+	// from that row's now (as the claim compares: sqlBatchPayloadSameText,
+	// else sqlPayloadChanged, reached only by a payload the claim cast).
 	sqlRunAlreadyHandled = `
-SELECT k.entity, k.occurrence, l.run_namespace, l.run_name, l.run_uid, l.shard, l.attempt, l.created_at
+SELECT k.entity, k.occurrence, h.run_namespace, h.run_name, h.run_uid, h.shard, h.attempt, h.created_at,
+       EXISTS (
+           SELECT FROM unnest(k.payloads) AS b(payload)
+           WHERE coalesce(` + sqlBatchPayloadSameText + `,
+                          nullif(h.payload, 'null'::jsonb) IS DISTINCT FROM nullif(b.payload::jsonb, 'null'::jsonb))
+       )
 FROM (
-    SELECT DISTINCT i.entity, i.occurrence
-    FROM ` + Schema + `.batch_run AS h
-    JOIN ` + Schema + `.batch AS b ON b.batch_id = h.id
-    CROSS JOIN LATERAL unnest(b.entities, b.occurrences) AS i(entity, occurrence)
-    WHERE h.run_uid = $1 AND i.entity IS NOT NULL AND i.occurrence IS NOT NULL
+    SELECT i.entity, i.occurrence, array_agg(DISTINCT i.payload) AS payloads
+    FROM ` + Schema + `.batch_run AS r
+    JOIN ` + Schema + `.batch AS b ON b.batch_id = r.id
+    CROSS JOIN LATERAL unnest(b.entities, b.occurrences, b.payloads) AS i(entity, occurrence, payload)
+    WHERE r.run_uid = $1 AND i.entity IS NOT NULL AND i.occurrence IS NOT NULL
+    GROUP BY i.entity, i.occurrence
 ) AS k
 JOIN LATERAL (
-    SELECT l.run_namespace, l.run_name, l.run_uid, l.shard, l.attempt, l.created_at
+    SELECT l.run_namespace, l.run_name, l.run_uid, l.shard, l.attempt, l.created_at, l.payload
     FROM ` + Schema + `.ledger AS l
     WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
     LIMIT 1
-) AS l ON l.run_uid <> $1
+) AS h ON h.run_uid <> $1
+WHERE NOT EXISTS (
+    SELECT FROM ` + Schema + `.item_failure AS f
+    WHERE f.run_uid = $1 AND f.entity = k.entity AND f.occurrence = k.occurrence
+)
 ORDER BY k.entity COLLATE "C", k.occurrence COLLATE "C"`
 
 	// sqlKeyRows: key ($1, $2)'s ledger rows, its committed one first, then

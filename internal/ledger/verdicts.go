@@ -67,6 +67,9 @@ type ItemVerdict struct {
 	Copies        int
 	Class, Error  string
 	PayloadDigest *string
+	// PayloadChanged (AlreadyHandled): a copy of the key in the run's batch
+	// has a payload other than the holding row's (as the claim compares).
+	PayloadChanged bool
 }
 
 // ErrBatchNotKept: the run's batch was inline items or a ConfigMap, whose
@@ -81,7 +84,8 @@ var ErrBatchPruned = errors.New("the run's batch was pruned (runledger prune)")
 // each outcome in turn (Completed, Failed, AlreadyHandled): a completed item
 // is a ledger row of the run, a failed one its failure record, an already
 // handled one a key of its batch whose committed row another run wrote
-// (listed once however often the batch repeats it). AlreadyHandled needs the
+// (listed once however often the batch repeats it, and not when the run
+// failed it: its verdict there is Failed). AlreadyHandled needs the
 // batch kept in the database (a query source's, until pruned): otherwise
 // ErrBatchNotKept or ErrBatchPruned, after the other outcomes.
 func (s *Store) RunItems(ctx context.Context, run RunRecord, outcomes []Outcome, fn func(ItemVerdict) error) error {
@@ -107,7 +111,7 @@ func (s *Store) RunItems(ctx context.Context, run RunRecord, outcomes []Outcome,
 			}
 			err = s.eachItem(ctx, sqlRunAlreadyHandled, run.UID, func(row pgx.Rows, v *ItemVerdict) error {
 				v.Outcome = AlreadyHandled
-				return row.Scan(&v.Entity, &v.Occurrence, &v.Holder.Namespace, &v.Holder.Name, &v.Holder.UID, &v.Shard, &v.Attempt, &v.At)
+				return row.Scan(&v.Entity, &v.Occurrence, &v.Holder.Namespace, &v.Holder.Name, &v.Holder.UID, &v.Shard, &v.Attempt, &v.At, &v.PayloadChanged)
 			}, fn)
 		default:
 			return fmt.Errorf("listing items: no such outcome %s", o)

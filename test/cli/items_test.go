@@ -32,6 +32,7 @@ type item struct {
 		Name      string `json:"name"`
 		UID       string `json:"uid"`
 	} `json:"heldBy"`
+	PayloadChanged bool `json:"payloadChanged"`
 }
 
 func decodeItems(t *testing.T, r result) []item {

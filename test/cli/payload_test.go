@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/api/v1alpha1"
 )
 
 // TestRunPayloadChanged: another run over keys already handled reports, in
@@ -73,4 +75,99 @@ func TestRunPayloadChanged(t *testing.T) {
 	require.EqualValues(t, 20, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_name = 'v1'`), "the first run's rows, untouched")
 	require.EqualValues(t, 20, d.int(t, `SELECT count(*) FROM invoices`), "the effect ran once per item")
 	require.EqualValues(t, 0, d.int(t, `SELECT count(*) FROM invoices WHERE amount >= 100`))
+}
+
+// TestItemsPayloadChanged: runledger items lists the repeats whose payload
+// changed, as many as status.payloadChanged counts: with onPayloadChange:
+// Report already handled items marked payloadChanged (a jsonb or a text
+// payload, the same values spelled otherwise not marked), with Fail failed
+// items of class payload-changed (and not also already handled); a run
+// whose batch is not kept cannot list them (bad input).
+func TestItemsPayloadChanged(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	d.exec(t, `CREATE TABLE invoices (account text NOT NULL, amount numeric NOT NULL)`)
+	const effect = `effect: {sql: "INSERT INTO invoices SELECT entity, (payload->>'amount')::numeric FROM claimed"}`
+	run := func(name, payload string, extra ...string) summary {
+		spec := append([]string{"batch:", "  query: |",
+			"    SELECT 'acct-' || lpad(i::text, 2, '0') AS entity, '2024-06' AS occurrence, " + payload + " AS payload FROM generate_series(0, 19) i",
+			"workers: 2", "chunkSize: 3", effect}, extra...)
+		r := runCLI(t, "", "run", "-f", writeFile(t, "run.yaml", manifest(name, spec...)), "--dsn", d.dsn, "--output", "json")
+		require.Equal(t, 0, r.code, "run %s; stderr:\n%s", name, r.stderr)
+		return r.summary(t)
+	}
+	items := func(name string, args ...string) []item {
+		return decodeItems(t, runCLI(t, "", append([]string{"items", name, "-n", "billing", "--output", "json", "--dsn", d.dsn}, args...)...))
+	}
+	entities := func(its []item) []string {
+		out := []string{}
+		for _, it := range its {
+			out = append(out, it.Entity)
+		}
+		return out
+	}
+	changedKeys := []string{"acct-00", "acct-04", "acct-08", "acct-12", "acct-16"}
+
+	require.Equal(t, counts{Total: 20, Completed: 20}, run("v1", `jsonb_build_object('amount', i, 'currency', 'EUR')`).counts())
+	require.Empty(t, items("v1", "--payload-changed"), "a run of fresh keys has none")
+
+	// Every fourth amount changed; the others the same values spelled
+	// otherwise: a jsonb (1.0 for 1) and a text payload (keys reordered).
+	for _, payload := range []string{
+		`jsonb_build_object('amount', CASE WHEN i % 4 = 0 THEN i + 100 ELSE i END::numeric(5,1), 'currency', 'EUR')`,
+		`format('{"currency":"EUR",  "amount": %s}', CASE WHEN i % 4 = 0 THEN i + 100 ELSE i END)`,
+	} {
+		name := map[bool]string{true: "v2", false: "v3"}[strings.HasPrefix(payload, "jsonb")]
+		s := run(name, payload)
+		require.Equal(t, counts{Total: 20, AlreadyHandled: 20}, s.counts())
+		require.EqualValues(t, 5, s.PayloadChanged)
+		listed := items(name, "--payload-changed")
+		require.Equal(t, changedKeys, entities(listed), "%s: exactly the changed ones", name)
+		for _, it := range listed {
+			require.Equal(t, "AlreadyHandled", it.Verdict)
+			require.True(t, it.PayloadChanged)
+			require.Equal(t, "v1", it.HeldBy.Name)
+		}
+		all := items(name, "--already-handled")
+		require.Len(t, all, 20)
+		var marked []string
+		for _, it := range all {
+			if it.PayloadChanged {
+				marked = append(marked, it.Entity)
+			}
+		}
+		require.Equal(t, changedKeys, marked, "%s: the same values spelled otherwise are plain already handled", name)
+	}
+	table := runCLI(t, "", "items", "v2", "-n", "billing", "--payload-changed", "--dsn", d.dsn)
+	require.Equal(t, 0, table.code, table.stderr)
+	rows := strings.Split(strings.TrimSuffix(table.stdout, "\n"), "\n")
+	require.Len(t, rows, 6, "a header and a row per changed item:\n%s", table.stdout)
+	require.Regexp(t, `^AlreadyHandled +acct-00 +2024-06 +\d +0 +\S+ +held by billing/v1 \(\S+\), payload changed$`, rows[1])
+
+	// onPayloadChange: Fail: the same five, failed, and only failed.
+	s := run("v4", `jsonb_build_object('amount', CASE WHEN i % 4 = 0 THEN i + 100 ELSE i END, 'currency', 'EUR')`,
+		"onPayloadChange: Fail", "maxFailedItems: 5")
+	require.Equal(t, counts{Total: 20, AlreadyHandled: 15, Failed: 5}, s.counts())
+	listed := items("v4", "--payload-changed")
+	require.Equal(t, changedKeys, entities(listed))
+	for _, it := range listed {
+		require.Equal(t, "Failed", it.Verdict)
+		require.Equal(t, "payload-changed", it.Class)
+	}
+	require.Len(t, items("v4", "--already-handled"), 15, "a failed key is listed as Failed only, as the counts say")
+	for _, it := range items("v4", "--already-handled") {
+		require.False(t, it.PayloadChanged, it.Entity)
+	}
+
+	// Inline items: the batch is not kept, whose payloads are not known.
+	r := runCLI(t, "", "run", "-f", writeFile(t, "run.yaml", manifest("v5", inlineItems([2]string{"acct-00", "2024-06"}), effect)),
+		"--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.EqualValues(t, 1, r.summary(t).PayloadChanged)
+	r = runCLI(t, "", "items", "v5", "-n", "billing", "--payload-changed", "--dsn", d.dsn)
+	require.Equal(t, v1alpha1.ExitBadInput, r.code, "stderr:\n%s", r.stderr)
+	require.Contains(t, r.stderr, "is not kept in the ledger database")
+
+	require.EqualValues(t, 20, d.committed(t))
+	require.EqualValues(t, 20, d.int(t, `SELECT count(*) FROM invoices`), "the effect ran once per item")
 }
