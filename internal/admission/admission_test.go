@@ -38,12 +38,12 @@ func TestCreate(t *testing.T) {
 		{name: "defaults", doc: `
 metadata: {name: june, namespace: billing}
 spec: {database: {secretRef: {name: db, key: dsn}}, batch: {query: "SELECT 1"}}`,
-			spec: `{backoffLimit: 3, batch: {query: "SELECT 1"}, chunkSize: 1000, database: {secretRef: {key: dsn, name: db}}, maxFailedItems: 0, nodeLostAfterSeconds: 60, onExisting: Skip,
+			spec: `{backoffLimit: 3, batch: {query: "SELECT 1"}, chunkSize: 1000, database: {secretRef: {key: dsn, name: db}}, maxFailedItems: 0, nodeLostAfterSeconds: 60, onExisting: Skip, onPayloadChange: Report,
 				timeouts: {effectSeconds: 300, lockSeconds: 60, networkSeconds: 30, querySeconds: 3600}, workers: 1}`},
 		{name: "explicit values kept, nulls dropped", doc: `
 metadata: {name: june, namespace: billing}
 spec: {database: {secretRef: {name: db, key: dsn}}, batch: {query: "SELECT 1"}, workers: 4, backoffLimit: 0, effect: null}`,
-			spec: `{backoffLimit: 0, batch: {query: "SELECT 1"}, chunkSize: 1000, database: {secretRef: {key: dsn, name: db}}, maxFailedItems: 0, nodeLostAfterSeconds: 60, onExisting: Skip,
+			spec: `{backoffLimit: 0, batch: {query: "SELECT 1"}, chunkSize: 1000, database: {secretRef: {key: dsn, name: db}}, maxFailedItems: 0, nodeLostAfterSeconds: 60, onExisting: Skip, onPayloadChange: Report,
 				timeouts: {effectSeconds: 300, lockSeconds: 60, networkSeconds: 30, querySeconds: 3600}, workers: 4}`},
 		{name: "what kubectl get prints", doc: `
 metadata:
@@ -57,7 +57,7 @@ metadata:
   - {apiVersion: processing.runledger.dev/v1alpha1, fieldsType: FieldsV1, fieldsV1: {f:spec: {}}, manager: kubectl, operation: Update, time: "2026-06-01T10:00:00Z"}
 spec: {database: {secretRef: {name: db, key: dsn}}, batch: {query: "SELECT 1"}, workers: 2}
 status: {phase: Running, shards: [{index: 999}]}`,
-			spec: `{backoffLimit: 3, batch: {query: "SELECT 1"}, chunkSize: 1000, database: {secretRef: {key: dsn, name: db}}, maxFailedItems: 0, nodeLostAfterSeconds: 60, onExisting: Skip,
+			spec: `{backoffLimit: 3, batch: {query: "SELECT 1"}, chunkSize: 1000, database: {secretRef: {key: dsn, name: db}}, maxFailedItems: 0, nodeLostAfterSeconds: 60, onExisting: Skip, onPayloadChange: Report,
 				timeouts: {effectSeconds: 300, lockSeconds: 60, networkSeconds: 30, querySeconds: 3600}, workers: 2}`},
 		{name: "unknown fields", doc: `
 metadata: {name: june, namespace: billing, labelz: {}}
