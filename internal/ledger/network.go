@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -22,13 +21,11 @@ type Option func(*pgxpool.Config)
 // data or probes stay unacknowledged for d; a connection attempt gives up
 // after d unless the connection string says connect_timeout. A statement
 // waiting for its answer is not affected as long as the server's host
-// answers the probes. Right after connecting, the server is asked for the
-// same (SET tcp_keepalives_idle, tcp_keepalives_interval, tcp_user_timeout:
-// sqlServerKeepalives), so that it drops a lost worker's session, and
-// releases its locks, as soon; not as startup parameters, which a pooler
-// refuses (PgBouncer: FATAL unsupported startup parameter), and not at all
-// behind a pooler, whose server connections are not the worker's (their
-// keep-alives are the pooler's settings). Unix sockets are left alone (the
+// answers the probes. The server is asked for the same as startup
+// parameters (serverKeepalives), so that it drops a lost worker's session,
+// and releases its locks, as soon; not behind a pooler, which refuses them
+// (PgBouncer: FATAL unsupported startup parameter) and whose server
+// connections are not the worker's (their keep-alives are the pooler's). Unix sockets are left alone (the
 // server ignores those settings there); d <= 0 changes nothing, and a
 // setting the connection string gives is kept.
 func NetworkTimeout(d time.Duration) Option {
@@ -49,35 +46,25 @@ func NetworkTimeout(d time.Duration) Option {
 			Control: userTimeout(d),
 		}
 		cfg.ConnConfig.DialFunc = dialer.DialContext
-		var settings []string
-		for _, s := range []struct {
-			name  string
-			value time.Duration
-		}{
-			{"tcp_keepalives_idle", dialer.KeepAliveConfig.Idle / time.Second},
-			{"tcp_keepalives_interval", dialer.KeepAliveConfig.Interval / time.Second},
-			{"tcp_user_timeout", d / time.Millisecond},
+		for name, value := range map[string]time.Duration{
+			"tcp_keepalives_idle":     dialer.KeepAliveConfig.Idle / time.Second,
+			"tcp_keepalives_interval": dialer.KeepAliveConfig.Interval / time.Second,
+			"tcp_user_timeout":        d / time.Millisecond,
 		} {
-			if _, set := cfg.ConnConfig.RuntimeParams[s.name]; !set {
-				settings = append(settings, s.name, strconv.FormatInt(int64(s.value), 10))
+			if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
+				cfg.ConnConfig.RuntimeParams[name] = strconv.FormatInt(int64(value), 10)
 			}
-		}
-		if len(settings) == 0 {
-			return
-		}
-		next := cfg.AfterConnect
-		cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-			// The simple protocol: no statement to prepare on a pooler.
-			if err := conn.PgConn().Exec(ctx, sqlServerKeepalives(conn.PgConn().PID(), settings)).Close(); err != nil {
-				return fmt.Errorf("asking the server for keep-alives: %w", err)
-			}
-			if next != nil {
-				return next(ctx, conn)
-			}
-			return nil
 		}
 	}
 }
+
+// serverKeepalives are the startup parameters NetworkTimeout asks the server
+// for: startup parameters, not SET, because they are then the session's
+// reset values and survive the RESET ALL that follows an effect (set by SET,
+// a reset put them back to 2 hours, and a lost worker's open transaction
+// held its rows' locks for as long); dropped behind a pooler, which refuses
+// them (poolerProbe).
+var serverKeepalives = []string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_user_timeout"}
 
 // ErrNoAnswer: a statement with a server-side timeout got no answer, not even
 // the timeout's error, within that timeout plus the network timeout: the

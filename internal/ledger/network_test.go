@@ -77,19 +77,28 @@ func TestNetworkTimeout_TCP(t *testing.T) {
 	require.Equal(t, map[string]int{"SO_KEEPALIVE": 1, "TCP_KEEPIDLE": 2, "TCP_KEEPINTVL": 1, "TCP_USER_TIMEOUT": 6000}, got)
 
 	// The server's end here is the proxy's unix socket, where it ignores the
-	// values (they read 0); that the connection asked for them, after
-	// connecting, shows in their source.
-	var asked []string
-	rows, err := conn.Query(ctx, `SELECT name FROM pg_settings WHERE source = 'session' AND name LIKE 'tcp%' ORDER BY name`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var a string
-		require.NoError(t, rows.Scan(&a))
-		asked = append(asked, a)
+	// values (they read 0); that the connection asked for them shows in
+	// their source: startup parameters ("client"), so that they are the
+	// session's reset values and survive the RESET ALL that follows every
+	// effect chunk (set by SET, they went back to the server's 2 hours, and
+	// a lost worker's open transaction kept its rows locked for as long).
+	asked := func() []string {
+		var names []string
+		rows, err := conn.Query(ctx, `SELECT name || '=' || source FROM pg_settings WHERE name IN ('tcp_keepalives_idle', 'tcp_keepalives_interval', 'tcp_user_timeout') ORDER BY name`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var a string
+			require.NoError(t, rows.Scan(&a))
+			names = append(names, a)
+		}
+		require.NoError(t, rows.Err())
+		return names
 	}
-	require.NoError(t, rows.Err())
-	require.Equal(t, []string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_user_timeout"}, asked, "what the server was asked for its side")
-	require.Empty(t, conn.Conn().Config().RuntimeParams["tcp_keepalives_idle"], "not a startup parameter, which a pooler refuses")
+	want := []string{"tcp_keepalives_idle=client", "tcp_keepalives_interval=client", "tcp_user_timeout=client"}
+	require.Equal(t, want, asked(), "what the server was asked for its side")
+	_, err = conn.Exec(ctx, `RESET ALL`)
+	require.NoError(t, err)
+	require.Equal(t, want, asked(), "what the server was asked for its side, after the session's reset")
 }
 
 // TestNetworkTimeout_ConnectGivesUp: a server that accepts the connection

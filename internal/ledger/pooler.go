@@ -34,6 +34,9 @@ func (p *poolerProbe) beforeConnect(ctx context.Context, cc *pgx.ConnConfig) err
 		return err
 	}
 	if pooled {
+		for _, name := range serverKeepalives {
+			delete(cc.RuntimeParams, name)
+		}
 		// One round trip per statement, by the unnamed statement, its
 		// description cached on the client: what a transaction pooler
 		// routes (a mode the connection string chose is kept).
@@ -51,7 +54,11 @@ func (p *poolerProbe) detect(ctx context.Context, cc *pgx.ConnConfig) (bool, err
 	if p.known {
 		return p.pooled, nil
 	}
-	conn, err := pgconn.ConnectConfig(ctx, cc.Config.Copy())
+	probe := cc.Config.Copy()
+	for _, name := range serverKeepalives { // a pooler refuses them
+		delete(probe.RuntimeParams, name)
+	}
+	conn, err := pgconn.ConnectConfig(ctx, probe)
 	if err != nil {
 		return false, err
 	}

@@ -856,20 +856,6 @@ const (
 	sqlReleaseShardSession = `SELECT pg_advisory_unlock_all(); ` + sqlCloseBatchCursor
 )
 
-// sqlServerKeepalives asks the server for its side of NetworkTimeout
-// (settings: name, value, ...; constants of the ledger's own), for the
-// session, but only if the session is the server backend whose process ID
-// the connection was given (pid): behind a pooler (PgBouncer, RDS Proxy,
-// Supavisor, pgcat) that ID is the pooler's own and the backend serves
-// other clients' transactions, so nothing is set there.
-func sqlServerKeepalives(pid uint32, settings []string) string {
-	calls := make([]string, 0, len(settings)/2)
-	for i := 0; i+1 < len(settings); i += 2 {
-		calls = append(calls, `set_config('`+settings[i]+`', '`+settings[i+1]+`', false)`)
-	}
-	return `SELECT ` + strings.Join(calls, `, `) + ` WHERE pg_catalog.pg_backend_pid() = ` + strconv.FormatUint(uint64(pid), 10)
-}
-
 // sqlBackendPID is the server backend's own process ID (poolerProbe).
 const sqlBackendPID = `SELECT pg_catalog.pg_backend_pid()`
 
