@@ -435,21 +435,19 @@ CROSS JOIN LATERAL (
 // holding row of another run differs (sqlPayloadChanged; NULL for the run's
 // own rows). The insert cast every payload already.
 const sqlHoldersPayload = `
-SELECT k.entity, k.occurrence, h.run_uid, CASE WHEN h.run_uid <> $4 THEN ` + sqlPayloadChanged + ` END
-FROM unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)
-CROSS JOIN LATERAL (
-    SELECT l.run_uid, l.payload
-    FROM ` + Schema + `.ledger AS l
-    WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
-    LIMIT 1
-) AS h`
+SELECT k.entity, k.occurrence, h.run_uid, CASE WHEN h.run_uid <> $4 THEN ` + sqlPayloadChanged + ` END` + sqlHoldingRowsPayload
 
 // sqlPreload is sqlHolders for the preload of items ($3 their payloads),
 // with what their text says of the holding row's payload
 // (sqlPayloadSameText): it runs before any item is validated by the
 // database, so it casts nothing.
 const sqlPreload = `
-SELECT k.entity, k.occurrence, h.run_uid, ` + sqlPayloadSameText + `
+SELECT k.entity, k.occurrence, h.run_uid, ` + sqlPayloadSameText + sqlHoldingRowsPayload
+
+// sqlHoldingRowsPayload is the FROM of sqlHoldersPayload and sqlPreload:
+// sqlHolders' one probe of the rule's index per key, with the holding row's
+// payload, for keys given with their payloads ($1, $2, $3).
+const sqlHoldingRowsPayload = `
 FROM unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)
 CROSS JOIN LATERAL (
     SELECT l.run_uid, l.payload
