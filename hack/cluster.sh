@@ -33,8 +33,10 @@
 #                       kubectl apply -k DIR through a generated overlay that
 #                       substitutes images (kustomize images:) and adds the
 #                       given (strategic merge) patches
-#   postgres stop|start|restart
-#                       stop/start the cluster's PostgreSQL (tests of outages)
+#   postgres stop|start|restart [--immediate]
+#                       stop/start the cluster's PostgreSQL (tests of outages;
+#                       restart --immediate: an immediate shutdown, crash
+#                       recovery on start)
 #   smoke               run pods that show the cluster works: a local image
 #                       runs, pods reach the apiserver ClusterIP and PostgreSQL
 #   node-env NAME       print what a test needs to power node NAME off or

@@ -65,7 +65,15 @@ cmd_postgres() {
       step "PostgreSQL started (pid $(daemon_pid postgres))"
       ;;
     restart)
-      stop_daemon postgres INT 30
+      # --immediate: SIGQUIT, no checkpoint, crash recovery on start (as after
+      # a crash); the default is a fast shutdown (SIGINT).
+      local sig=INT
+      case "${2:-}" in
+        "") ;;
+        --immediate) sig=QUIT ;;
+        *) usage ;;
+      esac
+      stop_daemon postgres "${sig}" 30
       start_postgres
       step "PostgreSQL started (pid $(daemon_pid postgres))"
       ;;
