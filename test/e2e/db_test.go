@@ -101,6 +101,47 @@ func (f *fixture) int(query string, args ...any) int64 {
 	}
 }
 
+// rows runs a query on the test's database and calls scan for each row,
+// retrying the whole query while the database is unreachable (for up to two
+// minutes: PostgreSQL may be restarting); scan must start over when called
+// again from the first row (reset is called before each try).
+func (f *fixture) rows(reset func(), scan func(pgx.Rows) error, query string, args ...any) {
+	f.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		reset()
+		err := f.tryRows(scan, query, args...)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) || !connectionError(err) {
+			require.NoError(f.t, err, "query %q", query)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func (f *fixture) tryRows(scan func(pgx.Rows) error, query string, args ...any) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	rows, err := conn.Query(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
 func connectionError(err error) bool {
 	s := err.Error()
 	for _, m := range []string{"connect", "connection", "shutting down", "57P01", "57P03", "EOF", "broken pipe", "reset by peer"} {

@@ -29,13 +29,19 @@ import (
 // pushExampleProcessor builds examples/processor (static) and pushes it to
 // the cluster's registry; it returns the image by digest.
 func (f *fixture) pushExampleProcessor() string {
+	return f.pushImage("../../examples/processor", "runledger-example-processor:e2e")
+}
+
+// pushImage builds the Go command in pkgDir (static) and pushes it to the
+// cluster's registry as name (NAME:TAG); it returns the image by digest.
+func (f *fixture) pushImage(pkgDir, name string) string {
 	f.t.Helper()
 	bin := filepath.Join(f.t.TempDir(), "processor")
-	build := exec.CommandContext(f.ctx, "go", "build", "-trimpath", "-o", bin, "../../examples/processor")
+	build := exec.CommandContext(f.ctx, "go", "build", "-trimpath", "-o", bin, pkgDir)
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := build.CombinedOutput()
-	require.NoError(f.t, err, "go build examples/processor:\n%s", out)
-	push := exec.CommandContext(f.ctx, f.clusterSh, "push", "runledger-example-processor:e2e", bin)
+	require.NoError(f.t, err, "go build %s:\n%s", pkgDir, out)
+	push := exec.CommandContext(f.ctx, f.clusterSh, "push", name, bin)
 	out, err = push.Output()
 	require.NoError(f.t, err, "hack/cluster.sh push:\n%s", out)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
