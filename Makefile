@@ -256,6 +256,15 @@ demo-down: ## Stop the demo's cluster and leave the host as it was found.
 e2e: ## End-to-end tests on a real local cluster (root; hack/e2e.sh: up, deploy, go test -tags e2e, down, host check). E2E_ARGS='-run TestHappyPath' selects tests.
 	$(ROOT)/hack/e2e.sh $(E2E_ARGS)
 
+# make soak: DURATION of faults and runs (the drain and the checks follow),
+# SEED of the generator and the nemesis (empty: a random one, printed).
+DURATION ?= 10m
+SEED ?=
+
+.PHONY: soak
+soak: ## The soak on a real two-node cluster (root; hack/e2e.sh -run TestSoak): a stream of runs while a seeded nemesis injects faults, an independent checker, one summary (items/s, faults by kind, lost=0 double=0). make soak DURATION=10m SEED=N replays a seed.
+	RUNLEDGER_SOAK_DURATION=$(DURATION) RUNLEDGER_SOAK_SEED=$(SEED) $(ROOT)/hack/e2e.sh -run '^TestSoak$$' -timeout 120m
+
 ##@ Tools
 
 $(GOLANGCI_LINT):

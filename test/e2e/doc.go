@@ -29,4 +29,10 @@
 // fails it if a run's completed, alreadyHandled or total ever went down. Tests that disturb
 // the whole cluster (leader failover, PostgreSQL restart) run alone; the
 // others run in parallel.
+//
+// TestSoak (soak_*_test.go) streams runs of every kind while a seeded
+// nemesis injects faults, then checks every run against the effects' own
+// tables; in the tier it runs its short version (fixed seeds, about 2
+// minutes each, and every seed kept under test/soak/seeds/); `make soak`
+// runs it for DURATION with SEED (docs/development.md, "The soak").
 package e2e

@@ -1,0 +1,166 @@
+//go:build e2e
+
+package e2e
+
+// The soak (`make soak`, and a short version in the e2e tier): a generator
+// of runs (soak_work_test.go), a seeded nemesis of faults
+// (soak_nemesis_test.go) and an independent checker (soak_check_test.go)
+// that reads the effects' own tables rather than runledger's report.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// soakConfig is one soak: its seed and how long the nemesis and the
+// generator run (the drain and the checks come after).
+type soakConfig struct {
+	Name     string `json:"-"`
+	Seed     uint64 `json:"seed"`
+	Duration string `json:"duration"`
+	// Found is what the soak found when this seed was kept (a kept seed's file).
+	Found string `json:"found,omitempty"`
+}
+
+// The CI short version: these seeds for ciDuration each, then every seed
+// kept under test/soak/seeds/.
+var ciSeeds = []uint64{20261202}
+
+const ciDuration = "2m"
+
+// soakSeedsDir holds the seeds of soaks that failed, each a replayable case.
+const soakSeedsDir = "../soak/seeds"
+
+// soakConfigs: RUNLEDGER_SOAK_DURATION (and RUNLEDGER_SOAK_SEED, random when
+// unset) ask for one soak (make soak); without them, the CI short version.
+func soakConfigs(t *testing.T) []soakConfig {
+	t.Helper()
+	if d := os.Getenv("RUNLEDGER_SOAK_DURATION"); d != "" {
+		seed := rand.Uint64() % 1_000_000_000
+		if s := os.Getenv("RUNLEDGER_SOAK_SEED"); s != "" {
+			var err error
+			seed, err = strconv.ParseUint(s, 10, 64)
+			require.NoError(t, err, "RUNLEDGER_SOAK_SEED=%q: a seed is a non-negative integer", s)
+		}
+		return []soakConfig{{Name: fmt.Sprintf("seed-%d", seed), Seed: seed, Duration: d}}
+	}
+	var out []soakConfig
+	for _, s := range ciSeeds {
+		out = append(out, soakConfig{Name: fmt.Sprintf("ci-%d", s), Seed: s, Duration: ciDuration})
+	}
+	files, err := filepath.Glob(filepath.Join(soakSeedsDir, "*.json"))
+	require.NoError(t, err)
+	sort.Strings(files)
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		require.NoError(t, err)
+		var c soakConfig
+		require.NoError(t, json.Unmarshal(b, &c), "seed file %s", file)
+		c.Name = strings.TrimSuffix(filepath.Base(file), ".json")
+		out = append(out, c)
+	}
+	return out
+}
+
+// TestSoak: runs of every kind stream through the cluster while the
+// nemesis injects faults; afterwards every run is terminal, the effects'
+// own tables show every item applied once or failed visibly, each run's
+// counts equal what the tables and the ledger hold, and nothing leaked.
+// It prints a summary (and writes it to the cluster's log directory).
+func TestSoak(t *testing.T) {
+	e := setup(t)
+	e.clusterNodes(t, 2)
+	for _, c := range soakConfigs(t) {
+		t.Run(c.Name, func(t *testing.T) { runSoak(t, c) })
+	}
+}
+
+// soak is one soak's state, shared by the generator, the nemesis and the
+// checker.
+type soak struct {
+	f      *fixture
+	cfg    soakConfig
+	image  string
+	start  time.Time
+	faults map[string]int
+
+	mu   sync.Mutex
+	runs []*soakRun // generated, in order of creation
+}
+
+func runSoak(t *testing.T, cfg soakConfig) {
+	d, err := time.ParseDuration(cfg.Duration)
+	require.NoError(t, err, "soak duration %q", cfg.Duration)
+	e := setup(t)
+	e.scaleManager(t, 2) // a standby: the nemesis kills leaders
+	t.Cleanup(func() { e.scaleManager(t, 1) })
+	f := newFixture(t, "soak", 0)
+	_, err = e.sql(f.ctx, f.dsn, soakSchema)
+	require.NoError(t, err, "soak schema")
+	s := &soak{f: f, cfg: cfg, faults: map[string]int{}}
+	s.image = f.pushImage("../soak/processor", "runledger-soak-processor:soak")
+	t.Logf("soak %s: seed %d for %s (replay: make soak SEED=%d DURATION=%s)", cfg.Name, cfg.Seed, d, cfg.Seed, cfg.Duration)
+
+	s.start = time.Now()
+	s.createSchedule()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	genDone := make(chan struct{})
+	go func() {
+		defer close(genDone)
+		s.generate(ctx)
+	}()
+	s.nemesis(t, ctx) // in the test's goroutine: the cluster helpers may fail the test
+	<-genDone
+	s.suspendSchedule()
+	waits := s.drain(15 * time.Minute)
+	leaks := s.leaks(3 * time.Minute)
+	rep := s.check()
+	rep.notTerminal = append(rep.notTerminal, waits...)
+	rep.leaks = append(rep.leaks, leaks...)
+	summary := rep.summary(s)
+	fmt.Println(summary) // the quotable block, without the test's log prefix
+	t.Log("\n" + summary)
+	if dir := os.Getenv("RUNLEDGER_CLUSTER_LOGS"); dir != "" {
+		_ = os.WriteFile(filepath.Join(dir, "soak-"+cfg.Name+".txt"), []byte(summary+"\n"), 0o644)
+	}
+	if problems := rep.problems(); len(problems) > 0 {
+		s.keepSeed(t, problems)
+		t.Errorf("soak %s (seed %d) found:\n  %s", cfg.Name, cfg.Seed, strings.Join(problems, "\n  "))
+	}
+}
+
+// keepSeed writes the failing seed as a replayable case under
+// test/soak/seeds/ of the checkout (hack/e2e.sh runs the tests from a copy).
+func (s *soak) keepSeed(t *testing.T, problems []string) {
+	if strings.HasPrefix(s.cfg.Name, "kept-") {
+		return // a replay of a kept seed: it is kept already
+	}
+	dir := soakSeedsDir
+	if co := os.Getenv("RUNLEDGER_E2E_CHECKOUT"); co != "" {
+		dir = filepath.Join(co, "test", "soak", "seeds")
+	}
+	found := strings.Join(problems[:min(len(problems), 5)], "; ")
+	b, _ := json.MarshalIndent(soakConfig{Seed: s.cfg.Seed, Duration: s.cfg.Duration, Found: found}, "", "  ")
+	path := filepath.Join(dir, fmt.Sprintf("kept-%d.json", s.cfg.Seed))
+	if err := os.MkdirAll(dir, 0o755); err == nil {
+		err = os.WriteFile(path, append(b, '\n'), 0o644)
+		if err == nil {
+			t.Logf("kept the failing seed as %s: commit it with the fix (the CI short version replays it)", path)
+			return
+		}
+	}
+	t.Logf("could not keep the failing seed in %s: %s", dir, b)
+}
