@@ -56,6 +56,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.ProcessingScheduleStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProcessorSpec"):
 		return &apiv1alpha1.ProcessorSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("QueueStatus"):
+		return &apiv1alpha1.QueueStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("RunTemplate"):
 		return &apiv1alpha1.RunTemplateApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("RunTemplateMetadata"):

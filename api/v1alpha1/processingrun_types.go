@@ -20,6 +20,8 @@ import (
 // +kubebuilder:printcolumn:name="Failed",type=integer,JSONPath=`.status.failed`
 // +kubebuilder:printcolumn:name="Total",type=integer,JSONPath=`.status.total`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Stalled")].reason`,description="Why the run is stuck or failed (the Stalled condition's reason)"
+// +kubebuilder:printcolumn:name="Admission",type=string,JSONPath=`.status.conditions[?(@.type=="Admitted")].reason`,description="For a run in a Kueue queue: Queued, Admitted or Evicted (the Admitted condition's reason)"
+// +kubebuilder:printcolumn:name="ClusterQueue",type=string,JSONPath=`.status.queue.clusterQueue`,priority=1,description="The Kueue ClusterQueue that admitted the run"
 // +kubebuilder:printcolumn:name="Duration",type=string,JSONPath=`.status.duration`,description="How long the finished run took, from its first pod to its outcome"
 // +kubebuilder:printcolumn:name="Workers",type=integer,JSONPath=`.spec.workers`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -32,6 +34,7 @@ import (
 // +kubebuilder:validation:XValidation:rule="(has(self.spec.onExisting) ? self.spec.onExisting : 'Skip') == (has(oldSelf.spec.onExisting) ? oldSelf.spec.onExisting : 'Skip')",message="onExisting is immutable: create a new ProcessingRun to change it",fieldPath=`.spec.onExisting`
 // +kubebuilder:validation:XValidation:rule="(has(self.spec.onPayloadChange) ? self.spec.onPayloadChange : 'Report') == (has(oldSelf.spec.onPayloadChange) ? oldSelf.spec.onPayloadChange : 'Report')",message="onPayloadChange is immutable: create a new ProcessingRun to change it",fieldPath=`.spec.onPayloadChange`
 // +kubebuilder:validation:XValidation:rule="(has(self.spec.workers) ? self.spec.workers : 1) == (has(oldSelf.spec.workers) ? oldSelf.spec.workers : 1)",message="workers is immutable: the number of shards decides which shard owns each item, create a new ProcessingRun to change it",fieldPath=`.spec.workers`
+// +kubebuilder:validation:XValidation:rule=`has(self.spec.managedBy) == has(oldSelf.spec.managedBy) && (!has(self.spec.managedBy) || self.spec.managedBy == oldSelf.spec.managedBy)`,message="managedBy is immutable: the controller that runs a ProcessingRun is chosen at its creation",fieldPath=`.spec.managedBy`
 // +kubebuilder:validation:XValidation:rule=`has(self.spec.occurrence) == has(oldSelf.spec.occurrence) && (!has(self.spec.occurrence) || self.spec.occurrence == oldSelf.spec.occurrence)`,message="occurrence is immutable: create a new ProcessingRun for another occurrence",fieldPath=`.spec.occurrence`
 type ProcessingRun struct {
 	metav1.TypeMeta `json:",inline"`
@@ -169,8 +172,24 @@ type ProcessingRunSpec struct {
 
 	// suspend stops the run's pods (they finish their current chunk and
 	// report) and keeps its counts; setting it back to false resumes it.
+	// A run in a Kueue queue (the label kueue.x-k8s.io/queue-name) is also
+	// held suspended, whatever this field says, until Kueue admits its
+	// Workload, and again while Kueue evicts it; suspending it deactivates
+	// its Workload (spec.active), which gives its quota back.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
+
+	// managedBy is the controller that runs this ProcessingRun, as
+	// batch/v1 Job's field. Unset or processing.runledger.dev/controller:
+	// runledger's manager. Any other value (MultiKueue's
+	// kueue.x-k8s.io/multikueue on a manager cluster, which dispatches the
+	// run to a worker cluster and copies its status back) makes runledger's
+	// manager create no pod and write no status for the run; it still
+	// keeps the run's Kueue Workload, which MultiKueue needs. Immutable.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`
+	ManagedBy *string `json:"managedBy,omitempty"`
 
 	// ttlSecondsAfterFinished deletes the run (and its pods, never its ledger
 	// rows) this many seconds after it Succeeded or Failed.
@@ -679,8 +698,14 @@ type ProcessingRunStatus struct {
 	// +kubebuilder:validation:MaxLength=600
 	FailedItems string `json:"failedItems,omitempty"`
 
+	// queue is the run's place in Kueue, for a run with the label
+	// kueue.x-k8s.io/queue-name; absent otherwise.
+	// +optional
+	Queue *QueueStatus `json:"queue,omitempty"`
+
 	// conditions: Complete, Failed and Suspended (as batch/v1 Job), Ready,
-	// Reconciling and Stalled (as kstatus reads them).
+	// Reconciling and Stalled (as kstatus reads them), and Admitted for a
+	// run in a Kueue queue.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -837,8 +862,31 @@ type FailureSample struct {
 	Error string `json:"error,omitempty"`
 }
 
+// QueueStatus is a queued run's Kueue Workload and its admission.
+type QueueStatus struct {
+	// workload is the name of the Kueue Workload (kueue.x-k8s.io/v1beta2,
+	// in the run's namespace) that stands for the run in its LocalQueue.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Workload string `json:"workload,omitempty"`
+	// clusterQueue is the ClusterQueue that admitted the run; empty while
+	// the run waits for admission or after an eviction.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	ClusterQueue string `json:"clusterQueue,omitempty"`
+}
+
+// ManagedByController is spec.managedBy's value for runledger's own
+// manager (the same as leaving it unset).
+const ManagedByController = Group + "/controller"
+
 // Condition types of a ProcessingRun.
 const (
+	// ConditionAdmitted, on a run in a Kueue queue, is True while Kueue
+	// admits its Workload (reason Admitted, the message names the
+	// ClusterQueue) and False while the run waits (Queued) or is evicted
+	// (Evicted, with Kueue's reason); absent on other runs.
+	ConditionAdmitted = "Admitted"
 	// ConditionComplete is True once the run Succeeded (as batch/v1 Job).
 	ConditionComplete = "Complete"
 	// ConditionFailed is True once the run Failed (as batch/v1 Job).
@@ -857,3 +905,9 @@ const (
 	// pulled, or a Failed run (kstatus: Failed); absent otherwise.
 	ConditionStalled = "Stalled"
 )
+
+// ManagedByOther reports whether spec.managedBy names another controller
+// than runledger's manager.
+func (s *ProcessingRunSpec) ManagedByOther() bool {
+	return s.ManagedBy != nil && *s.ManagedBy != ManagedByController
+}

@@ -201,6 +201,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: effect
       type:
         namedType: com.github.runledger.runledger.api.v1alpha1.EffectSpec
+    - name: managedBy
+      type:
+        scalar: string
     - name: maxFailedItems
       type:
         scalar: numeric
@@ -275,6 +278,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: phase
       type:
         namedType: com.github.runledger.runledger.api.v1alpha1.RunPhase
+    - name: queue
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.QueueStatus
     - name: shards
       type:
         list:
@@ -462,6 +468,15 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
       default: 30s
+- name: com.github.runledger.runledger.api.v1alpha1.QueueStatus
+  map:
+    fields:
+    - name: clusterQueue
+      type:
+        scalar: string
+    - name: workload
+      type:
+        scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.RunPhase
   scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.RunTemplate

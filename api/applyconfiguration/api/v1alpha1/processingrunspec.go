@@ -77,7 +77,19 @@ type ProcessingRunSpecApplyConfiguration struct {
 	NodeLostAfterSeconds *int32 `json:"nodeLostAfterSeconds,omitempty"`
 	// suspend stops the run's pods (they finish their current chunk and
 	// report) and keeps its counts; setting it back to false resumes it.
+	// A run in a Kueue queue (the label kueue.x-k8s.io/queue-name) is also
+	// held suspended, whatever this field says, until Kueue admits its
+	// Workload, and again while Kueue evicts it; suspending it deactivates
+	// its Workload (spec.active), which gives its quota back.
 	Suspend *bool `json:"suspend,omitempty"`
+	// managedBy is the controller that runs this ProcessingRun, as
+	// batch/v1 Job's field. Unset or processing.runledger.dev/controller:
+	// runledger's manager. Any other value (MultiKueue's
+	// kueue.x-k8s.io/multikueue on a manager cluster, which dispatches the
+	// run to a worker cluster and copies its status back) makes runledger's
+	// manager create no pod and write no status for the run; it still
+	// keeps the run's Kueue Workload, which MultiKueue needs. Immutable.
+	ManagedBy *string `json:"managedBy,omitempty"`
 	// ttlSecondsAfterFinished deletes the run (and its pods, never its ledger
 	// rows) this many seconds after it Succeeded or Failed.
 	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
@@ -193,6 +205,14 @@ func (b *ProcessingRunSpecApplyConfiguration) WithNodeLostAfterSeconds(value int
 // If called multiple times, the Suspend field is set to the value of the last call.
 func (b *ProcessingRunSpecApplyConfiguration) WithSuspend(value bool) *ProcessingRunSpecApplyConfiguration {
 	b.Suspend = &value
+	return b
+}
+
+// WithManagedBy sets the ManagedBy field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the ManagedBy field is set to the value of the last call.
+func (b *ProcessingRunSpecApplyConfiguration) WithManagedBy(value string) *ProcessingRunSpecApplyConfiguration {
+	b.ManagedBy = &value
 	return b
 }
 

@@ -41,8 +41,12 @@ type ProcessingRunStatusApplyConfiguration struct {
 	// (runledger items NAME -n NAMESPACE --failed): each shard's entry
 	// shows only its first few failures.
 	FailedItems *string `json:"failedItems,omitempty"`
+	// queue is the run's place in Kueue, for a run with the label
+	// kueue.x-k8s.io/queue-name; absent otherwise.
+	Queue *QueueStatusApplyConfiguration `json:"queue,omitempty"`
 	// conditions: Complete, Failed and Suspended (as batch/v1 Job), Ready,
-	// Reconciling and Stalled (as kstatus reads them).
+	// Reconciling and Stalled (as kstatus reads them), and Admitted for a
+	// run in a Kueue queue.
 	Conditions []metav1.ConditionApplyConfiguration `json:"conditions,omitempty"`
 }
 
@@ -150,6 +154,14 @@ func (b *ProcessingRunStatusApplyConfiguration) WithShards(values ...*ShardStatu
 // If called multiple times, the FailedItems field is set to the value of the last call.
 func (b *ProcessingRunStatusApplyConfiguration) WithFailedItems(value string) *ProcessingRunStatusApplyConfiguration {
 	b.FailedItems = &value
+	return b
+}
+
+// WithQueue sets the Queue field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Queue field is set to the value of the last call.
+func (b *ProcessingRunStatusApplyConfiguration) WithQueue(value *QueueStatusApplyConfiguration) *ProcessingRunStatusApplyConfiguration {
+	b.Queue = value
 	return b
 }
 
