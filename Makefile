@@ -189,13 +189,15 @@ bench-runs: envtest-assets ## One manager, 1,000 runs (most finished): memory, r
 
 # Generated from markers in api/ and controllers/; `make verify` fails when
 # the committed copies differ.
-GENERATED := api config/crd/bases config/rbac/role.yaml charts/runledger
+GENERATED := api config/crd/bases config/rbac/role.yaml config/kueue/role.yaml charts/runledger
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate the CRD (config/crd/bases) and the manager's ClusterRole (config/rbac/role.yaml) from markers.
+manifests: $(CONTROLLER_GEN) ## Generate the CRD (config/crd/bases), the manager's ClusterRole (config/rbac/role.yaml) and its Kueue ClusterRole (config/kueue/role.yaml) from markers.
 	rm -f $(ROOT)/config/crd/bases/*.yaml
 	cd $(ROOT) && $(CONTROLLER_GEN) crd rbac:roleName=runledger-manager paths=./api/... paths=./controllers/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	cd $(ROOT) && $(CONTROLLER_GEN) rbac:roleName=runledger-manager-kueue paths=./internal/kueuerbac/... \
+		output:rbac:artifacts:config=config/kueue
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy functions and server-side apply configurations of the API.

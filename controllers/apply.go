@@ -34,6 +34,16 @@ func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.Processi
 	if st.FailedItems != "" {
 		status.WithFailedItems(st.FailedItems)
 	}
+	if q := st.Queue; q != nil {
+		qs := acv1alpha1.QueueStatus()
+		if q.Workload != "" {
+			qs.WithWorkload(q.Workload)
+		}
+		if q.ClusterQueue != "" {
+			qs.WithClusterQueue(q.ClusterQueue)
+		}
+		status.WithQueue(qs)
+	}
 	final := make(map[int32]bool, len(shards))
 	for _, d := range shards {
 		final[d.index] = d.final

@@ -83,6 +83,14 @@ func (r *Reconciler) conditionEvents(s *scope, old, cur *v1alpha1.ProcessingRunS
 		}
 	}
 
+	if c := admissionChanged(old.Conditions, cur.Conditions); c != nil {
+		eventType := corev1.EventTypeNormal
+		if c.Reason == ReasonEvicted {
+			eventType = corev1.EventTypeWarning
+		}
+		r.event(run, nil, eventType, c.Reason, "Admission", c.Message)
+	}
+
 	if rec := meta.FindStatusCondition(cur.Conditions, v1alpha1.ConditionReconciling); rec != nil &&
 		rec.Status == metav1.ConditionTrue && rec.Reason == ReasonUnschedulable {
 		u := unschedulable(s.shards)

@@ -80,6 +80,8 @@ type managerConfig struct {
 	wrapClient func(client.Client) client.Client
 	// restConfig, when set, replaces the admin config (e.g. to impersonate).
 	restConfig *rest.Config
+	// kueue turns the Kueue integration on.
+	kueue bool
 }
 
 type testManager struct {
@@ -132,6 +134,7 @@ func startManager(t *testing.T, env *envtestutil.Env, ns string, mc managerConfi
 		DependencyRetry: 300 * time.Millisecond,
 		// Count-only status writes are spaced, as in production (2s).
 		StatusInterval: 250 * time.Millisecond,
+		Kueue:          mc.kueue,
 	}
 	require.NoError(t, r.SetupWithManager(mgr, controller.Options{}))
 	ctx, cancel := context.WithCancel(context.Background())

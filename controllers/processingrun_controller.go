@@ -23,6 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
 	"github.com/runledger/runledger/api/v1alpha1"
 )
 
@@ -82,6 +84,11 @@ type Reconciler struct {
 	// are always written at once).
 	StatusInterval time.Duration
 
+	// Kueue turns on the Kueue integration: runs labelled
+	// kueue.x-k8s.io/queue-name wait for their Workload's admission. It
+	// needs Kueue's CRDs.
+	Kueue bool
+
 	expectations *expectations
 	lastWrites   sync.Map // types.NamespacedName -> lastWrite
 }
@@ -116,9 +123,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podNodeKey, indexPodNode); err != nil {
 		return fmt.Errorf("index pods by node: %w", err)
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.ProcessingRun{}).
-		Owns(&corev1.Pod{}).
+		Owns(&corev1.Pod{})
+	if r.Kueue {
+		b = b.Owns(&kueue.Workload{})
+	}
+	return b.
 		// A node going NotReady changes none of its pods at first: look at
 		// the runs with pods there (podOnLostNode).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.runsOnNode),
@@ -201,6 +212,9 @@ type scope struct {
 	// stepErr is the error that ended the pass's steps, if any; the status
 	// written at the end says so.
 	stepErr error
+	// queue is the run's Kueue Workload and what the pass decided about
+	// it; nil for a run outside Kueue (or with the integration off).
+	queue *queueView
 }
 
 func (s *scope) requeueIn(d time.Duration) {
@@ -215,6 +229,11 @@ func (s *scope) requeueIn(d time.Duration) {
 func (s *scope) decide() {
 	s.outcome = decideRun(s.run, s.shards, s.startTime != nil)
 	if s.outcome.finished {
+		return
+	}
+	if s.held() {
+		// Kueue holds it: suspended, and no deadline runs meanwhile.
+		s.outcome.phase = v1alpha1.RunSuspended
 		return
 	}
 	left, ok := deadlineLeft(s.run, s.startTime, s.now)
@@ -258,12 +277,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			// Its pods go with it (owner references); its ledger rows stay.
 			r.expectations.forget(req.NamespacedName)
 			r.lastWrites.Delete(req.NamespacedName)
-			return ctrl.Result{}, nil
+			return ctrl.Result{}, r.cleanupWorkloads(ctx, req.NamespacedName, "")
 		}
 		return ctrl.Result{}, fmt.Errorf("get processingrun: %w", err)
 	}
 	if run.DeletionTimestamp != nil {
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, r.cleanupWorkloads(ctx, req.NamespacedName, run.UID)
+	}
+	if run.Spec.ManagedByOther() {
+		// Another controller runs it (spec.managedBy): no pod, no status.
+		return ctrl.Result{}, r.reconcileManagedElsewhere(ctx, run)
 	}
 	expired, ttlWait, err := r.expireTTL(ctx, run)
 	if expired || err != nil {
@@ -280,6 +303,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 func (r *Reconciler) runSteps(ctx context.Context, run *v1alpha1.ProcessingRun, requeue time.Duration) (result ctrl.Result, err error) {
 	s := &scope{run: run, key: client.ObjectKeyFromObject(run), now: r.Clock.Now()}
 	s.requeueIn(requeue)
+	if err := r.observeQueue(ctx, s); err != nil {
+		reconcileErrors.WithLabelValues("observeQueue").Inc()
+		return ctrl.Result{}, fmt.Errorf("observe queue: %w", err)
+	}
 	if err := r.observe(ctx, s); err != nil {
 		// Without the pods' view there is no status to write.
 		reconcileErrors.WithLabelValues("observe").Inc()
@@ -297,6 +324,7 @@ func (r *Reconciler) runSteps(ctx context.Context, run *v1alpha1.ProcessingRun, 
 		}
 	}()
 	for _, st := range []step{
+		{"syncQueue", r.syncQueue},
 		{"checkDependencies", r.checkDependencies},
 		{"syncPods", r.syncPods},
 	} {

@@ -175,6 +175,22 @@ type statusInput struct {
 	// reconcileError is the error that ended the pass early, empty when
 	// none did.
 	reconcileError string
+	// queue is a queued run's Workload and admission, nil for another run.
+	queue *queueStatus
+}
+
+// queueStatus is what the status shows of a queued run's Workload.
+type queueStatus struct {
+	workload string
+	decision queueDecision
+}
+
+// queueStatus is the pass's view of the Workload for the status.
+func (s *scope) queueStatus() *queueStatus {
+	if s.queue == nil {
+		return nil
+	}
+	return &queueStatus{workload: WorkloadName(s.run), decision: s.queue.decision}
 }
 
 // buildStatus is the status the run should have. It starts from the current
@@ -242,6 +258,13 @@ func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.Processin
 	if st.Failed > 0 {
 		st.FailedItems = FailedItemsCommand(run.Namespace, run.Name)
 	}
+	switch q := in.queue; {
+	case q != nil && !o.finished:
+		st.Queue = &v1alpha1.QueueStatus{Workload: q.workload, ClusterQueue: q.decision.clusterQueue}
+	case q != nil && st.Queue == nil:
+		// Finished: the ClusterQueue that admitted it last stays shown.
+		st.Queue = &v1alpha1.QueueStatus{Workload: q.workload}
+	}
 	st.Conditions = buildConditions(run, in)
 	return st
 }
@@ -298,6 +321,11 @@ func buildConditions(run *v1alpha1.ProcessingRun, in statusInput) []metav1.Condi
 		return conds
 	}
 
+	if q := in.queue; q != nil && !o.finished {
+		status, reason, msg := admittedCondition(q.decision)
+		set(v1alpha1.ConditionAdmitted, status, reason, msg)
+	}
+
 	switch {
 	case o.finished && o.phase == v1alpha1.RunSucceeded:
 		set(v1alpha1.ConditionComplete, metav1.ConditionTrue, o.reason, o.message)
@@ -310,9 +338,12 @@ func buildConditions(run *v1alpha1.ProcessingRun, in statusInput) []metav1.Condi
 		set(v1alpha1.ConditionStalled, metav1.ConditionTrue, o.reason, o.message)
 		unset(v1alpha1.ConditionReconciling)
 	case o.phase == v1alpha1.RunSuspended:
-		msg := fmt.Sprintf("suspended with %s; set spec.suspend to false to resume", progress(in.shards))
-		set(v1alpha1.ConditionSuspended, metav1.ConditionTrue, ReasonSuspended, msg)
-		set(v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonSuspended, msg)
+		reason, msg := ReasonSuspended, fmt.Sprintf("suspended with %s; set spec.suspend to false to resume", progress(in.shards))
+		if q := in.queue; q != nil && q.decision.held && !run.Spec.Suspend {
+			reason, msg = q.decision.reason, fmt.Sprintf("held by Kueue with %s: %s", progress(in.shards), q.decision.message)
+		}
+		set(v1alpha1.ConditionSuspended, metav1.ConditionTrue, reason, msg)
+		set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg)
 		unset(v1alpha1.ConditionStalled)
 		if live := liveShards(in.shards); live > 0 {
 			set(v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonSuspending,

@@ -74,7 +74,7 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 		if pending, ok := r.expectations.pending(s.key, run.UID, i, cached); ok {
 			// Created by this process, not in the cache yet: wait for it.
 			in.recordedAttempt = max(in.recordedAttempt, pending)
-		} else if in.recordedAttempt > cached && (run.Spec.Suspend || finishedCondition(&run.Status) != nil) {
+		} else if in.recordedAttempt > cached && (s.suspended() || finishedCondition(&run.Status) != nil) {
 			// Nothing will be created: no need to ask the API server.
 			in.recordedGone = true
 		} else if in.recordedAttempt > cached {
@@ -118,7 +118,7 @@ func (r *Reconciler) decideShards(s *scope, stopped bool) []shardDecision {
 		backoffLimit: s.run.Spec.BackoffLimitOrDefault(),
 		backoffBase:  r.BackoffBase,
 		backoffMax:   r.BackoffMax,
-		suspended:    s.run.Spec.Suspend,
+		suspended:    s.suspended(),
 		stopped:      stopped,
 	}
 	out := make([]shardDecision, len(s.inputs))
@@ -320,6 +320,9 @@ func (r *Reconciler) createPod(ctx context.Context, s *scope, d *shardDecision) 
 	if err != nil {
 		return err
 	}
+	if s.queue != nil {
+		applyPlacement(pod, s.queue.placement)
+	}
 	logger := log.FromContext(ctx).WithValues("pod", klog.KObj(pod), "shard", d.index, "attempt", attempt)
 	r.expectations.expectCreate(s.key, s.run.UID, d.index, attempt)
 	err = r.Client.Create(ctx, pod)
@@ -382,6 +385,8 @@ func (r *Reconciler) deletePod(ctx context.Context, s *scope, pod *corev1.Pod, w
 		why = "its worker container finished, another container kept the pod running"
 	case s.outcome.finished:
 		why = "the run is finished"
+	case s.held() && !s.run.Spec.Suspend:
+		why = "Kueue holds the run (" + s.queue.decision.reason + ")"
 	default:
 		why = "the run is suspended"
 	}
@@ -403,7 +408,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 	}
 	desired := buildStatus(run, statusInput{
 		shards: s.shards, entries: reported, outcome: s.outcome, stalled: s.stalled, startTime: s.startTime, now: s.now,
-		reconcileError: errorMessage(s.stepErr),
+		reconcileError: errorMessage(s.stepErr), queue: s.queueStatus(),
 	})
 	if equality.Semantic.DeepEqual(run.Status, desired) {
 		return nil

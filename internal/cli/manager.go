@@ -22,6 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/controllers"
 	"github.com/runledger/runledger/internal/logging"
@@ -49,6 +51,7 @@ type managerOptions struct {
 	zapLevel        string
 	zapDevel        bool
 	watchNamespaces []string
+	kueue           bool
 }
 
 func newManagerCommand() *cobra.Command {
@@ -81,6 +84,7 @@ run; only the leader acts.`,
 	f.DurationVar(&o.backoffBase, "retry-backoff", controllers.DefaultBackoffBase, "back-off before a failed shard's first retry; it doubles with each failure")
 	f.DurationVar(&o.backoffMax, "retry-backoff-max", controllers.DefaultBackoffMax, "longest back-off between a shard's retries")
 	f.IntVar(&o.concurrency, "max-concurrent-reconciles", 4, "runs reconciled in parallel")
+	f.BoolVar(&o.kueue, "kueue", false, "queue the runs labelled kueue.x-k8s.io/queue-name in Kueue: each gets a Workload and waits for its admission (needs Kueue's CRDs and the ClusterRole runledger-manager-kueue)")
 	f.StringSliceVar(&o.watchNamespaces, "watch-namespaces", nil, "reconcile only the runs in these namespaces (comma-separated), with Roles there instead of a ClusterRole (config/namespaced); default: every namespace")
 
 	o.logging.AddFlags(f)
@@ -127,6 +131,9 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 		return fmt.Errorf("scheme: %w", err)
 	}
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("scheme: %w", err)
+	}
+	if err := kueue.AddToScheme(scheme); err != nil {
 		return fmt.Errorf("scheme: %w", err)
 	}
 
@@ -186,6 +193,7 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 		BackoffBase:    o.backoffBase,
 		BackoffMax:     o.backoffMax,
 		StatusInterval: controllers.DefaultStatusInterval,
+		Kueue:          o.kueue,
 	}
 	if err := r.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: o.concurrency}); err != nil {
 		return fmt.Errorf("set up controller: %w", err)

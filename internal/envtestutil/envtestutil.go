@@ -38,10 +38,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
 	"github.com/runledger/runledger/api/v1alpha1"
 )
 
-// Env is a running kube-apiserver with runledger's CRDs.
+// Env is a running kube-apiserver with runledger's CRDs and Kueue's.
 type Env struct {
 	Config *rest.Config
 	// KubeConfig is a kubeconfig file's content for the apiserver (admin).
@@ -68,7 +70,29 @@ func Scheme() (*k8sruntime.Scheme, error) {
 	if err := v1alpha1.AddToScheme(s); err != nil {
 		return nil, fmt.Errorf("add runledger kinds: %w", err)
 	}
+	if err := kueue.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("add kueue kinds: %w", err)
+	}
 	return s, nil
+}
+
+// kueueCRDs are the files of the Kueue CRDs the integration uses, from the
+// config/ directory of the Kueue module that go.mod pins (in the module
+// cache).
+func kueueCRDs() ([]string, error) {
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kueue")
+	cmd.Dir = RepoRoot()
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("find the kueue module (go mod download sigs.k8s.io/kueue): %w", err)
+	}
+	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "components", "crd", "bases")
+	var files []string
+	for _, kind := range []string{"workloads", "resourceflavors", "workloadpriorityclasses", "clusterqueues", "localqueues"} {
+		files = append(files, filepath.Join(dir, "kueue.x-k8s.io_"+kind+".yaml"))
+	}
+	return files, nil
 }
 
 // assetsDir is KUBEBUILDER_ASSETS, or what hack/k8s-bins.sh prints.
@@ -96,7 +120,7 @@ func Kubectl() (string, error) {
 }
 
 // Start starts etcd and kube-apiserver and installs the CRDs of
-// config/crd/bases.
+// config/crd/bases and Kueue's (kueueCRDs).
 func Start() (*Env, error) {
 	dir, err := assetsDir()
 	if err != nil {
@@ -106,9 +130,13 @@ func Start() (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
+	kueueFiles, err := kueueCRDs()
+	if err != nil {
+		return nil, err
+	}
 	te := &envtest.Environment{
 		BinaryAssetsDirectory:    dir,
-		CRDDirectoryPaths:        []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
+		CRDDirectoryPaths:        append([]string{filepath.Join(RepoRoot(), "config", "crd", "bases")}, kueueFiles...),
 		ErrorIfCRDPathMissing:    true,
 		Scheme:                   scheme,
 		ControlPlaneStartTimeout: 2 * time.Minute,
