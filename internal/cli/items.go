@@ -13,6 +13,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/worker"
 )
 
 const itemsLong = `List a run's items and their verdicts, from the ledger database: the same
@@ -29,11 +30,14 @@ database, connection string and rules as runledger run ($RUNLEDGER_DATABASE_URL,
                   error (cut to 1024 bytes) and the copies of the key the
                   batch held
   AlreadyHandled  the keys of the run's batch another run had committed,
-                  with that run (batch.query runs only: the ledger database
-                  keeps a query's batch, until runledger prune, but only the
-                  digest of inline items or a ConfigMap), and whether the
-                  payload a copy came with differs from the holding row's
-                  ("payloadChanged": true; counted in status.payloadChanged)
+                  with that run, and whether the payload a copy came with
+                  differs from the holding row's ("payloadChanged": true;
+                  counted in status.payloadChanged). The ledger database
+                  keeps a query's batch (until runledger prune), but only the
+                  digest of inline items or a ConfigMap: for such a run give
+                  its manifest with -f (and a ConfigMap's items with
+                  --from-file, as runledger run takes them), which must be
+                  the batch the run fixed (its digest is checked)
 
 --payload-changed lists the repeats whose payload changed: the already
 handled items whose payload differs (onPayloadChange: Report) and the failed
@@ -53,10 +57,12 @@ one JSON object a line:
    "payloadChanged":true}
 
 Exit status: 0 when listed; 5 when the ledger database has no run of that
-name; 2 for bad input (flags, the connection string, --already-handled or
---payload-changed for a run whose batch is not kept); 1 for any other failure.`
+name; 2 for bad input (flags, the connection string, a manifest whose items
+are not the run's batch, --already-handled or --payload-changed for a run
+whose batch is neither kept nor given); 1 for any other failure.`
 
 type itemsOptions struct {
+	batchInput
 	namespace, uid, output string
 	failed, completed      bool
 	alreadyHandled         bool
@@ -72,7 +78,8 @@ func newItemsCommand() *cobra.Command {
 		Example: `  runledger items june-invoices -n billing --failed --dsn-file ledger.dsn
   runledger items june-invoices -n billing --failed --output jsonl | jq -r .entity
   runledger items june-invoices -n billing --already-handled --output json
-  runledger items june-invoices -n billing --payload-changed`,
+  runledger items june-invoices -n billing --payload-changed
+  kubectl get prun may-refunds -n billing -o yaml | runledger items may-refunds -n billing -f - --already-handled`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
 	}
@@ -84,6 +91,8 @@ func newItemsCommand() *cobra.Command {
 	f.BoolVar(&o.alreadyHandled, "already-handled", false, "only the items another run had committed")
 	f.BoolVar(&o.payloadChanged, "payload-changed", false, "only the repeats whose payload differs from the holding row's (already handled, or failed of class payload-changed)")
 	f.StringVarP(&o.output, "output", "o", "table", "table, json or jsonl")
+	f.StringVarP(&o.file, "filename", "f", "", "the run's manifest (YAML or JSON; - for stdin), for a run of inline items or a ConfigMap: its already handled items are read from it")
+	f.StringVar(&o.fromFile, "from-file", "", "with -f: JSON Lines file with the items of its batch.configMapRef (default: the ConfigMap in the manifest)")
 	cmd.MarkFlagsMutuallyExclusive("failed", "completed", "already-handled", "payload-changed")
 	addDatabaseFlags(cmd, "PostgreSQL connection string of the ledger")
 	return cmd
@@ -108,6 +117,10 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 	if err := checkOutput(o.output, "table", "json", "jsonl"); err != nil {
 		return err
 	}
+	batch, err := o.givenBatch(cmd, name)
+	if err != nil {
+		return err
+	}
 	pool, secrets, err := openOwnerPool(cmd)
 	if err != nil {
 		return err
@@ -122,6 +135,9 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 	if err != nil {
 		return err
 	}
+	if err := o.checkGiven(run, batch); err != nil {
+		return err
+	}
 	outcomes, named := o.outcomes()
 	w := newItemWriter(secrets.Writer(cmd.OutOrStdout()), o.output)
 	write := w.write
@@ -133,19 +149,75 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 			return nil
 		}
 	}
-	err = store.RunItems(cmd.Context(), run, outcomes, write)
+	err = store.RunItemsOf(cmd.Context(), run, batch, outcomes, write)
 	if errors.Is(err, ledger.ErrBatchNotKept) || errors.Is(err, ledger.ErrBatchPruned) {
 		if named {
 			w.close()
-			return badInput(fmt.Errorf("listing the already handled items of run %s/%s: %w; its completed and failed items are listed (--completed, --failed)", run.Namespace, run.Name, err))
+			return badInput(fmt.Errorf("listing the already handled items of run %s/%s: %w; its completed and failed items are listed (--completed, --failed)%s", run.Namespace, run.Name, err, giveManifest(err)))
 		}
-		fmt.Fprintf(cmd.ErrOrStderr(), "runledger: note: the already handled items of run %s/%s are not listed: %v\n", run.Namespace, run.Name, err)
+		fmt.Fprintf(cmd.ErrOrStderr(), "runledger: note: the already handled items of run %s/%s are not listed: %v%s\n", run.Namespace, run.Name, err, giveManifest(err))
 		err = nil
 	}
 	if cerr := w.close(); err == nil {
 		err = cerr
 	}
 	return redactExit(exitFor(err), secrets)
+}
+
+// giveManifest says how to list a static run's already handled items.
+func giveManifest(err error) string {
+	if !errors.Is(err, ledger.ErrBatchNotKept) {
+		return ""
+	}
+	return "; give its manifest to read them from: kubectl get prun NAME -n NS -o yaml | runledger items NAME -n NS -f - (a ConfigMap's items with --from-file)"
+}
+
+// givenBatch reads the batch of the manifest given with -f (nil without
+// one): inline items or a ConfigMap's, of the run named namespace/name (a
+// manifest's namespace is the run's unless --namespace says otherwise; its
+// uid, or the one runledger run derives, picks the run unless --uid does).
+func (o *itemsOptions) givenBatch(cmd *cobra.Command, name string) ([]ledger.Item, error) {
+	switch {
+	case o.file == "" && o.fromFile != "":
+		return nil, badInput(errors.New("--from-file needs the run's manifest (-f)"))
+	case o.file == "":
+		return nil, nil
+	}
+	o.stdin = cmd.InOrStdin()
+	m, plan, err := o.plan(cmd.Context())
+	if err != nil {
+		return nil, err
+	}
+	if !cmd.Flags().Changed("namespace") {
+		o.namespace = plan.Run.Namespace
+	}
+	if plan.Run.Namespace != o.namespace || plan.Run.Name != name {
+		return nil, badInput(fmt.Errorf("%s is run %s/%s, not %s/%s", m.source, plan.Run.Namespace, plan.Run.Name, o.namespace, name))
+	}
+	static, ok := plan.Source.(*worker.StaticSource)
+	if !ok {
+		return nil, badInput(fmt.Errorf("%s: -f is for a run of inline items or a ConfigMap; the ledger database keeps the batch of any other", m.source))
+	}
+	if o.uid == "" {
+		o.uid = plan.Run.UID // its metadata.uid, or the one runledger run derives
+	}
+	return static.Items(), nil
+}
+
+// checkGiven refuses a batch given for run that is not the one the run
+// fixed: another source, or items whose digest differs from the recorded.
+func (o *itemsOptions) checkGiven(run ledger.RunRecord, batch []ledger.Item) error {
+	switch {
+	case batch == nil:
+		return nil
+	case run.Source != ledger.BatchSourceStatic:
+		return badInput(fmt.Errorf("run %s/%s's batch is a query's, kept in the ledger database: list it without -f", run.Namespace, run.Name))
+	case run.Digest == "":
+		return badInput(fmt.Errorf("run %s/%s's batch was fixed before its digest was recorded: the items given cannot be checked against it", run.Namespace, run.Name))
+	case worker.ItemsDigest(batch) != run.Digest:
+		return badInput(fmt.Errorf("the items given are not run %s/%s's batch: their digest differs from the one its first shard recorded (an edited manifest or ConfigMap?)", run.Namespace, run.Name))
+	}
+	return nil
 }
 
 // pick chooses the run: the one of --uid, or the latest (saying so when

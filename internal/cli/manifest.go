@@ -27,9 +27,32 @@ import (
 	"github.com/runledger/runledger/internal/worker"
 )
 
+// batchInput is a run's manifest (-f) and its ConfigMap's items
+// (--from-file), as runledger run and runledger items read them.
+type batchInput struct {
+	file, fromFile string
+	stdin          io.Reader
+}
+
+// plan reads the manifest and its batch; the error carries the exit code.
+func (o *batchInput) plan(ctx context.Context) (*manifest, *worker.Plan, error) {
+	m, err := readManifest(o.file, o.stdin)
+	if err != nil {
+		return nil, nil, badInput(err)
+	}
+	if o.fromFile == "-" && o.file == "-" {
+		return nil, nil, badInput(errors.New("--from-file - and -f - cannot both read stdin"))
+	}
+	plan, err := worker.NewPlan(ctx, m.run, o.batchData(m), worker.Limits{})
+	if err != nil {
+		return nil, nil, exitFor(err)
+	}
+	return m, plan, nil
+}
+
 // batchData resolves a configMapRef: --from-file, else a ConfigMap of that
 // name in the manifest.
-func (o *runOptions) batchData(m *manifest) worker.BatchData {
+func (o *batchInput) batchData(m *manifest) worker.BatchData {
 	return func(_ context.Context, ref v1alpha1.ConfigMapKeyRef) ([]byte, string, error) {
 		if o.fromFile != "" {
 			var data []byte

@@ -61,15 +61,13 @@ the run could not finish: interrupted, database unreachable after retries),
 2 for bad input or configuration (nothing is committed then).`
 
 type runOptions struct {
-	file             string
-	fromFile         string
+	batchInput
 	shard            string
 	output           string
 	parallel         int
 	progressInterval time.Duration
 	engineFlags
 	processorURL string
-	stdin        io.Reader
 }
 
 func newRunCommand() *cobra.Command {
@@ -166,16 +164,9 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 		_, err := databaseURL(cmd)
 		return sum, err
 	}
-	m, err := readManifest(o.file, cmd.InOrStdin())
+	m, plan, err := o.plan(ctx)
 	if err != nil {
-		return sum, badInput(err)
-	}
-	if o.fromFile == "-" && o.file == "-" {
-		return sum, badInput(errors.New("--from-file - and -f - cannot both read stdin"))
-	}
-	plan, err := worker.NewPlan(ctx, m.run, o.batchData(m), worker.Limits{})
-	if err != nil {
-		return sum, exitFor(err)
+		return sum, err
 	}
 	log = log.WithValues("run", plan.Run.Namespace+"/"+plan.Run.Name, "attempt", 0)
 	if o.processorURL != "" {

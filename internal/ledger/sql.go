@@ -920,7 +920,7 @@ const sqlRunHasFailures = `SELECT EXISTS (SELECT FROM ` + Schema + `.item_failur
 const (
 	// sqlFindRuns: the runs named $1/$2, the latest first.
 	sqlFindRuns = `
-SELECT run_uid, run_namespace, run_name, source, shards, items, created_at, pruned_at
+SELECT run_uid, run_namespace, run_name, source, shards, items, coalesce(digest, ''), created_at, pruned_at
 FROM ` + Schema + `.batch_run WHERE run_namespace = $1 AND run_name = $2
 ORDER BY created_at DESC, run_uid`
 
@@ -938,12 +938,30 @@ FROM ` + Schema + `.item_failure WHERE run_uid = $1
 ORDER BY entity COLLATE "C", occurrence COLLATE "C"`
 
 	// sqlRunAlreadyHandled: the distinct keys of run $1's kept batch whose
-	// committed row another run wrote (one probe of the rule's index each),
-	// but not those the run failed (their verdict there is Failed: one probe
-	// of item_failure's key each), with whether a copy's payload differs
-	// from that row's now (as the claim compares: sqlBatchPayloadSameText,
-	// else sqlPayloadChanged, reached only by a payload the claim cast).
-	sqlRunAlreadyHandled = `
+	// committed row another run wrote (sqlAlreadyHandledOf).
+	sqlRunAlreadyHandled = sqlAlreadyHandledSelect + `
+    FROM ` + Schema + `.batch_run AS r
+    JOIN ` + Schema + `.batch AS b ON b.batch_id = r.id
+    CROSS JOIN LATERAL unnest(b.entities, b.occurrences, b.payloads) AS i(entity, occurrence, payload)
+    WHERE r.run_uid = $1 AND i.entity IS NOT NULL AND i.occurrence IS NOT NULL` + sqlAlreadyHandledRest
+
+	// sqlStaticAlreadyHandled is sqlRunAlreadyHandled for run $1's static
+	// batch (inline items or a ConfigMap, which the database does not keep),
+	// given as the arrays $2 entities, $3 occurrences, $4 payloads (JSON
+	// text, NULL for none) by a caller that checked them against the batch's
+	// digest.
+	sqlStaticAlreadyHandled = sqlAlreadyHandledSelect + `
+    FROM unnest($2::text[], $3::text[], $4::text[]) AS i(entity, occurrence, payload)` + sqlAlreadyHandledRest
+
+	// sqlAlreadyHandledSelect and sqlAlreadyHandledRest surround a batch's
+	// items i(entity, occurrence, payload): their distinct keys whose
+	// committed row another run than $1 wrote (one probe of the rule's index
+	// each), but not those run $1 failed (their verdict there is Failed: one
+	// probe of item_failure's key each), with whether a copy's payload
+	// differs from that row's now (as the claim compares:
+	// sqlBatchPayloadSameText, else sqlPayloadChanged, reached only by a
+	// payload the claim cast).
+	sqlAlreadyHandledSelect = `
 SELECT k.entity, k.occurrence, h.run_namespace, h.run_name, h.run_uid, h.shard, h.attempt, h.created_at,
        EXISTS (
            SELECT FROM unnest(k.payloads) AS b(payload)
@@ -951,11 +969,8 @@ SELECT k.entity, k.occurrence, h.run_namespace, h.run_name, h.run_uid, h.shard, 
                           nullif(h.payload, 'null'::jsonb) IS DISTINCT FROM nullif(b.payload::jsonb, 'null'::jsonb))
        )
 FROM (
-    SELECT i.entity, i.occurrence, array_agg(DISTINCT i.payload) AS payloads
-    FROM ` + Schema + `.batch_run AS r
-    JOIN ` + Schema + `.batch AS b ON b.batch_id = r.id
-    CROSS JOIN LATERAL unnest(b.entities, b.occurrences, b.payloads) AS i(entity, occurrence, payload)
-    WHERE r.run_uid = $1 AND i.entity IS NOT NULL AND i.occurrence IS NOT NULL
+    SELECT i.entity, i.occurrence, array_agg(DISTINCT i.payload) AS payloads`
+	sqlAlreadyHandledRest = `
     GROUP BY i.entity, i.occurrence
 ) AS k
 JOIN LATERAL (

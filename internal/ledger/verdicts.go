@@ -16,9 +16,12 @@ type RunRecord struct {
 	// Source is BatchSourceQuery (its rows are kept in runledger.batch
 	// until pruned) or BatchSourceStatic (inline items or a ConfigMap: only
 	// a digest is kept).
-	Source  string
-	Shards  int
-	Items   int64
+	Source string
+	Shards int
+	Items  int64
+	// Digest of a static batch's items (empty for a query's, or a batch
+	// fixed before digests were recorded).
+	Digest  string
 	Created time.Time
 	Pruned  *time.Time
 }
@@ -32,7 +35,7 @@ func (s *Store) FindRuns(ctx context.Context, namespace, name string) ([]RunReco
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RunRecord, error) {
 		var r RunRecord
-		err := row.Scan(&r.UID, &r.Namespace, &r.Name, &r.Source, &r.Shards, &r.Items, &r.Created, &r.Pruned)
+		err := row.Scan(&r.UID, &r.Namespace, &r.Name, &r.Source, &r.Shards, &r.Items, &r.Digest, &r.Created, &r.Pruned)
 		return r, err
 	})
 	if err != nil {
@@ -74,7 +77,8 @@ type ItemVerdict struct {
 
 // ErrBatchNotKept: the run's batch was inline items or a ConfigMap, whose
 // items the ledger database does not keep (only their digest): which of them
-// another run held cannot be read from it.
+// another run held cannot be read from it, only from the items given
+// (RunItemsOf).
 var ErrBatchNotKept = errors.New("the run's batch (inline items or a ConfigMap) is not kept in the ledger database, only its digest")
 
 // ErrBatchPruned: runledger prune deleted the run's batch.
@@ -89,6 +93,14 @@ var ErrBatchPruned = errors.New("the run's batch was pruned (runledger prune)")
 // batch kept in the database (a query source's, until pruned): otherwise
 // ErrBatchNotKept or ErrBatchPruned, after the other outcomes.
 func (s *Store) RunItems(ctx context.Context, run RunRecord, outcomes []Outcome, fn func(ItemVerdict) error) error {
+	return s.RunItemsOf(ctx, run, nil, outcomes, fn)
+}
+
+// RunItemsOf is RunItems for a run of inline items or a ConfigMap (source
+// BatchSourceStatic) whose items are given as batch, which the caller
+// checked against run.Digest: its already handled items are read from them.
+// A nil batch is RunItems.
+func (s *Store) RunItemsOf(ctx context.Context, run RunRecord, batch []Item, outcomes []Outcome, fn func(ItemVerdict) error) error {
 	for _, o := range outcomes {
 		var err error
 		switch o {
@@ -103,16 +115,7 @@ func (s *Store) RunItems(ctx context.Context, run RunRecord, outcomes []Outcome,
 				return row.Scan(&v.Entity, &v.Occurrence, &v.Shard, &v.Attempt, &v.At, &v.Copies, &v.Class, &v.Error, &v.PayloadDigest)
 			}, fn)
 		case AlreadyHandled:
-			switch {
-			case run.Source != BatchSourceQuery:
-				return ErrBatchNotKept
-			case run.Pruned != nil:
-				return ErrBatchPruned
-			}
-			err = s.eachItem(ctx, sqlRunAlreadyHandled, run.UID, func(row pgx.Rows, v *ItemVerdict) error {
-				v.Outcome = AlreadyHandled
-				return row.Scan(&v.Entity, &v.Occurrence, &v.Holder.Namespace, &v.Holder.Name, &v.Holder.UID, &v.Shard, &v.Attempt, &v.At, &v.PayloadChanged)
-			}, fn)
+			err = s.alreadyHandled(ctx, run, batch, fn)
 		default:
 			return fmt.Errorf("listing items: no such outcome %s", o)
 		}
@@ -123,14 +126,42 @@ func (s *Store) RunItems(ctx context.Context, run RunRecord, outcomes []Outcome,
 	return nil
 }
 
-// eachItem runs q for uid in a read-only transaction under the Store's
+// alreadyHandled lists run's already handled items: from its batch kept in
+// the database (a query's), or from batch (a static run's).
+func (s *Store) alreadyHandled(ctx context.Context, run RunRecord, batch []Item, fn func(ItemVerdict) error) error {
+	q, args := sqlRunAlreadyHandled, []any(nil)
+	switch {
+	case run.Source == BatchSourceStatic && batch != nil:
+		entities, occurrences, payloads := make([]string, len(batch)), make([]string, len(batch)), make([]*string, len(batch))
+		for i, it := range batch {
+			entities[i], occurrences[i] = it.Entity, it.Occurrence
+			if it.Payload != nil {
+				p := string(it.Payload)
+				payloads[i] = &p
+			}
+		}
+		q, args = sqlStaticAlreadyHandled, []any{entities, occurrences, payloads}
+	case run.Source != BatchSourceQuery:
+		return ErrBatchNotKept
+	case batch != nil:
+		return fmt.Errorf("the run's batch is a query's, kept in the ledger database: no items may be given for it")
+	case run.Pruned != nil:
+		return ErrBatchPruned
+	}
+	return s.eachItem(ctx, q, run.UID, func(row pgx.Rows, v *ItemVerdict) error {
+		v.Outcome = AlreadyHandled
+		return row.Scan(&v.Entity, &v.Occurrence, &v.Holder.Namespace, &v.Holder.Name, &v.Holder.UID, &v.Shard, &v.Attempt, &v.At, &v.PayloadChanged)
+	}, fn, args...)
+}
+
+// eachItem runs q for uid (then args) in a read-only transaction under the Store's
 // bounds and calls fn with each row scanned by scan.
-func (s *Store) eachItem(ctx context.Context, q, uid string, scan func(pgx.Rows, *ItemVerdict) error, fn func(ItemVerdict) error) error {
+func (s *Store) eachItem(ctx context.Context, q, uid string, scan func(pgx.Rows, *ItemVerdict) error, fn func(ItemVerdict) error, args ...any) error {
 	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, s.sqlReadBounds()); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, q, uid)
+		rows, err := tx.Query(ctx, q, append([]any{uid}, args...)...)
 		if err != nil {
 			return err
 		}

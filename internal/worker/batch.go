@@ -45,11 +45,11 @@ func queryDigest(sql string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// itemsDigest is the sha256 of a static batch's items in their declared
+// ItemsDigest is the sha256 of a static batch's items in their declared
 // order: each key part and payload length-prefixed, so no two batches share
 // a digest by shifting bytes from one field to the next. A payload counts as
 // the bytes given (a ConfigMap that only reformats its JSON changes it).
-func itemsDigest(items []ledger.Item) string {
+func ItemsDigest(items []ledger.Item) string {
 	h := sha256.New()
 	for _, it := range items {
 		field(h, []byte(it.Entity))
@@ -69,7 +69,7 @@ func field(h hash.Hash, b []byte) {
 // fixStaticBatch records (the first time) or checks (every later time) the
 // size and digest of a static batch in the run's header.
 func fixStaticBatch(ctx context.Context, store *ledger.Store, opt streamOptions, shards int, items []ledger.Item) error {
-	digest := itemsDigest(items)
+	digest := ItemsDigest(items)
 	return opt.retry.Do(ctx, "recording the batch", nil, func(int) error {
 		h, err := store.FixStaticBatch(ctx, opt.run, shards, int64(len(items)), digest)
 		if err != nil {

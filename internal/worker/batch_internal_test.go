@@ -48,11 +48,11 @@ func TestItemsDigest(t *testing.T) {
 	t.Parallel()
 	a := []ledger.Item{{Key: ledger.Key{Entity: "ab", Occurrence: "c"}}}
 	b := []ledger.Item{{Key: ledger.Key{Entity: "a", Occurrence: "bc"}}}
-	require.NotEqual(t, itemsDigest(a), itemsDigest(b), "bytes shifted between fields")
-	require.Equal(t, itemsDigest(a), itemsDigest([]ledger.Item{{Key: ledger.Key{Entity: "ab", Occurrence: "c"}}}), "deterministic")
+	require.NotEqual(t, ItemsDigest(a), ItemsDigest(b), "bytes shifted between fields")
+	require.Equal(t, ItemsDigest(a), ItemsDigest([]ledger.Item{{Key: ledger.Key{Entity: "ab", Occurrence: "c"}}}), "deterministic")
 	withPayload := []ledger.Item{{Key: a[0].Key, Payload: []byte(`{}`)}}
-	require.NotEqual(t, itemsDigest(a), itemsDigest(withPayload))
-	require.Len(t, itemsDigest(nil), 64)
+	require.NotEqual(t, ItemsDigest(a), ItemsDigest(withPayload))
+	require.Len(t, ItemsDigest(nil), 64)
 }
 
 func TestBatchMismatchQueryDigest(t *testing.T) {
