@@ -5,13 +5,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/ledger/ledgertest"
 	"github.com/runledger/runledger/internal/pgtest"
-	"github.com/runledger/runledger/migrations"
 )
 
 // TestMigrate_RuleRebuildWhileAShardReads: migration 00005 rebuilds the
@@ -30,13 +28,7 @@ func TestMigrate_RuleRebuildWhileAShardReads(t *testing.T) {
 	defer cancel()
 
 	// A ledger as a release before 00005 left it, with rows.
-	db := stdlib.OpenDBFromPool(pool)
-	defer func() { _ = db.Close() }()
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
-		goose.WithTableName(ledger.Schema+".goose_db_version"), goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
-	_, err = provider.DownTo(ctx, 4)
-	require.NoError(t, err)
+	ledgertest.DownTo(t, pool, 4)
 	s := ledger.NewStore(pool)
 	commit(t, s, runNamed("earlier"), items("e", 0, 50), ledger.ChunkOptions{})
 

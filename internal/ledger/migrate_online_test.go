@@ -7,13 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/ledger/ledgertest"
 	"github.com/runledger/runledger/internal/pgtest"
-	"github.com/runledger/runledger/migrations"
 )
 
 // offlineMigration is the one migration that needs the ledger to itself
@@ -32,18 +30,12 @@ const maxShardStall = time.Second
 // VALID and validate them in a later statement.
 func TestMigrationsOnline(t *testing.T) {
 	t.Parallel()
-	probe := pgtest.NewDatabase(t)
-	db := stdlib.OpenDBFromPool(pgtest.Pool(t, probe))
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
-		goose.WithTableName(ledger.Schema+".goose_db_version"), goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
 	var versions []int64
-	for _, s := range provider.ListSources() {
+	for _, s := range ledgertest.Provider(t, pgtest.Pool(t, pgtest.NewDatabase(t))).ListSources() {
 		if s.Version > offlineMigration {
 			versions = append(versions, s.Version)
 		}
 	}
-	_ = db.Close()
 	require.NotEmpty(t, versions, "migrations after 00005")
 	for _, v := range versions {
 		t.Run(fmt.Sprintf("%05d", v), func(t *testing.T) {
@@ -58,16 +50,8 @@ func migrateWhileAShardRuns(t *testing.T, version int64) {
 	pool := pgtest.Pool(t, dsn)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	db := stdlib.OpenDBFromPool(pool)
-	defer func() { _ = db.Close() }()
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
-		goose.WithTableName(ledger.Schema+".goose_db_version"), goose.WithDisableGlobalRegistry(true))
-	require.NoError(t, err)
 	// The ledger as the release before this migration left it, with rows.
-	_, err = ledger.Migrate(ctx, pool)
-	require.NoError(t, err)
-	_, err = provider.DownTo(ctx, version-1)
-	require.NoError(t, err)
+	provider := ledgertest.DownTo(t, pool, version-1)
 	s := ledger.NewStore(pool)
 	commit(t, s, runNamed("earlier"), items("e", 0, 200), ledger.ChunkOptions{})
 

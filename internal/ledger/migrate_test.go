@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/ledger/ledgertest"
 	"github.com/runledger/runledger/internal/pgtest"
 	"github.com/runledger/runledger/migrations"
 )
@@ -125,42 +126,8 @@ func TestMigrate_LeastPrivilegeRole(t *testing.T) {
 	require.Equal(t, tally{completed: 3}, count(res))
 
 	// The database as an earlier release left it: 00003 and later not
-	// applied (00006 only replaces 00004's trigger function, dropped below;
-	// 00009 added ledger_retired and its trigger; 00007 the effect's sandbox;
-	// 00010 item_failure; 00013 the sandbox's guard at COMMIT).
-	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 14;
-ALTER TABLE runledger.item_failure DROP COLUMN payload;
-DELETE FROM runledger.goose_db_version WHERE version_id = 13;
-DROP TRIGGER item_failure_not_at_commit ON runledger.item_failure;
-DROP TRIGGER batch_not_at_commit ON runledger.batch;
-DROP TRIGGER batch_run_not_at_commit ON runledger.batch_run;
-DROP TRIGGER ledger_not_at_commit ON runledger.ledger;
-DROP FUNCTION runledger.ledger_not_at_commit();
-DELETE FROM runledger.goose_db_version WHERE version_id = 10;
-DROP TABLE runledger.item_failure;
-DELETE FROM runledger.goose_db_version WHERE version_id = 9;
-DROP TRIGGER ledger_record_retired ON runledger.ledger;
-DROP FUNCTION runledger.ledger_record_retired();
-DROP TABLE runledger.ledger_retired;
-DELETE FROM runledger.goose_db_version WHERE version_id = 7;
-DROP TRIGGER ledger_not_from_trigger ON runledger.ledger;
-DROP TRIGGER batch_run_not_from_trigger ON runledger.batch_run;
-DROP TRIGGER batch_not_from_trigger ON runledger.batch;
-DROP FUNCTION runledger.ledger_not_from_trigger();
-DROP FUNCTION runledger.run_effect(text);
-DELETE FROM runledger.goose_db_version WHERE version_id = 6;
-DROP INDEX runledger.ledger_business_key_uq;
-CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger (entity, occurrence) WHERE state = 'committed';
-DELETE FROM runledger.goose_db_version WHERE version_id = 5;
-DROP FUNCTION runledger.ledger_take_back(text[], text[], bigint[]);
-DROP FUNCTION runledger.ledger_written_by_this_xact(bigint);
-DELETE FROM runledger.goose_db_version WHERE version_id = 4;
-DROP TRIGGER ledger_append_only_truncate ON runledger.ledger;
-DROP TRIGGER ledger_append_only ON runledger.ledger;
-DROP FUNCTION runledger.ledger_append_only();
-DROP TRIGGER ledger_superseded_replaced ON runledger.ledger;
-DROP FUNCTION runledger.ledger_superseded_replaced();
-DELETE FROM runledger.goose_db_version WHERE version_id = 3`)
+	// applied.
+	ledgertest.DownTo(t, owner, 2)
 	before := schemaSnapshot(t, owner.Config().ConnString())
 	_, err = ledger.Migrate(ctx, pool)
 	require.Error(t, err)

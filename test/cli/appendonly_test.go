@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/runledger/runledger/internal/ledger/ledgertest"
 	"github.com/runledger/runledger/internal/pgtest"
 	"github.com/runledger/runledger/migrations"
 )
@@ -173,37 +174,9 @@ func TestTwoRoles_BadInput(t *testing.T) {
 	require.Equal(t, committedBefore, d.owner.int(t, `SELECT count(*) FROM runledger.ledger WHERE state = 'committed'`), "no committed row pruned")
 
 	// The database as the previous releases left it: 00004 and later
-	// pending (00006 only replaces 00004's trigger function; 00009 added
-	// ledger_retired and its trigger; 00007 the effect's sandbox and 00013
-	// its guard at COMMIT, undone first; 00010 item_failure). The worker may
-	// not apply them: exit 2, nothing committed, nothing applied.
-	d.owner.exec(t, `DELETE FROM runledger.goose_db_version WHERE version_id = 14;
-ALTER TABLE runledger.item_failure DROP COLUMN payload;
-DELETE FROM runledger.goose_db_version WHERE version_id = 13;
-DROP TRIGGER item_failure_not_at_commit ON runledger.item_failure;
-DROP TRIGGER batch_not_at_commit ON runledger.batch;
-DROP TRIGGER batch_run_not_at_commit ON runledger.batch_run;
-DROP TRIGGER ledger_not_at_commit ON runledger.ledger;
-DROP FUNCTION runledger.ledger_not_at_commit();
-DELETE FROM runledger.goose_db_version WHERE version_id = 10;
-DROP TABLE runledger.item_failure;
-DELETE FROM runledger.goose_db_version WHERE version_id = 9;
-DROP TRIGGER ledger_record_retired ON runledger.ledger;
-DROP FUNCTION runledger.ledger_record_retired();
-DROP TABLE runledger.ledger_retired;
-DELETE FROM runledger.goose_db_version WHERE version_id = 7;
-DROP TRIGGER ledger_not_from_trigger ON runledger.ledger;
-DROP TRIGGER batch_run_not_from_trigger ON runledger.batch_run;
-DROP TRIGGER batch_not_from_trigger ON runledger.batch;
-DROP FUNCTION runledger.ledger_not_from_trigger();
-DROP FUNCTION runledger.run_effect(text);
-DELETE FROM runledger.goose_db_version WHERE version_id = 6;
-DROP INDEX runledger.ledger_business_key_uq;
-CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger (entity, occurrence) WHERE state = 'committed';
-DELETE FROM runledger.goose_db_version WHERE version_id = 5;
-DROP FUNCTION runledger.ledger_take_back(text[], text[], bigint[]);
-DROP FUNCTION runledger.ledger_written_by_this_xact(bigint);
-DELETE FROM runledger.goose_db_version WHERE version_id = 4`)
+	// pending. The worker may not apply them: exit 2, nothing committed,
+	// nothing applied.
+	ledgertest.DownTo(t, d.owner.pool, 3)
 	before = d.owner.snapshot(t)
 	r = runCLI(t, "", "run", "-f", writeFile(t, "run.yaml", manifest("pending", inlineItems([2]string{"acct-9", "x"}))), "--dsn", d.worker.dsn, "--output", "json")
 	require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
