@@ -18,6 +18,9 @@ var (
 	SQLBatchCursor      = sqlBatchCursorQuery
 	SQLBatchWorkMem     = sqlBatchWorkMem
 	SQLIndexProbesOnly  = sqlIndexProbesOnly
+	SQLKeyRows          = sqlKeyRows
+	SQLKeyRetired       = sqlKeyRetired
+	SQLStaticHandled    = sqlStaticAlreadyHandled
 	ForEachSkipped      = forEachSkipped
 	ForEachKey          = forEachKey
 	IsStatementLevel    = isStatementLevel

@@ -5,12 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+	kwait "k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/runledger/runledger/migrations"
 )
@@ -71,7 +73,7 @@ func ensureSchema(ctx context.Context, pool *pgxpool.Pool) (err error) {
 	// the database even when the schema exists, and a least-privilege worker
 	// role must be able to run Migrate when there is nothing to do.
 	var exists bool
-	if err := l.db.QueryRow(ctx, sqlSchemaExists, Schema).Scan(&exists); err != nil {
+	if err := l.db.QueryRow(ctx, sqlSchemaExists, pgx.QueryExecModeSimpleProtocol, Schema).Scan(&exists); err != nil {
 		return fmt.Errorf("looking up schema %s: %w", Schema, err)
 	}
 	if !exists {
@@ -90,8 +92,10 @@ func ensureSchema(ctx context.Context, pool *pgxpool.Pool) (err error) {
 // transaction of its own on a second connection, open while the migrations
 // run on the first and committed after them: that transaction pins one
 // server connection, and the lock goes with it if the migrator dies. It
-// takes no snapshot beyond its one statement (READ COMMITTED, no write), so
-// it holds back no vacuum.
+// holds no snapshot between its statements (READ COMMITTED, no write, and
+// the simple protocol: after an extended-protocol statement an idle
+// transaction keeps its xmin), so it holds back no vacuum, and a CREATE
+// INDEX CONCURRENTLY of the migrations does not wait for it.
 type migrationLock struct {
 	conn *pgxpool.Conn // nil: the session lock on goose's connection
 	tx   pgx.Tx
@@ -104,7 +108,9 @@ func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool, session *sql.Con
 	// ensureSchema's connection came first: the pool knows what it reaches
 	// by goose's.
 	if session != nil && !BehindPooler(pool) {
-		if _, err := session.ExecContext(ctx, sqlMigrationLock, migrationLockKey); err != nil {
+		if err := pollMigrationLock(ctx, func(ctx context.Context) (got bool, err error) {
+			return got, session.QueryRowContext(ctx, sqlMigrationLock, migrationLockKey).Scan(&got)
+		}); err != nil {
 			return nil, fmt.Errorf("taking migration lock: %w", err)
 		}
 		return &migrationLock{}, nil
@@ -114,7 +120,9 @@ func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool, session *sql.Con
 		return nil, fmt.Errorf("acquiring connection for migration lock: %w", err)
 	}
 	if !BehindPooler(pool) {
-		if _, err := conn.Exec(ctx, sqlMigrationLock, migrationLockKey); err != nil {
+		if err := pollMigrationLock(ctx, func(ctx context.Context) (got bool, err error) {
+			return got, conn.QueryRow(ctx, sqlMigrationLock, migrationLockKey).Scan(&got)
+		}); err != nil {
 			conn.Release()
 			return nil, fmt.Errorf("taking migration lock: %w", err)
 		}
@@ -122,7 +130,9 @@ func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool, session *sql.Con
 	}
 	tx, err := conn.Begin(ctx)
 	if err == nil {
-		_, err = tx.Exec(ctx, sqlMigrationXactLock, migrationLockKey)
+		err = pollMigrationLock(ctx, func(ctx context.Context) (got bool, err error) {
+			return got, tx.QueryRow(ctx, sqlMigrationXactLock, pgx.QueryExecModeSimpleProtocol, migrationLockKey).Scan(&got)
+		})
 	}
 	if err != nil {
 		_ = conn.Conn().Close(context.WithoutCancel(ctx))
@@ -130,6 +140,17 @@ func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool, session *sql.Con
 		return nil, fmt.Errorf("taking migration lock (a transaction lock: the connection goes through a pooler): %w", err)
 	}
 	return &migrationLock{conn: conn, tx: tx, db: tx}, nil
+}
+
+// migrationLockPoll is how often a migrator tries the lock another holds.
+const migrationLockPoll = 100 * time.Millisecond
+
+// pollMigrationLock tries the lock until it gets it or ctx ends: between
+// tries the waiting session holds no snapshot (sqlMigrationLock).
+func pollMigrationLock(ctx context.Context, try func(context.Context) (bool, error)) error {
+	return kwait.PollUntilContextCancel(ctx, migrationLockPoll, true, func(ctx context.Context) (bool, error) {
+		return try(ctx)
+	})
 }
 
 // release releases the lock taken by takeMigrationLock; session is goose's
@@ -157,8 +178,8 @@ func (l *migrationLock) releaseOn(ctx context.Context, session *sql.Conn) error 
 func (l *migrationLock) release(ctx context.Context) error { return l.releaseOn(ctx, nil) }
 
 // migrationLocker is goose's session lock (migrationLock), taken for the
-// connection goose migrates with. It waits for the lock for as long as ctx
-// allows (goose's own Postgres locker polls every five seconds instead).
+// connection goose migrates with. It tries the lock every 100 ms for as long
+// as ctx allows (goose's own Postgres locker tries every five seconds).
 type migrationLocker struct {
 	pool *pgxpool.Pool
 	held *migrationLock

@@ -180,13 +180,18 @@ ORDER BY 1`, role)
 
 	// A login granted before 00014: the migration lets it write a record's
 	// payload too, without a grant to run again.
-	mustExec(t, owner, `DELETE FROM runledger.goose_db_version WHERE version_id = 14;
-ALTER TABLE runledger.item_failure DROP COLUMN payload`)
+	provider := ledgertest.DownTo(t, owner, 13)
 	require.True(t, scalar[bool](t, owner, `SELECT has_column_privilege($1, 'runledger.item_failure', 'payload_digest', 'UPDATE') AND
 		NOT EXISTS (SELECT FROM information_schema.columns WHERE table_schema = 'runledger' AND table_name = 'item_failure' AND column_name = 'payload')`, role))
+	later := 0
+	for _, src := range provider.ListSources() {
+		if src.Version > 13 {
+			later++
+		}
+	}
 	applied, err := ledger.Migrate(ctx, owner)
 	require.NoError(t, err)
-	require.Equal(t, 1, applied)
+	require.Equal(t, later, applied)
 	require.True(t, scalar[bool](t, owner, `SELECT has_column_privilege($1, 'runledger.item_failure', 'payload', 'UPDATE')`, role))
 
 	err = ledger.GrantWorker(ctx, owner, `no "such" role`)

@@ -504,8 +504,11 @@ LEFT JOIN LATERAL (
 // pooler it is a transaction's, held by a transaction of its own
 // (migrationLock).
 const (
-	sqlMigrationLock     = `SELECT pg_advisory_lock($1)`
-	sqlMigrationXactLock = `SELECT pg_advisory_xact_lock($1)`
+	// A migrator polls for the lock (migrationLockPoll) rather than wait
+	// in one statement, whose snapshot a CREATE INDEX CONCURRENTLY of the
+	// migrator holding the lock would wait for: neither would end.
+	sqlMigrationLock     = `SELECT pg_try_advisory_lock($1)`
+	sqlMigrationXactLock = `SELECT pg_try_advisory_xact_lock($1)`
 	sqlMigrationUnlock   = `SELECT pg_advisory_unlock($1)`
 	sqlSchemaExists      = `SELECT to_regnamespace($1) IS NOT NULL`
 	sqlCreateSchema      = `CREATE SCHEMA IF NOT EXISTS ` + Schema
@@ -985,17 +988,24 @@ WHERE NOT EXISTS (
 )
 ORDER BY k.entity COLLATE "C", k.occurrence COLLATE "C"`
 
-	// sqlKeyRows: key ($1, $2)'s ledger rows, its committed one first, then
-	// its superseded ones (a scan: no index covers them), newest first.
+	// sqlKeyRows: key ($1, $2)'s ledger rows, its committed one first (the
+	// rule's index), then its superseded ones (ledger_superseded_key_idx),
+	// newest first.
 	sqlKeyRows = `
 SELECT run_namespace, run_name, run_uid, shard, attempt, state, created_at, superseded_at
-FROM ` + Schema + `.ledger WHERE entity = $1 AND occurrence = $2
+FROM (
+    SELECT ` + sqlKeyRowColumns + ` FROM ` + Schema + `.ledger WHERE occurrence = $2 AND entity = $1 AND state = 'committed'
+    UNION ALL
+    SELECT ` + sqlKeyRowColumns + ` FROM ` + Schema + `.ledger WHERE occurrence = $2 AND entity = $1 AND state = 'superseded'
+) AS l
 ORDER BY state = 'committed' DESC, created_at DESC, id DESC`
 
+	sqlKeyRowColumns = `id, run_namespace, run_name, run_uid, shard, attempt, state, created_at, superseded_at`
+
 	// sqlKeyRetired: the runs whose row of key ($1, $2) was superseded,
-	// kept when the row is pruned (a scan of ledger_retired).
+	// kept when the row is pruned (ledger_retired_key_idx).
 	sqlKeyRetired = `
-SELECT run_uid FROM ` + Schema + `.ledger_retired WHERE entity = $1 AND occurrence = $2 ORDER BY run_uid`
+SELECT run_uid FROM ` + Schema + `.ledger_retired WHERE occurrence = $2 AND entity = $1 ORDER BY run_uid`
 
 	// sqlKeyFailures: key ($1, $2)'s failure records (item_failure_key_idx).
 	sqlKeyFailures = `

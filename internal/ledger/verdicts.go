@@ -213,9 +213,9 @@ type KeyHistory struct {
 	Failures []KeyFailure
 }
 
-// Key returns the history of key. Its superseded rows and retired runs are
-// read by a scan (no index covers them by key: the insert path keeps its
-// one index), bounded by the Store's statement timeout.
+// Key returns the history of key: a probe of an index each (the rule's for
+// its committed row, migration 00016's for its superseded rows and retired
+// runs), under the Store's bounds.
 func (s *Store) Key(ctx context.Context, key Key) (KeyHistory, error) {
 	var h KeyHistory
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
