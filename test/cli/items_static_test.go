@@ -53,7 +53,6 @@ func TestItemsOfAStaticBatch(t *testing.T) {
 	s := r.summary(t)
 	require.Equal(t, counts{Total: 11, Completed: 5, AlreadyHandled: 6}, s.counts(), "acct-06's two copies count twice")
 	require.EqualValues(t, 1, s.PayloadChanged)
-	committed := d.committed(t)
 
 	items := func(args ...string) []item {
 		res := runCLI(t, "", append([]string{"items", "again", "-n", "billing", "--output", "json", "--dsn", d.dsn}, args...)...)
@@ -104,7 +103,7 @@ func TestItemsOfAStaticBatch(t *testing.T) {
 	res = runCLI(t, "", "items", "inline", "-n", "billing", "--payload-changed", "-f", inline, "--output", "json", "--dsn", d.dsn)
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Equal(t, []string{"acct-02"}, entities(decodeItems(t, res)))
-	committed = d.committed(t)
+	committed := d.committed(t)
 
 	// Refused, with nothing listed.
 	edited := strings.Replace(strings.Join(again, "\n"), `"amount": 700`, `"amount": 701`, 1)
