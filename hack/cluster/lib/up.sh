@@ -200,9 +200,19 @@ start_node() {
   start_node_daemon "${k}" containerd containerd --config "${dir}/containerd.toml"
   WATCH="containerd-${name}" wait_for "containerd of ${name}" 30 ctr_ "${k}" version
   start_node_daemon "${k}" kube-proxy "${BIN_DIR}/kube-proxy" --config "${dir}/kube-proxy.yaml"
-  start_node_daemon "${k}" kubelet "${BIN_DIR}/kubelet" --config "${dir}/kubelet.yaml" \
-    --kubeconfig "${RUN}/kubelet-${name}.kubeconfig" --root-dir "${dir}/kubelet" \
-    --hostname-override "${name}" --node-ip "$(node_ip "${k}")"
+  # The kubelet exits at once while containerd's CRI still recovers its state
+  # after a power loss ("server is not initialized yet"; ctr version does not
+  # wait for it), and a node that exists already looks registered: start it
+  # until it stays up for 3 s.
+  local try
+  for try in 1 2 3 4 5; do
+    start_node_daemon "${k}" kubelet "${BIN_DIR}/kubelet" --config "${dir}/kubelet.yaml" \
+      --kubeconfig "${RUN}/kubelet-${name}.kubeconfig" --root-dir "${dir}/kubelet" \
+      --hostname-override "${name}" --node-ip "$(node_ip "${k}")"
+    sleep 3
+    if daemon_pid "kubelet-${name}" >/dev/null; then break; fi
+    log "the kubelet of ${name} exited at start (try ${try} of 5; see ${LOGS}/kubelet-${name}.log); starting it again"
+  done
   WATCH="kubelet-${name}" wait_for "node ${name} to register" 60 kubectl_ get node "${name}"
 }
 
