@@ -30,6 +30,8 @@ type clusterNode struct {
 	vars map[string]string
 	// off: powered off by the test and not on again yet.
 	off bool
+	// blackholed: its link drops everything (powerOff), not undone yet.
+	blackholed bool
 	// cut: partitioned by the test and not healed yet.
 	cut bool
 }
@@ -99,7 +101,7 @@ func (n *clusterNode) powerOff(t *testing.T) {
 	for _, r := range n.blackholeRules() {
 		n.iptables(t, n.vars["CP_NETNS"], append([]string{"-I"}, r...)...)
 	}
-	n.off = true
+	n.off, n.blackholed = true, true
 	killed := 0
 	for i := 0; ; i++ {
 		pids := append(cgroupPIDs(t, n.vars["DAEMON_CGROUP"]), cgroupPIDs(t, n.vars["POD_CGROUP"])...)
@@ -124,8 +126,11 @@ func (n *clusterNode) powerOn(t *testing.T) {
 	if !n.off {
 		return
 	}
-	for _, r := range n.blackholeRules() {
-		n.iptables(t, n.vars["CP_NETNS"], append([]string{"-D"}, r...)...)
+	if n.blackholed { // a cleanup after a failed node-start only starts it again
+		for _, r := range n.blackholeRules() {
+			n.iptables(t, n.vars["CP_NETNS"], append([]string{"-D"}, r...)...)
+		}
+		n.blackholed = false
 	}
 	out, err := exec.Command(n.e.clusterSh, "node-start", n.name).CombinedOutput()
 	require.NoError(t, err, "hack/cluster.sh node-start %s:\n%s", n.name, out)
