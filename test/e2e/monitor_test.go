@@ -34,6 +34,9 @@ type podMonitor struct {
 	// lost: nodes the test powered off or cut off; their pods do not count
 	// as live (the controller replaces them without waiting for them).
 	lost map[string]bool
+	// stale: pods that were on a lost node when it came back (nodeBack);
+	// they do not count as live either, the node's new pods do.
+	stale map[string]bool
 }
 
 // nodeLost tells the monitor that the test takes a node away: its pods
@@ -44,9 +47,23 @@ func (m *podMonitor) nodeLost(node string) {
 	m.lost[node] = true
 }
 
+// nodeBack tells the monitor that a lost node is back: the pods it had
+// still may overlap with their replacements, the pods it gets from now on
+// may not.
+func (m *podMonitor) nodeBack(node string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for name, p := range m.pods {
+		if p.Spec.NodeName == node {
+			m.stale[name] = true
+		}
+	}
+	delete(m.lost, node)
+}
+
 func startPodMonitor(parent context.Context, t *testing.T, cs kubernetes.Interface, ns string) *podMonitor {
 	ctx, cancel := context.WithCancel(parent)
-	m := &podMonitor{t: t, cancel: cancel, done: make(chan struct{}), pods: map[string]*corev1.Pod{}, seen: map[string][]string{}, lost: map[string]bool{}}
+	m := &podMonitor{t: t, cancel: cancel, done: make(chan struct{}), pods: map[string]*corev1.Pod{}, seen: map[string][]string{}, lost: map[string]bool{}, stale: map[string]bool{}}
 	ready := make(chan struct{})
 	go func() {
 		defer close(m.done)
@@ -127,7 +144,7 @@ func (m *podMonitor) apply(t watch.EventType, pod *corev1.Pod) {
 	}
 	var liveNames []string
 	for _, p := range m.pods {
-		if shardKey(p) == key && live(p) && !m.lost[p.Spec.NodeName] {
+		if shardKey(p) == key && live(p) && !m.lost[p.Spec.NodeName] && !m.stale[p.Name] {
 			liveNames = append(liveNames, fmt.Sprintf("%s(%s)", p.Name, p.Status.Phase))
 		}
 	}

@@ -177,8 +177,7 @@ func (s *soak) terminateBackends(rng *rand.Rand) (string, bool) {
 		return "no worker session", false
 	}
 	var ended []string
-	for range 1 + rng.IntN(3) {
-		i := rng.IntN(len(pids))
+	for _, i := range rng.Perm(len(pids))[:min(len(pids), 1+rng.IntN(3))] {
 		if n := s.f.int(`SELECT count(*) FROM (SELECT pg_terminate_backend($1::int)) t`, pids[i]); n == 1 {
 			ended = append(ended, fmt.Sprintf("%d (%s)", pids[i], apps[i]))
 		}
@@ -261,6 +260,7 @@ func (s *soak) nodeFault(t *testing.T, rng *rand.Rand, power bool) (string, bool
 		n.heal(t)
 	}
 	n.waitReady(t, corev1.ConditionTrue, 3*time.Minute)
+	s.f.mon.nodeBack(victim)
 	what := "partitioned from the apiserver"
 	if power {
 		what = "powered off"
