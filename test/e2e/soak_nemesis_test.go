@@ -177,7 +177,13 @@ func (s *soak) terminateBackends(rng *rand.Rand) (string, bool) {
 		return "no worker session", false
 	}
 	var ended []string
-	for _, i := range rng.Perm(len(pids))[:min(len(pids), 1+rng.IntN(3))] {
+	picked := map[int]bool{}
+	for range 1 + rng.IntN(3) {
+		i := rng.IntN(len(pids)) // drawn with repeats, as kept seeds were: a session ends once
+		if picked[i] {
+			continue
+		}
+		picked[i] = true
 		if n := s.f.int(`SELECT count(*) FROM (SELECT pg_terminate_backend($1::int)) t`, pids[i]); n == 1 {
 			ended = append(ended, fmt.Sprintf("%d (%s)", pids[i], apps[i]))
 		}
