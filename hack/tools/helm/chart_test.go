@@ -185,6 +185,16 @@ func TestChartIsConfigPrometheusAndPolicy(t *testing.T) {
 	requireSame(t, built(t, "prometheus", "policy"), got)
 }
 
+// TestChartIsConfigKueue: kueue.enabled is config/kueue (the manager's
+// --kueue and its Kueue ClusterRole, bound).
+func TestChartIsConfigKueue(t *testing.T) {
+	got := render(t, loadChart(t), systemNamespace, map[string]any{
+		"kueue":           map[string]any{"enabled": true},
+		"admissionPolicy": map[string]any{"allowedImagePrefixes": policyExample(t)},
+	})
+	requireSame(t, built(t, "kueue"), got)
+}
+
 func deployment(t *testing.T, objs map[string]obj) (pod, container map[string]any) {
 	t.Helper()
 	d, ok := objs["Deployment/"+managerName]

@@ -70,7 +70,7 @@ var clusterScoped = map[string]bool{
 
 // sources are the kustomize builds the chart is made of.
 type sources struct {
-	base, namespaced, prometheus, policy []obj
+	base, namespaced, prometheus, policy, kueue []obj
 }
 
 func loadSources(root string) (sources, error) {
@@ -84,6 +84,7 @@ func loadSources(root string) (sources, error) {
 		{"config/namespaced", &s.namespaced},
 		{"config/prometheus", &s.prometheus},
 		{"config/policy", &s.policy},
+		{"config/kueue", &s.kueue},
 	} {
 		if *b.dst, err = kustomize(filepath.Join(root, b.dir)); err != nil {
 			return s, err
@@ -301,8 +302,28 @@ func generate(s sources) (chartFiles, error) {
 	if err := addWatched(s.namespaced, base, add); err != nil {
 		return nil, err
 	}
+	if err := addKueue(s.kueue, base, add); err != nil {
+		return nil, err
+	}
 	files["values.yaml"] = valuesYAML(d)
 	return files, nil
+}
+
+// addKueue adds config/kueue's ClusterRole and its binding behind
+// kueue.enabled (its Deployment's --kueue is fillDeployment's).
+func addKueue(objs []obj, base map[string]bool, add addFunc) error {
+	for _, o := range objs {
+		if base[o.key()] {
+			continue
+		}
+		if o.name() != managerName+"-kueue" || (o.kind() != "ClusterRole" && o.kind() != "ClusterRoleBinding") {
+			return fmt.Errorf("config/kueue: %s: only the manager's Kueue ClusterRole and its binding have a value in the chart", o.key())
+		}
+		if err := add(o, ".Values.kueue.enabled", nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // addFunc adds an object's template, gated by cond, filled by fill.
@@ -426,6 +447,8 @@ func fillDeployment(t *template, o obj, d *defaults) error {
 	args, _ := c["args"].([]any)
 	c["args"] = append(args, t.item(func(ind string) string {
 		return fmt.Sprintf("%s{{- with .Values.watchNamespaces }}\n%s- --watch-namespaces={{ join \",\" . }}\n%s{{- end }}", ind, ind, ind)
+	}), t.item(func(ind string) string {
+		return fmt.Sprintf("%s{{- if .Values.kueue.enabled }}\n%s- --kueue\n%s{{- end }}", ind, ind, ind)
 	}))
 	return nil
 }
@@ -492,6 +515,13 @@ admissionPolicy:
   # Comma-separated prefixes; empty: this chart's image repository by digest
   # ("REPOSITORY@sha256:"). config/policy's example: %q.
   allowedImagePrefixes: ""
+
+# The Kueue integration (config/kueue): the manager's --kueue, and the
+# ClusterRole runledger-manager-kueue for Kueue's objects, granted only then.
+# Runs labelled kueue.x-k8s.io/queue-name wait for their admission. Needs
+# Kueue (its CRDs) installed first; docs/kueue.md.
+kueue:
+  enabled: false
 `, indented(d.replicas, 2), indented(d.resources, 2), indented(d.affinity, 2), d.policyDefault, d.allowedImagePrefixes)
 	return b.String()
 }
