@@ -63,7 +63,7 @@ CREATE TABLE bench.with_rule (LIKE runledger.ledger INCLUDING ALL);
 CREATE TABLE bench.without_rule (LIKE runledger.ledger INCLUDING ALL);
 DO $$ BEGIN
   EXECUTE (SELECT 'DROP INDEX bench.' || quote_ident(indexname) FROM pg_indexes
-           WHERE schemaname = 'bench' AND tablename = 'without_rule' AND indexdef LIKE '%WHERE%');
+           WHERE schemaname = 'bench' AND tablename = 'without_rule' AND indexdef LIKE 'CREATE UNIQUE INDEX % WHERE %');
 END $$;`
 	sqlBareInsert = `
 INSERT INTO bench.%s (entity, occurrence, state, run_namespace, run_name, run_uid, shard, attempt, payload)

@@ -450,15 +450,20 @@ func (p positions) at(j int) int {
 // positions in items (nil, without a copy, when none is resolved yet: the
 // usual case).
 func unresolved(items []Item, out []Result) (positions, []Item) {
-	var pos positions
-	var sub []Item
+	n := 0
+	for _, r := range out {
+		if r.Outcome == 0 {
+			n++
+		}
+	}
+	if n == len(items) { // the first round: no copy of the chunk
+		return nil, items
+	}
+	pos, sub := make(positions, 0, n), make([]Item, 0, n)
 	for i, r := range out {
 		if r.Outcome == 0 {
 			pos, sub = append(pos, i), append(sub, items[i])
 		}
-	}
-	if len(sub) == len(items) {
-		return nil, items
 	}
 	return pos, sub
 }

@@ -365,7 +365,7 @@ func (g *firstCopies) hold(k ledger.Key, h ledger.Held) {
 }
 
 func groupFirstCopies(chunk []entry) firstCopies {
-	g := firstCopies{held: make(map[ledger.Key]ledger.Held), firstIdx: make([]int, len(chunk))}
+	g := firstCopies{held: make(map[ledger.Key]ledger.Held), firstIdx: make([]int, len(chunk)), firsts: make([]ledger.Item, 0, len(chunk))}
 	last := -1
 	for i, e := range chunk {
 		g.firstIdx[i] = -1
@@ -389,7 +389,7 @@ func groupFirstCopies(chunk []entry) firstCopies {
 
 // toCommit are the first copies the preload did not settle.
 func (g firstCopies) toCommit(onExisting ledger.OnExisting) []ledger.Item {
-	var out []ledger.Item
+	out := make([]ledger.Item, 0, max(0, len(g.firsts)-len(g.held)))
 	for _, it := range g.firsts {
 		h, ok := g.held[it.Key]
 		if !ok || (h.Holder == ledger.HolderOtherRun && onExisting == ledger.Supersede) {
