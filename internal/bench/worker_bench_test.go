@@ -39,13 +39,13 @@ const (
 // workerRun is one `runledger run` of every shard, each in its own process,
 // started together.
 type workerRun struct {
-	rate    float64   // items per second, wall clock of the slowest shard
-	peakRSS []int64   // bytes, per shard
+	rate    float64 // items per second, wall clock of the slowest shard
+	peakRSS []int64 // bytes, per shard
 	// peakAnon: the private part of peakRSS (RssAnon: heap, stacks), per
 	// shard; the rest is the binary's pages, shared by every process running it.
 	peakAnon []int64
-	counts  [4]int64  // total, completed, alreadyHandled, failed
-	fifths  []float64 // items/s of each fifth of the items after the first tenth (fifths), on a fresh ledger
+	counts   [4]int64  // total, completed, alreadyHandled, failed
+	fifths   []float64 // items/s of each fifth of the items after the first tenth (fifths), on a fresh ledger
 }
 
 // BenchmarkWorker runs `runledger run` end to end (the real binary, one
