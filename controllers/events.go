@@ -85,7 +85,7 @@ func (r *Reconciler) conditionEvents(s *scope, old, cur *v1alpha1.ProcessingRunS
 
 	if c := admissionChanged(old.Conditions, cur.Conditions); c != nil {
 		eventType := corev1.EventTypeNormal
-		if c.Reason == ReasonEvicted {
+		if c.Reason == ReasonEvicted || c.Reason == ReasonPriorityClassNotFound {
 			eventType = corev1.EventTypeWarning
 		}
 		r.event(run, nil, eventType, c.Reason, "Admission", c.Message)

@@ -49,6 +49,9 @@ const (
 	// ReasonPlacementConflict: the admitted flavors' node labels contradict
 	// the run's own workerTemplate.nodeSelector.
 	ReasonPlacementConflict = "PlacementConflict"
+	// ReasonPriorityClassNotFound: the label kueue.x-k8s.io/priority-class
+	// names no WorkloadPriorityClass; no Workload is created until it does.
+	ReasonPriorityClassNotFound = "WorkloadPriorityClassNotFound"
 )
 
 // queueLabel is the run's LocalQueue, empty for a run outside Kueue.

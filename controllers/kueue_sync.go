@@ -78,8 +78,15 @@ func (r *Reconciler) syncQueue(ctx context.Context, s *scope) error {
 	}
 	in := queueInput{run: s.run, wl: s.queue.wl, finished: s.outcome.finished, live: liveShards(s.shards)}
 	s.queue.decision = decideQueue(in)
-	if err := r.applyQueueDecision(ctx, s.run, s.queue.wl, s.queue.decision, s.outcome); err != nil {
+	prob, err := r.applyQueueDecision(ctx, s.run, s.queue.wl, s.queue.decision, s.outcome)
+	if err != nil {
 		return err
+	}
+	if prob != nil {
+		// No Workload yet: the run stays held and says why.
+		s.queue.decision.reason, s.queue.decision.message = prob.reason, prob.message
+		s.requeueIn(r.DependencyRetry)
+		return nil
 	}
 	if s.queue.decision.held || !s.needsPods() {
 		return nil
@@ -102,14 +109,20 @@ func (r *Reconciler) syncQueue(ctx context.Context, s *scope) error {
 
 // applyQueueDecision writes what d decided onto the Workload: create it,
 // (de)activate it, follow the run's LocalQueue, clear an eviction's
-// admission, finish it, drop Kueue's finalizer.
-func (r *Reconciler) applyQueueDecision(ctx context.Context, run *v1alpha1.ProcessingRun, cur *kueue.Workload, d queueDecision, o runOutcome) error {
+// admission, finish it, drop Kueue's finalizer. A Workload that cannot be
+// created until someone acts is a problem, not an error.
+func (r *Reconciler) applyQueueDecision(ctx context.Context, run *v1alpha1.ProcessingRun, cur *kueue.Workload, d queueDecision, o runOutcome) (*problem, error) {
 	if d.create {
 		return r.createWorkload(ctx, run)
 	}
 	if cur == nil {
-		return nil
+		return nil, nil
 	}
+	return nil, r.updateWorkload(ctx, run, cur, d, o)
+}
+
+// updateWorkload carries out d on an existing Workload.
+func (r *Reconciler) updateWorkload(ctx context.Context, run *v1alpha1.ProcessingRun, cur *kueue.Workload, d queueDecision, o runOutcome) error {
 	wl := cur.DeepCopy()
 	logger := log.FromContext(ctx).WithValues("workload", wl.Name)
 	if d.setActive != nil || d.setQueue {
@@ -160,27 +173,32 @@ func ignoreGoneOrConflict(err error, what string) error {
 
 // createWorkload creates a run's Workload, with the priority of the
 // WorkloadPriorityClass its label names.
-func (r *Reconciler) createWorkload(ctx context.Context, run *v1alpha1.ProcessingRun) error {
+func (r *Reconciler) createWorkload(ctx context.Context, run *v1alpha1.ProcessingRun) (*problem, error) {
 	var prio *kueue.WorkloadPriorityClass
 	if name := run.Labels[LabelPriorityClass]; name != "" {
 		prio = &kueue.WorkloadPriorityClass{}
-		if err := r.APIReader.Get(ctx, client.ObjectKey{Name: name}, prio); err != nil {
-			return fmt.Errorf("get workloadpriorityclass %s (label %s): %w", name, LabelPriorityClass, err)
+		err := r.APIReader.Get(ctx, client.ObjectKey{Name: name}, prio)
+		if apierrors.IsNotFound(err) {
+			return &problem{reason: ReasonPriorityClassNotFound, message: fmt.Sprintf(
+				"WorkloadPriorityClass %q (label %s) not found: create it or fix the label; the run waits without a Workload", name, LabelPriorityClass)}, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("get workloadpriorityclass %s: %w", name, err)
 		}
 	}
 	wl, err := buildWorkload(run, r.Pods, prio)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := r.Client.Create(ctx, wl); err != nil {
 		if apierrors.IsAlreadyExists(err) {
-			return nil // created by an earlier pass, not in the cache yet
+			return nil, nil // created by an earlier pass, not in the cache yet
 		}
-		return fmt.Errorf("create workload: %w", err)
+		return nil, fmt.Errorf("create workload: %w", err)
 	}
 	r.event(run, wl, corev1.EventTypeNormal, ReasonQueued, "Queue", fmt.Sprintf("Created Workload %s in LocalQueue %q: the run waits for Kueue to admit it", wl.Name, queueLabel(run)))
 	log.FromContext(ctx).Info("created workload", "workload", wl.Name, "queue", queueLabel(run))
-	return nil
+	return nil, nil
 }
 
 // resolvePlacement reads the admitted flavors and merges their placement; a
@@ -224,7 +242,12 @@ func (r *Reconciler) reconcileManagedElsewhere(ctx context.Context, run *v1alpha
 	if fin != nil {
 		o = runOutcome{phase: run.Status.Phase, message: fin.Message, finished: true}
 	}
-	return r.applyQueueDecision(ctx, run, wl, d, o)
+	prob, err := r.applyQueueDecision(ctx, run, wl, d, o)
+	if prob != nil {
+		// No status of ours to show it on: the error is logged and retried.
+		return fmt.Errorf("%s: %s", prob.reason, prob.message)
+	}
+	return err
 }
 
 // admittedCondition is the Admitted condition a queued run shows.

@@ -392,3 +392,46 @@ func TestKueueManagedByMultiKueue(t *testing.T) {
 	admitWorkload(t, env, owl, "cluster-a", flavor.Name)
 	waitPods(t, env, ns, "own", "own-0-0")
 }
+
+// Bad input a person must fix: a priority-class label naming no
+// WorkloadPriorityClass holds the run without a Workload (a Warning says
+// why) until the class exists; an admitted flavor whose node label
+// contradicts the run's own nodeSelector stalls it (PlacementConflict)
+// with no pod created.
+func TestKueueBadInputs(t *testing.T) {
+	t.Parallel()
+	env, ns := setup(t)
+	ctx := context.Background()
+	kueueManager(t, env, ns)
+	prioName := ns + "-urgent"
+	spec := queuedRun(ns, "prioritized", 1, 1, "team-a")
+	spec.Labels[LabelPriorityClass] = prioName
+	run := create(t, env, spec)
+	r := waitRun(t, env, ns, "prioritized", "held without a Workload", all(phaseIs(v1alpha1.RunSuspended),
+		admittedReason(ReasonPriorityClassNotFound),
+		conditionIs(v1alpha1.ConditionSuspended, metav1.ConditionTrue, ReasonPriorityClassNotFound)))
+	require.Contains(t, condition(r, v1alpha1.ConditionAdmitted).Message, fmt.Sprintf("WorkloadPriorityClass %q", prioName))
+	waitEvent(t, env, ns, "prioritized", corev1.EventTypeWarning, ReasonPriorityClassNotFound, prioName)
+	var wls kueue.WorkloadList
+	require.NoError(t, env.Client.List(ctx, &wls, client.InNamespace(ns)))
+	require.Empty(t, wls.Items)
+	stillPods(t, env, ns, "prioritized", 300*time.Millisecond)
+
+	prio := &kueue.WorkloadPriorityClass{ObjectMeta: metav1.ObjectMeta{Name: prioName}, Value: 1000}
+	require.NoError(t, env.Client.Create(ctx, prio))
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), prio) })
+	wl := waitWorkload(t, env, run, "created once the class exists", nil)
+	require.Equal(t, int32(1000), ptr.Deref(wl.Spec.Priority, 0))
+	require.Equal(t, prioName, wl.Spec.PriorityClassRef.Name)
+	waitRun(t, env, ns, "prioritized", "queued", admittedReason(ReasonQueued))
+
+	flavor := createFlavor(t, env, ns+"-zone-b", kueue.ResourceFlavorSpec{NodeLabels: map[string]string{"zone": "b"}})
+	pinned := queuedRun(ns, "pinned", 1, 1, "team-a")
+	pinned.Spec.WorkerTemplate = &v1alpha1.WorkerTemplate{NodeSelector: map[string]string{"zone": "a"}}
+	create(t, env, pinned)
+	pwl := waitWorkload(t, env, pinned, "created", nil)
+	admitWorkload(t, env, pwl, "cluster-a", flavor.Name)
+	r = waitRun(t, env, ns, "pinned", "stalled", conditionIs(v1alpha1.ConditionStalled, metav1.ConditionTrue, ReasonPlacementConflict))
+	require.Contains(t, condition(r, v1alpha1.ConditionStalled).Message, "the run's workerTemplate.nodeSelector says zone=a")
+	stillPods(t, env, ns, "pinned", 500*time.Millisecond)
+}

@@ -87,7 +87,11 @@ func kueueCRDs() ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("find the kueue module (go mod download sigs.k8s.io/kueue): %w", err)
 	}
-	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "components", "crd", "bases")
+	mod := strings.TrimSpace(string(out))
+	if mod == "" {
+		return nil, fmt.Errorf("the kueue module is not in the module cache: run go mod download sigs.k8s.io/kueue")
+	}
+	dir := filepath.Join(mod, "config", "components", "crd", "bases")
 	var files []string
 	for _, kind := range []string{"workloads", "resourceflavors", "workloadpriorityclasses", "clusterqueues", "localqueues"} {
 		files = append(files, filepath.Join(dir, "kueue.x-k8s.io_"+kind+".yaml"))
