@@ -82,6 +82,8 @@ type managerConfig struct {
 	restConfig *rest.Config
 	// kueue turns the Kueue integration on.
 	kueue bool
+	// workerNetwork, when set, gives each run its NetworkPolicy.
+	workerNetwork *WorkerNetwork
 }
 
 type testManager struct {
@@ -135,6 +137,7 @@ func startManager(t *testing.T, env *envtestutil.Env, ns string, mc managerConfi
 		// Count-only status writes are spaced, as in production (2s).
 		StatusInterval: 250 * time.Millisecond,
 		Kueue:          mc.kueue,
+		WorkerNetwork:  mc.workerNetwork,
 	}
 	require.NoError(t, r.SetupWithManager(mgr, controller.Options{}))
 	ctx, cancel := context.WithCancel(context.Background())

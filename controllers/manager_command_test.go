@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/clientcmd"
@@ -192,6 +193,11 @@ func TestManagerCommand(t *testing.T) {
 		}
 		return nil
 	})
+	// Its NetworkPolicy came first (--worker-network-policy is on by
+	// default), created with the namespaced install's Role.
+	var np networkingv1.NetworkPolicy
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "runledger-cmd"}, &np))
+	require.Equal(t, "cmd", metav1.GetControllerOf(&np).Name)
 	// A run in another namespace: not this manager's to see.
 	other := env.Namespace(t)
 	elsewhere := run.DeepCopy()

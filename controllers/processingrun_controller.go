@@ -72,6 +72,9 @@ type Reconciler struct {
 	Recorder  events.EventRecorder
 	Clock     clock.PassiveClock
 	Pods      PodOptions
+	// WorkerNetwork, when set, is what worker pods may reach: each run gets
+	// a NetworkPolicy saying it before its first pod (netpol.go).
+	WorkerNetwork *WorkerNetwork
 
 	// BackoffBase and BackoffMax bound the exponential back-off between a
 	// shard's failed attempt and its retry.

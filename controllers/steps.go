@@ -277,6 +277,8 @@ func (r *Reconciler) exists(ctx context.Context, kind string, key client.ObjectK
 
 // syncPods deletes the pods that must stop and creates the ones decided.
 func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
+	// Once per pass that creates pods: the run's NetworkPolicy comes first.
+	policyEnsured := false
 	for i := range s.shards {
 		d := &s.shards[i]
 		for _, pod := range d.deletePods {
@@ -295,6 +297,17 @@ func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
 		}
 		if d.create == nil && !d.retryAt.IsZero() && s.now.Before(d.retryAt) && !s.outcome.finished {
 			s.requeueIn(d.retryAt.Sub(s.now))
+		}
+		if d.create != nil && !s.createBlocked && !policyEnsured && r.WorkerNetwork != nil {
+			p, err := r.ensureWorkerNetworkPolicy(ctx, s.run)
+			if err != nil {
+				return err
+			}
+			policyEnsured = true
+			if p != nil {
+				s.createBlocked, s.stalled = true, p
+				s.requeueIn(r.DependencyRetry)
+			}
 		}
 		if d.create != nil && s.createBlocked {
 			d.create = nil

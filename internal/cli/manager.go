@@ -3,6 +3,7 @@ package cli
 import (
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -42,6 +43,10 @@ type managerOptions struct {
 	workerImage             string
 	workerServiceAccount    string
 	workerPullPolicy        string
+	workerNetworkPolicy     bool
+	workerAPIServerPorts    []int32
+	workerDatabaseCIDRs     []string
+	workerDatabasePorts     []int32
 	backoffBase             time.Duration
 	backoffMax              time.Duration
 	concurrency             int
@@ -54,8 +59,10 @@ type managerOptions struct {
 	kueue           bool
 }
 
-func newManagerCommand() *cobra.Command {
-	o := &managerOptions{}
+func newManagerCommand() *cobra.Command { return managerCommand(&managerOptions{}) }
+
+// managerCommand is the command that parses its flags into o.
+func managerCommand(o *managerOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "manager",
 		Short: "Run the ProcessingRun and ProcessingSchedule controllers (leader-elected): one worker pod per shard, exact status, one run per occurrence",
@@ -81,6 +88,10 @@ run; only the leader acts.`,
 	f.StringVar(&o.workerImage, "worker-image", "", "image of the worker pods (runs `runledger worker`); default: the manager's own image, by digest, read from its Pod ($"+envPodName+", $"+envPodNamespace+"); spec.workerTemplate.image overrides it per run")
 	f.StringVar(&o.workerServiceAccount, "worker-service-account", "runledger-worker", "service account of the worker pods, in each run's namespace; spec.workerTemplate.serviceAccountName overrides it")
 	f.StringVar(&o.workerPullPolicy, "worker-image-pull-policy", "", "imagePullPolicy of the worker container: Always, IfNotPresent or Never (default: Kubernetes' default for the tag)")
+	f.BoolVar(&o.workerNetworkPolicy, "worker-network-policy", true, "give each run a NetworkPolicy (runledger-<run>, owned by the run) before its first pod: nothing may connect to its worker pods, which may connect only to the API server (--worker-apiserver-ports), the database (--worker-database-cidrs, --worker-database-ports) and DNS; your own NetworkPolicies selecting the run's pods add to it")
+	f.Int32SliceVar(&o.workerAPIServerPorts, "worker-apiserver-ports", []int32{443, 6443}, "TCP ports of the API server as worker pods' connections reach it (after the kubernetes Service's translation: its endpoints' port)")
+	f.StringSliceVar(&o.workerDatabaseCIDRs, "worker-database-cidrs", []string{"0.0.0.0/0", "::/0"}, "addresses of the ledger's database (or its pooler) in the worker pods' NetworkPolicy, as CIDRs; narrow them to your database's")
+	f.Int32SliceVar(&o.workerDatabasePorts, "worker-database-ports", []int32{5432}, "TCP ports of the ledger's database (or its pooler) in the worker pods' NetworkPolicy")
 	f.DurationVar(&o.backoffBase, "retry-backoff", controllers.DefaultBackoffBase, "back-off before a failed shard's first retry; it doubles with each failure")
 	f.DurationVar(&o.backoffMax, "retry-backoff-max", controllers.DefaultBackoffMax, "longest back-off between a shard's retries")
 	f.IntVar(&o.concurrency, "max-concurrent-reconciles", 4, "runs reconciled in parallel")
@@ -126,6 +137,11 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 		return badInput(fmt.Errorf("--worker-image-pull-policy %q: want Always, IfNotPresent or Never", o.workerPullPolicy))
 	}
 
+	workerNetwork, err := o.workerNetwork()
+	if err != nil {
+		return badInput(err)
+	}
+
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return fmt.Errorf("scheme: %w", err)
@@ -148,15 +164,9 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 		return badInput(fmt.Errorf("kubernetes client configuration: %w", err))
 	}
 
-	metrics := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure, CertDir: o.metricsCertDir}
-	if o.metricsSecure {
-		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
-	}
-	if o.pprof {
-		if o.metricsAddr == "0" {
-			return badInput(fmt.Errorf("--pprof serves on the metrics listener: set --metrics-bind-address"))
-		}
-		metrics.ExtraHandlers = pprofHandlers()
+	metrics, err := o.metricsOptions()
+	if err != nil {
+		return badInput(err)
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
@@ -190,6 +200,7 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 			ServiceAccountName: o.workerServiceAccount,
 			ImagePullPolicy:    corev1.PullPolicy(o.workerPullPolicy),
 		},
+		WorkerNetwork:  workerNetwork,
 		BackoffBase:    o.backoffBase,
 		BackoffMax:     o.backoffMax,
 		StatusInterval: controllers.DefaultStatusInterval,
@@ -221,9 +232,57 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	}
 
 	log.Info("starting manager", "version", build.Version, "commit", build.Commit, "leaderElect", o.leaderElect, "pprof", o.pprof, "workerImage", workerImage,
-		"workerServiceAccount", o.workerServiceAccount, "watchNamespaces", o.watchNamespaces)
+		"workerServiceAccount", o.workerServiceAccount, "workerNetworkPolicy", o.workerNetworkPolicy, "watchNamespaces", o.watchNamespaces)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil
+}
+
+// workerNetwork is what --worker-network-policy and the addresses beside it
+// say worker pods may reach (nil: no NetworkPolicy).
+func (o *managerOptions) workerNetwork() (*controllers.WorkerNetwork, error) {
+	if !o.workerNetworkPolicy {
+		return nil, nil
+	}
+	for _, c := range o.workerDatabaseCIDRs {
+		if _, _, err := net.ParseCIDR(c); err != nil {
+			return nil, fmt.Errorf("--worker-database-cidrs: %q is not a CIDR (such as 10.0.0.0/16 or 10.0.0.5/32)", c)
+		}
+	}
+	for _, fp := range []struct {
+		flag  string
+		ports []int32
+	}{{"--worker-apiserver-ports", o.workerAPIServerPorts}, {"--worker-database-ports", o.workerDatabasePorts}} {
+		flag, ports := fp.flag, fp.ports
+		if len(ports) == 0 {
+			return nil, fmt.Errorf("%s: name at least one port (or --worker-network-policy=false)", flag)
+		}
+		for _, p := range ports {
+			if p < 1 || p > 65535 {
+				return nil, fmt.Errorf("%s: %d is not a port (1 to 65535)", flag, p)
+			}
+		}
+	}
+	if len(o.workerDatabaseCIDRs) == 0 {
+		return nil, fmt.Errorf("--worker-database-cidrs: name at least one CIDR (or --worker-network-policy=false)")
+	}
+	return &controllers.WorkerNetwork{APIServerPorts: o.workerAPIServerPorts, DatabaseCIDRs: o.workerDatabaseCIDRs, DatabasePorts: o.workerDatabasePorts}, nil
+}
+
+// metricsOptions are the metrics listener's: HTTPS behind the API server's
+// TokenReview and SubjectAccessReview unless --metrics-secure=false, and
+// Go's profiles on it only with --pprof.
+func (o *managerOptions) metricsOptions() (metricsserver.Options, error) {
+	metrics := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure, CertDir: o.metricsCertDir}
+	if o.metricsSecure {
+		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	if o.pprof {
+		if o.metricsAddr == "0" {
+			return metricsserver.Options{}, fmt.Errorf("--pprof serves on the metrics listener: set --metrics-bind-address")
+		}
+		metrics.ExtraHandlers = pprofHandlers()
+	}
+	return metrics, nil
 }

@@ -25,6 +25,10 @@ func TestManagerFlags(t *testing.T) {
 		"retry-backoff-max":         "6m0s",
 		"zap-log-level":             "",
 		"zap-devel":                 "false",
+		"worker-network-policy":     "true",
+		"worker-apiserver-ports":    "[443,6443]",
+		"worker-database-cidrs":     "[0.0.0.0/0,::/0]",
+		"worker-database-ports":     "[5432]",
 	} {
 		f := cmd.Flags().Lookup(flag)
 		require.NotNil(t, f, "--%s", flag)
@@ -42,4 +46,23 @@ func TestManagerRejectsBadFlags(t *testing.T) {
 	require.True(t, errors.As(err, &exit), "%v", err)
 	require.Equal(t, v1alpha1.ExitBadInput, exit.Code)
 	require.Contains(t, err.Error(), "--worker-image-pull-policy")
+}
+
+// TestManagerRejectsBadNetworkFlags: an address or port the worker pods'
+// NetworkPolicy could not hold is refused before anything starts.
+func TestManagerRejectsBadNetworkFlags(t *testing.T) {
+	for args, want := range map[string]string{
+		"--worker-database-cidrs=10.0.0.5":    `--worker-database-cidrs: "10.0.0.5" is not a CIDR`,
+		"--worker-database-ports=0":           "--worker-database-ports: 0 is not a port",
+		"--worker-apiserver-ports=70000":      "--worker-apiserver-ports: 70000 is not a port",
+		"--worker-database-cidrs=10.0.0.0/33": `"10.0.0.0/33" is not a CIDR`,
+	} {
+		cmd := newManagerCommand()
+		cmd.SetArgs([]string{args, "--leader-elect=false"})
+		err := cmd.Execute()
+		var exit *ExitError
+		require.True(t, errors.As(err, &exit), "%s: %v", args, err)
+		require.Equal(t, v1alpha1.ExitBadInput, exit.Code, args)
+		require.ErrorContains(t, err, want, args)
+	}
 }
