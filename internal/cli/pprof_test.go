@@ -93,7 +93,12 @@ func TestPprofBehindMetricsAuthn(t *testing.T) {
 		sctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- srv.Start(sctx) }()
-		t.Cleanup(func() { cancel(); <-done })
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("metrics server: %v", err)
+			}
+		})
 		return "https://" + addr
 	}
 	// The listener's certificate is self-signed (no --metrics-cert-dir).
