@@ -49,9 +49,10 @@
 # host by a veth pair: the host is ${HOST_IP}, the control plane ${CP_IP}.
 # The apiserver (https://${CP_IP}:6443), PostgreSQL (${CP_IP}:5432) and the
 # registry (http://${REGISTRY}) listen there, reachable from the host and from
-# every node and pod. Node K (runledger-K: its own netns, containerd, kubelet
-# and kube-proxy) is 10.250.K.2, joined to ${CP_NETNS} by a veth pair; its
-# pods get 10.244.K.0/24, routed through ${CP_NETNS} to every other node.
+# every node and pod. Node K (runledger-K: its own netns, containerd, kubelet,
+# kube-proxy and kube-network-policies) is 10.250.K.2, joined to ${CP_NETNS}
+# by a veth pair; its pods get 10.244.K.0/24, routed through ${CP_NETNS} to
+# every other node. NetworkPolicy is enforced (hack/cluster/lib/netpol.sh).
 # Nothing listens on or targets the host's other interfaces. Services get
 # ${SERVICE_CIDR}; there is no cluster DNS.
 #
@@ -98,6 +99,8 @@ source "${LIB}/tools.sh"
 source "${LIB}/netns.sh"
 # shellcheck source=hack/cluster/lib/postgres.sh
 source "${LIB}/postgres.sh"
+# shellcheck source=hack/cluster/lib/netpol.sh
+source "${LIB}/netpol.sh"
 # shellcheck source=hack/cluster/lib/up.sh
 source "${LIB}/up.sh"
 # shellcheck source=hack/cluster/lib/down.sh

@@ -8,7 +8,7 @@
 #
 # What is compared (each a section of FILE):
 #   processes  cluster processes (containerd and its shims, runc, kubelet,
-#              kube-proxy, kube-scheduler, kube-controller-manager,
+#              kube-proxy, kube-network-policies, kube-scheduler, kube-controller-manager,
 #              etcd/kube-apiserver/postgres/registry of the cluster's state
 #              directory) and
 #              any process in a network namespace other than the host's
@@ -51,7 +51,7 @@ HOST_PATHS=(/run/containerd /var/lib/containerd /run/runc /var/lib/kubelet /var/
 # -dir under the state directory and its network namespace. (Pods, the runledger manager and workers among them, run in network
 # namespaces of their own; `runledger run` and envtest's kube-apiserver and
 # etcd, which other work on this machine runs, are not the cluster's.)
-CLUSTER_COMMS='^(containerd|containerd-shim.*|runc|runc:.*|kubelet|kube-proxy|kube-scheduler|kube-controller)$'
+CLUSTER_COMMS='^(containerd|containerd-shim.*|runc|runc:.*|kubelet|kube-proxy|kube-network-po|kube-scheduler|kube-controller)$'
 
 host_netns="$(readlink /proc/1/ns/net 2>/dev/null || true)"
 

@@ -16,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -116,6 +117,20 @@ func TestProcessorSidecar(t *testing.T) {
 	image := f.pushExampleProcessor()
 	payments := f.deployPayments(image)
 
+	// The run's own NetworkPolicy lets its pods reach only the API server,
+	// the database and DNS: the processor's calls to the payment service
+	// need a policy of the user's, which adds to it.
+	require.NoError(t, f.c.Create(f.ctx, &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "charge-to-payments"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelRun: "charge"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "payments"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(8080))}},
+			}},
+		},
+	}))
 	run := f.newRun("charge", runSpec{workers: 2, batch: inlineItems(1, 400)})
 	run.Spec.Effect = &v1alpha1.EffectSpec{Processor: &v1alpha1.ProcessorSpec{
 		Image: image, Args: []string{"-payments", "http://" + payments, "-delay", "400ms"}, MaxItemsPerCall: 10,

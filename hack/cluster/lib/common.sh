@@ -22,7 +22,7 @@ NET_PREFIX=30
 # Nodes: `up --nodes N` (or RUNLEDGER_CLUSTER_NODES=N); later commands read
 # ${RUN}/node-count. Node K is named runledger-K and has a network namespace of
 # that name, joined to the control plane's by a veth pair (node_* below), with
-# its own containerd, kubelet and kube-proxy.
+# its own containerd, kubelet, kube-proxy and kube-network-policies.
 NODES="${RUNLEDGER_CLUSTER_NODES:-1}"
 MAX_NODES=8
 CLUSTER_POD_CIDR=10.244.0.0/16 # node K's pods: 10.244.K.0/24
@@ -43,7 +43,7 @@ CGROUP_ROOT=runledger              # pods: node N's kubelet's cgroupRoot is /run
 DAEMON_CGROUP=runledger-daemons    # pids hierarchy: every daemon and shim (a node's in a child cgroup), to prove none is left
 K8S_COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 CP_DAEMONS=(registry postgres etcd kube-apiserver kube-controller-manager kube-scheduler)
-NODE_DAEMONS=(containerd kube-proxy kubelet) # each node's, named DAEMON-NODE
+NODE_DAEMONS=(containerd kube-proxy kube-network-policies kubelet) # each node's, named DAEMON-NODE
 
 # Host sysctls that kubelet (vm.*, kernel.*) or kube-proxy and the CNI bridge
 # plugin (net.*; those run in the netns, but the host values are checked too)

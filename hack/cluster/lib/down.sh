@@ -91,6 +91,7 @@ cmd_down() {
     stop_daemon "kubelet-$(node_name "${k}")"
     force_remove_containers "${k}"
     stop_daemon "kube-proxy-$(node_name "${k}")"
+    stop_daemon "kube-network-policies-$(node_name "${k}")"
   done
   stop_daemon kube-apiserver
   stop_daemon etcd

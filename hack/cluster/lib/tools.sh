@@ -25,10 +25,11 @@ ensure_packages() {
   done
 }
 
-# build_tool NAME: build hack/tools/NAME (its own module) into bin/cluster-tools/NAME.
+# build_tool NAME [PACKAGE BINARY]: build hack/tools/NAME (its own module),
+# or the PACKAGE it pins, into bin/cluster-tools/NAME (or BINARY).
 build_tool() {
   mkdir -p "${TOOLS}"
-  (cd "${ROOT}/hack/tools/$1" && GOWORK=off CGO_ENABLED=0 go build -trimpath -o "${TOOLS}/$1" .) ||
+  (cd "${ROOT}/hack/tools/$1" && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${TOOLS}/${3:-$1}" "${2:-.}") ||
     die "building hack/tools/$1 failed"
 }
 

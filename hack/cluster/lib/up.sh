@@ -62,6 +62,7 @@ cmd_up() {
   build_tool pause
   build_tool registry
   build_tool pki
+  build_tool netpol sigs.k8s.io/kube-network-policies/cmd kube-network-policies
 
   # 0755 whatever the umask: user postgres must get through it.
   install -d -m 0755 "${RUN}"
@@ -89,6 +90,7 @@ cmd_up() {
   PG_JOB=$!
   start_registry
   start_control_plane
+  setup_netpol_identity
   for k in $(seq "${NODES}"); do start_node "${k}"; done
   for k in $(seq "${NODES}"); do wait_node_ready "${k}"; done
   wait_ready_for_pods
@@ -191,15 +193,16 @@ start_control_plane() {
     --leader-elect=false --profiling=false
 }
 
-# start_node K: node K's containerd, kube-proxy and kubelet; waits until the
-# node is registered.
+# start_node K: node K's containerd, kube-proxy, kube-network-policies
+# (NetworkPolicy) and kubelet; waits until the node is registered.
 start_node() {
   local k="$1" name dir
   name="$(node_name "${k}")" dir="$(node_dir "${k}")"
-  step "node ${name} ($(node_ip "${k}"), pods $(node_pod_cidr "${k}")): containerd, kube-proxy, kubelet"
+  step "node ${name} ($(node_ip "${k}"), pods $(node_pod_cidr "${k}")): containerd, kube-proxy, kube-network-policies, kubelet"
   start_node_daemon "${k}" containerd containerd --config "${dir}/containerd.toml"
   WATCH="containerd-${name}" wait_for "containerd of ${name}" 30 ctr_ "${k}" version
   start_node_daemon "${k}" kube-proxy "${BIN_DIR}/kube-proxy" --config "${dir}/kube-proxy.yaml"
+  start_node_netpol "${k}"
   # The kubelet exits at once while containerd's CRI still recovers its state
   # after a power loss ("server is not initialized yet"; ctr version does not
   # wait for it), and a node that exists already looks registered: start it

@@ -6,6 +6,8 @@
 //	                 client-go does (the ClusterIP works: kube-proxy is up)
 //	smoke postgres   connect to $DATABASE_URL and run a query (PostgreSQL is
 //	                 reachable from pods, password authentication works)
+//	smoke dial ADDR  open a TCP connection to ADDR (host:port) within 5 s
+//	                 (what a NetworkPolicy allows, or refuses)
 //
 // Each prints what it saw and exits 0 on success, 1 on failure.
 package main
@@ -27,8 +29,8 @@ import (
 const saDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: smoke hello|apiserver|postgres")
+	if len(os.Args) != 2 && (len(os.Args) != 3 || os.Args[1] != "dial") {
+		fmt.Fprintln(os.Stderr, "usage: smoke hello|apiserver|postgres|dial ADDR")
 		os.Exit(2)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -42,6 +44,8 @@ func main() {
 		err = apiserver(ctx)
 	case "postgres":
 		err = postgres(ctx)
+	case "dial":
+		err = dial(ctx, os.Args[2])
 	default:
 		err = fmt.Errorf("unknown probe %q", os.Args[1])
 	}
@@ -108,4 +112,15 @@ func postgres(ctx context.Context) error {
 	}
 	fmt.Printf("connected to PostgreSQL at %s as %s: %s\n", addr, user, version)
 	return nil
+}
+
+func dial(ctx context.Context, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", addr, err)
+	}
+	fmt.Printf("connected to %s from %s\n", addr, conn.LocalAddr())
+	return conn.Close()
 }
