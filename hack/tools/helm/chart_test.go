@@ -278,6 +278,16 @@ priorityClassName: system-cluster-critical
 		require.Equal(t, []string{"billing", "payroll"}, roles)
 		require.Equal(t, []string{"billing", "payroll"}, bindings)
 	})
+	t.Run("the workers' database address", func(t *testing.T) {
+		_, ctr := deployment(t, render(t, c, "ops", fromYAML(t, "networkPolicy: {databaseCIDRs: [10.20.0.0/16, 10.30.0.5/32], databasePorts: [6432]}")))
+		args := ctr["args"].([]any)
+		require.Equal(t, []any{"--worker-database-cidrs=10.20.0.0/16,10.30.0.5/32", "--worker-database-ports=6432"}, args[len(args)-2:])
+		_, ctr = deployment(t, render(t, c, "ops", nil))
+		for _, a := range ctr["args"].([]any) {
+			require.NotContains(t, a, "--worker-database", "the manager's defaults unless set")
+		}
+		require.Contains(t, render(t, c, "ops", nil), "NetworkPolicy/runledger-manager")
+	})
 	t.Run("metrics", func(t *testing.T) {
 		objs := render(t, c, "ops", fromYAML(t, "metrics: {serviceMonitor: {enabled: true, labels: {release: kube-prometheus}}}"))
 		sm := objs["ServiceMonitor/runledger-manager"]

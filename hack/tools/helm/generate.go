@@ -445,11 +445,20 @@ func fillDeployment(t *template, o obj, d *defaults) error {
 	d.resources = c["resources"]
 	c["resources"] = t.block(".Values.resources")
 	args, _ := c["args"].([]any)
-	c["args"] = append(args, t.item(func(ind string) string {
+	args = append(args, t.item(func(ind string) string {
 		return fmt.Sprintf("%s{{- with .Values.watchNamespaces }}\n%s- --watch-namespaces={{ join \",\" . }}\n%s{{- end }}", ind, ind, ind)
 	}), t.item(func(ind string) string {
 		return fmt.Sprintf("%s{{- if .Values.kueue.enabled }}\n%s- --kueue\n%s{{- end }}", ind, ind, ind)
 	}))
+	for _, a := range []struct{ value, flag string }{
+		{".Values.networkPolicy.databaseCIDRs", "--worker-database-cidrs"},
+		{".Values.networkPolicy.databasePorts", "--worker-database-ports"},
+	} {
+		args = append(args, t.item(func(ind string) string {
+			return fmt.Sprintf("%s{{- with %s }}\n%s- %s={{ join \",\" . }}\n%s{{- end }}", ind, a.value, ind, a.flag, ind)
+		}))
+	}
+	c["args"] = args
 	return nil
 }
 
@@ -507,6 +516,19 @@ metrics:
   prometheusRule:
     enabled: false
     labels: {}
+
+# NetworkPolicies: the manager's (accepts only metrics scrapes, connects only
+# to the API server) is always there; the manager gives each run one too,
+# before its first pod: nothing may connect to its worker pods, which may
+# connect only to the API server, the ledger's database and DNS. Your own
+# NetworkPolicies selecting a run's pods (label processing.runledger.dev/run)
+# add to it, e.g. for what a processor calls.
+networkPolicy:
+  # The ledger's database (or its pooler) as worker pods reach it: CIDRs and
+  # TCP ports. Empty: any address, port 5432 (--worker-database-cidrs,
+  # --worker-database-ports).
+  databaseCIDRs: []
+  databasePorts: []
 
 # The ValidatingAdmissionPolicy of config/policy: runs may only use worker
 # images under allowedImagePrefixes and may not choose the ServiceAccount.
