@@ -6,8 +6,8 @@
 //	                 client-go does (the ClusterIP works: kube-proxy is up)
 //	smoke postgres   connect to $DATABASE_URL and run a query (PostgreSQL is
 //	                 reachable from pods, password authentication works)
-//	smoke dial ADDR  open a TCP connection to ADDR (host:port) within 5 s
-//	                 (what a NetworkPolicy allows, or refuses)
+//	smoke dial ADDR  after 3 s, open a TCP connection to ADDR (host:port)
+//	                 within 5 s (what a NetworkPolicy allows, or refuses)
 //
 // Each prints what it saw and exits 0 on success, 1 on failure.
 package main
@@ -115,6 +115,9 @@ func postgres(ctx context.Context) error {
 }
 
 func dial(ctx context.Context, addr string) error {
+	// A node's NetworkPolicy agent learns a new pod's address from the API
+	// server, which the pod's first packets can beat (kubernetes#85966).
+	time.Sleep(3 * time.Second)
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
