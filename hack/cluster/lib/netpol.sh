@@ -13,6 +13,9 @@
 # root's own sockets (the kubelet's probes) and established connections
 # pass, a new connection from or to one of the node's pods is queued. No
 # listener on the queue drops the packet (its default, --fail-open=false).
+# It learns pod addresses from the API server only (NRI needs containerd 1.7,
+# Debian's is 1.6), so a new pod's very first connections can come before it
+# knows the pod, and pass as a non-pod's (kubernetes#85966).
 
 NETPOL_QUEUE=100
 NETPOL_CHAIN=RUNLEDGER-NETPOL
