@@ -168,11 +168,11 @@ func buildPrevious(ctx context.Context, t *testing.T, registry string) (dir, ref
 	dir = filepath.Join(t.TempDir(), "previous")
 	img := registry + "/runledger:" + previousReleaseVersion
 	shell(ctx, t, repoRoot(t), fmt.Sprintf(`
-git clone --quiet --no-local --no-checkout %q %q
-git -C %[2]q checkout --quiet %s
-mkdir -p %[2]q/bin && ln -s %q %[2]q/bin/k8s
+git clone --quiet --no-local --no-checkout %[1]q %[2]q
+git -C %[2]q checkout --quiet %[3]s
+mkdir -p %[2]q/bin && ln -s %[4]q %[2]q/bin/k8s
 # One platform: the cluster's nodes are amd64.
-make -s -C %[2]q build-installer IMG=%q INSECURE=1 PLATFORMS=linux/amd64 VERSION=%s COMMIT=%[3]s >&2
+make -s -C %[2]q build-installer IMG=%[5]q INSECURE=1 PLATFORMS=linux/amd64 VERSION=%[6]s COMMIT=%[3]s >&2
 make -s -C %[2]q push IMG=%[5]q INSECURE=1 PLATFORMS=linux/amd64 VERSION=%[6]s COMMIT=%[3]s
 `, checkout, dir, previousRelease, filepath.Join(checkout, "bin", "k8s"), img, previousReleaseVersion))
 	raw, err := os.ReadFile(filepath.Join(dir, "dist", "install.yaml"))
