@@ -144,7 +144,7 @@ release: ## make release VERSION=vX.Y.Z IMG=REGISTRY/REPOSITORY [INSECURE=1]: fr
 	echo "make release $(VERSION): $$ref"; cat $(DIST)/SHA256SUMS
 
 .PHONY: release-check
-release-check: ## make release twice, from two clean clones of HEAD (tagged v0.0.0-check there), against a throwaway registry on loopback: the two SHA256SUMS must match byte for byte (hack/tools/release).
+release-check: ## make release twice, from two clean clones of HEAD (tagged v0.0.0-check there; the second with an empty Go build cache), against a throwaway registry on loopback: the two SHA256SUMS must match byte for byte (hack/tools/release; CI runs it, about 15 CPU-minutes).
 	cd $(ROOT)/hack/tools/release && RUNLEDGER_RELEASE_CHECK=$(ROOT) GOWORK=off go test $(GO_TEST_FLAGS) -run '^TestReleaseReproducible$$' -v ./...
 
 ##@ Test
