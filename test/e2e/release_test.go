@@ -25,17 +25,6 @@ const (
 	previousReleaseVersion = "v0.1.0"
 )
 
-// optInRelease skips the install and upgrade tests of this file unless
-// RUNLEDGER_E2E_RELEASE=1: they were written when the host was too loaded to
-// run the e2e tier, and have not yet passed on the local cluster; CI runs
-// them once they have (then delete this).
-func optInRelease(t *testing.T) {
-	t.Helper()
-	if os.Getenv("RUNLEDGER_E2E_RELEASE") != "1" {
-		t.Skip("not yet run green on the local cluster: RUNLEDGER_E2E_RELEASE=1 make e2e E2E_ARGS='-run TestHelmInstall|TestUpgradeWithRunInFlight'")
-	}
-}
-
 // repoRoot is the checkout under test (hack/e2e.sh's copy of it).
 func repoRoot(t *testing.T) string {
 	t.Helper()
@@ -125,7 +114,6 @@ func (e *env) requireUninstalled(ctx context.Context, t *testing.T) {
 // chart from this checkout, the image the harness pushed), runs a batch,
 // and uninstalls the way the README says: nothing is left but the ledger.
 func TestHelmInstall(t *testing.T) {
-	optInRelease(t)
 	e := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -192,7 +180,6 @@ make -s -C %[2]q push IMG=%[5]q INSECURE=1 PLATFORMS=linux/amd64 VERSION=%[6]s C
 // code while it runs: the run completes with exact counts, no item
 // committed or effected twice.
 func TestUpgradeWithRunInFlight(t *testing.T) {
-	optInRelease(t)
 	e := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
