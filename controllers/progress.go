@@ -23,6 +23,82 @@ func parseProgress(annotations map[string]string, shard, attempt int32) *v1alpha
 	return &r
 }
 
+// parseRunReport reads a pod's progress annotation when it is a RunReport
+// (the pod's worker is, or was, its run's reporter); anything else is nil.
+func parseRunReport(annotations map[string]string) *v1alpha1.RunReport {
+	v, ok := annotations[v1alpha1.AnnotationProgress]
+	if !ok {
+		return nil
+	}
+	_, rr, err := v1alpha1.ParseProgress(v)
+	if err != nil {
+		return nil
+	}
+	return rr
+}
+
+// shardAttempt names one attempt of one shard.
+type shardAttempt struct{ shard, attempt int32 }
+
+// foldRunReports folds the RunReports on a run's pods (byShard, by shard
+// index) into the progress of the pods of the shards and attempts they
+// report on, whatever pod carries them: of every report of one attempt, the
+// merge (mergeReports). An entry for a shard or attempt without a pod is
+// dropped.
+func foldRunReports(byShard [][]podInfo) {
+	reports := map[shardAttempt]*v1alpha1.ShardReport{}
+	for _, pods := range byShard {
+		for _, p := range pods {
+			if p.runReport == nil {
+				continue
+			}
+			for i := range p.runReport.Shards {
+				e := &p.runReport.Shards[i]
+				k := shardAttempt{e.Shard, e.Attempt}
+				reports[k] = mergeReports(reports[k], e)
+			}
+		}
+	}
+	if len(reports) == 0 {
+		return
+	}
+	for shard, pods := range byShard {
+		for i := range pods {
+			if r, ok := reports[shardAttempt{int32(shard), pods[i].attempt}]; ok {
+				pods[i].progress = mergeReports(pods[i].progress, r)
+			}
+		}
+	}
+}
+
+// mergeReports is what two reports of one shard's attempt say together:
+// each count the higher (counts only grow within an attempt, so the higher is
+// the later), the message and report time of the later report, the longer
+// failure sample (a sample only grows too). Either may be nil; the result
+// is a or b itself when the other adds nothing, else a new report.
+func mergeReports(a, b *v1alpha1.ShardReport) *v1alpha1.ShardReport {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	later, other := a, b
+	if b.ReportTime != nil && (a.ReportTime == nil || b.ReportTime.After(a.ReportTime.Time)) {
+		later, other = b, a
+	}
+	counts := later.ItemCounts.MaxEach(other.ItemCounts)
+	if counts == later.ItemCounts && len(later.Failures) >= len(other.Failures) {
+		return later
+	}
+	m := *later
+	m.ItemCounts = counts
+	if len(other.Failures) > len(later.Failures) {
+		m.Failures = other.Failures
+	}
+	return &m
+}
+
 // withProgress is the shard's status entry with the latest report of its
 // pods folded in, as the worker's own write of it would have left it: the
 // report of the latest attempt that has one replaces the entry's report

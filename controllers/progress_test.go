@@ -81,3 +81,102 @@ func TestWithProgress(t *testing.T) {
 		})
 	}
 }
+
+func TestParseRunReport(t *testing.T) {
+	ann := func(v string) map[string]string { return map[string]string{v1alpha1.AnnotationProgress: v} }
+	tests := []struct {
+		name        string
+		annotations map[string]string
+		want        *v1alpha1.RunReport
+	}{
+		{"none", nil, nil},
+		{"a shard's report is no run report", ann(`{"shard":2,"attempt":1,"total":9,"completed":3,"alreadyHandled":1,"failed":0}`), nil},
+		{"a run report", ann(`{"reporter":0,"shards":[{"shard":0,"attempt":0,"total":9,"completed":3,"alreadyHandled":0,"failed":0},{"shard":1,"attempt":2,"total":8,"completed":1,"alreadyHandled":0,"failed":1,"message":"m"}]}`),
+			&v1alpha1.RunReport{Shards: []v1alpha1.ShardReport{
+				{Shard: 0, ItemCounts: v1alpha1.ItemCounts{Total: 9, Completed: 3}},
+				{Shard: 1, Attempt: 2, ItemCounts: v1alpha1.ItemCounts{Total: 8, Completed: 1, Failed: 1}, Message: "m"}}}},
+		{"a run report without shards", ann(`{"reporter":0,"shards":[]}`), &v1alpha1.RunReport{Shards: []v1alpha1.ShardReport{}}},
+		{"shards missing", ann(`{"reporter":0}`), nil},
+		{"negative count", ann(`{"reporter":0,"shards":[{"shard":0,"attempt":0,"total":9,"completed":-3,"alreadyHandled":0,"failed":0}]}`), nil},
+		{"negative reporter", ann(`{"reporter":-1,"shards":[]}`), nil},
+		{"unknown field", ann(`{"reporter":0,"shards":[],"x":1}`), nil},
+		{"field given twice", ann(`{"reporter":0,"reporter":1,"shards":[]}`), nil},
+		{"not JSON", ann(`processing`), nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, parseRunReport(tt.annotations))
+		})
+	}
+}
+
+func TestMergeReports(t *testing.T) {
+	t1, t2 := metav1.NewTime(t0), metav1.NewTime(t0.Add(time.Second))
+	f := []v1alpha1.FailureSample{{Entity: "e", Occurrence: "o", Error: "x"}}
+	r := func(c v1alpha1.ItemCounts, msg string, at *metav1.Time, failures []v1alpha1.FailureSample) *v1alpha1.ShardReport {
+		return &v1alpha1.ShardReport{Shard: 1, Attempt: 2, ItemCounts: c, Message: msg, ReportTime: at, Failures: failures}
+	}
+	tests := []struct {
+		name string
+		a, b *v1alpha1.ShardReport
+		want *v1alpha1.ShardReport
+	}{
+		{"none", nil, nil, nil},
+		{"only one", nil, r(v1alpha1.ItemCounts{Completed: 1}, "m", &t1, nil), r(v1alpha1.ItemCounts{Completed: 1}, "m", &t1, nil)},
+		{"the later's message, each count's highest",
+			r(v1alpha1.ItemCounts{Total: 9, Completed: 5, Failed: 1}, "pod", &t1, nil),
+			r(v1alpha1.ItemCounts{Total: 9, Completed: 4, AlreadyHandled: 2}, "run", &t2, nil),
+			r(v1alpha1.ItemCounts{Total: 9, Completed: 5, AlreadyHandled: 2, Failed: 1}, "run", &t2, nil)},
+		{"whatever the order",
+			r(v1alpha1.ItemCounts{Total: 9, Completed: 4, AlreadyHandled: 2}, "run", &t2, nil),
+			r(v1alpha1.ItemCounts{Total: 9, Completed: 5, Failed: 1}, "pod", &t1, nil),
+			r(v1alpha1.ItemCounts{Total: 9, Completed: 5, AlreadyHandled: 2, Failed: 1}, "run", &t2, nil)},
+		{"the longer failure sample (a run report carries none)",
+			r(v1alpha1.ItemCounts{Total: 9, Failed: 1}, "pod", &t1, f),
+			r(v1alpha1.ItemCounts{Total: 9, Failed: 1}, "run", &t2, nil),
+			r(v1alpha1.ItemCounts{Total: 9, Failed: 1}, "run", &t2, f)},
+		{"a report without time is the earlier",
+			r(v1alpha1.ItemCounts{Completed: 1}, "untimed", nil, nil),
+			r(v1alpha1.ItemCounts{Completed: 1}, "timed", &t1, nil),
+			r(v1alpha1.ItemCounts{Completed: 1}, "timed", &t1, nil)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, mergeReports(tt.a, tt.b))
+		})
+	}
+}
+
+// TestFoldRunReports: the reports a run's reporter carries reach the pods
+// of the shards and attempts they name, merged with those pods' own.
+func TestFoldRunReports(t *testing.T) {
+	t1, t2 := metav1.NewTime(t0), metav1.NewTime(t0.Add(time.Second))
+	rep := func(shard, attempt int32, completed int64, msg string, at *metav1.Time) v1alpha1.ShardReport {
+		return v1alpha1.ShardReport{Shard: shard, Attempt: attempt, ItemCounts: v1alpha1.ItemCounts{Total: 9, Completed: completed}, Message: msg, ReportTime: at}
+	}
+	reporter := podInfo{pod: &corev1.Pod{}, attempt: 0, runReport: &v1alpha1.RunReport{Shards: []v1alpha1.ShardReport{
+		rep(0, 0, 3, "s0", &t2), rep(1, 1, 4, "s1", &t2), rep(2, 0, 5, "s2 old attempt", &t2), rep(7, 0, 1, "no such shard", &t2),
+	}}}
+	// An earlier reporter of the run (it finished, its pod kept).
+	earlier := podInfo{pod: &corev1.Pod{}, attempt: 1, runReport: &v1alpha1.RunReport{Shards: []v1alpha1.ShardReport{
+		rep(1, 1, 6, "s1 earlier", &t1),
+	}}}
+	own := rep(0, 0, 2, "own", &t1)
+	byShard := [][]podInfo{
+		{reporter},
+		{{pod: &corev1.Pod{}, attempt: 0}, earlier},
+		{{pod: &corev1.Pod{}, attempt: 1}},
+		{{pod: &corev1.Pod{}, attempt: 0}},
+	}
+	byShard[0][0].progress = &own
+	foldRunReports(byShard)
+	want := func(shard, attempt int32, completed int64, msg string, at *metav1.Time) *v1alpha1.ShardReport {
+		r := rep(shard, attempt, completed, msg, at)
+		return &r
+	}
+	require.Equal(t, want(0, 0, 3, "s0", &t2), byShard[0][0].progress, "the later of the run's and the pod's own report")
+	require.Nil(t, byShard[1][0].progress, "attempt 0 of shard 1 is not reported on")
+	require.Equal(t, want(1, 1, 6, "s1", &t2), byShard[1][1].progress, "two reporters' reports of one attempt merged: the highest count, the later message")
+	require.Nil(t, byShard[2][0].progress, "a report of another attempt is not this pod's")
+	require.Nil(t, byShard[3][0].progress)
+}

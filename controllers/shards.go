@@ -41,7 +41,10 @@ type podInfo struct {
 	// progress is the worker's latest report on the pod (annotation
 	// AnnotationProgress), when it is a report of this shard and attempt.
 	progress *v1alpha1.ShardReport
-	floor    v1alpha1.ItemCounts
+	// runReport is the RunReport on the pod, when its worker is or was the
+	// run's reporter: the reports of every shard (foldRunReports).
+	runReport *v1alpha1.RunReport
+	floor     v1alpha1.ItemCounts
 	// startProblem says why a live pod's worker cannot start (image pull,
 	// a missing Secret key), empty when there is none.
 	startProblem string
@@ -124,11 +127,12 @@ func observePod(pod *corev1.Pod, shard int32) (podInfo, bool) {
 		return podInfo{}, false
 	}
 	info := podInfo{
-		pod:      pod,
-		attempt:  int32(attempt),
-		deleting: pod.DeletionTimestamp != nil,
-		floor:    parseFloor(pod.Annotations),
-		progress: parseProgress(pod.Annotations, shard, int32(attempt)),
+		pod:       pod,
+		attempt:   int32(attempt),
+		deleting:  pod.DeletionTimestamp != nil,
+		floor:     parseFloor(pod.Annotations),
+		progress:  parseProgress(pod.Annotations, shard, int32(attempt)),
+		runReport: parseRunReport(pod.Annotations),
 	}
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded:

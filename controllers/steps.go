@@ -56,6 +56,9 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 		}
 	}
 
+	// The run's reporter's pod carries every shard's progress.
+	foldRunReports(byShard)
+
 	entries := make(map[int32]*v1alpha1.ShardStatus, len(run.Status.Shards))
 	for i := range run.Status.Shards {
 		entries[run.Status.Shards[i].Index] = &run.Status.Shards[i]

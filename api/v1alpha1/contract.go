@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,17 +24,43 @@ import (
 // (it must check that the run's UID is EnvRunUID: a run deleted and created
 // again under the same name is another run).
 //
-// Reports. A worker reports its shard on its OWN pod, never on the run: a
-// JSON merge patch of the pod's annotation AnnotationProgress (the JSON of a
-// ShardReport with reportTime), with the pod's UID (EnvPodUID) as
-// precondition, at most every ReportInterval and once at the end. The
-// controller reads the annotations from its pod cache and aggregates them
-// into status.shards[] and the run's counts, writing the run at most once per
-// status interval whatever the number of shards (as Argo Workflows'
-// executors report on their pods). The numbers are cumulative and exact for
-// the whole shard: items an earlier attempt of the same run committed count
-// as completed, so a later attempt's final report is the truth for the
-// shard.
+// Reports. A worker reports on its OWN pod, never on the run: a JSON merge
+// patch of the pod's annotation AnnotationProgress, with the pod's UID
+// (EnvPodUID) as precondition. The numbers are cumulative and exact for the
+// whole shard: items an earlier attempt of the same run committed count as
+// completed, so a later attempt's final report is the truth for the shard.
+//
+// One reporter per run. So that a run's progress costs the API server one
+// pod write per RunReportInterval whatever its number of shards, the shards
+// of a run hand their counts to one of them through the ledger database
+// (table runledger.shard_progress): every ReportInterval each worker
+// upserts its shard's row (its latest counts, attempt and message; an older
+// attempt never overwrites a newer one's), and the live shard with the
+// lowest index (its row not done and written within ReporterStaleSeconds,
+// by the database's clock) is the run's reporter: at most every
+// RunReportInterval, and only when something changed, it writes on its own
+// pod a RunReport, every shard's row as a ShardReport (reportTime: when the
+// row was written, message cut to MaxRunReportMessageBytes, no failures).
+// When the reporter finishes or dies, its row stops being live and the next
+// shard takes over within ReporterStaleSeconds. The other workers write no
+// periodic report. A worker that cannot publish (the database refuses it, a
+// login or schema before migration 00015) reports its own shard instead, a
+// ShardReport on its pod, at most every ReportInterval times the run's
+// shard count (FallbackReportInterval): the run's writes stay bounded.
+//
+// The controller reads the annotations from its pod cache: a ShardReport
+// is the report of its pod's shard and attempt; a RunReport's entries are
+// the reports of those shards and attempts, whatever pod carries them. Of
+// the reports of one shard and attempt it keeps, per count, the highest
+// (counts only grow within an attempt) and the latest message. It writes the
+// run at most once per status interval whatever the number of shards (as
+// Argo Workflows' executors report on their pods).
+//
+// Final report. At exit the worker marks its row done with its final counts
+// and writes its final ShardReport to TerminationMessagePath (see
+// Termination); it patches that report onto its pod too only when the
+// termination message could not hold it whole (a message or failures cut).
+// The final report, not the RunReport, is the truth for a finished shard.
 //
 // Status. The controller is the only writer of the run's status (field
 // manager ControllerFieldManager, server-side apply on the status
@@ -44,8 +71,8 @@ import (
 //
 // Termination. At exit the worker writes the JSON of its final ShardReport to
 // TerminationMessagePath (see ShardReport.TerminationMessage) and exits with
-// one of the Exit* codes. The controller reads that message when the last
-// status write was lost, and never lets a shard's counts go down while a new
+// one of the Exit* codes. The controller takes a finished shard's counts,
+// message and failures from that message, and never lets a shard's counts go down while a new
 // attempt catches up: during an attempt it shows, per field, the maximum of
 // what earlier attempts last reported and what the current one reports; once
 // the shard is finished it shows the final report's exact numbers.
@@ -85,7 +112,8 @@ const (
 	ProcessorContainerName = "processor"
 
 	// AnnotationProgress is the worker's latest report on its own pod: the
-	// JSON of a ShardReport with reportTime (see ParseShardReport).
+	// JSON of a RunReport (the run's reporter) or of a ShardReport with
+	// reportTime (see ParseProgress).
 	AnnotationProgress = Group + "/progress"
 
 	// ControllerFieldManager is the controller's server-side apply field
@@ -102,10 +130,29 @@ const (
 	// termination message.
 	MaxTerminationMessageBytes = 4096
 
-	// ReportIntervalSeconds is the least time between two status reports of
-	// one worker.
+	// ReportIntervalSeconds is how often a worker publishes its shard's
+	// progress to the ledger database, and the least time between two
+	// reports of one worker on its pod.
 	ReportIntervalSeconds = 2
+	// RunReportIntervalSeconds is the least time between two RunReports of a
+	// run's reporter on its pod.
+	RunReportIntervalSeconds = 4
+	// ReporterStaleSeconds is how old a shard's progress row may be and the
+	// shard still count as live, a candidate for the run's reporter.
+	ReporterStaleSeconds = 8
+	// MaxRunReportMessageBytes bounds each shard's message in a RunReport:
+	// 256 shards' entries stay far within the API server's 256 KiB of
+	// annotations per object.
+	MaxRunReportMessageBytes = 256
 )
+
+// FallbackReportInterval is the least time between two reports of a worker
+// on its own pod while it cannot publish its progress to the ledger
+// database: ReportInterval times the run's shard count, so that a run's
+// fallback reports cost at most one pod write per ReportInterval.
+func FallbackReportInterval(shards int) time.Duration {
+	return time.Duration(max(shards, 1)) * ReportIntervalSeconds * time.Second
+}
 
 // StatusSource is where the controller takes a status field from.
 type StatusSource string
@@ -252,6 +299,43 @@ func (r ShardReport) TerminationMessage() ([]byte, error) {
 			return nil, errors.New("encode shard report: too long without a message")
 		}
 	}
+}
+
+// +kubebuilder:object:generate=false
+
+// RunReport is the report of a run's reporter (see the contract above): the
+// latest progress of every shard of its run, the JSON of its pod's
+// AnnotationProgress.
+type RunReport struct {
+	// Reporter is the shard whose worker wrote it.
+	Reporter int32 `json:"reporter"`
+	// Shards are the shards' reports, by shard; each ReportTime is when the
+	// shard's worker published it.
+	Shards []ShardReport `json:"shards"`
+	// ReportTime is when the reporter wrote it.
+	ReportTime *metav1.Time `json:"reportTime,omitempty"`
+}
+
+// ParseProgress decodes a pod's AnnotationProgress: a RunReport (run non-nil)
+// or a ShardReport (shard non-nil); anything else is an error.
+func ParseProgress(v string) (shard *ShardReport, run *RunReport, err error) {
+	if r, err := ParseShardReport(v); err == nil {
+		return &r, nil, nil
+	}
+	var rr RunReport
+	if err := strictjson.Unmarshal([]byte(v), &rr, true); err != nil {
+		return nil, nil, fmt.Errorf("decode progress report: %w", err)
+	}
+	if rr.Reporter < 0 || rr.Shards == nil {
+		return nil, nil, errors.New("decode progress report: neither a shard's nor a run's report")
+	}
+	for i := range rr.Shards {
+		if e := rr.Shards[i]; e.Shard < 0 || e.Attempt < 0 || e.Negative() {
+			return nil, nil, errors.New("decode progress report: negative field")
+		}
+		rr.Shards[i].Failures = BoundFailures(rr.Shards[i].Failures)
+	}
+	return nil, &rr, nil
 }
 
 // minKeptMessage is how much of its message a termination message keeps

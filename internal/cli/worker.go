@@ -36,10 +36,12 @@ read through the API (a configMapRef batch is the file the kubelet mounts,
 $` + v1alpha1.EnvBatchFile + `).
 
 The worker applies the ledger's migrations (unless --skip-migrate), commits
-its shard's items, reports its counts on its own pod (the annotation
-` + v1alpha1.AnnotationProgress + `, which the controller folds into the run's status)
-at most every ` + "2" + ` seconds and once at the end, and writes its final
-counts as JSON to the termination message. On SIGTERM it takes no new chunk,
+its shard's items, publishes its counts to the ledger database every 2
+seconds, where the run's lowest live shard reads every shard's and writes them
+on its own pod (the annotation ` + v1alpha1.AnnotationProgress + `, which the
+controller folds into the run's status) at most every 4 seconds, reports
+its final counts on its own pod at the end, and writes them as JSON to the
+termination message. On SIGTERM it takes no new chunk,
 lets the chunk in flight commit (within --drain-timeout), reports and exits.
 
 Exit status: 0 shard done (failed items within maxFailedItems), 1 failed
@@ -221,6 +223,9 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 		return worker.Report{}, maxFailed, exitFor(err)
 	}
 	defer closeStore()
+	// From now on the shard's progress goes through the database, one
+	// reporter per run writing it on its pod (the contract's "Reports").
+	s.reporter.SetBoard(store)
 
 	sc := plan.ShardConfig(s.env.Shard, s.env.Attempt)
 	sc.Retry = retry

@@ -174,12 +174,16 @@ ORDER BY 1`, role)
 		"item_failure.attempt:UPDATE", "item_failure.chunk:UPDATE", "item_failure.class:UPDATE", "item_failure.error:UPDATE", "item_failure.failed_at:UPDATE", "item_failure.items:UPDATE", "item_failure.pass:UPDATE", "item_failure.payload:UPDATE", "item_failure.payload_digest:UPDATE", "item_failure.run_name:UPDATE", "item_failure.run_namespace:UPDATE", "item_failure.shard:UPDATE",
 		"item_failure:DELETE", "item_failure:INSERT", "item_failure:SELECT",
 		"ledger.state:UPDATE", "ledger.superseded_at:UPDATE", "ledger:INSERT", "ledger:SELECT", "ledger_retired:SELECT",
+		"shard_progress.already_handled:UPDATE", "shard_progress.attempt:UPDATE", "shard_progress.completed:UPDATE", "shard_progress.done:UPDATE",
+		"shard_progress.failed:UPDATE", "shard_progress.message:UPDATE", "shard_progress.payload_changed:UPDATE", "shard_progress.total:UPDATE",
+		"shard_progress.updated_at:UPDATE", "shard_progress:INSERT", "shard_progress:SELECT",
 	}, got)
 	require.True(t, scalar[bool](t, owner, `SELECT has_database_privilege($1, current_database(), 'TEMP')`, role))
 	require.False(t, scalar[bool](t, owner, `SELECT has_database_privilege($1, current_database(), 'CREATE')`, role))
 
-	// A login granted before 00014: the migration lets it write a record's
-	// payload too, without a grant to run again.
+	// A login granted before 00014 (and 00015): the migrations let it write
+	// a record's payload and publish its progress too, without a grant to
+	// run again.
 	provider := ledgertest.DownTo(t, owner, 13)
 	require.True(t, scalar[bool](t, owner, `SELECT has_column_privilege($1, 'runledger.item_failure', 'payload_digest', 'UPDATE') AND
 		NOT EXISTS (SELECT FROM information_schema.columns WHERE table_schema = 'runledger' AND table_name = 'item_failure' AND column_name = 'payload')`, role))
@@ -193,6 +197,10 @@ ORDER BY 1`, role)
 	require.NoError(t, err)
 	require.Equal(t, later, applied)
 	require.True(t, scalar[bool](t, owner, `SELECT has_column_privilege($1, 'runledger.item_failure', 'payload', 'UPDATE')`, role))
+	require.True(t, scalar[bool](t, owner, `SELECT has_table_privilege($1, 'runledger.shard_progress', 'SELECT, INSERT')
+		AND has_column_privilege($1, 'runledger.shard_progress', 'completed', 'UPDATE')
+		AND NOT has_column_privilege($1, 'runledger.shard_progress', 'run_uid', 'UPDATE')
+		AND NOT has_table_privilege($1, 'runledger.shard_progress', 'DELETE')`, role))
 
 	err = ledger.GrantWorker(ctx, owner, `no "such" role`)
 	require.ErrorContains(t, err, `granting worker privileges to no "such" role: ERROR: role "no "such" role" does not exist (SQLSTATE 42704)`)

@@ -642,8 +642,8 @@ ORDER BY created_at, run_uid`
 	// of its workers starts before the prune commits.
 	sqlTryShardLocks = `SELECT coalesce(bool_and(pg_try_advisory_xact_lock(k)), true) FROM unnest($1::bigint[]) AS k`
 
-	// sqlPruneBatch deletes the blocks of run $1's batch and the run's
-	// failure records, and keeps its header as a tombstone (pruned_at), so
+	// sqlPruneBatch deletes the blocks of run $1's batch, the run's
+	// failure records and its shards' progress rows, and keeps its header as a tombstone (pruned_at), so
 	// that a worker of a pruned run fails instead of materialising its batch
 	// again. It returns the batches pruned (0 or 1), the items and the
 	// failure records deleted.
@@ -658,6 +658,8 @@ WITH old AS (
 ), failures AS (
     DELETE FROM ` + Schema + `.item_failure AS f WHERE f.run_uid = $1 AND EXISTS (SELECT FROM old)
     RETURNING 1
+), progress AS (
+    DELETE FROM ` + Schema + `.shard_progress AS p WHERE p.run_uid = $1 AND EXISTS (SELECT FROM old)
 )
 SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone), (SELECT count(*) FROM failures)`
 )
@@ -809,6 +811,8 @@ GROUP BY b.rl_k`
 //   - the failure records: write, replace (every column but the key) and
 //     forget a run's; no TRUNCATE; pruning them with their run is the
 //     owner's;
+//   - its shard's progress row: write and replace it, read its run's;
+//     no DELETE (pruning them with their run is the owner's);
 //   - taking back its own transaction's claims (ledger_take_back, for a
 //     processor's refusals; it touches no committed row; nobody else may);
 //   - running an effect in its sandbox (run_effect, whose owner, the
@@ -828,6 +832,7 @@ GRANT SELECT, INSERT, UPDATE (items) ON ` + Schema + `.batch_run TO ` + role + `
 GRANT SELECT, INSERT ON ` + Schema + `.batch TO ` + role + `;
 GRANT SELECT ON ` + Schema + `.ledger_retired TO ` + role + `;
 GRANT SELECT, INSERT, DELETE, UPDATE (` + failureRecordColumns + `) ON ` + Schema + `.item_failure TO ` + role + `;
+GRANT SELECT, INSERT, UPDATE (` + progressColumns + `) ON ` + Schema + `.shard_progress TO ` + role + `;
 GRANT EXECUTE ON FUNCTION ` + Schema + `.ledger_take_back(text[], text[], bigint[]) TO ` + role + `;
 GRANT EXECUTE ON FUNCTION ` + Schema + `.run_effect(text) TO ` + role + `;
 GRANT TEMPORARY ON DATABASE ` + db + ` TO ` + role
@@ -1050,3 +1055,44 @@ WHERE f.run_uid = (
 // quoteLiteral quotes s as an SQL string literal (standard_conforming_strings,
 // on since PostgreSQL 9.1: a backslash is an ordinary character).
 func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+
+// Shard progress (migrations/00015, progress.go): every worker of a run
+// publishes its shard's latest counts; the live shard with the lowest index
+// reports them all on its own pod.
+const (
+	// sqlPublishProgress upserts shard $2 of run $1's row (an older attempt
+	// never overwrites a newer one's) and returns the lowest shard of the
+	// run, other than $2, whose row is not done and was written within the
+	// last $11 seconds (NULL: none): the reporter, unless $2 is lower. The
+	// CTE's insert is not visible to the outer query, hence shard <> $2. The
+	// primary key's order finds that shard in one index probe.
+	sqlPublishProgress = `
+WITH mine AS (
+    INSERT INTO ` + Schema + `.shard_progress AS p
+        (run_uid, shard, attempt, total, completed, already_handled, failed, payload_changed, message, done, updated_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now())
+    ON CONFLICT (run_uid, shard) DO UPDATE SET
+        attempt = EXCLUDED.attempt, total = EXCLUDED.total, completed = EXCLUDED.completed,
+        already_handled = EXCLUDED.already_handled, failed = EXCLUDED.failed,
+        payload_changed = EXCLUDED.payload_changed, message = EXCLUDED.message,
+        done = EXCLUDED.done, updated_at = EXCLUDED.updated_at
+    WHERE p.attempt <= EXCLUDED.attempt
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM mine),
+       (SELECT s.shard FROM ` + Schema + `.shard_progress AS s
+        WHERE s.run_uid = $1 AND s.shard <> $2 AND NOT s.done
+          AND s.updated_at > now() - make_interval(secs => $11)
+        ORDER BY s.shard LIMIT 1)`
+
+	// progressColumns are the columns sqlPublishProgress replaces: all but
+	// the key (run_uid, shard).
+	progressColumns = `attempt, total, completed, already_handled, failed, payload_changed, message, done, updated_at`
+
+	// sqlRunProgress is every shard row of run $1, by shard, with its age
+	// by the database's clock.
+	sqlRunProgress = `
+SELECT shard, attempt, total, completed, already_handled, failed, payload_changed, message, done,
+       extract(epoch FROM now() - updated_at)::float8
+FROM ` + Schema + `.shard_progress WHERE run_uid = $1 ORDER BY shard`
+)

@@ -2,20 +2,13 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"os"
 	"strconv"
-	"sync"
-	"time"
 
-	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -152,137 +145,17 @@ func Items(n int64) string {
 	return fmt.Sprintf("%d items", n)
 }
 
-// StatusReporter reports the worker's shard on its own pod, as the contract
-// (api/v1alpha1/contract.go, "Reports") says. Reports are cumulative and
-// exact, so a lost write loses nothing: the next one (or the termination
-// message) carries the numbers.
-type StatusReporter struct {
-	c        client.Client
-	env      PodEnv
-	interval time.Duration
-	log      logr.Logger
-	now      func() time.Time
-
-	mu      sync.Mutex
-	latest  v1alpha1.ShardReport
-	pending bool // latest not yet written
-	wake    chan struct{}
-}
-
-// NewStatusReporter reports for env's shard at most every interval
-// (v1alpha1.ReportIntervalSeconds when 0).
-func NewStatusReporter(c client.Client, env PodEnv, interval time.Duration, log logr.Logger) *StatusReporter {
-	if interval <= 0 {
-		interval = v1alpha1.ReportIntervalSeconds * time.Second
-	}
-	return &StatusReporter{c: c, env: env, interval: interval, log: log, now: time.Now, wake: make(chan struct{}, 1)}
-}
-
-// Update records the shard's latest counts; Run writes them.
-func (s *StatusReporter) Update(r Report, maxFailed int) {
-	rep := s.report(r, ShardMessage(r, maxFailed))
-	s.mu.Lock()
-	s.latest, s.pending = rep, true
-	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (s *StatusReporter) report(r Report, message string) v1alpha1.ShardReport {
-	return v1alpha1.ShardReport{
-		Shard: int32(s.env.Shard), Attempt: int32(s.env.Attempt),
-		ItemCounts: r.ItemCounts,
-		Message:    v1alpha1.Truncate(message, v1alpha1.MaxShardMessageLength),
-		Failures:   failureSample(r),
-		ReportTime: &metav1.Time{Time: s.now()},
-	}
-}
-
-// failureSample is the report's sample of the shard's failed items: the
-// first few, bounded (every one is recorded in the ledger database).
-func failureSample(r Report) []v1alpha1.FailureSample {
-	out := make([]v1alpha1.FailureSample, 0, min(len(r.Failures), v1alpha1.MaxShardFailures))
-	for _, f := range r.Failures[:min(len(r.Failures), v1alpha1.MaxShardFailures)] {
-		out = append(out, v1alpha1.FailureSample{Entity: f.Entity, Occurrence: f.Occurrence, Class: f.Class, Error: f.Error})
-	}
-	return v1alpha1.BoundFailures(out)
-}
-
-// Run writes pending updates, at most one per interval, until ctx is done.
-func (s *StatusReporter) Run(ctx context.Context) {
-	var last time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.wake:
-		}
-		if wait := s.interval - time.Since(last); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-		}
-		s.mu.Lock()
-		rep, pending := s.latest, s.pending
-		s.pending = false
-		s.mu.Unlock()
-		if !pending {
-			continue
-		}
-		last = time.Now()
-		if err := s.patch(ctx, rep); err != nil && ctx.Err() == nil {
-			if IsInputError(err) {
-				s.log.Error(err, "status reports stopped")
-				return
-			}
-			s.log.Info("status report not written; the next one carries the same counts", "error", err.Error())
-			s.mu.Lock()
-			if !s.pending { // nothing newer: retry this one
-				s.pending = true
-			}
-			s.mu.Unlock()
-			select {
-			case s.wake <- struct{}{}:
-			default:
-			}
-		}
-	}
-}
-
-// Final writes the final report now, retrying for up to timeout.
-func (s *StatusReporter) Final(ctx context.Context, r Report, message string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	rep := s.report(r, message)
-	policy := Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, MaxAttempts: math.MaxInt, MaxElapsed: timeout}
-	return policy.DoWhile(ctx, "writing the final status report",
-		func(err error) bool { return !IsInputError(err) }, // the pod is another one: retrying cannot help
-		nil, func(int) error { return s.patch(ctx, rep) })
-}
-
-// patch writes rep onto the worker's pod. A pod that is gone, or is another
-// pod of the same name (a force-deleted pod's successor: the UID
-// precondition fails), is an *InputError: retrying cannot help.
-func (s *StatusReporter) patch(ctx context.Context, rep v1alpha1.ShardReport) error {
-	body, err := ProgressPatch(s.env.PodUID, rep)
-	if err != nil {
-		return err
-	}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: s.env.Namespace, Name: s.env.PodName}}
-	err = s.c.Patch(ctx, pod, client.RawPatch(types.MergePatchType, body))
+// podPatchError is the error of a patch of env's pod: a pod that is gone,
+// or is another pod of the same name (a force-deleted pod's successor: the
+// UID precondition fails), is an *InputError: retrying cannot help.
+func podPatchError(err error, env PodEnv) error {
 	switch {
 	case apierrors.IsNotFound(err):
-		return &InputError{Where: "pod " + s.env.PodName, Msg: "is gone: nothing to report onto"}
+		return &InputError{Where: "pod " + env.PodName, Msg: "is gone: nothing to report onto"}
 	case apierrors.IsConflict(err) || uidMismatch(err):
-		return &InputError{Where: "pod " + s.env.PodName, Msg: fmt.Sprintf("is not pod %s any more: another pod took its name", s.env.PodUID)}
+		return &InputError{Where: "pod " + env.PodName, Msg: fmt.Sprintf("is not pod %s any more: another pod took its name", env.PodUID)}
 	case err != nil:
-		return fmt.Errorf("patching pod %s with the shard's report: %w", s.env.PodName, err)
+		return fmt.Errorf("patching pod %s with the shard's report: %w", env.PodName, err)
 	}
 	return nil
 }
@@ -301,25 +174,6 @@ func uidMismatch(err error) bool {
 		}
 	}
 	return false
-}
-
-// ProgressPatch is the JSON merge patch of a worker's report onto its pod:
-// the annotation v1alpha1.AnnotationProgress and, when known, the pod's UID,
-// which the API server checks as a precondition.
-func ProgressPatch(podUID string, rep v1alpha1.ShardReport) ([]byte, error) {
-	val, err := json.Marshal(rep)
-	if err != nil {
-		return nil, fmt.Errorf("encoding the shard's report: %w", err)
-	}
-	meta := map[string]any{"annotations": map[string]string{v1alpha1.AnnotationProgress: string(val)}}
-	if podUID != "" {
-		meta["uid"] = podUID
-	}
-	b, err := json.Marshal(map[string]any{"metadata": meta})
-	if err != nil {
-		return nil, fmt.Errorf("encoding the shard's report: %w", err)
-	}
-	return b, nil
 }
 
 // WriteTerminationMessage writes the final report, as the controller reads
