@@ -178,11 +178,11 @@ bench-growth: ## The worker's items/s on a ledger of 10M and 50M committed rows 
 	go test -run '^$$' -bench '^BenchmarkGrowth$$' -benchtime 1x -timeout 120m ./internal/bench/...
 
 .PHONY: bench-status
-bench-status: envtest-assets ## Writes to the run object and bytes into etcd per second while 1, 16 and 256 shards report (envtest, the real manager), now and with the protocol before.
+bench-status: envtest-assets ## API writes (run, pods, Events), reconciles and how far the counts are behind while 1, 16 and 256 shards report (envtest, the real manager), one reporter per run beside the protocol before.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -run '^$$' -bench '^BenchmarkStatusWrites$$' -benchtime 1x -timeout 60m ./internal/bench/...
 
 .PHONY: bench-runs
-bench-runs: envtest-assets ## One manager, 1,000 runs (most finished): memory, reconcile p50/p99, API requests/s (envtest, the real manager).
+bench-runs: envtest-assets ## One manager, 10,000 runs (most finished): memory, reconcile p50/p99, reconciles and API requests/s, one reporter per run beside the protocol before (envtest, the real manager).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -run '^$$' -bench '^BenchmarkManyRuns$$' -benchtime 1x -timeout 60m ./internal/bench/...
 
 ##@ Generate

@@ -81,9 +81,12 @@
 //
 // The protocol between the controller and its workers (who writes what,
 // reports on the pods, termination messages, counts that never go down) is
-// stated once, in api/v1alpha1/contract.go. What the controller adds: a
-// run of 256 shards costs the API server 256 small pod patches per report
-// interval and one write of the run per StatusInterval; when it creates
+// stated once, in api/v1alpha1/contract.go. What the controller adds: it
+// folds the run reporter's RunReport (every shard's progress, on one pod)
+// and any worker's own ShardReport into the shards' entries (foldRunReports,
+// mergeReports), so a run of 256 shards costs the API server one pod patch
+// per RunReportInterval and at most one write of the run per
+// StatusInterval; when it creates
 // attempt N+1 it records on the new pod (annotation
 // processing.runledger.dev/counts-floor) the field-wise maximum of what the
 // shard had reported so far (earlier floors, the last status report,

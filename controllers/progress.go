@@ -87,7 +87,7 @@ func mergeReports(a, b *v1alpha1.ShardReport) *v1alpha1.ShardReport {
 	if b.ReportTime != nil && (a.ReportTime == nil || b.ReportTime.After(a.ReportTime.Time)) {
 		later, other = b, a
 	}
-	counts := later.ItemCounts.MaxEach(other.ItemCounts)
+	counts := later.MaxEach(other.ItemCounts)
 	if counts == later.ItemCounts && len(later.Failures) >= len(other.Failures) {
 		return later
 	}

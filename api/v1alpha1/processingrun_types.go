@@ -46,7 +46,9 @@ type ProcessingRun struct {
 	Spec ProcessingRunSpec `json:"spec"`
 
 	// status is written by the controller alone; workers report on their
-	// own pods and the controller copies their reports into shards[]. Until
+	// own pods (while a run runs, one of its workers reports every shard's
+	// progress, at most every 4 s) and the controller copies their reports
+	// into shards[]. Until
 	// the controller first writes it, it reads {observedGeneration: 0}: behind metadata.generation,
 	// so kstatus (Flux, cli-utils) and Argo CD
 	// read a new run as in progress, never as done.
@@ -820,12 +822,15 @@ type ShardStatus struct {
 	// attempt of this run (from the worker's report).
 	ItemCounts `json:",inline"`
 	// message is the worker's last word, e.g. its first item error (from the
-	// worker's report).
+	// worker's report; cut to 256 bytes while the shard runs, whole once it
+	// finished).
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	Message string `json:"message,omitempty"`
 	// failures are the shard's first failed items, at most 3, each with its
-	// key and why, cut short (from the worker's report); the shards show 10
+	// key and why, cut short (from the worker's final report, so they
+	// appear once the shard finished; a worker of an earlier release or one
+	// that cannot reach the ledger database shows them earlier); the shards show 10
 	// in all at most, the first shards' in index order. Every failed item
 	// is recorded in the ledger database: status.failedItems lists them.
 	// +optional
@@ -833,7 +838,8 @@ type ShardStatus struct {
 	// +kubebuilder:validation:MaxItems=3
 	Failures []FailureSample `json:"failures,omitempty"`
 	// lastReportTime is when the worker made the report this entry shows
-	// (from the worker's report).
+	// (from the worker's report; while the shard runs, when its worker
+	// published it to the ledger database, to the second).
 	// +optional
 	LastReportTime *metav1.Time `json:"lastReportTime,omitempty"`
 }

@@ -28,7 +28,9 @@ type ProcessingRunApplyConfiguration struct {
 	// spec declares the batch, where its ledger lives and how to run it.
 	Spec *ProcessingRunSpecApplyConfiguration `json:"spec,omitempty"`
 	// status is written by the controller alone; workers report on their
-	// own pods and the controller copies their reports into shards[]. Until
+	// own pods (while a run runs, one of its workers reports every shard's
+	// progress, at most every 4 s) and the controller copies their reports
+	// into shards[]. Until
 	// the controller first writes it, it reads {observedGeneration: 0}: behind metadata.generation,
 	// so kstatus (Flux, cli-utils) and Argo CD
 	// read a new run as in progress, never as done.

@@ -41,15 +41,19 @@ type ShardStatusApplyConfiguration struct {
 	// attempt of this run (from the worker's report).
 	ItemCountsApplyConfiguration `json:""`
 	// message is the worker's last word, e.g. its first item error (from the
-	// worker's report).
+	// worker's report; cut to 256 bytes while the shard runs, whole once it
+	// finished).
 	Message *string `json:"message,omitempty"`
 	// failures are the shard's first failed items, at most 3, each with its
-	// key and why, cut short (from the worker's report); the shards show 10
+	// key and why, cut short (from the worker's final report, so they
+	// appear once the shard finished; a worker of an earlier release or one
+	// that cannot reach the ledger database shows them earlier); the shards show 10
 	// in all at most, the first shards' in index order. Every failed item
 	// is recorded in the ledger database: status.failedItems lists them.
 	Failures []FailureSampleApplyConfiguration `json:"failures,omitempty"`
 	// lastReportTime is when the worker made the report this entry shows
-	// (from the worker's report).
+	// (from the worker's report; while the shard runs, when its worker
+	// published it to the ledger database, to the second).
 	LastReportTime *v1.Time `json:"lastReportTime,omitempty"`
 }
 
