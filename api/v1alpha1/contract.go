@@ -37,7 +37,9 @@ import (
 // upserts its shard's row (its latest counts, attempt and message; an older
 // attempt never overwrites a newer one's), and the live shard with the
 // lowest index (its row not done and written within ReporterStaleSeconds,
-// by the database's clock) is the run's reporter: at most every
+// by the database's clock) is the run's reporter (a shard other than 0 only
+// once it has published for RunReportInterval, so that the lower shards
+// starting about when it does are on the board first): at most every
 // RunReportInterval, and only when something changed, it writes on its own
 // pod a RunReport, every shard's row as a ShardReport (reportTime: when the
 // row was written, message cut to MaxRunReportMessageBytes, no failures).
@@ -56,11 +58,11 @@ import (
 // run at most once per status interval whatever the number of shards (as
 // Argo Workflows' executors report on their pods).
 //
-// Final report. At exit the worker marks its row done with its final counts
-// and writes its final ShardReport to TerminationMessagePath (see
-// Termination); it patches that report onto its pod too only when the
-// termination message could not hold it whole (a message or failures cut).
-// The final report, not the RunReport, is the truth for a finished shard.
+// Final report. At exit the worker marks its row done with its final counts,
+// patches its final ShardReport onto its pod (one write per shard and
+// attempt, as the pod's own creation and phase changes are) and writes it
+// to TerminationMessagePath (see Termination). The final report, not the
+// RunReport, is the truth for a finished shard.
 //
 // Status. The controller is the only writer of the run's status (field
 // manager ControllerFieldManager, server-side apply on the status
@@ -72,10 +74,11 @@ import (
 // Termination. At exit the worker writes the JSON of its final ShardReport to
 // TerminationMessagePath (see ShardReport.TerminationMessage) and exits with
 // one of the Exit* codes. The controller takes a finished shard's counts,
-// message and failures from that message, and never lets a shard's counts go down while a new
-// attempt catches up: during an attempt it shows, per field, the maximum of
-// what earlier attempts last reported and what the current one reports; once
-// the shard is finished it shows the final report's exact numbers.
+// message and failures from that message, and never lets a shard's counts
+// go down while a new attempt catches up: during an attempt it shows, per
+// field, the maximum of what earlier attempts last reported and what the
+// current one reports; once the shard is finished it shows the final
+// report's exact numbers.
 const (
 	// EnvRunNamespace is the namespace of the run.
 	EnvRunNamespace = "RUNLEDGER_RUN_NAMESPACE"

@@ -3,6 +3,9 @@ package bench
 import (
 	"testing"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/runledger/runledger/internal/pgtest"
 )
 
@@ -12,5 +15,7 @@ import (
 // measurement's rows during the next one's timed run (on 2 shared cores that
 // decided ratios by more than the code under test did).
 func TestMain(m *testing.M) {
+	// The simulated workers' clients log nothing worth reading.
+	ctrllog.SetLogger(logr.Discard())
 	pgtest.Main(m, pgtest.Durable, pgtest.Setting("autovacuum", "off"))
 }
