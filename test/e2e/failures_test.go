@@ -3,12 +3,16 @@
 package e2e
 
 import (
+	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli"
 )
 
 // TestRetryFailedItems: a run whose effect fails for some keys (a CHECK
@@ -74,5 +78,43 @@ func TestRetryFailedItems(t *testing.T) {
 	require.EqualValues(t, 20, f.int(`SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND entity ~ '7$'`, rid), "the retry committed the failed keys and no other")
 	require.Zero(t, f.int(`SELECT count(*) FROM runledger.item_failure WHERE run_uid = $1`, rid))
 	require.EqualValues(t, 180, f.committedRows(uid), "the first run's rows, untouched")
-	f.requireExactlyOnce(200)
+
+	// An inline run over acct-191..210 (acct-195's amount changed): its
+	// already handled items, which the ledger database does not keep, are
+	// listed from its manifest as kubectl prints it.
+	again := f.newRun("again", runSpec{workers: 2, chunk: 5, batch: inlineItems(191, 210)})
+	again.Spec.Batch.Items[4].Payload = &apiextensionsv1.JSON{Raw: []byte(`{"amount":9999}`)}
+	require.NoError(t, f.c.Create(f.ctx, again))
+	again = f.waitComplete(again.Name, runTimeout)
+	require.Equal(t, counts{Total: 20, Completed: 10, AlreadyHandled: 10}, countsOf(again))
+	require.EqualValues(t, 1, again.Status.PayloadChanged)
+	manifest, err := f.kubectl("get", "prun", "again", "-o", "yaml")
+	require.NoError(t, err)
+	var out, stderr bytes.Buffer
+	cmd := cli.NewRootCommand()
+	cmd.SetArgs([]string{"items", "again", "-n", f.ns, "-f", "-", "--already-handled", "--output", "jsonl", "--dsn", f.dsn})
+	cmd.SetIn(strings.NewReader(manifest))
+	cmd.SetOut(&out)
+	cmd.SetErr(&stderr)
+	require.NoError(t, cmd.ExecuteContext(f.ctx), "stderr:\n%s", stderr.String())
+	holders := map[string]string{}
+	changed := []string{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var it struct {
+			Entity, Verdict string
+			HeldBy          struct{ Name string }
+			PayloadChanged  bool
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &it), line)
+		require.Equal(t, "AlreadyHandled", it.Verdict)
+		holders[it.Entity] = it.HeldBy.Name
+		if it.PayloadChanged {
+			changed = append(changed, it.Entity)
+		}
+	}
+	require.Len(t, holders, 10, "acct-191..200:\n%s", out.String())
+	require.Equal(t, "retry", holders["acct-197"], "the retry committed acct-197")
+	require.Equal(t, "first", holders["acct-191"])
+	require.Equal(t, []string{"acct-195"}, changed, "as status.payloadChanged counts")
+	f.requireExactlyOnce(210)
 }
