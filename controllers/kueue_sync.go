@@ -96,11 +96,7 @@ func (r *Reconciler) syncQueue(ctx context.Context, s *scope) error {
 		return err
 	}
 	if prob != nil {
-		s.stalled = prob
-		for i := range s.shards {
-			s.shards[i].create = nil
-		}
-		s.requeueIn(r.DependencyRetry)
+		s.stallStart(prob, r.DependencyRetry)
 		return nil
 	}
 	s.queue.placement = p

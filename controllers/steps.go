@@ -170,13 +170,19 @@ func (r *Reconciler) checkDependencies(ctx context.Context, s *scope) error {
 		return err
 	}
 	if p != nil {
-		s.stalled = p
-		for i := range s.shards {
-			s.shards[i].create = nil
-		}
-		s.requeueIn(r.DependencyRetry)
+		s.stallStart(p, r.DependencyRetry)
 	}
 	return nil
+}
+
+// stallStart records p as why no pod starts, creates none in this pass and
+// looks again after retry.
+func (s *scope) stallStart(p *problem, retry time.Duration) {
+	s.stalled = p
+	for i := range s.shards {
+		s.shards[i].create = nil
+	}
+	s.requeueIn(retry)
 }
 
 func (r *Reconciler) dependencyProblem(ctx context.Context, run *v1alpha1.ProcessingRun) (*problem, error) {
