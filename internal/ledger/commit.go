@@ -397,7 +397,7 @@ func (c *claimer) attribute(ctx context.Context, skipped []Item) error {
 		for j, it := range skipped {
 			keys[j] = it.Key
 		}
-		rows, err = queryHolders(ctx, c.tx, sqlHoldersSupersede, keys, c.run.UID)
+		rows, err = queryHolders(ctx, c.tx, sqlHolders, keys, c.run.UID)
 	} else {
 		entities, occurrences, payloads := columns(skipped)
 		if rows, err = c.tx.Query(ctx, sqlHoldersPayload, entities, occurrences, payloads, c.run.UID); err != nil {

@@ -13,7 +13,6 @@ var (
 	SQLHoldersPayload   = sqlHoldersPayload
 	SQLPreload          = sqlPreload
 	SQLSupersede        = sqlSupersede
-	SQLHoldersSupersede = sqlHoldersSupersede
 	SQLFixQueryBatch    = sqlFixQueryBatch
 	SQLBatchCursor      = sqlBatchCursorQuery
 	SQLBatchWorkMem     = sqlBatchWorkMem

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
-	"github.com/runledger/runledger/internal/ledger/ledgertest"
 	"github.com/runledger/runledger/internal/pgtest"
 )
 
@@ -28,7 +27,7 @@ func TestMigrate_RuleRebuildWhileAShardReads(t *testing.T) {
 	defer cancel()
 
 	// A ledger as a release before 00005 left it, with rows.
-	ledgertest.DownTo(t, pool, 4)
+	downToForThisRelease(t, pool, 4)
 	s := ledger.NewStore(pool)
 	commit(t, s, runNamed("earlier"), items("e", 0, 50), ledger.ChunkOptions{})
 

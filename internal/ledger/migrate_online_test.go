@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -51,7 +53,7 @@ func migrateWhileAShardRuns(t *testing.T, version int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	// The ledger as the release before this migration left it, with rows.
-	provider := ledgertest.DownTo(t, pool, version-1)
+	provider := downToForThisRelease(t, pool, version-1)
 	s := ledger.NewStore(pool)
 	commit(t, s, runNamed("earlier"), items("e", 0, 200), ledger.ChunkOptions{})
 
@@ -108,4 +110,23 @@ func migrateWhileAShardRuns(t *testing.T, version int64) {
 	t.Logf("migration %05d: %s with a shard running; %d chunks, the slowest %s", version, migrated, chunks, worst)
 	_, _, err = cur.Fetch(ctx, 5)
 	require.NoError(t, err, "the shard's cursor reads on")
+}
+
+// retiredKeysMigration creates runledger.ledger_retired.
+const retiredKeysMigration = 9
+
+// downToForThisRelease is ledgertest.DownTo(version) for a test that runs
+// this release's statements on the older ledger, as a stand-in for that
+// release's shard: they read a run's retired keys (00009), so on a ledger
+// before it the table stands in, empty, as 00009 creates it (IF NOT
+// EXISTS). A worker migrates its ledger before it runs, so never meets one.
+func downToForThisRelease(t *testing.T, pool *pgxpool.Pool, version int64) *goose.Provider {
+	t.Helper()
+	provider := ledgertest.DownTo(t, pool, version)
+	if version < retiredKeysMigration {
+		mustExec(t, pool, `CREATE TABLE runledger.ledger_retired (
+    run_uid text NOT NULL, occurrence text NOT NULL, entity text NOT NULL,
+    PRIMARY KEY (run_uid, occurrence, entity))`)
+	}
+	return provider
 }

@@ -56,7 +56,7 @@ copied AS (
 // The answer is kept small on purpose: the positions of the skipped keys,
 // grouped by the run that holds them (measured against the alternatives in
 // docs/insert-path.md).
-const (
+var (
 	sqlClaim = claimWith + claimInsert + `
 )` + claimResult
 	// With the effect, the inserted rows are also copied into "claimed". (A
@@ -67,15 +67,15 @@ const (
 )` + copyClaimed + claimResult
 	claimWith = `
 WITH k AS (
-    SELECT k.n, k.entity, k.occurrence, k.payload, h.run_uid AS holder,
-           CASE WHEN h.run_uid <> $6 THEN ` + sqlPayloadChanged + ` END AS changed
+    SELECT k.n, k.entity, k.occurrence, k.payload, ` + heldFor("$6") + ` AS holder,
+           CASE WHEN ` + othersRow("$6") + ` THEN ` + sqlPayloadChanged + ` END AS changed
     FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(entity, occurrence, payload, n)
     LEFT JOIN LATERAL (
         SELECT l.run_uid, l.payload
         FROM ` + Schema + `.ledger AS l
         WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
         LIMIT 1
-    ) AS h ON true
+    ) AS h ON true` + ownRetired("$6", "k") + `
 ),`
 	claimInsert = `
 ins AS (
@@ -410,8 +410,10 @@ SELECT entity, occurrence, NULL FROM k WHERE mine`
 // migrations/00004_take_back.sql. It returns the rows deleted.
 const sqlTakeBack = `SELECT ` + Schema + `.ledger_take_back($1::text[], $2::text[], $3::bigint[])`
 
-// sqlHolders says which committed rows hold the given keys, and whose they are.
-// It serves both the preload and the attribution of keys the insert skipped.
+// sqlHolders says which committed rows hold the given keys, and whose they
+// are for run $3 (heldFor: a key the run committed itself is the run's, even
+// if another run's Supersede retired that row since). It serves the preload
+// and the attribution of keys a Supersede run's insert skipped.
 //
 // It probes the rule's index once per key: its cost follows the number of keys
 // asked, never the size of the ledger. The LATERAL subquery with LIMIT 1 (the
@@ -420,29 +422,31 @@ const sqlTakeBack = `SELECT ` + Schema + `.ledger_take_back($1::text[], $2::text
 // keys is planned as a hash join over a sequential scan of the whole ledger
 // once the chunk is a sizeable fraction of the table, which made attribution
 // cost as much as the insert itself.
-const sqlHolders = `
-SELECT k.entity, k.occurrence, h.run_uid
+var sqlHolders = `
+SELECT k.entity, k.occurrence, ` + heldFor("$3") + `
 FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
 CROSS JOIN LATERAL (
     SELECT l.run_uid
     FROM ` + Schema + `.ledger AS l
     WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
     LIMIT 1
-) AS h`
+) AS h` + ownRetired("$3", "k")
 
-// sqlHoldersPayload is sqlHolders for the keys the arbiter's insert skipped
-// ($3 their payloads, $4 the run's uid), with whether the payload of the
-// holding row of another run differs (sqlPayloadChanged; NULL for the run's
-// own rows). The insert cast every payload already.
-const sqlHoldersPayload = `
-SELECT k.entity, k.occurrence, h.run_uid, CASE WHEN h.run_uid <> $4 THEN ` + sqlPayloadChanged + ` END` + sqlHoldingRowsPayload
+// sqlHoldersPayload is sqlHolders for the keys a Skip run's arbiter insert
+// skipped ($3 their payloads, $4 the run's uid), with whether the payload
+// of the holding row of another run differs (sqlPayloadChanged; NULL for
+// the run's own rows). The insert cast every payload already.
+var sqlHoldersPayload = `
+SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlPayloadChanged + ` END` +
+	sqlHoldingRowsPayload + ownRetired("$4", "k")
 
-// sqlPreload is sqlHolders for the preload of items ($3 their payloads),
-// with what their text says of the holding row's payload
-// (sqlPayloadSameText): it runs before any item is validated by the
-// database, so it casts nothing.
-const sqlPreload = `
-SELECT k.entity, k.occurrence, h.run_uid, ` + sqlPayloadSameText + sqlHoldingRowsPayload
+// sqlPreload is sqlHolders for the preload of run $4's items ($3 their
+// payloads), with what their text says of the holding row's payload
+// (sqlPayloadSameText, NULL for the run's own rows): it runs before any
+// item is validated by the database, so it casts nothing.
+var sqlPreload = `
+SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlPayloadSameText + ` END` +
+	sqlHoldingRowsPayload + ownRetired("$4", "k")
 
 // sqlHoldingRowsPayload is the FROM of sqlHoldersPayload and sqlPreload:
 // sqlHolders' one probe of the rule's index per key, with the holding row's
@@ -455,6 +459,32 @@ CROSS JOIN LATERAL (
     WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
     LIMIT 1
 ) AS h`
+
+// A key a run committed itself is the run's own work, done, whoever's row
+// holds it now: another run's Supersede may have retired the run's row
+// since (ledger_retired records it, migrations/00009), and within one run
+// each key is processed at most once. So every lookup of a key's holder for
+// a run (the claim, the preload, the arbiter's attribution, a batch's
+// cursor, the already handled items of a run) reads the holder through
+// heldFor: the run's own uid for such a key, else the committed row's
+// (h.run_uid). ownRetired joins what it needs, as m.own: one probe of
+// ledger_retired's primary key per key (k) another run's row holds, none
+// for a key no row or the run's own row holds (the condition on h gates the
+// probe, in a subquery the LIMIT keeps from being flattened). othersRow is
+// true for a key another run's row holds that is not the run's own.
+func ownRetired(run, k string) string {
+	return `
+LEFT JOIN LATERAL (
+    SELECT true AS own
+    FROM ` + Schema + `.ledger_retired AS r
+    WHERE h.run_uid <> ` + run + ` AND r.run_uid = ` + run + ` AND r.occurrence = ` + k + `.occurrence AND r.entity = ` + k + `.entity
+    LIMIT 1
+) AS m ON true`
+}
+
+func heldFor(run string) string { return `CASE WHEN m.own THEN ` + run + ` ELSE h.run_uid END` }
+
+func othersRow(run string) string { return `h.run_uid <> ` + run + ` AND m.own IS NULL` }
 
 // sqlPayloadChanged says whether an item's payload (k.payload, text sent by
 // the worker) differs from the committed row's (h.payload, jsonb): jsonb
@@ -478,26 +508,6 @@ const (
 	sqlBatchPayloadSameText = `CASE WHEN coalesce(h.payload::text, 'null') = coalesce(b.payload, 'null') THEN false
             WHEN b.payload IS NULL THEN nullif(h.payload, 'null'::jsonb) IS NOT NULL END`
 )
-
-// sqlHoldersSupersede is sqlHolders for a Supersede run $3: a key this run
-// has ever committed (its committed row, or one retired since: see
-// sqlSupersede) is held by the run itself, whoever holds its committed row
-// now.
-const sqlHoldersSupersede = `
-SELECT k.entity, k.occurrence, CASE WHEN r.one IS NOT NULL THEN $3 ELSE h.run_uid END
-FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
-CROSS JOIN LATERAL (
-    SELECT l.run_uid
-    FROM ` + Schema + `.ledger AS l
-    WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
-    LIMIT 1
-) AS h
-LEFT JOIN LATERAL (
-    SELECT 1 AS one
-    FROM ` + Schema + `.ledger_retired AS r
-    WHERE r.run_uid = $3 AND r.occurrence = k.occurrence AND r.entity = k.entity
-    LIMIT 1
-) AS r ON true`
 
 // Migrate's statements. The advisory lock is session-level: goose runs each
 // migration in a transaction of its own, all under the one lock; behind a
@@ -586,18 +596,6 @@ ON CONFLICT (run_uid) DO NOTHING`
 	// comparisons save (docs/insert-path.md).
 	sqlBatchCursorNoJIT = `SET LOCAL jit = off`
 
-	// sqlDeclareBatchCursor declares the cursor over shard $2 of batch $1:
-	// the items of the shard's blocks in key order (byte order, NULL key
-	// parts first, repeats of a key in query order), after the first $3,
-	// each with the run holding its key if any (the preload, one probe of
-	// the rule's index per row as in sqlHolders) and, for another run's
-	// ($4 is the reading run), whether the payloads match, as of the
-	// declaring transaction. The batch is fixed and seq breaks every tie, so the
-	// order is the same on every open and OFFSET resumes exactly where a
-	// lost connection stopped. The sort and the OFFSET sit in a subquery so
-	// that skipped rows are never probed; the outer ORDER BY is the
-	// subquery's, which the planner keeps without sorting again.
-	sqlDeclareBatchCursor = `DECLARE ` + batchCursor + ` SCROLL CURSOR WITH HOLD FOR ` + sqlBatchCursorQuery
 	// sqlMaterialiseBatchCursor computes the cursor's every row (its sort
 	// and probes) under the statement bound, and sqlRewindBatchCursor goes
 	// back before the first: the COMMIT that makes it holdable runs with no
@@ -610,24 +608,6 @@ ON CONFLICT (run_uid) DO NOTHING`
 	// (the only cursor a session of the ledger has: CLOSE of a name that is
 	// not open fails).
 	sqlCloseBatchCursor = `CLOSE ALL`
-	sqlBatchCursorQuery = `
-SELECT b.seq, b.entity, b.occurrence, b.payload, h.run_uid,
-       CASE WHEN h.run_uid <> $4 THEN ` + sqlBatchPayloadSameText + ` END
-FROM (
-    SELECT u.seq, u.entity, u.occurrence, u.payload
-    FROM ` + Schema + `.batch AS k
-    CROSS JOIN LATERAL unnest(k.seqs, k.entities, k.occurrences, k.payloads) AS u(seq, entity, occurrence, payload)
-    WHERE k.batch_id = $1 AND k.shard = $2
-    ORDER BY u.entity COLLATE "C" NULLS FIRST, u.occurrence COLLATE "C" NULLS FIRST, u.seq
-    OFFSET $3
-) AS b
-LEFT JOIN LATERAL (
-    SELECT l.run_uid, l.payload
-    FROM ` + Schema + `.ledger AS l
-    WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
-    LIMIT 1
-) AS h ON true
-ORDER BY b.entity COLLATE "C" NULLS FIRST, b.occurrence COLLATE "C" NULLS FIRST, b.seq`
 
 	// sqlPruneCandidates lists the runs whose batch was created before $1
 	// and is not pruned yet, oldest first, with their shard counts.
@@ -661,7 +641,43 @@ WITH old AS (
 ), progress AS (
     DELETE FROM ` + Schema + `.shard_progress AS p WHERE p.run_uid = $1 AND EXISTS (SELECT FROM old)
 )
+
 SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone), (SELECT count(*) FROM failures)`
+)
+
+// The batch cursor's query reads holders through heldFor, which is not a
+// constant.
+var (
+	// sqlDeclareBatchCursor declares the cursor over shard $2 of batch $1:
+	// the items of the shard's blocks in key order (byte order, NULL key
+	// parts first, repeats of a key in query order), after the first $3,
+	// each with the run holding its key if any (the preload, one probe of
+	// the rule's index per row as in sqlHolders) and, for another run's
+	// ($4 is the reading run), whether the payloads match, as of the
+	// declaring transaction. The batch is fixed and seq breaks every tie, so the
+	// order is the same on every open and OFFSET resumes exactly where a
+	// lost connection stopped. The sort and the OFFSET sit in a subquery so
+	// that skipped rows are never probed; the outer ORDER BY is the
+	// subquery's, which the planner keeps without sorting again.
+	sqlDeclareBatchCursor = `DECLARE ` + batchCursor + ` SCROLL CURSOR WITH HOLD FOR ` + sqlBatchCursorQuery
+	sqlBatchCursorQuery   = `
+SELECT b.seq, b.entity, b.occurrence, b.payload, ` + heldFor("$4") + `,
+       CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlBatchPayloadSameText + ` END
+FROM (
+    SELECT u.seq, u.entity, u.occurrence, u.payload
+    FROM ` + Schema + `.batch AS k
+    CROSS JOIN LATERAL unnest(k.seqs, k.entities, k.occurrences, k.payloads) AS u(seq, entity, occurrence, payload)
+    WHERE k.batch_id = $1 AND k.shard = $2
+    ORDER BY u.entity COLLATE "C" NULLS FIRST, u.occurrence COLLATE "C" NULLS FIRST, u.seq
+    OFFSET $3
+) AS b
+LEFT JOIN LATERAL (
+    SELECT l.run_uid, l.payload
+    FROM ` + Schema + `.ledger AS l
+    WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
+    LIMIT 1
+) AS h ON true` + ownRetired("$4", "b") + `
+ORDER BY b.entity COLLATE "C" NULLS FIRST, b.occurrence COLLATE "C" NULLS FIRST, b.seq`
 )
 
 // sqlBeforeBatchQuery prepares the materialising transaction: its work_mem,
@@ -965,7 +981,8 @@ ORDER BY entity COLLATE "C", occurrence COLLATE "C"`
 	// items i(entity, occurrence, payload): their distinct keys whose
 	// committed row another run than $1 wrote (one probe of the rule's index
 	// each), but not those run $1 failed (their verdict there is Failed: one
-	// probe of item_failure's key each), with whether a copy's payload
+	// probe of item_failure's key each) nor those it committed itself
+	// (another run's Supersede retired its row since: heldFor), with whether a copy's payload
 	// differs from that row's now (as the claim compares:
 	// sqlBatchPayloadSameText, else sqlPayloadChanged, reached only by a
 	// payload the claim cast).
@@ -990,6 +1007,9 @@ JOIN LATERAL (
 WHERE NOT EXISTS (
     SELECT FROM ` + Schema + `.item_failure AS f
     WHERE f.run_uid = $1 AND f.entity = k.entity AND f.occurrence = k.occurrence
+) AND NOT EXISTS (
+    SELECT FROM ` + Schema + `.ledger_retired AS r
+    WHERE r.run_uid = $1 AND r.occurrence = k.occurrence AND r.entity = k.entity
 )
 ORDER BY k.entity COLLATE "C", k.occurrence COLLATE "C"`
 

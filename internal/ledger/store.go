@@ -283,7 +283,7 @@ func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key
 		return out, nil
 	}
 	entities, occurrences := keyColumns(keys)
-	err := s.preload(ctx, sqlHolders, []any{entities, occurrences}, func(rows pgx.Rows) error {
+	err := s.preload(ctx, sqlHolders, []any{entities, occurrences, runUID}, func(rows pgx.Rows) error {
 		var k Key
 		var uid []byte
 		_, err := pgx.ForEachRow(rows, []any{&k.Entity, &k.Occurrence, &uid}, func() error {
@@ -341,7 +341,7 @@ func (s *Store) PreloadItems(ctx context.Context, runUID string, items []Item) (
 		return out, nil
 	}
 	entities, occurrences, payloads := columns(items)
-	err := s.preload(ctx, sqlPreload, []any{entities, occurrences, payloads}, func(rows pgx.Rows) error {
+	err := s.preload(ctx, sqlPreload, []any{entities, occurrences, payloads, runUID}, func(rows pgx.Rows) error {
 		var k Key
 		var uid []byte
 		var match *bool
@@ -377,8 +377,7 @@ func (s *Store) preload(ctx context.Context, lookup string, args []any, read fun
 	return s.pool.SendBatch(ctx, b).Close()
 }
 
-// queryHolders runs holders (sqlHolders, or sqlHoldersSupersede with the
-// run's uid in args) for keys: rows of (entity, occurrence, run_uid) for the
+// queryHolders runs holders (sqlHolders, with the run's uid in args) for keys: rows of (entity, occurrence, run_uid) for the
 // keys a committed row holds.
 func queryHolders(ctx context.Context, db dbtx, holders string, keys []Key, args ...any) (pgx.Rows, error) {
 	entities, occurrences := keyColumns(keys)

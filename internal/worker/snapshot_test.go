@@ -102,8 +102,8 @@ func TestLongShardHoldsNoSnapshot(t *testing.T) {
 	require.NoError(t, rep.Err)
 	require.True(t, rep.Done)
 	require.EqualValues(t, 3000, rep.Completed)
-	require.Greater(t, samples, int64(50), "sampled all along")
-	require.Positive(t, holding, "a snapshot seen at least once: the samples see the worker's sessions")
+	require.Greater(t, samples, int64(20), "sampled all along")
+	require.Greater(t, len(spans), 10, "snapshots seen in many transactions: the samples see the worker's sessions")
 	var widest int64
 	for _, s := range spans {
 		widest = max(widest, s.last-s.first)
