@@ -51,6 +51,14 @@ const (
 // what a user would look at) for debugging.
 func newFixture(t *testing.T, name string, sleepPerChunk float64) *fixture {
 	t.Helper()
+	return newFixtureOf(t, name, sleepPerChunk, true)
+}
+
+// newFixtureOf is newFixture; with migrate false its ledger database is left
+// empty (no migration, no effect role), for the workers of a release to
+// migrate it as theirs do at start.
+func newFixtureOf(t *testing.T, name string, sleepPerChunk float64, migrate bool) *fixture {
+	t.Helper()
 	e := setup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	suffix := randSuffix()
@@ -59,7 +67,9 @@ func newFixture(t *testing.T, name string, sleepPerChunk float64) *fixture {
 	f.dsn = e.createDatabase(t, f.db)
 	_, err := e.sql(ctx, f.dsn, fmt.Sprintf(sinkSchema, sleepPerChunk))
 	require.NoError(t, err, "sink schema")
-	sandboxEffects(t, f.dsn)
+	if migrate {
+		sandboxEffects(t, f.dsn)
+	}
 
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns, Labels: map[string]string{
 		"pod-security.kubernetes.io/enforce": "restricted", "runledger.dev/e2e": "true",

@@ -175,52 +175,100 @@ make -s -C %[2]q push IMG=%[5]q INSECURE=1 PLATFORMS=linux/amd64 VERSION=%[6]s C
 }
 
 // TestUpgradeWithRunInFlight: the previous release is installed
-// (dist/install.yaml built from its commit), a long run starts, and the
-// README's upgrade steps (push, migrate, render, apply) bring the current
-// code while it runs: the run completes with exact counts, no item
-// committed or effected twice.
+// (dist/install.yaml built from its commit) and a long run starts, its
+// workers migrating its ledger to the previous release's schema as they do
+// at start; then the README's documented steps bring the current code while
+// the run goes on, and the run completes with exact counts, no item
+// committed or effected twice. Two ways, each from the previous release:
+// the manifest's upgrade (push, migrate, render, apply), and the move to
+// the Helm chart (push, migrate, CRD, helm upgrade --install
+// --take-ownership: the previous release had no chart). Both migrate the
+// ledger from the previous release's schema to this one's while the
+// previous release's workers commit (the migrations after 00005 are
+// online).
 func TestUpgradeWithRunInFlight(t *testing.T) {
 	e := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
 	root := repoRoot(t)
 	registry, err := exec.CommandContext(ctx, e.clusterSh, "registry").Output()
 	require.NoError(t, err, "hack/cluster.sh registry")
 	reg := strings.TrimSpace(string(registry))
-	upgrade := readmeUpgrade(t)
 
 	prev, prevRef := buildPrevious(ctx, t, reg)
 	t.Logf("the previous release %s (%s): %s", previousReleaseVersion, previousRelease[:7], prevRef)
-	e.uninstallManifest(ctx, t)
+	// What the upgrade builds, built once before the runs start, so that
+	// the upgrade itself takes as long as it does with a warm build cache.
+	shell(ctx, t, root, fmt.Sprintf("make -s push IMG=%q INSECURE=1 >&2 && make -s build && make -s helm >&2", reg+"/runledger:dev"))
 	e.reinstallAfter(t)
+
+	t.Run("manifest", func(t *testing.T) {
+		upgradeWithRunInFlight(ctx, t, e, prev, prevRef, "upgrade", readmeUpgrade(t), "")
+	})
+	t.Run("helm", func(t *testing.T) {
+		blocks := readmeSection(t, "readme-helm-adopt")
+		require.Len(t, blocks, 1, "the README's move of an install to the chart: one block")
+		path := "PATH=" + helmOnPath(ctx, t) + ":" + os.Getenv("PATH")
+		t.Cleanup(func() {
+			// The chart's release goes (reinstallAfter puts the manifest
+			// back): later tests install the chart afresh.
+			c, stop := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer stop()
+			shell(c, t, root, "helm uninstall runledger --namespace runledger-system --wait", path)
+		})
+		upgradeWithRunInFlight(ctx, t, e, prev, prevRef, "upgrade-helm", blocks[0], path)
+		out, err := e.kubectlRun(ctx, "get", "deployment", "-n", systemNamespace, managerName, "-o", "jsonpath={.metadata.annotations.meta\\.helm\\.sh/release-name}")
+		require.NoError(t, err, out)
+		require.Equal(t, "runledger", out, "the manager is the chart's release's")
+	})
+}
+
+// upgradeWithRunInFlight installs the previous release's manifest, starts a
+// long run on a ledger its workers migrate, runs steps (a README block) and
+// checks the run goes on under the new manager to exact counts.
+func upgradeWithRunInFlight(ctx context.Context, t *testing.T, e *env, prev, prevRef, name, steps string, env ...string) {
+	root := repoRoot(t)
+	registry, err := exec.CommandContext(ctx, e.clusterSh, "registry").Output()
+	require.NoError(t, err, "hack/cluster.sh registry")
+	reg := strings.TrimSpace(string(registry))
+	// What installed runledger goes first (the harness's install, or the
+	// last subtest's): the previous release is installed the way its users
+	// did.
+	e.uninstallManifest(ctx, t)
 	out, err := e.kubectlRun(ctx, "apply", "-f", filepath.Join(prev, "dist", "install.yaml"))
 	require.NoError(t, err, out)
 	out, err = e.kubectlRun(ctx, "-n", systemNamespace, "rollout", "status", "deployment/"+managerName, "--timeout=180s")
 	require.NoError(t, err, out)
-
-	// What the upgrade builds, built once before the run starts, so that
-	// the upgrade itself takes as long as it does with a warm build cache.
-	shell(ctx, t, root, fmt.Sprintf("make -s push IMG=%q INSECURE=1 >&2 && make -s build", reg+"/runledger:dev"))
-
-	// 3000 items in chunks of 10 over 3 shards, a second and a half per
-	// chunk: minutes of work, longer than the upgrade.
-	f := newFixture(t, "upgrade", 1.5)
-	run := f.createRun("upgrade", runSpec{workers: 3, chunk: 10, batch: queryBatch(1, 3000, 0)})
-	f.waitRowsOfShard(run, 0, 10)
 	prevDigest := prevRef[strings.Index(prevRef, "@"):]
+	pods, err := e.managerPods(ctx)
+	require.NoError(t, err)
+	for name, p := range pods {
+		if p.DeletionTimestamp == nil {
+			require.True(t, strings.HasSuffix(p.Spec.Containers[0].Image, prevDigest), "manager pod %s runs the previous release", name)
+		}
+	}
+
+	// 4500 items in chunks of 10 over 3 shards, two seconds per chunk:
+	// five minutes of work, longer than the upgrade.
+	f := newFixtureOf(t, name, 2, false)
+	run := f.createRun(name, runSpec{workers: 3, chunk: 10, batch: queryBatch(1, 4500, 0)})
+	f.waitRowsOfShard(run, 0, 10)
 	for _, p := range f.runPods(f.get(run.Name)) {
 		require.True(t, strings.HasSuffix(p.Spec.Containers[0].Image, prevDigest), "the previous release's workers: %s", p.Spec.Containers[0].Image)
 	}
+	const schemaVersion = `SELECT max(version_id) FROM runledger.goose_db_version WHERE is_applied`
+	require.EqualValues(t, previousReleaseSchema, f.int(schemaVersion), "the previous release's workers migrated the ledger to its schema")
 
-	// The README's upgrade, word for word, against this test's database.
+	// The README's steps, word for word, against this test's database.
 	settings := fmt.Sprintf("IMG=%q\nDSN=%q\nexport INSECURE=1 # the cluster's registry speaks plain HTTP\n", reg+"/runledger:dev", f.dsn)
 	started := time.Now()
-	out = shell(ctx, t, root, settings+upgrade)
-	t.Logf("the README's upgrade (%.0fs):\n%s", time.Since(started).Seconds(), out)
+	out = shell(ctx, t, root, settings+steps, env...)
+	t.Logf("the README's steps (%.0fs):\n%s", time.Since(started).Seconds(), out)
 	mid := f.get(run.Name)
 	require.False(t, isTrue(mid, v1alpha1.ConditionComplete) || isTrue(mid, v1alpha1.ConditionFailed),
 		"the run was still going when the new manager took over (else make the batch slower): %s", statusLine(mid))
-	pods, err := e.managerPods(ctx)
+	require.EqualValues(t, latestMigration(t), f.int(schemaVersion), "the README's migrate brought the ledger to this release's schema, with the run in flight")
+	pods, err = e.managerPods(ctx)
 	require.NoError(t, err)
 	for name, p := range pods {
 		if p.DeletionTimestamp == nil {
@@ -229,10 +277,29 @@ func TestUpgradeWithRunInFlight(t *testing.T) {
 	}
 
 	run = f.waitComplete(run.Name, 2*runTimeout)
-	require.Equal(t, counts{Total: 3000, Completed: 3000}, countsOf(run))
+	require.Equal(t, counts{Total: 4500, Completed: 4500}, countsOf(run))
 	f.requireShardsAddUp(run)
-	require.EqualValues(t, 3000, f.committedRows(string(run.UID)))
-	f.requireExactlyOnce(3000)
+	require.EqualValues(t, 4500, f.committedRows(string(run.UID)))
+	f.requireExactlyOnce(4500)
+}
+
+// previousReleaseSchema is the last migration of the previous release.
+const previousReleaseSchema = 6
+
+// latestMigration is the last migration of this checkout.
+func latestMigration(t *testing.T) int64 {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(repoRoot(t), "migrations", "*.sql"))
+	require.NoError(t, err)
+	var last int64
+	for _, f := range files {
+		var v int64
+		_, err := fmt.Sscanf(filepath.Base(f), "%05d_", &v)
+		require.NoError(t, err, f)
+		last = max(last, v)
+	}
+	require.Positive(t, last)
+	return last
 }
 
 // readmeUpgrade is the README install section's upgrade block (the sh
