@@ -248,9 +248,18 @@ func upgradeWithRunInFlight(ctx context.Context, t *testing.T, e *env, prev, pre
 		}
 	}
 
-	// 4500 items in chunks of 10 over 3 shards, two seconds per chunk:
-	// five minutes of work, longer than the upgrade.
-	f := newFixtureOf(t, name, 2, false)
+	// 4500 items in chunks of 10 over 3 shards, four seconds per chunk
+	// (pace): ten minutes of work at most, longer than the upgrade's steps
+	// take on the CI's 2-core machine (five and a half: they build the
+	// image twice), and the rest goes at full pace once they are done.
+	f := newFixtureOf(t, name, 4, false)
+	_, err = e.sql(ctx, f.dsn, `
+CREATE TABLE pace (seconds float8 NOT NULL);
+INSERT INTO pace VALUES (4);
+GRANT SELECT ON pace TO runledger_effect;
+CREATE OR REPLACE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM pg_sleep((SELECT seconds FROM public.pace)); RETURN NULL; END $$;`)
+	require.NoError(t, err, "the sink's pace")
 	run := f.createRun(name, runSpec{workers: 3, chunk: 10, batch: queryBatch(1, 4500, 0)})
 	f.waitRowsOfShard(run, 0, 10)
 	for _, p := range f.runPods(f.get(run.Name)) {
@@ -275,6 +284,8 @@ func upgradeWithRunInFlight(ctx context.Context, t *testing.T, e *env, prev, pre
 			require.False(t, strings.HasSuffix(p.Spec.Containers[0].Image, prevDigest), "manager pod %s runs the new release", name)
 		}
 	}
+	_, err = e.sql(ctx, f.dsn, `UPDATE pace SET seconds = 0.05`)
+	require.NoError(t, err, "the rest of the run at full pace")
 
 	run = f.waitComplete(run.Name, 2*runTimeout)
 	require.Equal(t, counts{Total: 4500, Completed: 4500}, countsOf(run))
