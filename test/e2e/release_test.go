@@ -250,8 +250,9 @@ func upgradeWithRunInFlight(ctx context.Context, t *testing.T, e *env, prev, pre
 
 	// 4500 items in chunks of 10 over 3 shards, four seconds per chunk
 	// (pace): ten minutes of work at most, longer than the upgrade's steps
-	// take on the CI's 2-core machine (five and a half: they build the
-	// image twice), and the rest goes at full pace once they are done.
+	// take on the CI's 2-core machine (five and a half minutes for both
+	// platforms, which build the image twice; they build the nodes' one),
+	// and the rest goes at full pace once they are done.
 	f := newFixtureOf(t, name, 4, false)
 	_, err = e.sql(ctx, f.dsn, `
 CREATE TABLE pace (seconds float8 NOT NULL);
@@ -269,7 +270,8 @@ CREATE OR REPLACE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
 	require.EqualValues(t, previousReleaseSchema, f.int(schemaVersion), "the previous release's workers migrated the ledger to its schema")
 
 	// The README's steps, word for word, against this test's database.
-	settings := fmt.Sprintf("IMG=%q\nDSN=%q\nexport INSECURE=1 # the cluster's registry speaks plain HTTP\n", reg+"/runledger:dev", f.dsn)
+	settings := fmt.Sprintf("IMG=%q\nDSN=%q\nexport INSECURE=1 # the cluster's registry speaks plain HTTP\n"+
+		"export PLATFORMS=linux/amd64 # the cluster's nodes\n", reg+"/runledger:dev", f.dsn)
 	started := time.Now()
 	out = shell(ctx, t, root, settings+steps, env...)
 	t.Logf("the README's steps (%.0fs):\n%s", time.Since(started).Seconds(), out)
