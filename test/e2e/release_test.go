@@ -248,11 +248,10 @@ func upgradeWithRunInFlight(ctx context.Context, t *testing.T, e *env, prev, pre
 		}
 	}
 
-	// 4500 items in chunks of 10 over 3 shards, four seconds per chunk
-	// (pace): ten minutes of work at most, longer than the upgrade's steps
-	// take on the CI's 2-core machine (five and a half minutes for both
-	// platforms, which build the image twice; they build the nodes' one),
-	// and the rest goes at full pace once they are done.
+	// 9000 items in chunks of 10 over 3 shards, four seconds per chunk
+	// (pace): twenty minutes of work at most, longer than the upgrade's
+	// steps take on the CI's 2-core machine (five to eleven minutes, seen,
+	// as loaded), and the rest goes at full pace once they are done.
 	f := newFixtureOf(t, name, 4, false)
 	_, err = e.sql(ctx, f.dsn, `
 CREATE TABLE pace (seconds float8 NOT NULL);
@@ -261,7 +260,7 @@ GRANT SELECT ON pace TO runledger_effect;
 CREATE OR REPLACE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
   $$ BEGIN PERFORM pg_sleep((SELECT seconds FROM public.pace)); RETURN NULL; END $$;`)
 	require.NoError(t, err, "the sink's pace")
-	run := f.createRun(name, runSpec{workers: 3, chunk: 10, batch: queryBatch(1, 4500, 0)})
+	run := f.createRun(name, runSpec{workers: 3, chunk: 10, batch: queryBatch(1, 9000, 0)})
 	f.waitRowsOfShard(run, 0, 10)
 	for _, p := range f.runPods(f.get(run.Name)) {
 		require.True(t, strings.HasSuffix(p.Spec.Containers[0].Image, prevDigest), "the previous release's workers: %s", p.Spec.Containers[0].Image)
@@ -290,10 +289,10 @@ CREATE OR REPLACE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
 	require.NoError(t, err, "the rest of the run at full pace")
 
 	run = f.waitComplete(run.Name, 2*runTimeout)
-	require.Equal(t, counts{Total: 4500, Completed: 4500}, countsOf(run))
+	require.Equal(t, counts{Total: 9000, Completed: 9000}, countsOf(run))
 	f.requireShardsAddUp(run)
-	require.EqualValues(t, 4500, f.committedRows(string(run.UID)))
-	f.requireExactlyOnce(4500)
+	require.EqualValues(t, 9000, f.committedRows(string(run.UID)))
+	f.requireExactlyOnce(9000)
 }
 
 // previousReleaseSchema is the last migration of the previous release.
