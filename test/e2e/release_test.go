@@ -269,8 +269,11 @@ CREATE OR REPLACE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
 	require.EqualValues(t, previousReleaseSchema, f.int(schemaVersion), "the previous release's workers migrated the ledger to its schema")
 
 	// The README's steps, word for word, against this test's database.
+	// After the settings, each command is logged as written (unexpanded:
+	// the DSN holds a password) with the seconds since the steps began.
 	settings := fmt.Sprintf("IMG=%q\nDSN=%q\nexport INSECURE=1 # the cluster's registry speaks plain HTTP\n"+
-		"export PLATFORMS=linux/amd64 # the cluster's nodes\n", reg+"/runledger:dev", f.dsn)
+		"export PLATFORMS=linux/amd64 # the cluster's nodes\n"+
+		"SECONDS=0; trap 'echo \"+ [${SECONDS}s] ${BASH_COMMAND}\" >&2' DEBUG\n", reg+"/runledger:dev", f.dsn)
 	started := time.Now()
 	out = shell(ctx, t, root, settings+steps, env...)
 	t.Logf("the README's steps (%.0fs):\n%s", time.Since(started).Seconds(), out)
