@@ -1,8 +1,14 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -53,7 +59,9 @@ func newMigrateCommand() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
+			stopWatch := watchMigration(cmd.Context(), pool, ownerApplicationName(cmd), cmd.ErrOrStderr())
 			n, err := ledger.Migrate(cmd.Context(), pool)
+			stopWatch()
 			if err != nil {
 				return redactExit(exitFor(err), secrets)
 			}
@@ -78,4 +86,61 @@ func newMigrateCommand() *cobra.Command {
 	cmd.Flags().StringVar(&grantTo, "grant-to", "", "after migrating, give this login role only the privileges a worker needs (and take back its others on runledger's tables)")
 	cmd.Flags().StringVar(&effectRole, "effect-role", "", "after migrating, run SQL effects as this unprivileged role (the migrator must be a member of it); workers run no SQL effect until it is set")
 	return cmd
+}
+
+// migrationWaitReport is how often `runledger migrate` says what it waits
+// for, while it waits (an index built CONCURRENTLY waits for every
+// transaction older than the build: a shard of v0.1.0 holds
+// one for as long as the shard runs).
+var migrationWaitReport = 10 * time.Second
+
+// watchMigration says on w, every migrationWaitReport while the migration
+// waits for a lock, which sessions it waits for; the returned func stops it.
+// Quiet when it cannot look (behind a pooler the migration holds the pool's
+// two connections): it is advice, not the migration.
+func watchMigration(ctx context.Context, pool *pgxpool.Pool, name string, w io.Writer) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(migrationWaitReport)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			look, done := context.WithTimeout(ctx, migrationWaitReport/2)
+			blockers, err := ledger.MigrationBlockers(look, pool, name)
+			done()
+			if err == nil && len(blockers) > 0 && ctx.Err() == nil {
+				fmt.Fprintln(w, migrationWaitLine(blockers))
+			}
+		}
+	}()
+	return func() { cancel(); wg.Wait() }
+}
+
+// migrationWaitLine is what a waiting migration says: the sessions it
+// waits for (five at most), their transactions' age where it may see it.
+func migrationWaitLine(blockers []ledger.MigrationBlocker) string {
+	const shown = 5
+	var parts []string
+	for i, b := range blockers {
+		if i == shown {
+			parts = append(parts, fmt.Sprintf("and %d more", len(blockers)-shown))
+			break
+		}
+		p := fmt.Sprintf("pid %d %q", b.PID, b.ApplicationName)
+		if b.OpenFor >= 0 {
+			p += ", transaction open for " + b.OpenFor.Round(time.Second).String()
+		}
+		parts = append(parts, p)
+	}
+	return fmt.Sprintf("runledger migrate: waiting for %d session(s) to end their transactions (%s): "+
+		"a migration builds an index CONCURRENTLY, which waits for every transaction older than the build; "+
+		"runs go on meanwhile (a shard of v0.1.0 holds its transaction until the shard ends)",
+		len(blockers), strings.Join(parts, "; "))
 }

@@ -78,12 +78,16 @@ func openOwnerPool(cmd *cobra.Command) (*pgxpool.Pool, *redact.Redactor, error) 
 	secrets := redact.New(dsn)
 	// No run to read timeouts from: the runs' default.
 	pool, err := ledger.Open(cmd.Context(), dsn, 2, ledger.NetworkTimeout(v1alpha1.DefaultNetworkSeconds*time.Second),
-		ledger.ApplicationName("runledger "+cmd.Name()))
+		ledger.ApplicationName(ownerApplicationName(cmd)))
 	if err != nil {
 		return nil, nil, badInput(err)
 	}
 	return pool, secrets, nil
 }
+
+// ownerApplicationName names an owner command's sessions in
+// pg_stat_activity ("runledger migrate").
+func ownerApplicationName(cmd *cobra.Command) string { return "runledger " + cmd.Name() }
 
 // databaseURL returns the DSN from --dsn, --dsn-file or the environment, in
 // that order. A --dsn that holds a password gets a notice on stderr.

@@ -216,6 +216,16 @@ func IsTooManyConnections(err error) bool {
 	})
 }
 
+// IsDeadlock reports whether err is, anywhere in its chain, PostgreSQL
+// aborting the statement to break a deadlock (40P01 deadlock_detected):
+// nothing of the aborted transaction was kept, so it may run again.
+func IsDeadlock(err error) bool {
+	return anyInChain(err, func(e error) bool {
+		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
+		return ok && pgErr.Code == sqlstateDeadlockDetected
+	})
+}
+
 // ConnectionRejected reports whether err is the server refusing the
 // connection for a reason that waiting will not change, and says which in
 // words for the user: the credentials (class 28: a wrong password, an unknown

@@ -23,6 +23,7 @@ var (
 	ForEachSkipped      = forEachSkipped
 	ForEachKey          = forEachKey
 	IsStatementLevel    = isStatementLevel
+	MigrationLockKey    = migrationLockKey
 )
 
 // ShardSQLForTest exposes the shard expression to the external tests.

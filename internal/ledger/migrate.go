@@ -30,7 +30,69 @@ const versionTable = Schema + ".goose_db_version"
 // how many it applied. It is idempotent and safe to run concurrently. Straight
 // to PostgreSQL it holds one connection of the pool at a time, so a pool of
 // one connection will do; behind a pooler it holds two (migrationLock).
+//
+// A migration PostgreSQL aborts to break a deadlock is tried again, the
+// migration lock released in between: v0.1.0 waits for that
+// lock in one statement, whose snapshot an index built CONCURRENTLY under
+// the lock waits for (the build is the one aborted; its migration drops
+// what it left and builds again).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	applied := 0
+	for try := 1; ; try++ {
+		n, err := migrateOnce(ctx, pool)
+		applied += n
+		if !IsDeadlock(err) || try == migrateDeadlockTries {
+			return applied, err
+		}
+		select {
+		case <-ctx.Done():
+			return applied, err
+		case <-time.After(time.Duration(try) * migrateDeadlockPause):
+		}
+	}
+}
+
+// How often Migrate tries a migration PostgreSQL aborts in a deadlock, and
+// the pause before the n-th try again (n times this): the waiting
+// migrators of an earlier release take the lock and find nothing to do.
+const (
+	migrateDeadlockTries = 10
+	migrateDeadlockPause = 500 * time.Millisecond
+)
+
+// MigrationBlocker is a session a waiting migrator waits for.
+type MigrationBlocker struct {
+	PID             int32
+	ApplicationName string
+	// OpenFor is how long its transaction has been open; negative when
+	// the migrating login may not see it (another login's session).
+	OpenFor time.Duration
+}
+
+// MigrationBlockers returns the sessions that the migrators named
+// applicationName (ApplicationName) wait for, if they wait for a lock:
+// what `runledger migrate` says while an index is built CONCURRENTLY,
+// which waits for every transaction older than the build.
+func MigrationBlockers(ctx context.Context, pool *pgxpool.Pool, applicationName string) ([]MigrationBlocker, error) {
+	rows, err := pool.Query(ctx, sqlMigrationBlockers, applicationName)
+	if err != nil {
+		return nil, fmt.Errorf("looking up what the migration waits for: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MigrationBlocker, error) {
+		var b MigrationBlocker
+		var secs float64
+		err := r.Scan(&b.PID, &b.ApplicationName, &secs)
+		b.OpenFor = time.Duration(secs * float64(time.Second))
+		return b, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("looking up what the migration waits for: %w", err)
+	}
+	return out, nil
+}
+
+// migrateOnce applies the migrations under the migration lock.
+func migrateOnce(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	if err := ensureSchema(ctx, pool); err != nil {
 		return 0, err
 	}
@@ -47,11 +109,14 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 		return 0, fmt.Errorf("loading migrations: %w", err)
 	}
 	results, err := provider.Up(ctx)
+	if partial := (*goose.PartialError)(nil); errors.As(err, &partial) {
+		results = partial.Applied // applied before the one that failed
+	}
 	if IsConfigurationError(err) { // e.g. a worker login, which may create nothing
-		return 0, fmt.Errorf("applying migrations: this login may not apply them; run runledger migrate as the schema's owner first: %w", err)
+		return len(results), fmt.Errorf("applying migrations: this login may not apply them; run runledger migrate as the schema's owner first: %w", err)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("applying migrations: %w", err)
+		return len(results), fmt.Errorf("applying migrations: %w", err)
 	}
 	return len(results), nil
 }

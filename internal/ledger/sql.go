@@ -524,6 +524,19 @@ const (
 	sqlCreateSchema      = `CREATE SCHEMA IF NOT EXISTS ` + Schema
 )
 
+// sqlMigrationBlockers: the sessions that a migrator (a session named $1)
+// waiting for a lock waits for, longest-open transaction first. Another
+// login's transaction start is visible only to members of pg_read_all_stats
+// (then NULL: no age).
+const sqlMigrationBlockers = `
+SELECT DISTINCT b.pid, coalesce(b.application_name, ''),
+       coalesce(extract(epoch FROM clock_timestamp() - b.xact_start), -1)::float8 AS open_for
+FROM pg_stat_activity w
+CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS k(pid)
+JOIN pg_stat_activity b ON b.pid = k.pid
+WHERE w.application_name = $1 AND w.wait_event_type = 'Lock' AND w.pid <> pg_backend_pid()
+ORDER BY open_for DESC, b.pid`
+
 // A run's batch (migrations/00002_batch.sql): what a query source returned,
 // fixed once per run. The first shard to start materialises it under
 // sqlLockBatch with one statement (sqlFixQueryBatch) that runs the user's
