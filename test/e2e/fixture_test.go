@@ -186,11 +186,16 @@ func (f *fixture) newRun(name string, s runSpec) *v1alpha1.ProcessingRun {
 // queryBatch is accounts lo..hi (and repeats of the first `repeats` of
 // them, duplicates inside the batch), from an SQL query.
 func queryBatch(lo, hi, repeats int) v1alpha1.BatchSpec {
-	q := fmt.Sprintf(`SELECT 'acct-' || i AS entity, '2026-01' AS occurrence, jsonb_build_object('amount', i) AS payload FROM generate_series(%d, %d) i`, lo, hi)
+	q := queryBatchIn("2026-01", lo, hi).Query
 	if repeats > 0 {
 		q += fmt.Sprintf(` UNION ALL SELECT 'acct-' || i, '2026-01', jsonb_build_object('amount', i) FROM generate_series(%d, %d) i`, lo, lo+repeats-1)
 	}
 	return v1alpha1.BatchSpec{Query: q}
+}
+
+// queryBatchIn is accounts lo..hi for occurrence, from a query.
+func queryBatchIn(occurrence string, lo, hi int) v1alpha1.BatchSpec {
+	return v1alpha1.BatchSpec{Query: fmt.Sprintf(`SELECT 'acct-' || i AS entity, '%s' AS occurrence, jsonb_build_object('amount', i) AS payload FROM generate_series(%d, %d) i`, occurrence, lo, hi)}
 }
 
 // jsonLines is accounts lo..hi as JSON Lines.

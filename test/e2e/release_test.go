@@ -3,12 +3,15 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -175,17 +178,19 @@ make -s -C %[2]q push IMG=%[5]q INSECURE=1 PLATFORMS=linux/amd64 VERSION=%[6]s C
 }
 
 // TestUpgradeWithRunInFlight: the previous release is installed
-// (dist/install.yaml built from its commit) and a long run starts, its
-// workers migrating its ledger to the previous release's schema as they do
-// at start; then the README's documented steps bring the current code while
-// the run goes on, and the run completes with exact counts, no item
-// committed or effected twice. Two ways, each from the previous release:
-// the manifest's upgrade (push, migrate, render, apply), and the move to
-// the Helm chart (push, migrate, CRD, helm upgrade --install
-// --take-ownership: the previous release had no chart). Both migrate the
-// ledger from the previous release's schema to this one's while the
-// previous release's workers commit (the migrations after 00005 are
-// online).
+// (dist/install.yaml built from its commit) and run A starts, its workers
+// migrating its ledger to the previous release's schema as they do at
+// start; then the README's documented steps bring the current code. Their
+// migrate runs while A's v0.1.0 shards commit and waits for them (they hold
+// a transaction per shard, which 00016's index build CONCURRENTLY waits
+// for), saying so; meanwhile the previous manager starts run B, whose
+// v0.1.0 workers wait for the migration lock (the deadlock that makes
+// resolved) and then run on the migrated ledger; the new manager takes B
+// over in flight. Both runs complete with exact counts, no item committed
+// or effected twice. Two ways, each from the previous release: the
+// manifest's upgrade (push, migrate, render, apply), and the move to the
+// Helm chart (push, migrate, CRD, helm upgrade --install --take-ownership:
+// the previous release had no chart).
 func TestUpgradeWithRunInFlight(t *testing.T) {
 	e := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
@@ -248,21 +253,29 @@ func upgradeWithRunInFlight(ctx context.Context, t *testing.T, e *env, prev, pre
 		}
 	}
 
-	// 9000 items in chunks of 10 over 3 shards, four seconds per chunk
-	// (pace): twenty minutes of work at most, longer than the upgrade's
-	// steps take on the CI's 2-core machine (five to eleven minutes, seen,
-	// as loaded), and the rest goes at full pace once they are done.
+	// Each run's pace, per chunk, by its occurrence: the statement-level
+	// trigger sees the chunk's rows. Four seconds a chunk until the test
+	// lets a run go at full pace.
 	f := newFixtureOf(t, name, 4, false)
 	_, err = e.sql(ctx, f.dsn, `
-CREATE TABLE pace (seconds float8 NOT NULL);
-INSERT INTO pace VALUES (4);
+CREATE TABLE pace (occurrence text PRIMARY KEY, seconds float8 NOT NULL);
+INSERT INTO pace VALUES ('2026-01', 4), ('2026-02', 4);
 GRANT SELECT ON pace TO runledger_effect;
 CREATE OR REPLACE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM pg_sleep((SELECT seconds FROM public.pace)); RETURN NULL; END $$;`)
+  $$ BEGIN PERFORM pg_sleep(coalesce((SELECT max(p.seconds) FROM public.pace p JOIN chunk c USING (occurrence)), 0)); RETURN NULL; END $$;
+DROP TRIGGER slow ON sink;
+CREATE TRIGGER slow AFTER INSERT ON sink REFERENCING NEW TABLE AS chunk FOR EACH STATEMENT EXECUTE FUNCTION slow();`)
 	require.NoError(t, err, "the sink's pace")
-	run := f.createRun(name, runSpec{workers: 3, chunk: 10, batch: queryBatch(1, 9000, 0)})
-	f.waitRowsOfShard(run, 0, 10)
-	for _, p := range f.runPods(f.get(run.Name)) {
+	fullPace := func(occurrence string) {
+		_, err := e.sql(ctx, f.dsn, `UPDATE pace SET seconds = 0.05 WHERE occurrence = $1`, occurrence)
+		require.NoError(t, err, "run %s at full pace", occurrence)
+	}
+	const sizeA, sizeB = 3000, 6000
+	// A: in flight when the steps start (3 shards of 100 chunks: 400 s at
+	// its pace, longer than the steps before migrate take).
+	runA := f.createRun(name+"-a", runSpec{workers: 3, chunk: 10, batch: queryBatch(1, sizeA, 0)})
+	f.waitRowsOfShard(runA, 0, 10)
+	for _, p := range f.runPods(f.get(runA.Name)) {
 		require.True(t, strings.HasSuffix(p.Spec.Containers[0].Image, prevDigest), "the previous release's workers: %s", p.Spec.Containers[0].Image)
 	}
 	const schemaVersion = `SELECT max(version_id) FROM runledger.goose_db_version WHERE is_applied`
@@ -275,12 +288,51 @@ CREATE OR REPLACE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
 		"export PLATFORMS=linux/amd64 # the cluster's nodes\n"+
 		"SECONDS=0; trap 'echo \"+ [${SECONDS}s] ${BASH_COMMAND}\" >&2' DEBUG\n", reg+"/runledger:dev", f.dsn)
 	started := time.Now()
-	out = shell(ctx, t, root, settings+steps, env...)
+	stepsDone, stepsOut := startShell(ctx, t, root, settings+steps, env...)
+
+	// migrate waits while A's v0.1.0 shards hold their transactions (00016
+	// builds an index CONCURRENTLY); A commits on meanwhile.
+	const migrating = `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'runledger migrate' AND wait_event_type = 'Lock'`
+	deadline := time.Now().Add(10 * time.Minute)
+	for f.int(migrating) == 0 {
+		select {
+		case err := <-stepsDone:
+			require.Failf(t, "the steps ended before migrate waited for the previous release's shards", "%v:\n%s", err, stepsOut())
+		default:
+		}
+		require.True(t, time.Now().Before(deadline), "migrate never waited for run A's shards:\n%s", stepsOut())
+		time.Sleep(500 * time.Millisecond)
+	}
+	a := f.committedRows(string(runA.UID))
+	require.Less(t, a, int64(sizeA), "run A in flight while migrate runs")
+	for f.committedRows(string(runA.UID)) < a+30 {
+		require.True(t, time.Now().Before(deadline), "run A stopped committing while migrate waits")
+		time.Sleep(500 * time.Millisecond)
+	}
+	// B: created by the previous release's manager while migrate runs (as
+	// it would be until the new manager is applied); its v0.1.0 workers wait
+	// for the migration lock, then run on the new schema.
+	runB := f.createRun(name+"-b", runSpec{workers: 3, chunk: 10, batch: queryBatchIn("2026-02", 1, sizeB)})
+	require.Eventually(t, func() bool { return len(f.runPods(f.get(runB.Name))) == 3 }, 3*time.Minute, time.Second, "run B's pods")
+	fullPace("2026-01") // A ends: its shards' transactions with it.
+
+	var stepsErr error
+	select {
+	case stepsErr = <-stepsDone:
+	case <-ctx.Done():
+		stepsErr = ctx.Err()
+	}
+	out = stepsOut()
 	t.Logf("the README's steps (%.0fs):\n%s", time.Since(started).Seconds(), out)
-	mid := f.get(run.Name)
+	require.NoError(t, stepsErr, "the README's steps")
+	require.Contains(t, out, `runledger migrate: waiting for `, "migrate said what it waited for")
+	require.NotContains(t, out, f.dsn, "the steps' output holds no DSN")
+	require.Contains(t, out, fmt.Sprintf("migrations applied: %d", countMigrationsAfter(t, previousReleaseSchema)))
+	require.EqualValues(t, latestMigration(t), f.int(schemaVersion), "the README's migrate brought the ledger to this release's schema")
+	mid := f.get(runB.Name)
 	require.False(t, isTrue(mid, v1alpha1.ConditionComplete) || isTrue(mid, v1alpha1.ConditionFailed),
-		"the run was still going when the new manager took over (else make the batch slower): %s", statusLine(mid))
-	require.EqualValues(t, latestMigration(t), f.int(schemaVersion), "the README's migrate brought the ledger to this release's schema, with the run in flight")
+		"run B was still going when the new manager took over (else make it slower): %s", statusLine(mid))
+	require.Positive(t, f.committedRows(string(runB.UID)), "run B's v0.1.0 workers commit on the migrated ledger")
 	pods, err = e.managerPods(ctx)
 	require.NoError(t, err)
 	for name, p := range pods {
@@ -288,14 +340,53 @@ CREATE OR REPLACE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
 			require.False(t, strings.HasSuffix(p.Spec.Containers[0].Image, prevDigest), "manager pod %s runs the new release", name)
 		}
 	}
-	_, err = e.sql(ctx, f.dsn, `UPDATE pace SET seconds = 0.05`)
-	require.NoError(t, err, "the rest of the run at full pace")
+	fullPace("2026-02")
 
-	run = f.waitComplete(run.Name, 2*runTimeout)
-	require.Equal(t, counts{Total: 9000, Completed: 9000}, countsOf(run))
-	f.requireShardsAddUp(run)
-	require.EqualValues(t, 9000, f.committedRows(string(run.UID)))
-	f.requireExactlyOnce(9000)
+	for _, r := range []struct {
+		run  *v1alpha1.ProcessingRun
+		size int64
+	}{{runA, sizeA}, {runB, sizeB}} {
+		done := f.waitComplete(r.run.Name, 2*runTimeout)
+		require.Equal(t, counts{Total: r.size, Completed: r.size}, countsOf(done), r.run.Name)
+		f.requireShardsAddUp(done)
+		require.EqualValues(t, r.size, f.committedRows(string(done.UID)), r.run.Name)
+	}
+	f.requireExactlyOnce(sizeA + sizeB)
+}
+
+// startShell starts a bash script in dir: done gets its end, out what it
+// printed so far (stdout and stderr).
+func startShell(ctx context.Context, t *testing.T, dir, script string, env ...string) (done <-chan error, out func() string) {
+	t.Helper()
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	w := writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) })
+	cmd := exec.CommandContext(ctx, "bash", "-c", "set -euo pipefail\n"+script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = w, w
+	require.NoError(t, cmd.Start(), "starting the steps")
+	ch := make(chan error, 1)
+	go func() { ch <- cmd.Wait() }()
+	return ch, func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }
+}
+
+// writerFunc is an io.Writer of a func.
+type writerFunc func([]byte) (int, error)
+
+func (w writerFunc) Write(p []byte) (int, error) { return w(p) }
+
+// countMigrationsAfter is how many of this checkout's migrations come after
+// version.
+func countMigrationsAfter(t *testing.T, version int64) int {
+	t.Helper()
+	n := 0
+	for _, v := range migrationVersions(t) {
+		if v > version {
+			n++
+		}
+	}
+	return n
 }
 
 // previousReleaseSchema is the last migration of the previous release.
@@ -304,17 +395,24 @@ const previousReleaseSchema = 6
 // latestMigration is the last migration of this checkout.
 func latestMigration(t *testing.T) int64 {
 	t.Helper()
+	vs := migrationVersions(t)
+	require.NotEmpty(t, vs)
+	return slices.Max(vs)
+}
+
+// migrationVersions are the versions of this checkout's migrations.
+func migrationVersions(t *testing.T) []int64 {
+	t.Helper()
 	files, err := filepath.Glob(filepath.Join(repoRoot(t), "migrations", "*.sql"))
 	require.NoError(t, err)
-	var last int64
+	var vs []int64
 	for _, f := range files {
 		var v int64
 		_, err := fmt.Sscanf(filepath.Base(f), "%05d_", &v)
 		require.NoError(t, err, f)
-		last = max(last, v)
+		vs = append(vs, v)
 	}
-	require.Positive(t, last)
-	return last
+	return vs
 }
 
 // readmeUpgrade is the README install section's upgrade block (the sh
