@@ -181,16 +181,16 @@ make -s -C %[2]q push IMG=%[5]q INSECURE=1 PLATFORMS=linux/amd64 VERSION=%[6]s C
 // (dist/install.yaml built from its commit) and run A starts, its workers
 // migrating its ledger to the previous release's schema as they do at
 // start; then the README's documented steps bring the current code. Their
-// migrate runs while A's v0.1.0 shards commit and waits for them (they hold
-// a transaction per shard, which 00016's index build CONCURRENTLY waits
-// for), saying so; meanwhile the previous manager starts run B, whose
-// v0.1.0 workers wait for the migration lock (the deadlock that makes
-// resolved) and then run on the migrated ledger; the new manager takes B
-// over in flight. Both runs complete with exact counts, no item committed
-// or effected twice. Two ways, each from the previous release: the
-// manifest's upgrade (push, migrate, render, apply), and the move to the
-// Helm chart (push, migrate, CRD, helm upgrade --install --take-ownership:
-// the previous release had no chart).
+// migrate runs while A's v0.1.0 shards commit and waits for them (each
+// holds a transaction while it runs, which 00016's index builds
+// CONCURRENTLY wait for), saying so; meanwhile the previous manager starts
+// run B, whose v0.1.0 workers start on a ledger half migrated and wait for
+// the migration lock. Right after migrate, run C starts, still under the
+// previous manager: the new one takes it over in flight. All three complete
+// with exact counts, no item committed or effected twice. Two ways, each
+// from the previous release: the manifest's upgrade (push, migrate, render,
+// apply), and the move to the Helm chart (push, migrate, CRD, helm upgrade
+// --install --take-ownership: the previous release had no chart).
 func TestUpgradeWithRunInFlight(t *testing.T) {
 	e := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
@@ -270,10 +270,10 @@ CREATE TRIGGER slow AFTER INSERT ON sink REFERENCING NEW TABLE AS chunk FOR EACH
 		_, err := e.sql(ctx, f.dsn, `UPDATE pace SET seconds = 0.05 WHERE occurrence = $1`, occurrence)
 		require.NoError(t, err, "run %s at full pace", occurrence)
 	}
-	const sizeA, sizeB = 3000, 6000
+	const size = 3000
 	// A: in flight when the steps start (3 shards of 100 chunks: 400 s at
 	// its pace, longer than the steps before migrate take).
-	runA := f.createRun(name+"-a", runSpec{workers: 3, chunk: 10, batch: queryBatch(1, sizeA, 0)})
+	runA := f.createRun(name+"-a", runSpec{workers: 3, chunk: 10, batch: queryBatchIn("2026-01", 1, size)})
 	f.waitRowsOfShard(runA, 0, 10)
 	for _, p := range f.runPods(f.get(runA.Name)) {
 		require.True(t, strings.HasSuffix(p.Spec.Containers[0].Image, prevDigest), "the previous release's workers: %s", p.Spec.Containers[0].Image)
@@ -289,32 +289,47 @@ CREATE TRIGGER slow AFTER INSERT ON sink REFERENCING NEW TABLE AS chunk FOR EACH
 		"SECONDS=0; trap 'echo \"+ [${SECONDS}s] ${BASH_COMMAND}\" >&2' DEBUG\n", reg+"/runledger:dev", f.dsn)
 	started := time.Now()
 	stepsDone, stepsOut := startShell(ctx, t, root, settings+steps, env...)
+	// waitSteps polls until cond holds, failing if the steps end first.
+	waitSteps := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Minute)
+		for !cond() {
+			select {
+			case err := <-stepsDone:
+				require.Failf(t, "the steps ended first", "waiting for %s: %v:\n%s", what, err, stepsOut())
+			default:
+			}
+			require.True(t, time.Now().Before(deadline), "timed out waiting for %s:\n%s", what, stepsOut())
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
 
 	// migrate waits while A's v0.1.0 shards hold their transactions (00016
-	// builds an index CONCURRENTLY); A commits on meanwhile.
+	// builds indexes CONCURRENTLY); A commits on meanwhile.
 	const migrating = `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'runledger migrate' AND wait_event_type = 'Lock'`
-	deadline := time.Now().Add(10 * time.Minute)
-	for f.int(migrating) == 0 {
-		select {
-		case err := <-stepsDone:
-			require.Failf(t, "the steps ended before migrate waited for the previous release's shards", "%v:\n%s", err, stepsOut())
-		default:
-		}
-		require.True(t, time.Now().Before(deadline), "migrate never waited for run A's shards:\n%s", stepsOut())
-		time.Sleep(500 * time.Millisecond)
-	}
+	waitSteps("migrate to wait for run A's shards", func() bool { return f.int(migrating) > 0 })
 	a := f.committedRows(string(runA.UID))
-	require.Less(t, a, int64(sizeA), "run A in flight while migrate runs")
-	for f.committedRows(string(runA.UID)) < a+30 {
-		require.True(t, time.Now().Before(deadline), "run A stopped committing while migrate waits")
-		time.Sleep(500 * time.Millisecond)
-	}
+	require.Less(t, a, int64(size), "run A in flight while migrate runs")
+	waitSteps("run A to commit on while migrate waits", func() bool { return f.committedRows(string(runA.UID)) >= a+30 })
 	// B: created by the previous release's manager while migrate runs (as
-	// it would be until the new manager is applied); its v0.1.0 workers wait
-	// for the migration lock, then run on the new schema.
-	runB := f.createRun(name+"-b", runSpec{workers: 3, chunk: 10, batch: queryBatchIn("2026-02", 1, sizeB)})
-	require.Eventually(t, func() bool { return len(f.runPods(f.get(runB.Name))) == 3 }, 3*time.Minute, time.Second, "run B's pods")
-	fullPace("2026-01") // A ends: its shards' transactions with it.
+	// it is until the new manager is applied); its v0.1.0 workers start on
+	// a ledger half migrated, and wait for the migration lock in one
+	// statement (the deadlock Migrate tries again after).
+	runB := f.createRun(name+"-b", runSpec{workers: 3, chunk: 10, batch: queryBatchIn("2026-02", 1, size)})
+	waitSteps("run B's pods", func() bool { return len(f.runPods(f.get(runB.Name))) == 3 })
+	// A and B end (their shards' transactions with them), migrate applies.
+	fullPace("2026-01")
+	fullPace("2026-02")
+	waitSteps("migrate to apply", func() bool { return strings.Contains(stepsOut(), "migrations applied: ") })
+
+	// C: started right after migrate, by the previous manager (the steps
+	// still build and apply the new one): the run the new manager takes
+	// over in flight. Its effect's role set as the upgrade notes say
+	// (--effect-role), should a pod of the new release ever run it.
+	sandboxEffects(t, f.dsn)
+	_, err = e.sql(ctx, f.dsn, `INSERT INTO pace VALUES ('2026-03', 4)`)
+	require.NoError(t, err, "run C's pace")
+	runC := f.createRun(name+"-c", runSpec{workers: 3, chunk: 10, batch: queryBatchIn("2026-03", 1, size)})
 
 	var stepsErr error
 	select {
@@ -329,10 +344,12 @@ CREATE TRIGGER slow AFTER INSERT ON sink REFERENCING NEW TABLE AS chunk FOR EACH
 	require.NotContains(t, out, f.dsn, "the steps' output holds no DSN")
 	require.Contains(t, out, fmt.Sprintf("migrations applied: %d", countMigrationsAfter(t, previousReleaseSchema)))
 	require.EqualValues(t, latestMigration(t), f.int(schemaVersion), "the README's migrate brought the ledger to this release's schema")
-	mid := f.get(runB.Name)
+	mid := f.get(runC.Name)
 	require.False(t, isTrue(mid, v1alpha1.ConditionComplete) || isTrue(mid, v1alpha1.ConditionFailed),
-		"run B was still going when the new manager took over (else make it slower): %s", statusLine(mid))
-	require.Positive(t, f.committedRows(string(runB.UID)), "run B's v0.1.0 workers commit on the migrated ledger")
+		"run C was still going when the new manager took over (else make it slower): %s", statusLine(mid))
+	for _, p := range f.runPods(mid) {
+		require.True(t, strings.HasSuffix(p.Spec.Containers[0].Image, prevDigest), "run C's pods are the previous manager's (v0.1.0 workers): %s", p.Spec.Containers[0].Image)
+	}
 	pods, err = e.managerPods(ctx)
 	require.NoError(t, err)
 	for name, p := range pods {
@@ -340,18 +357,15 @@ CREATE TRIGGER slow AFTER INSERT ON sink REFERENCING NEW TABLE AS chunk FOR EACH
 			require.False(t, strings.HasSuffix(p.Spec.Containers[0].Image, prevDigest), "manager pod %s runs the new release", name)
 		}
 	}
-	fullPace("2026-02")
+	fullPace("2026-03")
 
-	for _, r := range []struct {
-		run  *v1alpha1.ProcessingRun
-		size int64
-	}{{runA, sizeA}, {runB, sizeB}} {
-		done := f.waitComplete(r.run.Name, 2*runTimeout)
-		require.Equal(t, counts{Total: r.size, Completed: r.size}, countsOf(done), r.run.Name)
+	for _, r := range []*v1alpha1.ProcessingRun{runA, runB, runC} {
+		done := f.waitComplete(r.Name, 2*runTimeout)
+		require.Equal(t, counts{Total: size, Completed: size}, countsOf(done), r.Name)
 		f.requireShardsAddUp(done)
-		require.EqualValues(t, r.size, f.committedRows(string(done.UID)), r.run.Name)
+		require.EqualValues(t, size, f.committedRows(string(done.UID)), r.Name)
 	}
-	f.requireExactlyOnce(sizeA + sizeB)
+	f.requireExactlyOnce(3 * size)
 }
 
 // startShell starts a bash script in dir: done gets its end, out what it
