@@ -19,7 +19,10 @@
 //     key shows as the kubelet's CreateContainerConfigError on the pod,
 //     which stalls the run the same way.
 //   - syncPods: creates the decided pods and deletes the ones that must stop
-//     (suspended or finished run).
+//     (suspended or finished run). Before a pass's first create it writes
+//     the run's ConfigMap (the run as its workers read it: they cannot read
+//     runs) and NetworkPolicy, both owned by the run; a name taken by
+//     another object stalls the run rather than start a pod without them.
 //   - writeStatus, deferred so it runs on every path once the pods were
 //     observed (as Cluster API's patch helper): a failing step still
 //     publishes what the pass learnt, and its error as Reconciling's and

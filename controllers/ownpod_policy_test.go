@@ -132,15 +132,22 @@ func TestWorkerTokenOnlyItsOwnPod(t *testing.T) {
 	require.NotContains(t, got.Annotations, v1alpha1.AnnotationProgress)
 	require.Equal(t, "registry.example/runledger:1", got.Spec.Containers[0].Image)
 
-	// Reads stay as RBAC says: the worker's run, yes; Secrets, no.
+	// Reads: none at all, since admission cannot narrow them to the
+	// worker's own run: not another run of the namespace (whose spec may
+	// say what another team's batch is), not its own (the kubelet mounts it
+	// from the run's ConfigMap), no ConfigMap, no Secret.
 	var runs v1alpha1.ProcessingRunList
 	require.True(t, apierrors.IsForbidden(wc.List(ctx, &runs, client.InNamespace(ns))), "list runs")
-	err = wc.Get(ctx, types.NamespacedName{Namespace: ns, Name: "missing"}, &v1alpha1.ProcessingRun{})
-	require.True(t, apierrors.IsNotFound(err), "get a run: %v", err)
+	for _, name := range []string{"run", "another-teams-run"} {
+		err = wc.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &v1alpha1.ProcessingRun{})
+		require.True(t, apierrors.IsForbidden(err), "get run %s: %v", name, err)
+	}
 	err = wc.Get(ctx, types.NamespacedName{Namespace: ns, Name: testSecret}, &corev1.Secret{})
 	require.True(t, apierrors.IsForbidden(err), "get a Secret: %v", err)
-	err = wc.Get(ctx, types.NamespacedName{Namespace: ns, Name: "kube-root-ca.crt"}, &corev1.ConfigMap{})
-	require.True(t, apierrors.IsForbidden(err), "get a ConfigMap: %v", err)
+	for _, name := range []string{"kube-root-ca.crt", v1alpha1.RunConfigMapName("run")} {
+		err = wc.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &corev1.ConfigMap{})
+		require.True(t, apierrors.IsForbidden(err), "get ConfigMap %s: %v", name, err)
+	}
 }
 
 // workerProgressPatch is the worker's report patch (worker.ProgressPatch).

@@ -159,7 +159,8 @@ func userEnv(env []corev1.EnvVar) []corev1.EnvVar {
 // reservedVolume reports whether a volume name is runledger's own.
 func reservedVolume(name string) bool {
 	switch name {
-	case v1alpha1.WorkerTmpVolume, v1alpha1.ProcessorTmpVolume, v1alpha1.WorkerTokenVolume, v1alpha1.WorkerBatchVolume:
+	case v1alpha1.WorkerTmpVolume, v1alpha1.ProcessorTmpVolume, v1alpha1.WorkerTokenVolume, v1alpha1.WorkerBatchVolume,
+		v1alpha1.WorkerRunVolume:
 		return true
 	}
 	return false
@@ -312,10 +313,11 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 				},
-				VolumeMounts: append([]corev1.VolumeMount{{Name: v1alpha1.WorkerTmpVolume, MountPath: v1alpha1.WorkerTmpPath}, tokenMount()},
+				VolumeMounts: append([]corev1.VolumeMount{{Name: v1alpha1.WorkerTmpVolume, MountPath: v1alpha1.WorkerTmpPath}, tokenMount(),
+					{Name: v1alpha1.WorkerRunVolume, MountPath: v1alpha1.WorkerRunPath, ReadOnly: true}},
 					userVolumeMounts(tmpl.VolumeMounts)...),
 			}},
-			Volumes: append([]corev1.Volume{tmpVolume(v1alpha1.WorkerTmpVolume), tokenVolume()}, userVolumes(tmpl.Volumes)...),
+			Volumes: append([]corev1.Volume{tmpVolume(v1alpha1.WorkerTmpVolume), tokenVolume(), runVolume(run)}, userVolumes(tmpl.Volumes)...),
 		},
 	}
 	if ref := run.Spec.Batch.ConfigMapRef; ref != nil {
@@ -419,6 +421,7 @@ func workerEnv(run *v1alpha1.ProcessingRun, shard, attempt int32, ref v1alpha1.S
 		{Name: v1alpha1.EnvShard, Value: strconv.Itoa(int(shard))},
 		{Name: v1alpha1.EnvShards, Value: strconv.Itoa(int(run.Spec.ShardCount()))},
 		{Name: v1alpha1.EnvAttempt, Value: strconv.Itoa(int(attempt))},
+		{Name: v1alpha1.EnvRunFile, Value: v1alpha1.WorkerRunPath + "/" + v1alpha1.WorkerRunFile},
 		{Name: v1alpha1.EnvPodName, ValueFrom: &corev1.EnvVarSource{
 			FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"},
 		}},

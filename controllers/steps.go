@@ -286,8 +286,9 @@ func (r *Reconciler) exists(ctx context.Context, kind string, key client.ObjectK
 
 // syncPods deletes the pods that must stop and creates the ones decided.
 func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
-	// Once per pass that creates pods: the run's NetworkPolicy comes first.
-	policyEnsured := false
+	// Once per pass that creates pods: the run's ConfigMap and NetworkPolicy
+	// come first.
+	dependenciesEnsured := false
 	for i := range s.shards {
 		d := &s.shards[i]
 		for _, pod := range d.deletePods {
@@ -307,16 +308,11 @@ func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
 		if d.create == nil && !d.retryAt.IsZero() && s.now.Before(d.retryAt) && !s.outcome.finished {
 			s.requeueIn(d.retryAt.Sub(s.now))
 		}
-		if d.create != nil && !s.createBlocked && !policyEnsured && r.WorkerNetwork != nil {
-			p, err := r.ensureWorkerNetworkPolicy(ctx, s.run)
-			if err != nil {
+		if d.create != nil && !s.createBlocked && !dependenciesEnsured {
+			if err := r.ensurePodDependencies(ctx, s); err != nil {
 				return err
 			}
-			policyEnsured = true
-			if p != nil {
-				s.createBlocked, s.stalled = true, p
-				s.requeueIn(r.DependencyRetry)
-			}
+			dependenciesEnsured = true
 		}
 		if d.create != nil && s.createBlocked {
 			d.create = nil
@@ -331,6 +327,24 @@ func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
 	if s.createBlocked && s.stalled != nil {
 		s.stalled.message += fmt.Sprintf("; %d more pods wait (no more creates until the next try in %s)",
 			s.podsBlocked, r.DependencyRetry)
+	}
+	return nil
+}
+
+// ensurePodDependencies writes what the run's pods need before the first
+// of a pass is created: the run's ConfigMap (its spec for the workers) and,
+// unless turned off, its NetworkPolicy. A problem blocks this pass's creates.
+func (r *Reconciler) ensurePodDependencies(ctx context.Context, s *scope) error {
+	p, err := r.ensureRunConfigMap(ctx, s.run)
+	if err == nil && p == nil && r.WorkerNetwork != nil {
+		p, err = r.ensureWorkerNetworkPolicy(ctx, s.run)
+	}
+	if err != nil {
+		return err
+	}
+	if p != nil {
+		s.createBlocked, s.stalled = true, p
+		s.requeueIn(r.DependencyRetry)
 	}
 	return nil
 }

@@ -135,6 +135,10 @@ func TestValidationRejectsBadRuns(t *testing.T) {
 			want: "annotations processing.runledger.dev/* are set by the controller"},
 		{name: "volume named tmp", run: withSpec(t, map[string]string{"workerTemplate": `{volumes: [{name: tmp, emptyDir: {}}]}`}),
 			want: "the volume name tmp is runledger's own"},
+		{name: "volume named runledger-run", run: withSpec(t, map[string]string{"workerTemplate": `{volumes: [{name: runledger-run, emptyDir: {}}]}`}),
+			want: "the volume names processor-tmp, runledger-token, runledger-batch and runledger-run are runledger's own"},
+		{name: "volume named runledger-token", run: withSpec(t, map[string]string{"workerTemplate": `{volumes: [{name: runledger-token, emptyDir: {}}]}`}),
+			want: "the volume names processor-tmp, runledger-token, runledger-batch and runledger-run are runledger's own"},
 		{name: "mount over /tmp", run: withSpec(t, map[string]string{"workerTemplate": `{volumes: [{name: x, emptyDir: {}}], volumeMounts: [{name: x, mountPath: /tmp}]}`}),
 			want: "/tmp and /dev/termination-log are runledger's own mount paths"},
 	}

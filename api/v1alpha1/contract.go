@@ -1,9 +1,12 @@
 package v1alpha1
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -20,9 +23,13 @@ import (
 // restartPolicy Never, the labels below, a controller owner reference to the
 // run, and the container args [WorkerSubcommand] (the image's entrypoint is
 // the runledger binary). The worker learns everything else from the
-// environment variables below and reads the run itself through the API
-// (it must check that the run's UID is EnvRunUID: a run deleted and created
-// again under the same name is another run).
+// environment variables below and from its run's file: before a pass
+// creates pods, the controller writes the run (its identity and spec,
+// EncodeRunFile) into the ConfigMap RunConfigMapName(run), owned by the
+// run, which the pod mounts (the kubelet reads it), so workers need no right
+// to read runs. The worker reads it at start (DecodeRunFile) and must check
+// that the run's UID is EnvRunUID: a run deleted and created again under
+// the same name is another run.
 //
 // Reports. A worker reports on its OWN pod, never on the run: a JSON merge
 // patch of the pod's annotation AnnotationProgress, with the pod's UID
@@ -105,6 +112,9 @@ const (
 	// file the ConfigMap's key is mounted as (the kubelet reads the
 	// ConfigMap: workers have no right to read ConfigMaps).
 	EnvBatchFile = "RUNLEDGER_BATCH_FILE"
+	// EnvRunFile is the file the run's ConfigMap (RunConfigMapName) is
+	// mounted as: the run the worker works for (DecodeRunFile).
+	EnvRunFile = "RUNLEDGER_RUN_FILE"
 
 	// WorkerSubcommand is the argument the worker container runs with.
 	WorkerSubcommand = "worker"
@@ -253,6 +263,67 @@ func WorkerFieldManager(shard int32) string {
 // "<run>-<shard>-<attempt>".
 func PodName(run string, shard, attempt int32) string {
 	return fmt.Sprintf("%s-%d-%d", run, shard, attempt)
+}
+
+// RunConfigMapName is the name of the ConfigMap that holds a run's file
+// (WorkerRunFile) for its pods: "runledger-<run>".
+func RunConfigMapName(run string) string {
+	return "runledger-" + run
+}
+
+// MaxRunFileBytes bounds a run's file once decompressed: far more than the
+// API server stores in one object.
+const MaxRunFileBytes = 16 << 20
+
+// EncodeRunFile is the run's file: the gzip of the JSON of the run's kind,
+// identity (name, namespace, UID, generation) and spec, nothing else. The
+// same run gives the same bytes (no time or name in the gzip header), so the
+// controller rewrites the ConfigMap only when the spec changed.
+func EncodeRunFile(run *ProcessingRun) ([]byte, error) {
+	doc := ProcessingRun{
+		TypeMeta: metav1.TypeMeta{APIVersion: GroupVersion.String(), Kind: "ProcessingRun"},
+		ObjectMeta: metav1.ObjectMeta{Name: run.Name, Namespace: run.Namespace, UID: run.UID,
+			Generation: run.Generation},
+		Spec: run.Spec,
+	}
+	js, err := json.Marshal(&doc)
+	if err != nil {
+		return nil, fmt.Errorf("encoding run %s/%s: %w", run.Namespace, run.Name, err)
+	}
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	if _, err := zw.Write(js); err != nil {
+		return nil, fmt.Errorf("compressing run %s/%s: %w", run.Namespace, run.Name, err)
+	}
+	if err := zw.Close(); err != nil {
+		return nil, fmt.Errorf("compressing run %s/%s: %w", run.Namespace, run.Name, err)
+	}
+	return b.Bytes(), nil
+}
+
+// DecodeRunFile reads a run's file (EncodeRunFile).
+func DecodeRunFile(b []byte) (*ProcessingRun, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("reading the run's file: %w", err)
+	}
+	js, err := io.ReadAll(io.LimitReader(zr, MaxRunFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading the run's file: %w", err)
+	}
+	if len(js) > MaxRunFileBytes {
+		return nil, fmt.Errorf("reading the run's file: more than %d bytes", MaxRunFileBytes)
+	}
+	// encoding/json, as the API client decodes a run: the file is the
+	// controller's own encoding of what the API server stored.
+	run := &ProcessingRun{}
+	if err := json.Unmarshal(js, run); err != nil {
+		return nil, fmt.Errorf("reading the run's file: %w", err)
+	}
+	if run.Kind != "ProcessingRun" || run.APIVersion != GroupVersion.String() {
+		return nil, fmt.Errorf("reading the run's file: it holds %s %s, not a %s ProcessingRun", run.APIVersion, run.Kind, GroupVersion)
+	}
+	return run, nil
 }
 
 // +kubebuilder:object:generate=false

@@ -1,10 +1,15 @@
 package v1alpha1
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func TestNames(t *testing.T) {
@@ -148,5 +153,56 @@ func TestTruncate(t *testing.T) {
 		if len(c.s) > c.n && c.n >= len("…") && len(got) > c.n {
 			t.Errorf("Truncate(%q, %d) = %q: longer than %d bytes", c.s, c.n, got, c.n)
 		}
+	}
+}
+
+// TestRunFile: the run's file carries the run's kind, identity and spec and
+// nothing else (no status, labels or annotations), decodes to what was
+// encoded, and anything else (not gzip, not a run, too large) is an error.
+func TestRunFile(t *testing.T) {
+	run := &ProcessingRun{
+		ObjectMeta: metav1.ObjectMeta{Name: "invoices", Namespace: "billing", UID: "uid-1", Generation: 3,
+			Labels: map[string]string{"team": "a"}, Annotations: map[string]string{"x": "y"}},
+		Spec: ProcessingRunSpec{Workers: 4, Database: DatabaseSpec{SecretRef: SecretKeyRef{Name: "db", Key: "dsn"}},
+			Batch: BatchSpec{Items: []Item{{Entity: "acct-1", Occurrence: "2026-01"}}}},
+		Status: ProcessingRunStatus{Phase: RunRunning},
+	}
+	b, err := EncodeRunFile(run)
+	require.NoError(t, err)
+	again, err := EncodeRunFile(run.DeepCopy())
+	require.NoError(t, err)
+	require.Equal(t, b, again, "deterministic")
+
+	got, err := DecodeRunFile(b)
+	require.NoError(t, err)
+	require.Equal(t, run.Spec, got.Spec)
+	require.Equal(t, "invoices", got.Name)
+	require.Equal(t, "billing", got.Namespace)
+	require.EqualValues(t, "uid-1", got.UID)
+	require.EqualValues(t, 3, got.Generation)
+	require.Empty(t, got.Labels)
+	require.Empty(t, got.Annotations)
+	require.Empty(t, got.Status.Phase)
+
+	gz := func(s string) []byte {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		_, err := zw.Write([]byte(s))
+		require.NoError(t, err)
+		require.NoError(t, zw.Close())
+		return buf.Bytes()
+	}
+	for name, tc := range map[string]struct {
+		in   []byte
+		want string
+	}{
+		"not gzip":       {[]byte(`{"kind":"ProcessingRun"}`), "reading the run's file: gzip: invalid header"},
+		"not JSON":       {gz("kind: ProcessingRun"), "reading the run's file: invalid character"},
+		"another kind":   {gz(`{"apiVersion":"v1","kind":"ConfigMap"}`), "it holds v1 ConfigMap, not a processing.runledger.dev/v1alpha1 ProcessingRun"},
+		"truncated gzip": {b[:len(b)/2], "reading the run's file: unexpected EOF"},
+		"too large":      {gz(`{"spec":"` + strings.Repeat("x", MaxRunFileBytes) + `"}`), "more than 16777216 bytes"},
+	} {
+		_, err := DecodeRunFile(tc.in)
+		require.ErrorContains(t, err, tc.want, name)
 	}
 }

@@ -553,12 +553,12 @@ type WorkerTemplate struct {
 	EnvFrom []corev1.EnvFromSource `json:"envFrom,omitempty"`
 	// volumes of the worker pods (e.g. a Secret holding the CA of the
 	// database's TLS certificate). The names tmp, processor-tmp,
-	// runledger-token and runledger-batch are runledger's.
+	// runledger-token, runledger-batch and runledger-run are runledger's.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
 	// +kubebuilder:validation:XValidation:rule="self.all(v, v.name != 'tmp')",message="the volume name tmp is runledger's own (an emptyDir at /tmp): choose another name"
-	// +kubebuilder:validation:XValidation:rule="self.all(v, !(v.name in ['processor-tmp', 'runledger-token', 'runledger-batch']))",message="the volume names processor-tmp, runledger-token and runledger-batch are runledger's own: choose another name"
+	// +kubebuilder:validation:XValidation:rule="self.all(v, !(v.name in ['processor-tmp', 'runledger-token', 'runledger-batch', 'runledger-run']))",message="the volume names processor-tmp, runledger-token, runledger-batch and runledger-run are runledger's own: choose another name"
 	Volumes []corev1.Volume `json:"volumes,omitempty"`
 	// volumeMounts of the worker container, naming workerTemplate.volumes.
 	// /tmp, /dev/termination-log, /var/run/runledger and the ServiceAccount

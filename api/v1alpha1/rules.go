@@ -79,6 +79,16 @@ const (
 	WorkerBatchPath = "/var/run/runledger/batch"
 	// WorkerBatchFile is the batch's file name in WorkerBatchPath.
 	WorkerBatchFile = "items.jsonl"
+	// WorkerRunVolume is the run's ConfigMap (RunConfigMapName), mounted at
+	// WorkerRunPath in the worker container: the worker reads its run from
+	// the file, never through the API (its role cannot read runs).
+	WorkerRunVolume = "runledger-run"
+	// WorkerRunPath is where WorkerRunVolume is mounted.
+	WorkerRunPath = "/var/run/runledger/run"
+	// WorkerRunFile is the run's key in its ConfigMap and its file's name
+	// in WorkerRunPath: the gzip of the run's JSON (EncodeRunFile), so that
+	// a run as large as the API server stores fits a ConfigMap's 1 MiB.
+	WorkerRunFile = "run.json.gz"
 	// MaxWorkerEnv bounds workerTemplate.env (and the cost of its rule).
 	MaxWorkerEnv = 64
 	// MaxWorkerVolumes bounds workerTemplate.volumes and volumeMounts.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"os/signal"
 	"sync"
@@ -31,9 +30,10 @@ import (
 const workerLong = `Process one shard of a ProcessingRun, inside the worker pod the controller
 created for it. Everything comes from the pod's environment (` + v1alpha1.EnvRunNamespace + `,
 ` + v1alpha1.EnvRunName + `, ` + v1alpha1.EnvRunUID + `, ` + v1alpha1.EnvShard + `, ` + v1alpha1.EnvShards + `, ` + v1alpha1.EnvAttempt + `,
-` + v1alpha1.EnvDatabaseURL + ` from the run's Secret, ` + v1alpha1.EnvPodName + `, ` + v1alpha1.EnvPodUID + `) and from the run itself,
-read through the API (a configMapRef batch is the file the kubelet mounts,
-$` + v1alpha1.EnvBatchFile + `).
+` + v1alpha1.EnvDatabaseURL + ` from the run's Secret, ` + v1alpha1.EnvPodName + `, ` + v1alpha1.EnvPodUID + `) and from the files
+the kubelet mounts: the run itself ($` + v1alpha1.EnvRunFile + `, from the ConfigMap
+runledger-<run> the controller writes) and a configMapRef batch ($` + v1alpha1.EnvBatchFile + `).
+The worker reads nothing through the API.
 
 The worker applies the ledger's migrations (unless --skip-migrate), commits
 its shard's items, publishes its counts to the ledger database every 2
@@ -187,9 +187,9 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	if err != nil {
 		return worker.Report{}, 0, fmt.Errorf("creating the Kubernetes client: %w", err)
 	}
-	run, err := getRunWithRetry(ctx, c, s.env, s.log)
+	run, err := worker.ReadRun(s.env)
 	if err != nil {
-		return worker.Report{}, 0, err
+		return worker.Report{}, 0, badInput(err)
 	}
 	maxFailed := int(run.Spec.MaxFailedItems)
 
@@ -237,27 +237,4 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	s.log.Info("processing shard", "uid", plan.Run.UID, "shards", plan.Shards, "chunkSize", plan.ChunkSize)
 	rep := worker.RunShard(ctx, store, sc)
 	return rep, maxFailed, nil
-}
-
-// getRunWithRetry reads the run, retrying transient API errors for a while.
-// A run that is gone (or was created again) is not retried.
-func getRunWithRetry(ctx context.Context, c client.Reader, env worker.PodEnv, log logr.Logger) (*v1alpha1.ProcessingRun, error) {
-	var run *v1alpha1.ProcessingRun
-	final := func(err error) bool {
-		return worker.IsInputError(err) || apierrors.IsNotFound(err) || apierrors.IsForbidden(err)
-	}
-	policy := worker.Backoff{Initial: 250 * time.Millisecond, Max: 5 * time.Second, MaxAttempts: math.MaxInt, MaxElapsed: time.Minute}
-	err := policy.DoWhile(ctx, "reading the run", func(err error) bool { return !final(err) },
-		func(_ int, _ time.Duration, err error) {
-			log.Info("reading the run failed, retrying", "error", err.Error())
-		},
-		func(int) error {
-			var err error
-			run, err = worker.GetRun(ctx, c, env)
-			return err
-		})
-	if err != nil && final(err) {
-		return nil, badInput(err)
-	}
-	return run, err
 }

@@ -9,8 +9,6 @@ import (
 	"strconv"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
@@ -31,6 +29,8 @@ type PodEnv struct {
 	// pod an earlier release created: then the name alone).
 	PodUID string
 	DSN    string
+	// RunFile is the file the run's ConfigMap is mounted as (DecodeRunFile).
+	RunFile string
 }
 
 // PodEnvFrom reads the worker's environment (getenv is os.Getenv in a pod).
@@ -64,6 +64,7 @@ func PodEnvFrom(getenv func(string) string) (PodEnv, error) {
 		PodName:   str(v1alpha1.EnvPodName),
 		PodUID:    getenv(v1alpha1.EnvPodUID),
 		DSN:       str(v1alpha1.EnvDatabaseURL),
+		RunFile:   str(v1alpha1.EnvRunFile),
 	}
 	e.Shard = num(v1alpha1.EnvShard, 0, v1alpha1.MaxWorkers-1)
 	if errs.Count == 0 && e.Shard >= e.Shards {
@@ -72,17 +73,25 @@ func PodEnvFrom(getenv func(string) string) (PodEnv, error) {
 	return e, errs.orNil()
 }
 
-// GetRun reads the worker's run and checks that it is the one the pod was
-// created for (a run deleted and created again under the same name is
-// another run, with another UID).
-func GetRun(ctx context.Context, c client.Reader, env PodEnv) (*v1alpha1.ProcessingRun, error) {
-	run := &v1alpha1.ProcessingRun{}
-	if err := c.Get(ctx, types.NamespacedName{Namespace: env.Namespace, Name: env.Name}, run); err != nil {
-		return nil, fmt.Errorf("reading ProcessingRun %s/%s: %w", env.Namespace, env.Name, err)
+// ReadRun reads the worker's run from the file the kubelet mounted from
+// the run's ConfigMap (the worker has no right to read runs through the API)
+// and checks that it is the one the pod was created for (a run deleted and
+// created again under the same name is another run, with another UID). Any
+// error is bad input: the controller wrote the file before creating the pod.
+func ReadRun(env PodEnv) (*v1alpha1.ProcessingRun, error) {
+	where := fmt.Sprintf("ProcessingRun %s/%s", env.Namespace, env.Name)
+	b, err := os.ReadFile(env.RunFile)
+	if err != nil {
+		return nil, &InputError{Where: where, Msg: fmt.Sprintf("cannot be read from %s (%s, mounted from ConfigMap %s): %v",
+			env.RunFile, v1alpha1.EnvRunFile, v1alpha1.RunConfigMapName(env.Name), err)}
 	}
-	if string(run.UID) != env.UID {
-		return nil, &InputError{Where: fmt.Sprintf("ProcessingRun %s/%s", env.Namespace, env.Name),
-			Msg: fmt.Sprintf("has UID %s, not %s: the run this pod was created for is gone", run.UID, env.UID)}
+	run, err := v1alpha1.DecodeRunFile(b)
+	if err != nil {
+		return nil, &InputError{Where: where, Msg: fmt.Sprintf("in %s: %v", env.RunFile, err)}
+	}
+	if run.Namespace != env.Namespace || run.Name != env.Name || string(run.UID) != env.UID {
+		return nil, &InputError{Where: where, Msg: fmt.Sprintf("%s holds run %s/%s with UID %s, not UID %s: the run this pod was created for is gone",
+			env.RunFile, run.Namespace, run.Name, run.UID, env.UID)}
 	}
 	return run, nil
 }

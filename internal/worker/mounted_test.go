@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/worker"
@@ -32,4 +33,44 @@ func TestMountedBatchData(t *testing.T) {
 	_, _, err = worker.MountedBatchData("", "billing")(context.Background(), ref)
 	require.True(t, worker.IsInputError(err), "%v", err)
 	require.ErrorContains(t, err, v1alpha1.EnvBatchFile+" is not set")
+}
+
+// TestReadRun: the worker's run is the file the kubelet mounted from the
+// run's ConfigMap; a missing or unreadable file, or one holding another run
+// (deleted and created again under the name), is bad input that says so.
+func TestReadRun(t *testing.T) {
+	run := &v1alpha1.ProcessingRun{
+		ObjectMeta: metav1.ObjectMeta{Name: "invoices", Namespace: "billing", UID: "uid-1"},
+		Spec:       v1alpha1.ProcessingRunSpec{Workers: 2, Batch: v1alpha1.BatchSpec{Query: "SELECT 1"}},
+	}
+	b, err := v1alpha1.EncodeRunFile(run)
+	require.NoError(t, err)
+	file := filepath.Join(t.TempDir(), v1alpha1.WorkerRunFile)
+	require.NoError(t, os.WriteFile(file, b, 0o444))
+	env := worker.PodEnv{Namespace: "billing", Name: "invoices", UID: "uid-1", RunFile: file}
+
+	got, err := worker.ReadRun(env)
+	require.NoError(t, err)
+	require.Equal(t, run.Spec, got.Spec)
+
+	for name, tc := range map[string]struct {
+		env  func(worker.PodEnv) worker.PodEnv
+		want string
+	}{
+		"another run of the name": {func(e worker.PodEnv) worker.PodEnv { e.UID = "uid-2"; return e },
+			"holds run billing/invoices with UID uid-1, not UID uid-2: the run this pod was created for is gone"},
+		"another run's file": {func(e worker.PodEnv) worker.PodEnv { e.Name = "payroll"; return e },
+			"holds run billing/invoices with UID uid-1"},
+		"no file": {func(e worker.PodEnv) worker.PodEnv { e.RunFile = filepath.Join(t.TempDir(), "absent"); return e },
+			"mounted from ConfigMap runledger-invoices"},
+		"not a run's file": {func(e worker.PodEnv) worker.PodEnv {
+			e.RunFile = filepath.Join(t.TempDir(), "x")
+			require.NoError(t, os.WriteFile(e.RunFile, []byte(`{"kind":"ProcessingRun","spec":{}}`), 0o444))
+			return e
+		}, "reading the run's file: gzip: invalid header"},
+	} {
+		_, err := worker.ReadRun(tc.env(env))
+		require.True(t, worker.IsInputError(err), "%s: %v", name, err)
+		require.ErrorContains(t, err, tc.want, name)
+	}
 }

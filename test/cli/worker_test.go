@@ -375,6 +375,16 @@ func startWorker(t *testing.T, k *kubeEnv, d *db, run *v1alpha1.ProcessingRun, s
 		v1alpha1.EnvPodUID+"="+string(pod.UID),
 		v1alpha1.EnvDatabaseURL+"="+d.dsn,
 	)
+	// The run's file, as the controller writes the stored run into its
+	// ConfigMap and the kubelet mounts it: the worker reads no run through
+	// the API (a stale run's UID is the environment's, not the file's).
+	stored := &v1alpha1.ProcessingRun{}
+	require.NoError(t, k.c.Get(ctx, types.NamespacedName{Namespace: run.Namespace, Name: run.Name}, stored))
+	runFile, err := v1alpha1.EncodeRunFile(stored)
+	require.NoError(t, err)
+	runPath := filepath.Join(t.TempDir(), v1alpha1.WorkerRunFile)
+	require.NoError(t, os.WriteFile(runPath, runFile, 0o444))
+	cmd.Env = append(cmd.Env, v1alpha1.EnvRunFile+"="+runPath)
 	if ref := run.Spec.Batch.ConfigMapRef; ref != nil {
 		// As the kubelet mounts it (controllers/podspec.go): the worker
 		// reads no ConfigMap through the API.

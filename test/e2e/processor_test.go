@@ -17,6 +17,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -183,7 +184,7 @@ func (f *fixture) requireWorkerTokenOwnPodOnly(own, other corev1.Pod) {
 	require.NoError(f.t, err)
 	cfg := rest.AnonymousClientConfig(f.cfg)
 	cfg.BearerToken = tok.Status.Token
-	wc, err := client.New(cfg, client.Options{})
+	wc, err := client.New(cfg, client.Options{Scheme: f.c.Scheme()})
 	require.NoError(f.t, err)
 	patch := func(name, body string) error {
 		return wc.Patch(f.ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name}}, client.RawPatch(types.MergePatchType, []byte(body)))
@@ -199,5 +200,16 @@ func (f *fixture) requireWorkerTokenOwnPodOnly(own, other corev1.Pod) {
 		require.Error(f.t, err, what)
 		require.Contains(f.t, err.Error(), tc.want, what)
 		f.t.Logf("a worker's token, %s: %v", what, err)
+	}
+	// Reads: none, its own run neither (the kubelet mounted it from the
+	// run's ConfigMap, which the token cannot read either).
+	run := own.Labels[v1alpha1.LabelRun]
+	for what, obj := range map[string]client.Object{
+		"its run":             &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Name: run}},
+		"its run's ConfigMap": &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.RunConfigMapName(run)}},
+	} {
+		err := wc.Get(f.ctx, client.ObjectKey{Namespace: f.ns, Name: obj.GetName()}, obj)
+		require.True(f.t, apierrors.IsForbidden(err), "%s: %v", what, err)
+		f.t.Logf("a worker's token, get %s: %v", what, err)
 	}
 }

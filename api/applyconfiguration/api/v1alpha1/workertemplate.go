@@ -42,7 +42,7 @@ type WorkerTemplateApplyConfiguration struct {
 	EnvFrom []v1.EnvFromSource `json:"envFrom,omitempty"`
 	// volumes of the worker pods (e.g. a Secret holding the CA of the
 	// database's TLS certificate). The names tmp, processor-tmp,
-	// runledger-token and runledger-batch are runledger's.
+	// runledger-token, runledger-batch and runledger-run are runledger's.
 	Volumes []v1.Volume `json:"volumes,omitempty"`
 	// volumeMounts of the worker container, naming workerTemplate.volumes.
 	// /tmp, /dev/termination-log, /var/run/runledger and the ServiceAccount
