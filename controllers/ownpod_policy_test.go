@@ -144,7 +144,7 @@ func TestWorkerTokenOnlyItsOwnPod(t *testing.T) {
 	}
 	err = wc.Get(ctx, types.NamespacedName{Namespace: ns, Name: testSecret}, &corev1.Secret{})
 	require.True(t, apierrors.IsForbidden(err), "get a Secret: %v", err)
-	for _, name := range []string{"kube-root-ca.crt", v1alpha1.RunConfigMapName("run")} {
+	for _, name := range []string{"kube-root-ca.crt", v1alpha1.RunConfigMapName("run", v1alpha1.RunFileDigest(nil))} {
 		err = wc.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &corev1.ConfigMap{})
 		require.True(t, apierrors.IsForbidden(err), "get ConfigMap %s: %v", name, err)
 	}

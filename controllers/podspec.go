@@ -236,7 +236,8 @@ func batchVolume(ref *v1alpha1.ConfigMapKeyRef) corev1.Volume {
 	}}
 }
 
-// buildWorkerPod is the pod of one attempt of one shard of a run. It is a
+// buildWorkerPod is the pod of one attempt of one shard of a run, but its
+// run's file (withRunFile) and admitted placement (applyPlacement). It is a
 // pure function of its arguments.
 func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1alpha1.ItemCounts, opts PodOptions) (*corev1.Pod, error) {
 	floorJSON, err := json.Marshal(floor)
@@ -313,11 +314,10 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 				},
-				VolumeMounts: append([]corev1.VolumeMount{{Name: v1alpha1.WorkerTmpVolume, MountPath: v1alpha1.WorkerTmpPath}, tokenMount(),
-					{Name: v1alpha1.WorkerRunVolume, MountPath: v1alpha1.WorkerRunPath, ReadOnly: true}},
+				VolumeMounts: append([]corev1.VolumeMount{{Name: v1alpha1.WorkerTmpVolume, MountPath: v1alpha1.WorkerTmpPath}, tokenMount()},
 					userVolumeMounts(tmpl.VolumeMounts)...),
 			}},
-			Volumes: append([]corev1.Volume{tmpVolume(v1alpha1.WorkerTmpVolume), tokenVolume(), runVolume(run)}, userVolumes(tmpl.Volumes)...),
+			Volumes: append([]corev1.Volume{tmpVolume(v1alpha1.WorkerTmpVolume), tokenVolume()}, userVolumes(tmpl.Volumes)...),
 		},
 	}
 	if ref := run.Spec.Batch.ConfigMapRef; ref != nil {
@@ -421,7 +421,6 @@ func workerEnv(run *v1alpha1.ProcessingRun, shard, attempt int32, ref v1alpha1.S
 		{Name: v1alpha1.EnvShard, Value: strconv.Itoa(int(shard))},
 		{Name: v1alpha1.EnvShards, Value: strconv.Itoa(int(run.Spec.ShardCount()))},
 		{Name: v1alpha1.EnvAttempt, Value: strconv.Itoa(int(attempt))},
-		{Name: v1alpha1.EnvRunFile, Value: v1alpha1.WorkerRunPath + "/" + v1alpha1.WorkerRunFile},
 		{Name: v1alpha1.EnvPodName, ValueFrom: &corev1.EnvVarSource{
 			FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"},
 		}},

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"encoding/json"
-	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -46,26 +45,6 @@ func TestBuildWorkerPod(t *testing.T) {
 		floor   v1alpha1.ItemCounts
 		check   func(t *testing.T, pod *corev1.Pod)
 	}{
-		{
-			name: "the run's file: the worker container alone mounts the run's ConfigMap, which must exist",
-			mutate: func(r *v1alpha1.ProcessingRun) {
-				r.Spec.Effect = &v1alpha1.EffectSpec{Processor: &v1alpha1.ProcessorSpec{Image: "registry.example/mailer:1"}}
-			},
-			check: func(t *testing.T, pod *corev1.Pod) {
-				c := pod.Spec.Containers[0]
-				require.Equal(t, "/var/run/runledger/run/run.json.gz", envMap(t, c)[v1alpha1.EnvRunFile].Value)
-				require.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.WorkerRunVolume, MountPath: "/var/run/runledger/run", ReadOnly: true})
-				i := slices.Index(volumeNames(pod.Spec.Volumes), v1alpha1.WorkerRunVolume)
-				require.GreaterOrEqual(t, i, 0)
-				cm := pod.Spec.Volumes[i].ConfigMap
-				require.Equal(t, v1alpha1.RunConfigMapName("invoices"), cm.Name)
-				require.Equal(t, []corev1.KeyToPath{{Key: v1alpha1.WorkerRunFile, Path: v1alpha1.WorkerRunFile}}, cm.Items)
-				require.False(t, *cm.Optional, "a pod waits for its run's ConfigMap rather than start without it")
-				for _, m := range pod.Spec.InitContainers[0].VolumeMounts {
-					require.NotEqual(t, v1alpha1.WorkerRunVolume, m.Name, "the processor does not see the run's file")
-				}
-			},
-		},
 		{
 			name: "processor: a native sidecar with its port probed, the spec's fields copied",
 			mutate: func(r *v1alpha1.ProcessingRun) {
@@ -113,7 +92,7 @@ func TestBuildWorkerPod(t *testing.T) {
 				require.Equal(t, []corev1.VolumeMount{{Name: v1alpha1.ProcessorTmpVolume, MountPath: "/tmp"}}, c.VolumeMounts,
 					"its own /tmp, no ServiceAccount token")
 				require.False(t, *pod.Spec.AutomountServiceAccountToken)
-				require.Equal(t, []string{"tmp", v1alpha1.WorkerTokenVolume, v1alpha1.WorkerRunVolume, v1alpha1.ProcessorTmpVolume}, volumeNames(pod.Spec.Volumes))
+				require.Equal(t, []string{"tmp", v1alpha1.WorkerTokenVolume, v1alpha1.ProcessorTmpVolume}, volumeNames(pod.Spec.Volumes))
 			},
 		},
 		{
@@ -325,11 +304,9 @@ func TestBuildWorkerPod(t *testing.T) {
 				require.NotNil(t, env[v1alpha1.EnvDatabaseURL].ValueFrom.SecretKeyRef)
 				require.Equal(t, v1alpha1.EnvRunNamespace, c.Env[0].Name, "runledger's variables come first: the run's may refer to them")
 				require.Equal(t, "pg-opts", c.EnvFrom[0].ConfigMapRef.Name)
-				require.Equal(t, []string{"tmp", v1alpha1.WorkerTokenVolume, v1alpha1.WorkerRunVolume, "pg-ca"}, volumeNames(pod.Spec.Volumes))
-				require.Equal(t, "pg-ca", pod.Spec.Volumes[3].Secret.SecretName)
-				require.Equal(t, []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}, tokenMount(),
-					{Name: v1alpha1.WorkerRunVolume, MountPath: v1alpha1.WorkerRunPath, ReadOnly: true},
-					{Name: "pg-ca", MountPath: "/etc/pg-ca", ReadOnly: true}}, c.VolumeMounts)
+				require.Equal(t, []string{"tmp", v1alpha1.WorkerTokenVolume, "pg-ca"}, volumeNames(pod.Spec.Volumes))
+				require.Equal(t, "pg-ca", pod.Spec.Volumes[2].Secret.SecretName)
+				require.Equal(t, []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}, tokenMount(), {Name: "pg-ca", MountPath: "/etc/pg-ca", ReadOnly: true}}, c.VolumeMounts)
 				require.Equal(t, "batch", pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Values[0])
 				require.Equal(t, "topology.kubernetes.io/zone", pod.Spec.TopologySpreadConstraints[0].TopologyKey)
 				require.Equal(t, "batch-low", pod.Spec.PriorityClassName)
@@ -379,12 +356,10 @@ func TestBuildWorkerPod(t *testing.T) {
 				require.Equal(t, "1", env[v1alpha1.EnvShard].Value)
 				require.NotNil(t, env[v1alpha1.EnvPodName].ValueFrom)
 				require.Equal(t, "1", env["OK"].Value)
-				require.Equal(t, []string{"tmp", v1alpha1.WorkerTokenVolume, v1alpha1.WorkerRunVolume}, volumeNames(pod.Spec.Volumes))
+				require.Equal(t, []string{"tmp", v1alpha1.WorkerTokenVolume}, volumeNames(pod.Spec.Volumes))
 				require.NotNil(t, pod.Spec.Volumes[0].EmptyDir)
 				require.NotNil(t, pod.Spec.Volumes[1].Projected)
-				require.Equal(t, "runledger-invoices", pod.Spec.Volumes[2].ConfigMap.Name)
-				require.Equal(t, []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}, tokenMount(),
-					{Name: v1alpha1.WorkerRunVolume, MountPath: v1alpha1.WorkerRunPath, ReadOnly: true}}, c.VolumeMounts)
+				require.Equal(t, []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}, tokenMount()}, c.VolumeMounts)
 			},
 		},
 		{

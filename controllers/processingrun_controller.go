@@ -218,6 +218,9 @@ type scope struct {
 	// queue is the run's Kueue Workload and what the pass decided about
 	// it; nil for a run outside Kueue (or with the integration off).
 	queue *queueView
+	// runFile is the run's file this pass's pods mount (syncPods writes it
+	// before the pass's first create).
+	runFile runFile
 }
 
 func (s *scope) requeueIn(d time.Duration) {

@@ -335,7 +335,8 @@ func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
 // of a pass is created: the run's ConfigMap (its spec for the workers) and,
 // unless turned off, its NetworkPolicy. A problem blocks this pass's creates.
 func (r *Reconciler) ensurePodDependencies(ctx context.Context, s *scope) error {
-	p, err := r.ensureRunConfigMap(ctx, s.run)
+	rf, p, err := r.ensureRunConfigMap(ctx, s.run)
+	s.runFile = rf
 	if err == nil && p == nil && r.WorkerNetwork != nil {
 		p, err = r.ensureWorkerNetworkPolicy(ctx, s.run)
 	}
@@ -356,6 +357,10 @@ func (r *Reconciler) createPod(ctx context.Context, s *scope, d *shardDecision) 
 	if err != nil {
 		return err
 	}
+	if s.runFile.digest == "" {
+		return fmt.Errorf("create pod %s: the run's file was not written in this pass", pod.Name)
+	}
+	withRunFile(pod, s.runFile)
 	if s.queue != nil {
 		applyPlacement(pod, s.queue.placement)
 	}

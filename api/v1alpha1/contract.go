@@ -3,6 +3,8 @@ package v1alpha1
 import (
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,11 +27,14 @@ import (
 // the runledger binary). The worker learns everything else from the
 // environment variables below and from its run's file: before a pass
 // creates pods, the controller writes the run (its identity and spec,
-// EncodeRunFile) into the ConfigMap RunConfigMapName(run), owned by the
-// run, which the pod mounts (the kubelet reads it), so workers need no right
-// to read runs. The worker reads it at start (DecodeRunFile) and must check
-// that the run's UID is EnvRunUID: a run deleted and created again under
-// the same name is another run.
+// EncodeRunFile) into an immutable ConfigMap named by the file's digest,
+// RunConfigMapName(run, RunFileDigest(file)), owned by the run, which the
+// pod mounts (the kubelet reads it), so workers need no right to read runs.
+// The pod's EnvRunDigest is that digest: the worker reads the file at start
+// (DecodeRunFile), refuses it unless its digest is EnvRunDigest (a ConfigMap
+// someone replaced is not the run the API server validated), and must check
+// that the run's UID is EnvRunUID: a run deleted and created again under the
+// same name is another run.
 //
 // Reports. A worker reports on its OWN pod, never on the run: a JSON merge
 // patch of the pod's annotation AnnotationProgress, with the pod's UID
@@ -115,6 +120,9 @@ const (
 	// EnvRunFile is the file the run's ConfigMap (RunConfigMapName) is
 	// mounted as: the run the worker works for (DecodeRunFile).
 	EnvRunFile = "RUNLEDGER_RUN_FILE"
+	// EnvRunDigest is RunFileDigest of the run's file the controller wrote
+	// for this pod: the worker reads no other.
+	EnvRunDigest = "RUNLEDGER_RUN_DIGEST"
 
 	// WorkerSubcommand is the argument the worker container runs with.
 	WorkerSubcommand = "worker"
@@ -265,10 +273,18 @@ func PodName(run string, shard, attempt int32) string {
 	return fmt.Sprintf("%s-%d-%d", run, shard, attempt)
 }
 
-// RunConfigMapName is the name of the ConfigMap that holds a run's file
-// (WorkerRunFile) for its pods: "runledger-<run>".
-func RunConfigMapName(run string) string {
-	return "runledger-" + run
+// RunConfigMapName is the name of the immutable ConfigMap that holds a
+// run's file (WorkerRunFile) of the given digest (RunFileDigest) for its
+// pods: "runledger-<run>-<the digest's first 10 hex digits>". An edited
+// spec is another file, so another ConfigMap.
+func RunConfigMapName(run, digest string) string {
+	return "runledger-" + run + "-" + digest[:min(len(digest), 10)]
+}
+
+// RunFileDigest is the hex SHA-256 of a run's file.
+func RunFileDigest(file []byte) string {
+	sum := sha256.Sum256(file)
+	return hex.EncodeToString(sum[:])
 }
 
 // MaxRunFileBytes bounds a run's file once decompressed: far more than the
@@ -276,15 +292,14 @@ func RunConfigMapName(run string) string {
 const MaxRunFileBytes = 16 << 20
 
 // EncodeRunFile is the run's file: the gzip of the JSON of the run's kind,
-// identity (name, namespace, UID, generation) and spec, nothing else. The
-// same run gives the same bytes (no time or name in the gzip header), so the
-// controller rewrites the ConfigMap only when the spec changed.
+// identity (name, namespace, UID) and spec, nothing else. The same run
+// gives the same bytes (no time or name in the gzip header), so the same
+// digest: the controller writes another ConfigMap only when the spec changed.
 func EncodeRunFile(run *ProcessingRun) ([]byte, error) {
 	doc := ProcessingRun{
-		TypeMeta: metav1.TypeMeta{APIVersion: GroupVersion.String(), Kind: "ProcessingRun"},
-		ObjectMeta: metav1.ObjectMeta{Name: run.Name, Namespace: run.Namespace, UID: run.UID,
-			Generation: run.Generation},
-		Spec: run.Spec,
+		TypeMeta:   metav1.TypeMeta{APIVersion: GroupVersion.String(), Kind: "ProcessingRun"},
+		ObjectMeta: metav1.ObjectMeta{Name: run.Name, Namespace: run.Namespace, UID: run.UID},
+		Spec:       run.Spec,
 	}
 	js, err := json.Marshal(&doc)
 	if err != nil {

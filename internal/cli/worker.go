@@ -32,7 +32,8 @@ created for it. Everything comes from the pod's environment (` + v1alpha1.EnvRun
 ` + v1alpha1.EnvRunName + `, ` + v1alpha1.EnvRunUID + `, ` + v1alpha1.EnvShard + `, ` + v1alpha1.EnvShards + `, ` + v1alpha1.EnvAttempt + `,
 ` + v1alpha1.EnvDatabaseURL + ` from the run's Secret, ` + v1alpha1.EnvPodName + `, ` + v1alpha1.EnvPodUID + `) and from the files
 the kubelet mounts: the run itself ($` + v1alpha1.EnvRunFile + `, from the ConfigMap
-runledger-<run> the controller writes) and a configMapRef batch ($` + v1alpha1.EnvBatchFile + `).
+runledger-<run>-<digest> the controller writes; a file whose digest is not $` + v1alpha1.EnvRunDigest + ` is refused)
+and a configMapRef batch ($` + v1alpha1.EnvBatchFile + `).
 The worker reads nothing through the API.
 
 The worker applies the ledger's migrations (unless --skip-migrate), commits

@@ -29,8 +29,9 @@ type PodEnv struct {
 	// pod an earlier release created: then the name alone).
 	PodUID string
 	DSN    string
-	// RunFile is the file the run's ConfigMap is mounted as (DecodeRunFile).
-	RunFile string
+	// RunFile is the file the run's ConfigMap is mounted as (DecodeRunFile),
+	// RunDigest the digest the controller wrote it with.
+	RunFile, RunDigest string
 }
 
 // PodEnvFrom reads the worker's environment (getenv is os.Getenv in a pod).
@@ -65,6 +66,7 @@ func PodEnvFrom(getenv func(string) string) (PodEnv, error) {
 		PodUID:    getenv(v1alpha1.EnvPodUID),
 		DSN:       str(v1alpha1.EnvDatabaseURL),
 		RunFile:   str(v1alpha1.EnvRunFile),
+		RunDigest: str(v1alpha1.EnvRunDigest),
 	}
 	e.Shard = num(v1alpha1.EnvShard, 0, v1alpha1.MaxWorkers-1)
 	if errs.Count == 0 && e.Shard >= e.Shards {
@@ -75,15 +77,23 @@ func PodEnvFrom(getenv func(string) string) (PodEnv, error) {
 
 // ReadRun reads the worker's run from the file the kubelet mounted from
 // the run's ConfigMap (the worker has no right to read runs through the API)
-// and checks that it is the one the pod was created for (a run deleted and
-// created again under the same name is another run, with another UID). Any
-// error is bad input: the controller wrote the file before creating the pod.
+// and checks that it is the file the controller wrote for this pod (its
+// digest: a ConfigMap someone replaced is not the run the API server
+// validated) and the run the pod was created for (a run deleted and created
+// again under the same name is another run, with another UID). Any error is
+// bad input: the controller wrote the file before creating the pod.
 func ReadRun(env PodEnv) (*v1alpha1.ProcessingRun, error) {
 	where := fmt.Sprintf("ProcessingRun %s/%s", env.Namespace, env.Name)
+	cm := v1alpha1.RunConfigMapName(env.Name, env.RunDigest)
 	b, err := os.ReadFile(env.RunFile)
 	if err != nil {
 		return nil, &InputError{Where: where, Msg: fmt.Sprintf("cannot be read from %s (%s, mounted from ConfigMap %s): %v",
-			env.RunFile, v1alpha1.EnvRunFile, v1alpha1.RunConfigMapName(env.Name), err)}
+			env.RunFile, v1alpha1.EnvRunFile, cm, err)}
+	}
+	if got := v1alpha1.RunFileDigest(b); got != env.RunDigest {
+		return nil, &InputError{Where: where, Msg: fmt.Sprintf(
+			"%s (ConfigMap %s) is not the file the controller wrote for this pod: its digest is %s, not %s (%s): the ConfigMap was replaced",
+			env.RunFile, cm, got, env.RunDigest, v1alpha1.EnvRunDigest)}
 	}
 	run, err := v1alpha1.DecodeRunFile(b)
 	if err != nil {

@@ -36,8 +36,10 @@ func TestMountedBatchData(t *testing.T) {
 }
 
 // TestReadRun: the worker's run is the file the kubelet mounted from the
-// run's ConfigMap; a missing or unreadable file, or one holding another run
-// (deleted and created again under the name), is bad input that says so.
+// run's ConfigMap; a missing or unreadable file, one the controller did not
+// write for the pod (a replaced ConfigMap: here one that would make a Skip
+// run supersede), or one holding another run (deleted and created again
+// under the name), is bad input that says so.
 func TestReadRun(t *testing.T) {
 	run := &v1alpha1.ProcessingRun{
 		ObjectMeta: metav1.ObjectMeta{Name: "invoices", Namespace: "billing", UID: "uid-1"},
@@ -47,7 +49,7 @@ func TestReadRun(t *testing.T) {
 	require.NoError(t, err)
 	file := filepath.Join(t.TempDir(), v1alpha1.WorkerRunFile)
 	require.NoError(t, os.WriteFile(file, b, 0o444))
-	env := worker.PodEnv{Namespace: "billing", Name: "invoices", UID: "uid-1", RunFile: file}
+	env := worker.PodEnv{Namespace: "billing", Name: "invoices", UID: "uid-1", RunFile: file, RunDigest: v1alpha1.RunFileDigest(b)}
 
 	got, err := worker.ReadRun(env)
 	require.NoError(t, err)
@@ -62,10 +64,21 @@ func TestReadRun(t *testing.T) {
 		"another run's file": {func(e worker.PodEnv) worker.PodEnv { e.Name = "payroll"; return e },
 			"holds run billing/invoices with UID uid-1"},
 		"no file": {func(e worker.PodEnv) worker.PodEnv { e.RunFile = filepath.Join(t.TempDir(), "absent"); return e },
-			"mounted from ConfigMap runledger-invoices"},
+			"mounted from ConfigMap runledger-invoices-" + v1alpha1.RunFileDigest(b)[:10]},
+		"a replaced ConfigMap": {func(e worker.PodEnv) worker.PodEnv {
+			other := run.DeepCopy()
+			other.Spec.OnExisting = v1alpha1.OnExistingSupersede
+			ob, err := v1alpha1.EncodeRunFile(other)
+			require.NoError(t, err)
+			e.RunFile = filepath.Join(t.TempDir(), v1alpha1.WorkerRunFile)
+			require.NoError(t, os.WriteFile(e.RunFile, ob, 0o444))
+			return e
+		}, "is not the file the controller wrote for this pod: its digest is "},
 		"not a run's file": {func(e worker.PodEnv) worker.PodEnv {
 			e.RunFile = filepath.Join(t.TempDir(), "x")
-			require.NoError(t, os.WriteFile(e.RunFile, []byte(`{"kind":"ProcessingRun","spec":{}}`), 0o444))
+			content := []byte(`{"kind":"ProcessingRun","spec":{}}`)
+			require.NoError(t, os.WriteFile(e.RunFile, content, 0o444))
+			e.RunDigest = v1alpha1.RunFileDigest(content)
 			return e
 		}, "reading the run's file: gzip: invalid header"},
 	} {

@@ -384,7 +384,7 @@ func startWorker(t *testing.T, k *kubeEnv, d *db, run *v1alpha1.ProcessingRun, s
 	require.NoError(t, err)
 	runPath := filepath.Join(t.TempDir(), v1alpha1.WorkerRunFile)
 	require.NoError(t, os.WriteFile(runPath, runFile, 0o444))
-	cmd.Env = append(cmd.Env, v1alpha1.EnvRunFile+"="+runPath)
+	cmd.Env = append(cmd.Env, v1alpha1.EnvRunFile+"="+runPath, v1alpha1.EnvRunDigest+"="+v1alpha1.RunFileDigest(runFile))
 	if ref := run.Spec.Batch.ConfigMapRef; ref != nil {
 		// As the kubelet mounts it (controllers/podspec.go): the worker
 		// reads no ConfigMap through the API.

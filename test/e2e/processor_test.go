@@ -203,10 +203,16 @@ func (f *fixture) requireWorkerTokenOwnPodOnly(own, other corev1.Pod) {
 	}
 	// Reads: none, its own run neither (the kubelet mounted it from the
 	// run's ConfigMap, which the token cannot read either).
-	run := own.Labels[v1alpha1.LabelRun]
+	runFile := ""
+	for _, v := range own.Spec.Volumes {
+		if v.Name == v1alpha1.WorkerRunVolume {
+			runFile = v.ConfigMap.Name
+		}
+	}
+	require.NotEmpty(f.t, runFile, "pod %s mounts its run's file", own.Name)
 	for what, obj := range map[string]client.Object{
-		"its run":             &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Name: run}},
-		"its run's ConfigMap": &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.RunConfigMapName(run)}},
+		"its run":             &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Name: own.Labels[v1alpha1.LabelRun]}},
+		"its run's ConfigMap": &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: runFile}},
 	} {
 		err := wc.Get(f.ctx, client.ObjectKey{Namespace: f.ns, Name: obj.GetName()}, obj)
 		require.True(f.t, apierrors.IsForbidden(err), "%s: %v", what, err)
