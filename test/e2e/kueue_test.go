@@ -29,11 +29,11 @@ import (
 
 // Kueue as TestKueue installs it (hack/tools/kueue/install).
 const (
-	kueueNamespace  = "kueue-system"
-	kueueManager    = "kueue-controller-manager"
-	kueueUpstreamIm = "us-central1-docker.pkg.dev/k8s-staging-images/kueue/kueue" // config/default's image name
-	labelQueueName  = "kueue.x-k8s.io/queue-name"
-	labelPriority   = "kueue.x-k8s.io/priority-class"
+	kueueNamespace     = "kueue-system"
+	kueueManager       = "kueue-controller-manager"
+	kueueUpstreamImage = "us-central1-docker.pkg.dev/k8s-staging-images/kueue/kueue" // config/default's image name
+	labelQueueName     = "kueue.x-k8s.io/queue-name"
+	labelPriority      = "kueue.x-k8s.io/priority-class"
 	// The reasons of a queued run's Admitted condition (and Events).
 	reasonQueued   = "Queued"
 	reasonAdmitted = "Admitted"
@@ -102,7 +102,7 @@ func (e *env) installKueue(ctx context.Context, t *testing.T, kc client.Client) 
 	kfile := filepath.Join(dir, "install", "kustomization.yaml")
 	k, err := os.ReadFile(kfile)
 	require.NoError(t, err)
-	k = fmt.Appendf(k, "images:\n- name: %s\n  newName: %s\n  digest: %s\n", kueueUpstreamIm, name, digest)
+	k = fmt.Appendf(k, "images:\n- name: %s\n  newName: %s\n  digest: %s\n", kueueUpstreamImage, name, digest)
 	require.NoError(t, os.WriteFile(kfile, k, 0o644))
 	manifest, err := e.kubectlRun(ctx, "kustomize", filepath.Join(dir, "install"))
 	require.NoError(t, err, manifest)
