@@ -27,8 +27,9 @@
 // A pod monitor watches every worker pod of the namespace for the whole
 // test and fails it if a shard ever had two live pods; a count monitor
 // fails it if a run's completed, alreadyHandled or total ever went down. Tests that disturb
-// the whole cluster (leader failover, PostgreSQL restart) run alone; the
-// others run in parallel.
+// the whole cluster (leader failover, PostgreSQL restart, TestKueue's
+// install of the real Kueue and of the operator from config/kueue) run
+// alone; the others run in parallel.
 //
 // TestSoak (soak_*_test.go) streams runs of every kind while a seeded
 // nemesis injects faults, then checks every run against the effects' own

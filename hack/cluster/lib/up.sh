@@ -160,6 +160,10 @@ start_control_plane() {
   WATCH=etcd wait_for "etcd" 30 in_ns "${CP_NETNS}" curl -fsS http://127.0.0.1:2379/health
 
   step "kube-apiserver https://${CP_IP}:6443"
+  # --enable-aggregator-routing: the control plane's namespace has no
+  # kube-proxy and cannot reach a Service's ClusterIP, so the API server calls
+  # admission webhooks, CRD conversion webhooks and APIServices at the
+  # Service's endpoint pod IPs, which it routes to (Kueue's webhooks, TestKueue).
   start_daemon kube-apiserver "${BIN_DIR}/kube-apiserver" \
     --etcd-servers http://127.0.0.1:2379 \
     --advertise-address "${CP_IP}" --bind-address 0.0.0.0 --secure-port 6443 \
@@ -173,6 +177,7 @@ start_control_plane() {
     --service-account-key-file "${pki}/sa.pub" --service-account-signing-key-file "${pki}/sa.key" \
     --service-cluster-ip-range "${SERVICE_CIDR}" \
     --authorization-mode Node,RBAC \
+    --enable-aggregator-routing=true \
     --profiling=false
   WATCH=kube-apiserver wait_for "kube-apiserver /readyz" 120 kubectl_ get --raw /readyz
 
