@@ -186,13 +186,25 @@ func TestChartIsConfigPrometheusAndPolicy(t *testing.T) {
 }
 
 // TestChartIsConfigKueue: kueue.enabled is config/kueue (the manager's
-// --kueue and its Kueue ClusterRole, bound).
+// --kueue and its Kueue ClusterRole, bound; Kueue's manager's right to read
+// runs), and kueue.controllerServiceAccount changes only that right's
+// subject.
 func TestChartIsConfigKueue(t *testing.T) {
-	got := render(t, loadChart(t), systemNamespace, map[string]any{
+	c := loadChart(t)
+	got := render(t, c, systemNamespace, map[string]any{
 		"kueue":           map[string]any{"enabled": true},
 		"admissionPolicy": map[string]any{"allowedImagePrefixes": policyExample(t)},
 	})
 	requireSame(t, built(t, "kueue"), got)
+
+	other := render(t, c, systemNamespace, map[string]any{
+		"kueue":           map[string]any{"enabled": true, "controllerServiceAccount": map[string]any{"name": "kueue-manager", "namespace": "queues"}},
+		"admissionPolicy": map[string]any{"allowedImagePrefixes": policyExample(t)},
+	})
+	const binding = "ClusterRoleBinding/runledger-kueue-reader"
+	require.Equal(t, []any{map[string]any{"kind": "ServiceAccount", "name": "kueue-manager", "namespace": "queues"}}, other[binding]["subjects"])
+	other[binding]["subjects"] = got[binding]["subjects"]
+	requireSame(t, got, other)
 }
 
 func deployment(t *testing.T, objs map[string]obj) (pod, container map[string]any) {

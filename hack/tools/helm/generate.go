@@ -309,20 +309,45 @@ func generate(s sources) (chartFiles, error) {
 	return files, nil
 }
 
-// addKueue adds config/kueue's ClusterRole and its binding behind
-// kueue.enabled (its Deployment's --kueue is fillDeployment's).
+// kueueReaderName is config/kueue's ClusterRole (and binding) that lets
+// Kueue's manager read runs.
+const kueueReaderName = "runledger-kueue-reader"
+
+// addKueue adds config/kueue's ClusterRoles and their bindings behind
+// kueue.enabled (its Deployment's --kueue is fillDeployment's), the reader's
+// subject from kueue.controllerServiceAccount.
 func addKueue(objs []obj, base map[string]bool, add addFunc) error {
 	for _, o := range objs {
 		if base[o.key()] {
 			continue
 		}
-		if o.name() != managerName+"-kueue" || (o.kind() != "ClusterRole" && o.kind() != "ClusterRoleBinding") {
-			return fmt.Errorf("config/kueue: %s: only the manager's Kueue ClusterRole and its binding have a value in the chart", o.key())
+		if (o.name() != managerName+"-kueue" && o.name() != kueueReaderName) || (o.kind() != "ClusterRole" && o.kind() != "ClusterRoleBinding") {
+			return fmt.Errorf("config/kueue: %s: only the Kueue ClusterRoles and their bindings have a value in the chart", o.key())
 		}
-		if err := add(o, ".Values.kueue.enabled", nil); err != nil {
+		var fill func(*template, obj) error
+		if o.key() == "ClusterRoleBinding/"+kueueReaderName {
+			fill = fillKueueReader
+		}
+		if err := add(o, ".Values.kueue.enabled", fill); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// fillKueueReader: the reader's subject is kueue.controllerServiceAccount,
+// whose defaults are config/kueue's (Kueue's own manifests).
+func fillKueueReader(t *template, o obj) error {
+	subjects, _ := o["subjects"].([]any)
+	if len(subjects) != 1 {
+		return fmt.Errorf("config/kueue: %s: want one subject, Kueue's manager", o.key())
+	}
+	sub, _ := subjects[0].(map[string]any)
+	if sub["name"] != "kueue-controller-manager" || sub["namespace"] != "kueue-system" {
+		return fmt.Errorf("config/kueue: %s: its subject is not kueue-system/kueue-controller-manager, the chart's default", o.key())
+	}
+	sub["name"] = t.scalar(`{{ .Values.kueue.controllerServiceAccount.name | quote }}`)
+	sub["namespace"] = t.scalar(`{{ .Values.kueue.controllerServiceAccount.namespace | quote }}`)
 	return nil
 }
 
@@ -539,11 +564,16 @@ admissionPolicy:
   allowedImagePrefixes: ""
 
 # The Kueue integration (config/kueue): the manager's --kueue, and the
-# ClusterRole runledger-manager-kueue for Kueue's objects, granted only then.
-# Runs labelled kueue.x-k8s.io/queue-name wait for their admission. Needs
-# Kueue (its CRDs) installed first; docs/kueue.md.
+# ClusterRole runledger-manager-kueue for Kueue's objects, granted only then,
+# and runledger-kueue-reader, which lets Kueue's manager read runs. Runs
+# labelled kueue.x-k8s.io/queue-name wait for their admission. Needs Kueue
+# (its CRDs) installed first; docs/kueue.md.
 kueue:
   enabled: false
+  # Kueue's manager, as Kueue's own manifests and chart install it.
+  controllerServiceAccount:
+    name: kueue-controller-manager
+    namespace: kueue-system
 `, indented(d.replicas, 2), indented(d.resources, 2), indented(d.affinity, 2), d.policyDefault, d.allowedImagePrefixes)
 	return b.String()
 }
