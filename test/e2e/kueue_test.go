@@ -165,12 +165,14 @@ func (e *env) enableKueueIntegration(ctx context.Context, t *testing.T, ns *stri
 	t.Helper()
 	root := repoRoot(t)
 	// Cleanups run last first: the namespace gone, the harness's install
-	// back, then the Kueue role it no longer uses deleted.
+	// back, then config/kueue's roles it no longer uses deleted (the
+	// manager's and Kueue's manager's), so that an uninstall after this
+	// test finds nothing of runledger's left.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if out, err := e.kubectlRun(ctx, "delete", "clusterrolebinding,clusterrole", "runledger-manager-kueue", "--ignore-not-found"); err != nil {
-			t.Errorf("delete the manager's Kueue role: %v\n%s", err, out)
+		if out, err := e.kubectlRun(ctx, "delete", "clusterrolebinding,clusterrole", "runledger-manager-kueue", "runledger-kueue-reader", "--ignore-not-found"); err != nil {
+			t.Errorf("delete config/kueue's roles: %v\n%s", err, out)
 		}
 	})
 	e.reinstallAfter(t)

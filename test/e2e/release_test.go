@@ -317,6 +317,9 @@ CREATE TRIGGER slow AFTER INSERT ON sink REFERENCING NEW TABLE AS chunk FOR EACH
 	// statement (the deadlock Migrate tries again after).
 	runB := f.createRun(name+"-b", runSpec{workers: 3, chunk: 10, batch: queryBatchIn("2026-02", 1, size)})
 	waitSteps("run B's pods", func() bool { return len(f.runPods(f.get(runB.Name))) == 3 })
+	// Said every 10 s of waiting: A keeps its slow pace (its shards' open
+	// transactions, so the wait) until migrate has said it once.
+	waitSteps("migrate to say what it waits for", func() bool { return strings.Contains(stepsOut(), "runledger migrate: waiting for ") })
 	// A and B end (their shards' transactions with them), migrate applies.
 	fullPace("2026-01")
 	fullPace("2026-02")
