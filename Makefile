@@ -183,7 +183,7 @@ bench-status: envtest-assets ## API writes (run, pods, Events), reconciles and h
 
 .PHONY: bench-runs
 bench-runs: envtest-assets ## One manager, 10,000 runs (most finished): memory, reconcile p50/p99, reconciles and API requests/s, one reporter per run beside the protocol before (envtest, the real manager).
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -run '^$$' -bench '^BenchmarkManyRuns$$' -benchtime 1x -timeout 60m ./internal/bench/...
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -run '^$$' -bench '^BenchmarkManyRuns$$' -benchtime 1x -timeout 90m ./internal/bench/...
 
 ##@ Generate
 
