@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -58,6 +59,12 @@ type podInfo struct {
 	// busy: the worker exited ExitShardBusy (another process held the
 	// shard's lock); not a failure of the shard.
 	busy bool
+	// readRefused: its worker, of an earlier release, exited as bad input
+	// because RBAC refused it a read this release's workers no longer make
+	// (its run, a ConfigMap): a pod the previous manager created that started
+	// after the upgrade's RBAC. Retried like any failed attempt; the next pod
+	// is this release's.
+	readRefused bool
 	// lingering: the worker container terminated but another container (an
 	// injected sidecar) keeps the pod running.
 	lingering bool
@@ -143,30 +150,7 @@ func observePod(pod *corev1.Pod, shard int32) (podInfo, bool) {
 		info.state = podLive
 		info.running = pod.Status.Phase == corev1.PodRunning
 	}
-	if cs := workerStatus(pod); cs != nil {
-		if t := cs.State.Terminated; t != nil {
-			info.exitCode = &t.ExitCode
-			info.finishedAt = t.FinishedAt.Time
-			if r, err := v1alpha1.ParseShardReport(t.Message); err == nil && r.Shard == shard && r.Attempt == info.attempt {
-				info.report = &r
-			}
-			if info.state == podLive {
-				// The shard is done when its worker is (restartPolicy Never),
-				// whatever keeps the pod running.
-				info.state, info.running = podFailed, false
-				// Only a container still alive keeps the pod: without one,
-				// the kubelet is about to report the phase, and the pod stays
-				// (with its logs) like any finished worker pod.
-				info.lingering = otherContainerAlive(pod)
-				if t.ExitCode == v1alpha1.ExitSucceeded {
-					info.state = podSucceeded
-				}
-			}
-		}
-		if w := cs.State.Waiting; w != nil && stuckWaitingReasons[w.Reason] && info.state == podLive {
-			info.startProblem = fmt.Sprintf("pod %s: %s: %s", pod.Name, w.Reason, w.Message)
-		}
-	}
+	observeWorker(&info, pod, shard)
 	if info.state == podLive {
 		switch failed, stuck := processorProblem(pod); {
 		case failed != "":
@@ -192,6 +176,49 @@ func observePod(pod *corev1.Pod, shard int32) (podInfo, bool) {
 	}
 	return info, true
 }
+
+// observeWorker reads the worker container's state into info: its exit,
+// final report and whether it finished while the pod runs on; why it
+// cannot start.
+func observeWorker(info *podInfo, pod *corev1.Pod, shard int32) {
+	if cs := workerStatus(pod); cs != nil {
+		if t := cs.State.Terminated; t != nil {
+			info.exitCode = &t.ExitCode
+			info.finishedAt = t.FinishedAt.Time
+			info.readRefused = t.ExitCode == v1alpha1.ExitBadInput && earlierReleaseReadRefused(t.Message)
+			if r, err := v1alpha1.ParseShardReport(t.Message); err == nil && r.Shard == shard && r.Attempt == info.attempt {
+				info.report = &r
+			}
+			if info.state == podLive {
+				// The shard is done when its worker is (restartPolicy Never),
+				// whatever keeps the pod running.
+				info.state, info.running = podFailed, false
+				// Only a container still alive keeps the pod: without one,
+				// the kubelet is about to report the phase, and the pod stays
+				// (with its logs) like any finished worker pod.
+				info.lingering = otherContainerAlive(pod)
+				if t.ExitCode == v1alpha1.ExitSucceeded {
+					info.state = podSucceeded
+				}
+			}
+		}
+		if w := cs.State.Waiting; w != nil && stuckWaitingReasons[w.Reason] && info.state == podLive {
+			info.startProblem = fmt.Sprintf("pod %s: %s: %s", pod.Name, w.Reason, w.Message)
+		}
+	}
+}
+
+// earlierReleaseReadRefused reports whether a worker's last words are an
+// earlier release's refused read of its run or of a configMapRef batch
+// through the API (the API server's RBAC message), which the workers' role
+// no longer allows.
+func earlierReleaseReadRefused(msg string) bool {
+	return readRefusedRE.MatchString(msg)
+}
+
+// readRefusedRE is the API server's refusal of a get of runs or ConfigMaps,
+// as written or inside a termination message's JSON.
+var readRefusedRE = regexp.MustCompile(`cannot get resource \\?"(processingruns|configmaps)\\?"`)
 
 // processorProblem reads the processor sidecar (spec.effect.processor) of a
 // pod whose worker has not started: failed says that it crashed or never
@@ -654,7 +681,7 @@ func (s shardPass) failedForGood(d *shardDecision) bool {
 	}
 	var failure *shardFailure
 	switch {
-	case latest.exitCode != nil && *latest.exitCode == v1alpha1.ExitBadInput:
+	case latest.exitCode != nil && *latest.exitCode == v1alpha1.ExitBadInput && !latest.readRefused:
 		failure = &shardFailure{reason: ReasonBadInput, message: fmt.Sprintf(
 			"shard %d: bad input or configuration, not retried: %s", s.in.index, d.lastFailure)}
 	case !latest.busy && d.failures > s.p.backoffLimit:

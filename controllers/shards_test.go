@@ -669,6 +669,28 @@ func TestDecideShard(t *testing.T) {
 			},
 		},
 		{
+			name: "a previous release's worker the upgrade's RBAC refused its run: retried, by this release's pod",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(v1alpha1.ExitBadInput), finished: now.Add(-time.Hour),
+				report: report(0, v1alpha1.ItemCounts{}, `reading ProcessingRun billing/r: processingruns.processing.runledger.dev "r" is forbidden: `+
+					`User "system:serviceaccount:billing:runledger-worker" cannot get resource "processingruns" in API group "processing.runledger.dev" in the namespace "billing"`)}},
+			entry: failedEntry("r-0-0", v1alpha1.ShardRetrying, 1, 0),
+			check: func(t *testing.T, d shardDecision) {
+				require.False(t, d.final, "not bad input for good")
+				require.Nil(t, d.failure)
+				require.Equal(t, int32(1), d.failures)
+				require.Equal(t, ptr.To[int32](1), d.create)
+			},
+		},
+		{
+			name: "bad input that names processingruns but is no refused read: failed for good",
+			pods: []fakePod{{attempt: 0, phase: corev1.PodFailed, exit: exit(v1alpha1.ExitBadInput), finished: now,
+				report: report(0, v1alpha1.ItemCounts{}, `line 3: field "entity" is missing (processingruns)`)}},
+			check: func(t *testing.T, d shardDecision) {
+				require.True(t, d.final)
+				require.Equal(t, ReasonBadInput, d.failure.reason)
+			},
+		},
+		{
 			name:  "the recorded pod missing from the cache outranks a succeeded earlier attempt",
 			pods:  []fakePod{{attempt: 0, phase: corev1.PodSucceeded, exit: exit(0)}},
 			entry: entry("r-0-1", v1alpha1.ShardRunning, 1, v1alpha1.ItemCounts{Total: 4, Completed: 2}),
