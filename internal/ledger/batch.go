@@ -354,7 +354,7 @@ func (s *Store) BatchShardSize(ctx context.Context, h *BatchHeader, shard int) (
 }
 
 // BatchCursor reads one shard of a materialised batch in key order: byte
-// order of (entity, occurrence), NULL key parts first, repeats of a key
+// order of (occurrence, entity), the rule's, NULL key parts first, repeats of a key
 // adjacent in query order. It is a holdable cursor (WITH HOLD): the shard's
 // rows, sorted and each with its holder, are materialised once, by the
 // transaction that opens it, whose snapshot ends there; every Fetch then

@@ -69,11 +69,19 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		return settle(tx, res, err)
 	})
 	if IsExpectedBusinessKeyConflict(err) {
-		// A writer committed one of the keys after the lookup's snapshot.
-		res, err = s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
-			res, err := claim(ctx, tx, run, unique, opts, arbitrate)
-			return settle(tx, res, err)
-		})
+		// A writer committed one of the keys after the lookup's snapshot: the
+		// fast path once more, whose new snapshot sees that writer's rows (two
+		// writers of the same keys: the second skips them all in one
+		// statement), then the arbiter, which always ends.
+		for _, mode := range []claimMode{lookupFirst, arbitrate} {
+			res, err = s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
+				res, err := claim(ctx, tx, run, unique, opts, mode)
+				return settle(tx, res, err)
+			})
+			if !IsExpectedBusinessKeyConflict(err) {
+				break
+			}
+		}
 	}
 	if err != nil {
 		if IsRetryable(err) || ctx.Err() != nil {
@@ -709,9 +717,10 @@ func forEachSkipped(rows pgx.Rows, n int, fn func(i int, holder string, changed 
 	return nil
 }
 
-// compareKeys orders keys by entity, then occurrence, bytewise.
+// compareKeys orders keys by occurrence, then entity, bytewise: the rule's
+// column order, so a chunk's inserts walk its index in order.
 func compareKeys(a, b Key) int {
-	return cmp.Or(strings.Compare(a.Entity, b.Entity), strings.Compare(a.Occurrence, b.Occurrence))
+	return cmp.Or(strings.Compare(a.Occurrence, b.Occurrence), strings.Compare(a.Entity, b.Entity))
 }
 
 // dedupe returns the distinct items sorted by key (first copy wins) and, for
@@ -721,7 +730,10 @@ func compareKeys(a, b Key) int {
 //
 // The order matters: every transaction claims keys in the same (ascending)
 // order, so two writers whose chunks overlap wait on each other in one
-// direction only and do not deadlock on the unique index.
+// direction only and do not deadlock on the unique index. (A worker of a
+// release that ordered by entity first (v0.1.0) and one of this release
+// whose chunks overlap may deadlock during an upgrade: PostgreSQL aborts one
+// (40P01), which is retried like any other deadlock.)
 func dedupe(items []Item) (unique []Item, indexOf []int) {
 	if isStrictlySorted(items) {
 		return items, nil

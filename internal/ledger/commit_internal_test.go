@@ -19,13 +19,13 @@ func TestDedupe(t *testing.T) {
 	}{
 		{
 			name:       "sorted and distinct: the items themselves",
-			items:      []Item{item("a", "1", ""), item("a", "2", ""), item("b", "1", "")},
-			wantUnique: []Item{item("a", "1", ""), item("a", "2", ""), item("b", "1", "")},
+			items:      []Item{item("a", "1", ""), item("b", "1", ""), item("a", "2", "")},
+			wantUnique: []Item{item("a", "1", ""), item("b", "1", ""), item("a", "2", "")},
 		},
 		{
-			name:        "unsorted: sorted by entity then occurrence",
-			items:       []Item{item("b", "1", ""), item("a", "2", ""), item("a", "1", "")},
-			wantUnique:  []Item{item("a", "1", ""), item("a", "2", ""), item("b", "1", "")},
+			name:        "unsorted: sorted as the rule's columns, occurrence then entity",
+			items:       []Item{item("a", "2", ""), item("b", "1", ""), item("a", "1", "")},
+			wantUnique:  []Item{item("a", "1", ""), item("b", "1", ""), item("a", "2", "")},
 			wantIndexOf: []int{2, 1, 0},
 		},
 		{
@@ -42,8 +42,8 @@ func TestDedupe(t *testing.T) {
 		},
 		{
 			name:        "bytewise order, not a collation",
-			items:       []Item{item("a", "b", ""), item("a", "B", ""), item("a", "ä", ""), item("Z", "1", "")},
-			wantUnique:  []Item{item("Z", "1", ""), item("a", "B", ""), item("a", "b", ""), item("a", "ä", "")},
+			items:       []Item{item("b", "a", ""), item("B", "a", ""), item("ä", "a", ""), item("1", "Z", "")},
+			wantUnique:  []Item{item("1", "Z", ""), item("B", "a", ""), item("b", "a", ""), item("ä", "a", "")},
 			wantIndexOf: []int{2, 1, 3, 0},
 		},
 	} {

@@ -662,8 +662,9 @@ SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone), (
 // constant.
 var (
 	// sqlDeclareBatchCursor declares the cursor over shard $2 of batch $1:
-	// the items of the shard's blocks in key order (byte order, NULL key
-	// parts first, repeats of a key in query order), after the first $3,
+	// the items of the shard's blocks in key order (the rule's column order,
+	// occurrence then entity, as compareKeys: byte order, NULL key parts
+	// first, repeats of a key in query order), after the first $3,
 	// each with the run holding its key if any (the preload, one probe of
 	// the rule's index per row as in sqlHolders) and, for another run's
 	// ($4 is the reading run), whether the payloads match, as of the
@@ -681,7 +682,7 @@ FROM (
     FROM ` + Schema + `.batch AS k
     CROSS JOIN LATERAL unnest(k.seqs, k.entities, k.occurrences, k.payloads) AS u(seq, entity, occurrence, payload)
     WHERE k.batch_id = $1 AND k.shard = $2
-    ORDER BY u.entity COLLATE "C" NULLS FIRST, u.occurrence COLLATE "C" NULLS FIRST, u.seq
+    ORDER BY u.occurrence COLLATE "C" NULLS FIRST, u.entity COLLATE "C" NULLS FIRST, u.seq
     OFFSET $3
 ) AS b
 LEFT JOIN LATERAL (
@@ -690,7 +691,7 @@ LEFT JOIN LATERAL (
     WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
     LIMIT 1
 ) AS h ON true` + ownRetired("$4", "b") + `
-ORDER BY b.entity COLLATE "C" NULLS FIRST, b.occurrence COLLATE "C" NULLS FIRST, b.seq`
+ORDER BY b.occurrence COLLATE "C" NULLS FIRST, b.entity COLLATE "C" NULLS FIRST, b.seq`
 )
 
 // sqlBeforeBatchQuery prepares the materialising transaction: its work_mem,

@@ -35,7 +35,8 @@ import (
 // finished shard's completed equals the ledger's committed rows of its run
 // and shard.
 //
-// Rows are in key order (byte order) within a shard, which gives two things
+// Rows are in key order (the rule's: occurrence, then entity, byte order)
+// within a shard, which gives two things
 // with O(1) memory: repeats of a key are adjacent, so in-batch duplicates are
 // recognised across chunks; and chunks are sorted for the insert path.
 //
