@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
@@ -158,6 +159,66 @@ func TestCommitChunk_WriterBetweenLookupAndInsert(t *testing.T) {
 			require.EqualValues(t, 100, scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger`), "no row twice, none lost")
 		})
 	}
+}
+
+// TestCommitChunk_WriterBetweenEveryLookup: after a conflict the fast path
+// tries once more with a new snapshot; a second writer that gets in between
+// that lookup and its insert too sends the chunk to the arbiter, which ends
+// it: both writers' keys are AlreadyHandled, every other key commits once.
+func TestCommitChunk_WriterBetweenEveryLookup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	chunk := items("acct", 0, 100)
+
+	// writer inserts key i in a transaction left open; it returns the
+	// transaction and its backend's pid.
+	writer := func(i int, run string) (pgx.Tx, int) {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		_, err = tx.Exec(ctx, `INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
+			VALUES ($1, $2, 'default', $3, $3, 0, 0)`, chunk[i].Entity, chunk[i].Occurrence, run)
+		require.NoError(t, err)
+		var pid int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+		return tx, pid
+	}
+	waitsFor := func(pid int) {
+		require.Eventually(t, func() bool {
+			var waiting int
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, pid).Scan(&waiting)
+			return err == nil && waiting > 0
+		}, 30*time.Second, 10*time.Millisecond, "the chunk's insert waits for writer %d", pid)
+	}
+	first, firstPID := writer(30, "run-x")
+	second, secondPID := writer(60, "run-y")
+
+	type outcome struct {
+		res []ledger.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := s.CommitChunk(ctx, runNamed("run-a"), chunk, ledger.ChunkOptions{})
+		done <- outcome{res, err}
+	}()
+	waitsFor(firstPID) // the first try's insert, at key 30
+	require.NoError(t, first.Commit(ctx))
+	waitsFor(secondPID) // the second try skips key 30 and waits at key 60
+	require.NoError(t, second.Commit(ctx))
+
+	got := <-done
+	require.NoError(t, got.err)
+	require.Len(t, got.res, len(chunk))
+	require.Equal(t, tally{completed: 98, already: 2}, count(got.res))
+	for i, run := range map[int]string{30: "run-x", 60: "run-y"} {
+		require.Equal(t, ledger.AlreadyHandled, got.res[i].Outcome, "key %d", i)
+		require.Equal(t, run, got.res[i].HolderUID, "key %d: held by the writer that committed it", i)
+	}
+	requireOneCommittedPerKey(t, pool, 100)
+	require.EqualValues(t, 100, scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger`), "no row twice, none lost")
 }
 
 // TestCommitChunk_Race: 8 writers on 8 connections commit overlapping key sets
