@@ -175,6 +175,7 @@ spec:
 		outs[s], errs[s] = &bytes.Buffer{}, &bytes.Buffer{}
 		cmds[s].Stdout, cmds[s].Stderr = outs[s], errs[s]
 	}
+	busyBefore := machineBusy()
 	start := time.Now()
 	stopSampling := sampleLedger(b, dsn, start, 100*time.Millisecond)
 	exits := make([]time.Duration, shards) // since start
@@ -209,9 +210,32 @@ spec:
 	r.rate = float64(r.counts[0]) / elapsed.Seconds()
 	r.fifths = fifths(whileAllRan(samples, slices.Min(exits)))
 	if os.Getenv("RUNLEDGER_BENCH_DEBUG") != "" {
-		b.Logf("%s: %s\n%s", name, elapsed, errs[0])
+		var shardsCPU time.Duration
+		for _, cmd := range cmds {
+			shardsCPU += cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		}
+		busy := machineBusy() - busyBefore
+		b.Logf("%s: %s; CPU: the shards' processes %s, the rest of the machine (PostgreSQL) %s\n%s",
+			name, elapsed, shardsCPU.Round(time.Millisecond), (busy - shardsCPU).Round(time.Millisecond), errs[0])
 	}
 	return r
+}
+
+// machineBusy is the CPU time the whole machine has spent busy (every
+// state of /proc/stat's cpu line but idle and iowait), for the debug output.
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	var busy int64
+	for i, f := range strings.Fields(line)[1:] {
+		if v, err := strconv.ParseInt(f, 10, 64); err == nil && i != 3 && i != 4 {
+			busy += v
+		}
+	}
+	return time.Duration(busy) * time.Second / 100 // USER_HZ
 }
 
 // peakRSS follows a process's VmHWM (its peak resident set, in bytes) and
