@@ -175,13 +175,14 @@ func (e *ForeignWriteError) Error() string {
 // FixQueryBatch returns the header of run's batch, materialising the batch
 // from q first if the run has none: one statement runs the query once and
 // writes the header and the rows. Concurrent callers for one run wait for
-// each other (an advisory lock) and find the header there; the header's
-// primary key keeps the batch from being written twice even without the
-// lock. The query runs in a read-write transaction (it feeds the insert), so
-// a transaction in which it wrote anything else is rolled back
-// (*ForeignWriteError). An existing header is returned as it is, even one of
-// another source or shard count, or a pruned one: the caller decides. An
-// error of the user's query is marked ErrBatchQuery.
+// each other (an advisory lock of the materialising transaction, so that
+// nothing outlives it on a pooler's server connection) and find the header
+// there; the header's primary key keeps the batch from being written twice
+// even without the lock. The query runs in a read-write transaction (it
+// feeds the insert), so a transaction in which it wrote anything else is
+// rolled back (*ForeignWriteError). An existing header is returned as it
+// is, even one of another source or shard count, or a pruned one: the
+// caller decides. An error of the user's query is marked ErrBatchQuery.
 func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*BatchHeader, error) {
 	if h, err := batchHeader(ctx, s.pool, run.UID); err != nil || h != nil {
 		return h, err
@@ -190,8 +191,8 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 	if err != nil {
 		return nil, fmt.Errorf("acquiring a connection to materialise the batch: %w", err)
 	}
-	// A session that fails mid-way is closed, not reused: it may still hold
-	// the lock.
+	// A session that fails mid-way is closed, not reused: the user's query
+	// ran on it.
 	ok := false
 	defer func() {
 		if !ok {
@@ -201,27 +202,12 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 		}
 		conn.Release()
 	}()
-	if _, err := conn.Exec(ctx, sqlBatchLockWait(q.Timeout, q.LockTimeout)); err != nil {
-		return nil, fmt.Errorf("bounding the wait for the batch lock of run %s: %w", run.UID, err)
-	}
-	if _, err := conn.Exec(ctx, sqlLockBatch, run.UID); err != nil {
-		return nil, fmt.Errorf("taking the batch lock of run %s: %w", run.UID, err)
-	}
-	h, err := batchHeader(ctx, conn, run.UID)
+	h, err := materialise(ctx, conn.Conn(), run, q)
 	if err == nil && h == nil {
-		err = materialise(ctx, conn.Conn(), run, q)
-		if err == nil {
-			h, err = batchHeader(ctx, conn, run.UID)
-		}
+		h, err = batchHeader(ctx, conn, run.UID)
 	}
 	if err != nil {
 		return nil, err
-	}
-	if _, err := conn.Exec(ctx, sqlUnlockBatch, run.UID); err != nil {
-		return nil, fmt.Errorf("releasing the batch lock of run %s: %w", run.UID, err)
-	}
-	if _, err := conn.Exec(ctx, sqlBatchLockWaitReset); err != nil {
-		return nil, fmt.Errorf("releasing the batch lock of run %s: %w", run.UID, err)
 	}
 	// A session that set the occurrence keeps the setting's (empty)
 	// placeholder for good: closed, so that no later run on it reads ''.
@@ -229,25 +215,38 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 	return h, nil
 }
 
-func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) error {
+// materialise writes run's batch from q in one transaction, under the
+// batch's lock, unless another materialiser wrote it first: it then returns
+// that header (nil when it wrote the batch itself).
+func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) (*BatchHeader, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("beginning the batch's transaction: %w", err)
+		return nil, fmt.Errorf("beginning the batch's transaction: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, sqlBatchLockWait(q.Timeout, q.LockTimeout)); err != nil {
+		return nil, fmt.Errorf("bounding the wait for the batch lock of run %s: %w", run.UID, err)
+	}
+	if _, err := tx.Exec(ctx, sqlLockBatch, run.UID); err != nil {
+		return nil, fmt.Errorf("taking the batch lock of run %s: %w", run.UID, err)
+	}
+	// A statement after the lock sees what the lock's last holder committed.
+	if h, err := batchHeader(ctx, tx, run.UID); err != nil || h != nil {
+		return h, err
+	}
 	bounds := sqlBounds(q.Timeout, q.LockTimeout, DefaultQueryTimeout, DefaultLockTimeout)
 	if _, err := tx.Exec(ctx, sqlBeforeBatchQuery(bounds)); err != nil {
-		return fmt.Errorf("preparing the batch's query: %w", err)
+		return nil, fmt.Errorf("preparing the batch's query: %w", err)
 	}
 	if err := setOccurrence(ctx, tx, q.Occurrence); err != nil {
-		return err
+		return nil, err
 	}
 	before, err := tableWrites(ctx, tx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := tx.Exec(ctx, sqlUserSearchPath); err != nil {
-		return fmt.Errorf("preparing the batch's query: %w", err)
+		return nil, fmt.Errorf("preparing the batch's query: %w", err)
 	}
 	var items int64
 	bounded, cancel := answerBy(ctx, q.Timeout, q.NetworkTimeout)
@@ -255,40 +254,40 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) err
 	err = noAnswer(ctx, bounded, err)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrBatchQuery, err)
+		return nil, fmt.Errorf("%w: %w", ErrBatchQuery, err)
 	}
 	if _, err := tx.Exec(ctx, sqlAfterBatchQuery(bounds)); err != nil {
-		return fmt.Errorf("resetting the session after the batch's query: %w", err)
+		return nil, fmt.Errorf("resetting the session after the batch's query: %w", err)
 	}
 	after, err := tableWrites(ctx, tx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if w := foreignWrite(before, after); w != nil {
-		return fmt.Errorf("%w: %w", ErrBatchQuery, w)
+		return nil, fmt.Errorf("%w: %w", ErrBatchQuery, w)
 	}
 	var held, prepared string
 	if err := tx.QueryRow(ctx, sqlHoldCursors).Scan(&held, &prepared); err != nil {
-		return fmt.Errorf("reading the session's cursors and prepared statements: %w", err)
+		return nil, fmt.Errorf("reading the session's cursors and prepared statements: %w", err)
 	}
 	if held != "" {
-		return fmt.Errorf("%w: it declared the cursor(s) %s WITH HOLD, which PostgreSQL would run to the end at COMMIT, after the write check", ErrBatchQuery, held)
+		return nil, fmt.Errorf("%w: it declared the cursor(s) %s WITH HOLD, which PostgreSQL would run to the end at COMMIT, after the write check", ErrBatchQuery, held)
 	}
 	if prepared != "" { // FixQueryBatch closes the session: PREPARE is not undone by a rollback
-		return fmt.Errorf("%w: it PREPAREd the statement(s) %s, which would outlive its transaction on the session", ErrBatchQuery, prepared)
+		return nil, fmt.Errorf("%w: it PREPAREd the statement(s) %s, which would outlive its transaction on the session", ErrBatchQuery, prepared)
 	}
 	if items > 0 {
 		if _, err := tx.Exec(ctx, sqlSetBatchItems, run.UID, items); err != nil {
-			return fmt.Errorf("counting the batch of run %s: %w", run.UID, err)
+			return nil, fmt.Errorf("counting the batch of run %s: %w", run.UID, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		if IsAppendOnlyViolation(err) { // user code that ran at COMMIT wrote runledger's tables (00013)
-			return fmt.Errorf("%w: writing the batch of run %s: %w", ErrBatchQuery, run.UID, err)
+			return nil, fmt.Errorf("%w: writing the batch of run %s: %w", ErrBatchQuery, run.UID, err)
 		}
-		return fmt.Errorf("writing the batch of run %s: %w", run.UID, err)
+		return nil, fmt.Errorf("writing the batch of run %s: %w", run.UID, err)
 	}
-	return nil
+	return nil, nil
 }
 
 // tableWrites reads sqlBatchWrites: rows written per table, by relid.

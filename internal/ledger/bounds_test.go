@@ -215,7 +215,9 @@ CREATE CONSTRAINT TRIGGER gate AFTER INSERT ON notes DEFERRABLE INITIALLY DEFERR
 // plus its lock bound, and a static batch's header insert waits for a
 // concurrent one of the same header at most the Store's lock bound: held by
 // a stopped process whose connection stays up, either fails retryably
-// (55P03) instead of waiting for ever, and works once the holder goes.
+// (55P03) instead of waiting for ever, and works once the holder goes. The
+// holder takes the batch lock as a session's, as releases before the lock
+// became the materialising transaction's did: the two wait for each other.
 func TestFixBatch_WaitsAreBounded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -3,10 +3,12 @@ package ledger_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -122,4 +124,74 @@ func TestMigrateThroughPgBouncer_Concurrent(t *testing.T) {
 	var locks int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&locks))
 	require.Zero(t, locks, "no advisory lock left on any server connection")
+}
+
+// TestFixQueryBatchThroughPgBouncer_Concurrent: eight shards fix one run's
+// batch at once through PgBouncer in transaction mode, each on a pool of its
+// own: the batch is written once and every caller gets its header, no
+// advisory lock is left on any server connection (a ninth run fixes its
+// batch at once), and no server connection keeps a setting of theirs. The
+// batch's lock used to be a session's: taken on one server connection and
+// released on another, it stayed held, and its lock_timeout stayed set.
+func TestFixQueryBatchThroughPgBouncer_Concurrent(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db := pgtest.NewDatabase(t)
+	direct := pgtest.Pool(t, db)
+	mustExec(t, direct, batchSource)
+	dsn := pgtest.ThroughBouncer(t, db)
+	run := runNamed("through-bouncer")
+	const callers = 8
+	headers := make([]*ledger.BatchHeader, callers)
+	errs := make([]error, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			pool, err := ledger.Open(ctx, dsn, 2)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer pool.Close()
+			q := batchQuery()
+			q.Timeout, q.LockTimeout = 20*time.Second, 2*time.Second
+			headers[i], errs[i] = ledger.NewStore(pool).FixQueryBatch(ctx, run, q)
+		})
+	}
+	wg.Wait()
+	for i := range callers {
+		require.NoError(t, errs[i], "caller %d", i)
+		require.Equal(t, headers[0], headers[i], "caller %d sees the same header", i)
+	}
+	require.EqualValues(t, 1000, headers[0].Items)
+	require.EqualValues(t, 1000, scalar[int64](t, direct, `SELECT sum(cardinality(seqs)) FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = 'through-bouncer')`), "written once")
+	require.Zero(t, scalar[int64](t, direct, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`),
+		"no advisory lock left on any server connection")
+
+	pool, err := ledger.Open(ctx, dsn, callers)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	quick, cancelQuick := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelQuick()
+	h, err := ledger.NewStore(pool).FixQueryBatch(quick, runNamed("through-bouncer-2"), batchQuery())
+	require.NoError(t, err, "the batch lock is free")
+	require.EqualValues(t, 1000, h.Items)
+
+	// Every server connection at once (one transaction each): none keeps a
+	// bound the fixers set.
+	txs := make([]pgx.Tx, 0, callers)
+	defer func() {
+		for _, tx := range txs {
+			_ = tx.Rollback(ctx)
+		}
+	}()
+	for range callers {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		txs = append(txs, tx)
+		var lockTimeout string
+		require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('lock_timeout')`).Scan(&lockTimeout))
+		require.Equal(t, "0", lockTimeout, "a server connection kept a fixer's lock_timeout")
+	}
 }

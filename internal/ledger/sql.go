@@ -546,11 +546,14 @@ ORDER BY open_for DESC, b.pid`
 const (
 	// sqlLockBatch serialises the materialisers of one run, so that shards
 	// starting together run the query once; the header's primary key, not
-	// this lock, keeps the batch from being written twice.
+	// this lock, keeps the batch from being written twice. It is the
+	// materialising transaction's (nothing of it outlives the transaction on
+	// a pooler's server connection), and conflicts with the session lock of
+	// the same key that earlier releases took (mixed releases during an
+	// upgrade still wait for each other).
 	// The wait is bounded (sqlBatchLockWait): a materialiser may hold the
 	// lock for as long as its query runs, no longer.
-	sqlLockBatch   = `SELECT pg_advisory_lock(hashtextextended('runledger.batch/' || $1, 0))`
-	sqlUnlockBatch = `SELECT pg_advisory_unlock(hashtextextended('runledger.batch/' || $1, 0))`
+	sqlLockBatch = `SELECT pg_advisory_xact_lock(hashtextextended('runledger.batch/' || $1, 0))`
 
 	sqlBatchHeader = `
 SELECT id, source, shards, items, coalesce(digest, ''), created_at, pruned_at
@@ -725,14 +728,12 @@ func sqlAfterBatchQuery(bounds string) string {
 	return sqlResetSession + `; ` + bounds + `; ` + sqlPinnedSearchPath
 }
 
-// sqlBatchLockWait bounds, for the session, the wait for the batch lock
-// (sqlLockBatch) to the query's own bound plus a lock wait;
-// sqlBatchLockWaitReset ends that once the batch is fixed.
+// sqlBatchLockWait bounds, for the materialising transaction, the wait for
+// the batch lock (sqlLockBatch) to the query's own bound plus a lock wait;
+// the query's bounds (sqlBeforeBatchQuery) replace it once the lock is taken.
 func sqlBatchLockWait(query, lock time.Duration) string {
-	return `SET lock_timeout = ` + milliseconds(cmp.Or(query, DefaultQueryTimeout)+cmp.Or(lock, DefaultLockTimeout))
+	return `SET LOCAL lock_timeout = ` + milliseconds(cmp.Or(query, DefaultQueryTimeout)+cmp.Or(lock, DefaultLockTimeout))
 }
-
-const sqlBatchLockWaitReset = `RESET lock_timeout`
 
 // sqlBeginPrune begins a run's prune, bounded like a batch's query (the
 // session's bounds, or the defaults).

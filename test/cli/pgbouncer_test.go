@@ -27,7 +27,7 @@ func TestMigrateThroughPgBouncer(t *testing.T) {
 }
 
 // TestRunThroughPgBouncerIsRefused: a worker's protocol still holds session
-// state (the shard's lock, the batch's lock, an effect's table claimed), so
+// state (the shard's lock and its cursor, an effect's table claimed), so
 // `runledger run` through a transaction pooler stops at start, exit 2, with
 // an error that says so, before anything is written.
 func TestRunThroughPgBouncerIsRefused(t *testing.T) {
