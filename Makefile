@@ -174,7 +174,7 @@ bench: ## Benchmarks of the insert path and the worker against their baselines, 
 	go test -run '^$$' -bench '^Benchmark(Ledger|Worker|WorkerEffects)$$' -benchtime 1x -timeout 90m ./internal/bench/...
 
 .PHONY: bench-growth
-bench-growth: ## The worker's items/s on a ledger of 10M and 50M committed rows beside an empty one, with table and index sizes (about 30 minutes, 15 GB of disk).
+bench-growth: ## The worker's items/s on a ledger of 10M and 50M committed rows beside an empty one, month-style and random keys, with table and index sizes (about 50 minutes, 30 GB of disk; RUNLEDGER_BENCH_GROWTH_SHAPES=random for one shape, RUNLEDGER_BENCH_SHARED_BUFFERS=4GB for a production server's setting).
 	go test -run '^$$' -bench '^BenchmarkGrowth$$' -benchtime 1x -timeout 120m ./internal/bench/...
 
 .PHONY: bench-status

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -47,9 +48,59 @@ func growthItems() int {
 // is R/growthEntities months of every account, as a year of billing leaves it.
 const growthEntities = 1_000_000
 
+// growthShape is a kind of business key the ledger grows with, each its own
+// rows of the benchmark: the entity and occurrence of grown row k (a bigint)
+// and of the measured batch's item i (a new occurrence, level's, of an
+// entity, or a new key), as SQL over k, i, level and the parameters named.
+type growthShape struct {
+	name                          string
+	entityOf, occurrenceOf, runOf string // over k; $3 is growthEntities
+	batchEntity, batchOccurrence  string // over i; $2 is growthEntities, $3 the level's occurrence
+}
+
+var growthShapes = []growthShape{{
+	// A year of billing: month m of account a, written by run "month-m" in
+	// month order; a batch is a new month for every 5th account.
+	name:            "months",
+	entityOf:        `'acct-' || lpad((k % $3)::text, 7, '0')`,
+	occurrenceOf:    `to_char(date '2020-01-01' + make_interval(months => (k / $3)::int), 'YYYY-MM')`,
+	runOf:           `(k / $3)`,
+	batchEntity:     `'acct-' || lpad(((i * 5) % $2::bigint)::text, 7, '0')`,
+	batchOccurrence: `$3::text`,
+}, {
+	// Idempotency keys: a random hex entity and one occurrence, so every
+	// key, grown or new, lands anywhere in the rule's index; a run per
+	// growthEntities keys.
+	name:            "random",
+	entityOf:        `md5('key-' || k::text)`,
+	occurrenceOf:    `'charge'`,
+	runOf:           `(k / $3)`,
+	batchEntity:     `md5($3::text || '-' || i::text)`,
+	batchOccurrence: `'charge'`,
+}}
+
+// growthShapesSelected are the shapes measured (RUNLEDGER_BENCH_GROWTH_SHAPES=
+// "random" for one).
+func growthShapesSelected(b *testing.B) []growthShape {
+	v := os.Getenv("RUNLEDGER_BENCH_GROWTH_SHAPES")
+	if v == "" {
+		return growthShapes
+	}
+	var out []growthShape
+	for _, name := range strings.Split(v, ",") {
+		i := slices.IndexFunc(growthShapes, func(g growthShape) bool { return g.name == strings.TrimSpace(name) })
+		if i < 0 {
+			b.Fatalf("RUNLEDGER_BENCH_GROWTH_SHAPES: no key shape %q (months, random)", name)
+		}
+		out = append(out, growthShapes[i])
+	}
+	return out
+}
+
 // growthRow is one measured row: the worker's rates on the grown ledger and,
 // right before, on an empty one (the baseline, measured side by side).
 type growthRow struct {
+	shape                       string
 	rows                        int64
 	tableMB, ruleMB, otherIdxMB float64
 	emptyFresh, emptyHandled    float64
@@ -58,65 +109,48 @@ type growthRow struct {
 }
 
 // BenchmarkGrowth measures the worker (`runledger run`, 4 shards, a query
-// batch of growthItems() items, fsync on, default settings) on a ledger grown
-// to each of growthSizes() committed rows, fresh and then the same keys under
-// another run (all already handled), each beside the same two runs on an empty
-// ledger measured right before it. The batch is realistic: a new occurrence
-// (a new billing month) for every 5th existing account, so its keys land all
-// over the rule's index, not at its end. The grown ledger is written by the
-// schema's owner with INSERT ... SELECT generate_series (months in order, the
-// the migrated indexes built again after each load), vacuumed and checkpointed before any
-// timing. Target: at every size both rates >= 0.5x the empty ledger's.
+// batch of growthItems() items, fsync on, default settings unless
+// RUNLEDGER_BENCH_SHARED_BUFFERS) on a ledger grown to each of growthSizes()
+// committed rows, fresh and then the same keys under another run (all
+// already handled), each beside the same two runs on an empty ledger
+// measured right before it, for each key shape (growthShapes). The batch is
+// realistic: for months, a new occurrence (a new billing month) for every
+// 5th existing account, so its keys land all over the rule's index, not at
+// its end; for random keys, new random keys. The grown ledger is written by
+// the schema's owner with INSERT ... SELECT generate_series (the migrated
+// indexes built again after each load), vacuumed and checkpointed before
+// any timing. Target: at every size both rates >= 0.5x the empty ledger's.
 func BenchmarkGrowth(b *testing.B) {
 	ctx := context.Background()
 	bin := buildRunledger(b)
 	n := growthItems()
 	sizes := growthSizes(b)
+	shapes := growthShapesSelected(b)
 	var out []growthRow
 	for range b.N {
 		out = out[:0]
-		grownDSN := pgtest.NewDatabase(b)
-		grown := pgtest.Pool(b, grownDSN)
-		var loaded int64
-		for level, size := range sizes {
-			row := growthRow{rows: size}
-			start := time.Now()
-			growLedger(ctx, b, grown, loaded, size)
-			loaded = size
-			row.loadTime = time.Since(start)
-
-			occurrence := fmt.Sprintf("2099-%02d", level+1)
-			emptyDSN := pgtest.NewDatabase(b)
-			empty := pgtest.Pool(b, emptyDSN)
-			growthBatch(ctx, b, empty, n, occurrence)
-			f := runWorkers(b, bin, emptyDSN, fmt.Sprintf("empty-fresh-%d", level))
-			h := runWorkers(b, bin, emptyDSN, fmt.Sprintf("empty-again-%d", level))
-			checkGrowthCounts(b, "empty ledger", f, h, n)
-			row.emptyFresh, row.emptyHandled = f.rate, h.rate
-			empty.Close()
-
-			start = time.Now()
-			growthBatch(ctx, b, grown, n, occurrence)
-			row.vacuumTime = time.Since(start)
-			f = runWorkers(b, bin, grownDSN, fmt.Sprintf("grown-fresh-%d", level))
-			h = runWorkers(b, bin, grownDSN, fmt.Sprintf("grown-again-%d", level))
-			checkGrowthCounts(b, fmt.Sprintf("ledger of %d rows", size), f, h, n)
-			row.grownFresh, row.grownHandled = f.rate, h.rate
-			row.tableMB, row.ruleMB, row.otherIdxMB = ledgerSizes(ctx, b, grown)
-			out = append(out, row)
+		for _, shape := range shapes {
+			out = append(out, growShape(ctx, b, bin, shape, sizes, n)...)
 		}
 	}
-	last := out[len(out)-1]
-	b.ReportMetric(last.grownFresh/last.emptyFresh, "fresh-x-empty")
-	b.ReportMetric(last.grownHandled/last.emptyHandled, "handled-x-empty")
+	for _, shape := range shapes {
+		// The last size of each shape; the month shape's keep their names.
+		last := out[slices.IndexFunc(out, func(r growthRow) bool { return r.shape == shape.name })+len(sizes)-1]
+		prefix := ""
+		if shape.name != "months" {
+			prefix = shape.name + "-"
+		}
+		b.ReportMetric(last.grownFresh/last.emptyFresh, prefix+"fresh-x-empty")
+		b.ReportMetric(last.grownHandled/last.emptyHandled, prefix+"handled-x-empty")
+	}
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "\ngrowth benchmark: runledger run, %d items (a new occurrence for every 5th of %d accounts), 4 shards, fsync on, default settings\n",
-		n, growthEntities)
-	fmt.Fprintln(w, "ledger rows\ttable\trule index\tother indexes\tempty fresh\tgrown fresh\tratio\tempty handled\tgrown handled\tratio\tload\tsettle\t")
+	fmt.Fprintf(w, "\ngrowth benchmark: runledger run, %d new items, 4 shards, fsync on, %s; keys: months (a new month for every 5th of %d accounts), random (a random hex entity, one occurrence)\n",
+		n, growthSettings(), growthEntities)
+	fmt.Fprintln(w, "keys\tledger rows\ttable\trule index\tother indexes\tempty fresh\tgrown fresh\tratio\tempty handled\tgrown handled\tratio\tload\tsettle\t")
 	for _, r := range out {
-		fmt.Fprintf(w, "%s\t%.0f MiB\t%.0f MiB\t%.0f MiB\t%.0f/s\t%.0f/s\t%.2fx\t%.0f/s\t%.0f/s\t%.2fx\t%s\t%s\t\n",
-			thousandsOf(r.rows), r.tableMB, r.ruleMB, r.otherIdxMB,
+		fmt.Fprintf(w, "%s\t%s\t%.0f MiB\t%.0f MiB\t%.0f MiB\t%.0f/s\t%.0f/s\t%.2fx\t%.0f/s\t%.0f/s\t%.2fx\t%s\t%s\t\n",
+			r.shape, thousandsOf(r.rows), r.tableMB, r.ruleMB, r.otherIdxMB,
 			r.emptyFresh, r.grownFresh, r.grownFresh/r.emptyFresh,
 			r.emptyHandled, r.grownHandled, r.grownHandled/r.emptyHandled,
 			r.loadTime.Round(time.Second), r.vacuumTime.Round(time.Second))
@@ -125,17 +159,63 @@ func BenchmarkGrowth(b *testing.B) {
 	_ = w.Flush()
 	for _, r := range out {
 		if r.grownFresh < 0.5*r.emptyFresh || r.grownHandled < 0.5*r.emptyHandled {
-			fmt.Printf("TARGET MISSED at %s rows\n", thousandsOf(r.rows))
+			fmt.Printf("TARGET MISSED at %s rows (%s keys)\n", thousandsOf(r.rows), r.shape)
 		}
 	}
 }
 
-// growLedger adds committed rows to the ledger until it holds size rows from
-// earlier months: month m of account a, written by run "month-m" in month
-// order. The rule's index and the run index are dropped during the load and
+// growthSettings names the server's settings the benchmark ran with.
+func growthSettings() string {
+	if v := os.Getenv(envSharedBuffers); v != "" {
+		return "shared_buffers = " + v
+	}
+	return "default settings"
+}
+
+// growShape grows a ledger of shape's keys to each of sizes committed rows
+// and measures, at each, the two runs there and on an empty ledger.
+func growShape(ctx context.Context, b *testing.B, bin string, shape growthShape, sizes []int64, n int) []growthRow {
+	b.Helper()
+	grownDSN := pgtest.NewDatabase(b)
+	grown := pgtest.Pool(b, grownDSN)
+	defer grown.Close()
+	var out []growthRow
+	var loaded int64
+	for level, size := range sizes {
+		row := growthRow{shape: shape.name, rows: size}
+		start := time.Now()
+		growLedger(ctx, b, grown, shape, loaded, size)
+		loaded = size
+		row.loadTime = time.Since(start)
+
+		occurrence := fmt.Sprintf("2099-%02d", level+1)
+		emptyDSN := pgtest.NewDatabase(b)
+		empty := pgtest.Pool(b, emptyDSN)
+		growthBatch(ctx, b, empty, shape, n, occurrence)
+		f := runWorkers(b, bin, emptyDSN, fmt.Sprintf("empty-fresh-%d", level))
+		h := runWorkers(b, bin, emptyDSN, fmt.Sprintf("empty-again-%d", level))
+		checkGrowthCounts(b, "empty ledger", f, h, n)
+		row.emptyFresh, row.emptyHandled = f.rate, h.rate
+		empty.Close()
+
+		start = time.Now()
+		growthBatch(ctx, b, grown, shape, n, occurrence)
+		row.vacuumTime = time.Since(start)
+		f = runWorkers(b, bin, grownDSN, fmt.Sprintf("grown-fresh-%d", level))
+		h = runWorkers(b, bin, grownDSN, fmt.Sprintf("grown-again-%d", level))
+		checkGrowthCounts(b, fmt.Sprintf("ledger of %d rows of %s keys", size, shape.name), f, h, n)
+		row.grownFresh, row.grownHandled = f.rate, h.rate
+		row.tableMB, row.ruleMB, row.otherIdxMB = ledgerSizes(ctx, b, grown)
+		out = append(out, row)
+	}
+	return out
+}
+
+// growLedger adds committed rows of shape's keys to the ledger until it
+// holds size rows, in k's order. The rule's index and the run index are dropped during the load and
 // built again after it (the same definitions as the migration), which is how
 // one loads tens of millions of rows in minutes; the primary key stays.
-func growLedger(ctx context.Context, b *testing.B, pool *pgxpool.Pool, from, size int64) {
+func growLedger(ctx context.Context, b *testing.B, pool *pgxpool.Pool, shape growthShape, from, size int64) {
 	b.Helper()
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -160,12 +240,10 @@ AND indexname IN ('ledger_business_key_uq', 'ledger_run_uid_idx') ORDER BY index
 	}
 	exec(`DROP INDEX runledger.ledger_business_key_uq`)
 	exec(`DROP INDEX runledger.ledger_run_uid_idx`)
-	// Row k is account k % growthEntities in month k / growthEntities.
 	exec(`
 INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt, payload, created_at)
-SELECT 'acct-' || lpad((k % $3)::text, 7, '0'),
-       to_char(date '2020-01-01' + make_interval(months => (k / $3)::int), 'YYYY-MM'),
-       'billing', 'month-' || (k / $3)::text, lpad((k / $3)::text, 8, '0') || '-0000-4000-8000-000000000000',
+SELECT `+shape.entityOf+`, `+shape.occurrenceOf+`,
+       'billing', 'month-' || `+shape.runOf+`::text, lpad(`+shape.runOf+`::text, 8, '0') || '-0000-4000-8000-000000000000',
        k % 4, 0, jsonb_build_object('amount', k % 1000, 'currency', 'EUR'),
        now() - make_interval(days => (30 * (600 - k / $3))::int)
 FROM generate_series($1::bigint, $2::bigint - 1) k`, from, size, int64(growthEntities))
@@ -174,21 +252,22 @@ FROM generate_series($1::bigint, $2::bigint - 1) k`, from, size, int64(growthEnt
 	}
 }
 
-// growthBatch (re)creates the source table of the measured runs: occurrence
-// for every 5th account, spread over the whole key space, in account order
-// shuffled by a hash (as a real source returns them), then vacuums and
-// checkpoints the database.
-func growthBatch(ctx context.Context, b *testing.B, pool *pgxpool.Pool, n int, occurrence string) {
+// growthBatch (re)creates the source table of the measured runs: n new keys
+// of shape (for months, occurrence for every 5th account), spread over the
+// whole key space, shuffled by a hash (as a real source returns them), then
+// vacuums and checkpoints the database.
+func growthBatch(ctx context.Context, b *testing.B, pool *pgxpool.Pool, shape growthShape, n int, occurrence string) {
 	b.Helper()
 	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS usage`); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `
 CREATE TABLE usage AS
-SELECT 'acct-' || lpad(((i * 5) % $2::bigint)::text, 7, '0') AS account,
-       $3::text AS period,
+SELECT `+shape.batchEntity+` AS account,
+       `+shape.batchOccurrence+` AS period,
        jsonb_build_object('amount', i % 1000, 'currency', 'EUR') AS payload
 FROM generate_series(0, $1::bigint - 1) i
+WHERE $2::bigint > 0 -- every shape's parameters are typed, used or not
 ORDER BY md5(i::text)`, n, growthEntities, occurrence); err != nil {
 		b.Fatalf("creating the source table: %v", err)
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"os"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -14,8 +15,18 @@ import (
 // right after a checkpoint; autovacuum is off so that it does not clean up one
 // measurement's rows during the next one's timed run (on 2 shared cores that
 // decided ratios by more than the code under test did).
+//
+// RUNLEDGER_BENCH_SHARED_BUFFERS sets shared_buffers (e.g. 4GB, a production
+// server's) for the figures of make bench-growth that the docs give beside
+// the default's (128MB).
 func TestMain(m *testing.M) {
 	// The simulated workers' clients log nothing worth reading.
 	ctrllog.SetLogger(logr.Discard())
-	pgtest.Main(m, pgtest.Durable, pgtest.Setting("autovacuum", "off"))
+	opts := []func(*pgtest.Options){pgtest.Durable, pgtest.Setting("autovacuum", "off")}
+	if v := os.Getenv(envSharedBuffers); v != "" {
+		opts = append(opts, pgtest.Setting("shared_buffers", v))
+	}
+	pgtest.Main(m, opts...)
 }
+
+const envSharedBuffers = "RUNLEDGER_BENCH_SHARED_BUFFERS"
