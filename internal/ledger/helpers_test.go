@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,26 @@ import (
 )
 
 func newPool(t *testing.T) *pgxpool.Pool { return pgtest.NewPool(t) }
+
+// onOwnPools runs fn n times at once, each on a pool of two connections of
+// its own to dsn (as n processes would), and returns their errors by caller.
+func onOwnPools(ctx context.Context, dsn string, n int, fn func(i int, pool *pgxpool.Pool) error, opts ...ledger.Option) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			pool, err := ledger.Open(ctx, dsn, 2, opts...)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer pool.Close()
+			errs[i] = fn(i, pool)
+		})
+	}
+	wg.Wait()
+	return errs
+}
 
 func runNamed(uid string) ledger.Run {
 	return ledger.Run{Namespace: "default", Name: "run-" + uid, UID: uid, Shard: 0, Attempt: 0}

@@ -3,10 +3,10 @@ package ledger_test
 import (
 	"context"
 	"io/fs"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -48,20 +48,10 @@ func TestMigrate_TwiceAndConcurrently(t *testing.T) {
 	// Four migrators at once: all succeed, exactly one applies the migrations.
 	const n = 4
 	applied := make([]int, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			pool, err := ledger.Open(ctx, dsn, 2)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer pool.Close()
-			applied[i], errs[i] = ledger.Migrate(ctx, pool)
-		})
-	}
-	wg.Wait()
+	errs := onOwnPools(ctx, dsn, n, func(i int, pool *pgxpool.Pool) (err error) {
+		applied[i], err = ledger.Migrate(ctx, pool)
+		return err
+	})
 	total := 0
 	for i := range n {
 		require.NoError(t, errs[i], "migrator %d", i)

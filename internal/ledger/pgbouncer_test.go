@@ -3,12 +3,12 @@ package ledger_test
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -92,25 +92,15 @@ func TestMigrateThroughPgBouncer_Concurrent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dsn := pgtest.ThroughBouncer(t, pgtest.NewEmptyDatabase(t))
-	applied := make(chan int, 8)
-	errs := make(chan error, 8)
-	for range 8 {
-		go func() {
-			pool, err := ledger.Open(ctx, dsn, 2, ledger.NetworkTimeout(6*time.Second))
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer pool.Close()
-			n, err := ledger.Migrate(ctx, pool)
-			applied <- n
-			errs <- err
-		}()
-	}
+	applied := make([]int, 8)
+	errs := onOwnPools(ctx, dsn, 8, func(i int, pool *pgxpool.Pool) (err error) {
+		applied[i], err = ledger.Migrate(ctx, pool)
+		return err
+	}, ledger.NetworkTimeout(6*time.Second))
 	total := 0
-	for range 8 {
-		require.NoError(t, <-errs)
-		total += <-applied
+	for i := range 8 {
+		require.NoError(t, errs[i], "migrator %d", i)
+		total += applied[i]
 	}
 	require.Equal(t, migrationCount(t), total, "each migration applied once")
 	pool, err := ledger.Open(ctx, dsn, 2)
@@ -144,22 +134,12 @@ func TestFixQueryBatchThroughPgBouncer_Concurrent(t *testing.T) {
 	run := runNamed("through-bouncer")
 	const callers = 8
 	headers := make([]*ledger.BatchHeader, callers)
-	errs := make([]error, callers)
-	var wg sync.WaitGroup
-	for i := range callers {
-		wg.Go(func() {
-			pool, err := ledger.Open(ctx, dsn, 2)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer pool.Close()
-			q := batchQuery()
-			q.Timeout, q.LockTimeout = 20*time.Second, 2*time.Second
-			headers[i], errs[i] = ledger.NewStore(pool).FixQueryBatch(ctx, run, q)
-		})
-	}
-	wg.Wait()
+	errs := onOwnPools(ctx, dsn, callers, func(i int, pool *pgxpool.Pool) (err error) {
+		q := batchQuery()
+		q.Timeout, q.LockTimeout = 20*time.Second, 2*time.Second
+		headers[i], err = ledger.NewStore(pool).FixQueryBatch(ctx, run, q)
+		return err
+	})
 	for i := range callers {
 		require.NoError(t, errs[i], "caller %d", i)
 		require.Equal(t, headers[0], headers[i], "caller %d sees the same header", i)
