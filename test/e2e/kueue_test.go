@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/runledger/runledger/api/v1alpha1"
@@ -63,6 +65,9 @@ func (e *env) kueueClient(t *testing.T) client.Client {
 	require.NoError(t, clientgoscheme.AddToScheme(scheme))
 	require.NoError(t, v1alpha1.AddToScheme(scheme))
 	require.NoError(t, kueue.AddToScheme(scheme))
+	// The client logs nothing the test reads; unset, controller-runtime
+	// prints a stack trace saying so.
+	ctrllog.SetLogger(logr.Discard())
 	c, err := client.New(e.cfg, client.Options{Scheme: scheme})
 	require.NoError(t, err, "kueue client")
 	return c
