@@ -192,7 +192,7 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 		return nil, fmt.Errorf("acquiring a connection to materialise the batch: %w", err)
 	}
 	// A session that fails mid-way is closed, not reused: the user's query
-	// ran on it.
+	// may have run on it.
 	ok := false
 	defer func() {
 		if !ok {
