@@ -48,14 +48,13 @@ func growthItems() int {
 // is R/growthEntities months of every account, as a year of billing leaves it.
 const growthEntities = 1_000_000
 
-// growthShape is a kind of business key the ledger grows with, each its own
-// rows of the benchmark: the entity and occurrence of grown row k (a bigint)
-// and of the measured batch's item i (a new occurrence, level's, of an
-// entity, or a new key), as SQL over k, i, level and the parameters named.
+// growthShape is a kind of business key the ledger grows with, its own rows
+// of the benchmark: as SQL, the entity and occurrence of grown row k, and
+// those of the measured batch's item i (new keys at every size).
 type growthShape struct {
-	name                          string
-	entityOf, occurrenceOf, runOf string // over k; $3 is growthEntities
-	batchEntity, batchOccurrence  string // over i; $2 is growthEntities, $3 the level's occurrence
+	name                         string
+	entityOf, occurrenceOf       string // over k; $3 is growthEntities
+	batchEntity, batchOccurrence string // over i; $2 is growthEntities, $3 the size's occurrence ("2099-01", ...)
 }
 
 var growthShapes = []growthShape{{
@@ -64,17 +63,14 @@ var growthShapes = []growthShape{{
 	name:            "months",
 	entityOf:        `'acct-' || lpad((k % $3)::text, 7, '0')`,
 	occurrenceOf:    `to_char(date '2020-01-01' + make_interval(months => (k / $3)::int), 'YYYY-MM')`,
-	runOf:           `(k / $3)`,
 	batchEntity:     `'acct-' || lpad(((i * 5) % $2::bigint)::text, 7, '0')`,
 	batchOccurrence: `$3::text`,
 }, {
 	// Idempotency keys: a random hex entity and one occurrence, so every
-	// key, grown or new, lands anywhere in the rule's index; a run per
-	// growthEntities keys.
+	// key, grown or new, lands anywhere in the rule's index.
 	name:            "random",
 	entityOf:        `md5('key-' || k::text)`,
 	occurrenceOf:    `'charge'`,
-	runOf:           `(k / $3)`,
 	batchEntity:     `md5($3::text || '-' || i::text)`,
 	batchOccurrence: `'charge'`,
 }}
@@ -212,9 +208,10 @@ func growShape(ctx context.Context, b *testing.B, bin string, shape growthShape,
 }
 
 // growLedger adds committed rows of shape's keys to the ledger until it
-// holds size rows, in k's order. The rule's index and the run index are dropped during the load and
-// built again after it (the same definitions as the migration), which is how
-// one loads tens of millions of rows in minutes; the primary key stays.
+// holds size rows, in k's order, row k written by run "month-<k/1M>". The
+// rule's index and the run index are dropped during the load and built again
+// after it (the same definitions as the migration), which is how one loads
+// tens of millions of rows in minutes; the primary key stays.
 func growLedger(ctx context.Context, b *testing.B, pool *pgxpool.Pool, shape growthShape, from, size int64) {
 	b.Helper()
 	conn, err := pool.Acquire(ctx)
@@ -243,7 +240,7 @@ AND indexname IN ('ledger_business_key_uq', 'ledger_run_uid_idx') ORDER BY index
 	exec(`
 INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt, payload, created_at)
 SELECT `+shape.entityOf+`, `+shape.occurrenceOf+`,
-       'billing', 'month-' || `+shape.runOf+`::text, lpad(`+shape.runOf+`::text, 8, '0') || '-0000-4000-8000-000000000000',
+       'billing', 'month-' || (k / $3)::text, lpad((k / $3)::text, 8, '0') || '-0000-4000-8000-000000000000',
        k % 4, 0, jsonb_build_object('amount', k % 1000, 'currency', 'EUR'),
        now() - make_interval(days => (30 * (600 - k / $3))::int)
 FROM generate_series($1::bigint, $2::bigint - 1) k`, from, size, int64(growthEntities))

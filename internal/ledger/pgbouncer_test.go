@@ -149,7 +149,7 @@ func TestFixQueryBatchThroughPgBouncer_Concurrent(t *testing.T) {
 	require.Zero(t, scalar[int64](t, direct, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`),
 		"no advisory lock left on any server connection")
 
-	pool, err := ledger.Open(ctx, dsn, callers)
+	pool, err := ledger.Open(ctx, dsn, 2*callers)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	quick, cancelQuick := context.WithTimeout(ctx, 10*time.Second)
@@ -158,15 +158,16 @@ func TestFixQueryBatchThroughPgBouncer_Concurrent(t *testing.T) {
 	require.NoError(t, err, "the batch lock is free")
 	require.EqualValues(t, 1000, h.Items)
 
-	// Every server connection at once (one transaction each): none keeps a
-	// bound the fixers set.
-	txs := make([]pgx.Tx, 0, callers)
+	// As many transactions at once as the fixers had connections (PgBouncer
+	// hands out the server connections used last first): none keeps a bound
+	// the fixers set.
+	txs := make([]pgx.Tx, 0, 2*callers)
 	defer func() {
 		for _, tx := range txs {
 			_ = tx.Rollback(ctx)
 		}
 	}()
-	for range callers {
+	for range 2 * callers {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		txs = append(txs, tx)
