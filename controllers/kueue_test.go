@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -119,10 +120,16 @@ func admitWorkload(t *testing.T, env *envtestutil.Env, wl *kueue.Workload, cq, f
 	}
 	require.NoError(t, env.Client.Status().Patch(ctx, wl, patch))
 	// Kueue's finalizer, added with the reservation.
-	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(wl), wl))
-	if controllerutil.AddFinalizer(wl, kueue.ResourceInUseFinalizerName) {
-		require.NoError(t, env.Client.Update(ctx, wl))
-	}
+	// Retried on conflict: the manager may write the Workload meanwhile.
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(wl), wl); err != nil {
+			return err
+		}
+		if !controllerutil.AddFinalizer(wl, kueue.ResourceInUseFinalizerName) {
+			return nil
+		}
+		return env.Client.Update(ctx, wl)
+	}))
 }
 
 // evictWorkload writes what Kueue writes when it preempts a Workload:
