@@ -126,13 +126,14 @@ func (c QueryColumn) PrintsInTimeZone() string { return zonedTypes[c.TypeOID] }
 
 // BatchRow is one row of a materialised batch. Seq is its row number in the
 // query's output. A key part is nil when the query returned NULL for it;
-// Holder says who holds the key's committed row as of the cursor's open
-// (relative to the reading run).
+// When LookedUp, Holder says who held the key's committed row as of the
+// fetch (relative to the reading run).
 type BatchRow struct {
 	Seq        int64
 	Entity     *string
 	Occurrence *string
 	Payload    *string
+	LookedUp   bool
 	Holder     Holder // HolderNone, HolderSameRun or HolderOtherRun
 	// PayloadMatch: for HolderOtherRun, what the payload's text says of the
 	// committed row's.
@@ -352,152 +353,151 @@ func (s *Store) BatchShardSize(ctx context.Context, h *BatchHeader, shard int) (
 	return n, nil
 }
 
-// BatchCursor reads one shard of a materialised batch in key order: byte
-// order of (occurrence, entity), the rule's, NULL key parts first, repeats of a key
-// adjacent in query order. It is a holdable cursor (WITH HOLD): the shard's
-// rows, sorted and each with its holder, are materialised once, by the
-// transaction that opens it, whose snapshot ends there; every Fetch then
-// reads that result in a statement of its own, holding no snapshot between
-// them, so that no transaction stays open while the shard runs (vacuum is
-// held back for the open only, bounded by the Store's statement bound).
-// The cursor lives in its session: the shard lock's (OpenBatchOn), or a
-// pooled connection of its own (OpenBatch), until Close.
-type BatchCursor struct {
-	conn   *pgxpool.Conn
-	lock   *ShardLock // nil: conn is the cursor's own
+// BatchReader reads one shard of a materialised batch in key order: byte
+// order of (occurrence, entity), the rule's, NULL key parts first, repeats
+// of a key adjacent in query order. The shard's items are sorted once, by
+// one statement, into a copy of their own (batch_sorted, unlogged), each
+// with its position in that order; every Fetch then reads a range of
+// positions in one short transaction of its own, on whichever connection
+// the pool (or a transaction pooler) lends: no snapshot, cursor or session
+// outlives a fetch. Every sort gives the same positions, so a copy lost with
+// the unlogged tables (a crash) is sorted again and read on at the position
+// reached.
+type BatchReader struct {
+	store  *Store
+	batch  *BatchHeader
 	runUID string
 	shard  int
 }
 
-// ErrShardSessionLost: the shard lock's session, which held the batch's
-// cursor, was replaced (a lost connection); the cursor is gone with it and
-// must be opened again. Retryable.
-var ErrShardSessionLost = errors.New("the shard's database session was lost, and the batch's cursor with it")
+// ErrSortedCopyLost: the shard's sorted copy vanished between two fetches (a
+// crash of the server empties unlogged tables, or another process of the
+// shard deleted it); it is sorted again. Retryable.
+var ErrSortedCopyLost = errors.New("the shard's sorted copy of its batch is gone (the server restarted, or another process finished the shard)")
 
-// OpenBatch opens a cursor over shard of the materialised batch h, on a
-// pooled connection of its own, that skips the first skip rows of the
-// shard's key order (to resume where a lost connection stopped: the order
-// is the same on every open). Each row comes with the holder of its key
-// relative to runUID, the run whose batch h is, as of the open.
-func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, shard int, skip int64) (*BatchCursor, error) {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("acquiring a connection to read shard %d of the batch: %w", shard, err)
-	}
-	c := &BatchCursor{conn: conn, runUID: runUID, shard: shard}
-	if err := s.declareBatch(ctx, conn, h, runUID, shard, skip); err != nil {
-		conn.Release() // a connection left in a transaction is closed, not reused
+// OpenBatch returns a reader of shard of the materialised batch h, for
+// runUID (the run whose batch h is), sorting the shard's items first unless
+// a whole copy of them exists already.
+func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, shard int) (*BatchReader, error) {
+	r := &BatchReader{store: s, batch: h, runUID: runUID, shard: shard}
+	if err := r.sort(ctx); err != nil {
 		return nil, err
 	}
-	return c, nil
+	return r, nil
 }
 
-// OpenBatchOn is OpenBatch on the session of lock, which the shard holds
-// (taken again first if its session was lost): the shard then needs no
-// connection of its own for its reads.
-func (s *Store) OpenBatchOn(ctx context.Context, lock *ShardLock, h *BatchHeader, runUID string, shard int, skip int64) (*BatchCursor, error) {
-	if lock.conn == nil {
-		if err := lock.Check(ctx); err != nil {
-			return nil, err
-		}
+// sort writes the shard's sorted copy if it has none (sqlSortShard); a copy
+// another process wrote meanwhile is kept.
+func (r *BatchReader) sort(ctx context.Context) error {
+	var items int64
+	err := r.store.pool.QueryRow(ctx, sqlSortedShard, r.batch.ID, r.shard).Scan(&items)
+	if err == nil {
+		return nil
 	}
-	if err := s.declareBatch(ctx, lock.conn, h, runUID, shard, skip); err != nil {
-		// The session may be left in the failed transaction: rolled back,
-		// it keeps the lock; a session that cannot be is closed.
-		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		if _, rbErr := lock.conn.Exec(rbCtx, sqlRollback); rbErr != nil || lock.conn.Conn().PgConn().TxStatus() != 'I' {
-			lock.drop()
-		}
-		cancel()
-		return nil, err
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("looking for the sorted copy of shard %d: %w", r.shard, err)
 	}
-	return &BatchCursor{conn: lock.conn, lock: lock, runUID: runUID, shard: shard}, nil
-}
-
-// declareBatch declares the shard's holdable cursor on conn in one
-// pipeline; its COMMIT materialises the cursor.
-func (s *Store) declareBatch(ctx context.Context, conn *pgxpool.Conn, h *BatchHeader, runUID string, shard int, skip int64) error {
 	b := &pgx.Batch{}
-	b.Queue(sqlBeginBatchCursor)
-	for _, q := range s.sqlReadBoundList() {
+	b.Queue(sqlBeginWrite)
+	for _, q := range r.store.sqlReadBoundList() {
 		b.Queue(q)
 	}
-	b.Queue(sqlBatchCursorWorkMem)
-	b.Queue(sqlBatchCursorNoJIT)
-	b.Queue(sqlNoSeqScan)
-	b.Queue(sqlNoBitmapScan)
+	b.Queue(sqlSortWorkMem)
+	b.Queue(sqlNoJIT)
 	b.Queue(sqlPinnedSearchPath)
-	b.Queue(sqlCloseBatchCursor) // a cursor left by an earlier open, which failed after it
-	b.Queue(sqlDeclareBatchCursor, h.ID, shard, skip, runUID)
-	b.Queue(sqlMaterialiseBatchCursor)
-	b.Queue(sqlRewindBatchCursor)
+	b.Queue(sqlSortShard, r.batch.ID, r.shard)
 	b.Queue(sqlCommit)
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("opening shard %d of the batch at row %d of its key order: %w", shard, skip, err)
+	if err := r.store.pool.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("sorting shard %d of the batch: %w", r.shard, err)
 	}
 	return nil
 }
 
-// Fetch returns the cursor's next rows, up to n (fewer only at the shard's
-// end), and the run's batch header as it is now (nil if it was deleted): the
-// cursor reads the batch as of its open, so a `runledger prune` since shows
-// in the header only. Both come in one round trip.
-func (c *BatchCursor) Fetch(ctx context.Context, n int) ([]BatchRow, *BatchHeader, error) {
-	if c.lock != nil && c.lock.conn != c.conn {
-		return nil, nil, fmt.Errorf("reading shard %d of the batch: %w", c.shard, ErrShardSessionLost)
+// Fetch returns up to n rows of the shard from position pos of its key
+// order (fewer only at the shard's end), and the run's batch header as it
+// is now (nil if it was deleted): the header shows a `runledger prune`
+// since, whose deleted rows the fetch no longer finds. With lookup, each
+// row comes with the holder of its key relative to the reading run, as of
+// the fetch (one probe of the rule's index per row); without, no row is
+// looked up (LookedUp false) and the claim finds the holders. All in
+// one round trip; a copy found gone is sorted again and the fetch repeated.
+func (r *BatchReader) Fetch(ctx context.Context, pos int64, n int, lookup bool) ([]BatchRow, *BatchHeader, error) {
+	rows, h, whole, err := r.fetch(ctx, pos, n, lookup)
+	if err == nil && !whole && h != nil && h.Pruned == nil {
+		if err = r.sort(ctx); err == nil {
+			rows, h, whole, err = r.fetch(ctx, pos, n, lookup)
+			if err == nil && !whole {
+				err = ErrSortedCopyLost
+			}
+		}
 	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading shard %d of the batch at position %d: %w", r.shard, pos, err)
+	}
+	return rows, h, nil
+}
+
+// fetch is one try of Fetch; whole says the copy's header was there (the
+// rows are the copy's, not a remnant's).
+func (r *BatchReader) fetch(ctx context.Context, pos int64, n int, lookup bool) ([]BatchRow, *BatchHeader, bool, error) {
 	out := make([]BatchRow, 0, n)
 	var h *BatchHeader
+	whole := false
 	b := &pgx.Batch{}
-	b.Queue(sqlFetchBatch(n)).Query(func(rows pgx.Rows) error {
-		var r BatchRow
+	b.Queue(sqlBeginReadOnly)
+	for _, q := range r.store.sqlReadBoundList() {
+		b.Queue(q)
+	}
+	b.Queue(sqlNoSeqScan)
+	b.Queue(sqlNoBitmapScan)
+	b.Queue(sqlNoJIT)
+	b.Queue(sqlPinnedSearchPath)
+	fetch, args := sqlFetchSortedPlain, []any{r.batch.ID, r.shard, pos, n}
+	if lookup {
+		fetch, args = sqlFetchSortedProbe, append(args, r.runUID)
+	}
+	b.Queue(fetch, args...).Query(func(rows pgx.Rows) error {
+		var row BatchRow
 		var uid []byte
 		var match *bool
-		_, err := pgx.ForEachRow(rows, []any{&r.Seq, &r.Entity, &r.Occurrence, &r.Payload, &uid, &match}, func() error {
-			r.Holder = HolderNone
+		_, err := pgx.ForEachRow(rows, []any{&row.Seq, &row.Entity, &row.Occurrence, &row.Payload, &uid, &match}, func() error {
+			row.LookedUp = lookup
 			if uid != nil {
-				r.Holder = holderOf(uid, c.runUID)
+				row.Holder = holderOf(uid, r.runUID)
 			}
-			if r.Holder == HolderOtherRun {
-				r.PayloadMatch = payloadMatch(match)
+			if row.Holder == HolderOtherRun {
+				row.PayloadMatch = payloadMatch(match)
 			}
-			out = append(out, r)
-			r = BatchRow{}
+			out = append(out, row)
+			row = BatchRow{}
 			return nil
 		})
 		return err
 	})
-	b.Queue(sqlBatchHeader, c.runUID).QueryRow(func(row pgx.Row) error {
+	b.Queue(sqlSortedShard, r.batch.ID, r.shard).Query(func(rows pgx.Rows) error {
+		whole = rows.Next()
+		rows.Close()
+		return rows.Err()
+	})
+	b.Queue(sqlBatchHeader, r.runUID).QueryRow(func(row pgx.Row) error {
 		var err error
-		h, err = scanBatchHeader(row, c.runUID)
+		h, err = scanBatchHeader(row, r.runUID)
 		return err
 	})
-	if err := c.conn.SendBatch(ctx, b).Close(); err != nil {
-		return nil, nil, fmt.Errorf("reading shard %d of the batch: %w", c.shard, err)
+	b.Queue(sqlCommit)
+	if err := r.store.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, nil, false, err
 	}
-	return out, h, nil
+	return out, h, whole, nil
 }
 
-// Close closes the cursor (its materialised rows go) and returns its own
-// connection to the pool (or closes it, if the cursor could not be closed);
-// the shard lock's session stays the lock's.
-func (c *BatchCursor) Close() {
-	if c.lock != nil && c.lock.conn != c.conn {
-		return // gone with its session
+// Discard deletes the shard's sorted copy (its reader is done with it; a
+// later reader sorts again).
+func (r *BatchReader) Discard(ctx context.Context) error {
+	if _, err := r.store.pool.Exec(ctx, sqlDiscardSorted, r.batch.ID, r.shard); err != nil {
+		return fmt.Errorf("deleting the sorted copy of shard %d: %w", r.shard, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	_, err := c.conn.Exec(ctx, sqlCloseBatchCursor)
-	cancel()
-	switch {
-	case c.lock != nil && err != nil:
-		c.lock.drop()
-	case c.lock != nil:
-	case err != nil:
-		_ = c.conn.Conn().Close(context.Background())
-		c.conn.Release()
-	default:
-		c.conn.Release()
-	}
+	return nil
 }
 
 // RunsInFlightError: PruneBatches left the batches of these runs alone,

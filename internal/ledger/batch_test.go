@@ -63,19 +63,23 @@ func TestFixQueryBatch_OnceWhenShardsStartTogether(t *testing.T) {
 	require.EqualValues(t, 1000, total, "the batch is what the query returned the first time")
 }
 
-// readShard reads shard of batch h through a cursor opened at skip, in
-// fetches of 7, and checks that every fetch comes with the run's header.
+// readShard reads shard of batch h from position skip, in fetches of 7
+// that look each key up, and checks that every fetch comes with the run's
+// header.
 func readShard(t *testing.T, s *ledger.Store, h *ledger.BatchHeader, runUID string, shard int, skip int64) []ledger.BatchRow {
 	t.Helper()
-	cur, err := s.OpenBatch(context.Background(), h, runUID, shard, skip)
+	r, err := s.OpenBatch(context.Background(), h, runUID, shard)
 	require.NoError(t, err)
-	defer cur.Close()
 	got := []ledger.BatchRow{}
-	for {
-		page, now, err := cur.Fetch(context.Background(), 7)
+	for pos := skip; ; {
+		page, now, err := r.Fetch(context.Background(), pos, 7, true)
 		require.NoError(t, err)
 		require.Equal(t, h, now, "the header as it is now")
+		for _, row := range page {
+			require.True(t, row.LookedUp)
+		}
 		got = append(got, page...)
+		pos += int64(len(page))
 		if len(page) < 7 {
 			return got
 		}
@@ -163,9 +167,10 @@ func TestBatchCursor_KeyOrderWithHolders(t *testing.T) {
 	}
 }
 
-// TestBatchCursor_SeesAPrune: a cursor reads the batch as of its open, and
-// every fetch says what the header is now: a prune since shows there.
-func TestBatchCursor_SeesAPrune(t *testing.T) {
+// TestBatchReader_SeesAPrune: every fetch says what the run's header is
+// now: a prune since shows there (and took the shard's sorted copy with the
+// batch, which is not sorted again from a pruned batch).
+func TestBatchReader_SeesAPrune(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	mustExec(t, pool, batchSource)
@@ -173,10 +178,9 @@ func TestBatchCursor_SeesAPrune(t *testing.T) {
 	ctx := context.Background()
 	h, err := s.FixQueryBatch(ctx, runNamed("pruned"), batchQuery())
 	require.NoError(t, err)
-	cur, err := s.OpenBatch(ctx, h, "pruned", 0, 0)
+	r, err := s.OpenBatch(ctx, h, "pruned", 0)
 	require.NoError(t, err)
-	defer cur.Close()
-	first, now, err := cur.Fetch(ctx, 10)
+	first, now, err := r.Fetch(ctx, 0, 10, false)
 	require.NoError(t, err)
 	require.Len(t, first, 10)
 	require.Nil(t, now.Pruned)
@@ -186,15 +190,102 @@ func TestBatchCursor_SeesAPrune(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	require.EqualValues(t, 1000, rows)
-	next, now, err := cur.Fetch(ctx, 10)
+	require.Zero(t, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.batch_sorted`), "the sorted copies went with the batch")
+	require.Zero(t, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.batch_sorted_shard`))
+	next, now, err := r.Fetch(ctx, 10, 10, false)
 	require.NoError(t, err)
 	require.NotNil(t, now.Pruned, "the header says pruned")
-	require.Len(t, next, 10, "while the cursor still reads its snapshot")
+	require.Empty(t, next, "nothing is left to read, and nothing was sorted again")
+	require.Zero(t, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.batch_sorted_shard`))
 
 	mustExec(t, pool, `DELETE FROM runledger.batch_run`)
-	_, now, err = cur.Fetch(ctx, 10)
+	_, now, err = r.Fetch(ctx, 10, 10, false)
 	require.NoError(t, err)
 	require.Nil(t, now, "no header: deleted by hand")
+}
+
+// TestBatchReader_CopyLost: a shard's sorted copy lost between two fetches
+// (a crash empties unlogged tables; here the copy is deleted as one) is
+// sorted again and read on at the position reached: the rows are exactly
+// those of a read without the loss. A copy read to the end and discarded
+// leaves nothing behind.
+func TestBatchReader_CopyLost(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	mustExec(t, pool, batchSource)
+	s := ledger.NewStore(pool)
+	ctx := context.Background()
+	run := runNamed("lost")
+	h, err := s.FixQueryBatch(ctx, run, batchQuery())
+	require.NoError(t, err)
+	want := readShard(t, s, h, run.UID, 1, 0)
+
+	r, err := s.OpenBatch(ctx, h, run.UID, 1)
+	require.NoError(t, err)
+	var got []ledger.BatchRow
+	for pos := int64(0); ; {
+		page, _, err := r.Fetch(ctx, pos, 50, true)
+		require.NoError(t, err)
+		got = append(got, page...)
+		pos += int64(len(page))
+		if len(page) < 50 {
+			break
+		}
+		if len(got) == 100 || len(got) == 200 {
+			mustExec(t, pool, `TRUNCATE runledger.batch_sorted, runledger.batch_sorted_shard`)
+		}
+	}
+	require.Equal(t, want, got)
+	require.NoError(t, r.Discard(ctx))
+	require.Zero(t, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.batch_sorted WHERE shard = 1`))
+	require.Zero(t, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.batch_sorted_shard WHERE shard = 1`))
+}
+
+// TestBatchReader_LookupOrNot: a fetch that looks its keys up gives each
+// row its holder as of the fetch; one that does not gives none (the claim
+// will look them up), and reads the same rows.
+func TestBatchReader_LookupOrNot(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	mustExec(t, pool, batchSource)
+	s := ledger.NewStore(pool)
+	ctx := context.Background()
+	run := runNamed("looks")
+	h, err := s.FixQueryBatch(ctx, run, batchQuery())
+	require.NoError(t, err)
+	r, err := s.OpenBatch(ctx, h, run.UID, 0)
+	require.NoError(t, err)
+	plain, _, err := r.Fetch(ctx, 0, 20, false)
+	require.NoError(t, err)
+	require.Len(t, plain, 20)
+	// Half of them committed by another run, one by this run.
+	var held []ledger.Item
+	for i, row := range plain {
+		if i%2 == 0 {
+			held = append(held, ledger.Item{Key: ledger.Key{Entity: *row.Entity, Occurrence: *row.Occurrence}})
+		}
+	}
+	commit(t, s, runNamed("other"), held, ledger.ChunkOptions{})
+	commit(t, s, run, []ledger.Item{{Key: ledger.Key{Entity: *plain[1].Entity, Occurrence: *plain[1].Occurrence}}}, ledger.ChunkOptions{})
+
+	looked, _, err := r.Fetch(ctx, 0, 20, true)
+	require.NoError(t, err)
+	again, _, err := r.Fetch(ctx, 0, 20, false)
+	require.NoError(t, err)
+	for i := range plain {
+		require.False(t, plain[i].LookedUp)
+		require.Equal(t, plain[i], again[i], "row %d: a plain fetch reads the same row, looked nothing up", i)
+		require.True(t, looked[i].LookedUp)
+		require.Equal(t, plain[i].Seq, looked[i].Seq)
+		want := ledger.HolderNone
+		switch {
+		case i%2 == 0:
+			want = ledger.HolderOtherRun
+		case i == 1:
+			want = ledger.HolderSameRun
+		}
+		require.Equal(t, want, looked[i].Holder, "row %d", i)
+	}
 }
 
 // TestFixQueryBatch_QueryCannotWrite: a query whose function writes (rows,
@@ -368,37 +459,29 @@ func TestPruneBatches_LeavesRunsInFlight(t *testing.T) {
 	again.Release()
 }
 
-// TestOpenBatchOn_FailureKeepsTheShardLock: the shard lock's session holds
-// the batch's cursor; an open that fails (its materialisation outlives the
-// statement bound) rolls the session back and keeps it, lock and all:
-// another process still finds the shard busy, and the next open on the
-// same session reads the shard.
-func TestOpenBatchOn_FailureKeepsTheShardLock(t *testing.T) {
+// TestOpenBatch_SortOutlivingItsBound: a sort that outlives the statement
+// bound fails retryably and leaves no copy (its one statement wrote
+// nothing); the next open sorts the shard.
+func TestOpenBatch_SortOutlivingItsBound(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
 	mustExec(t, pool, `CREATE TABLE src (entity text, occurrence text, payload jsonb, done bool NOT NULL DEFAULT false);
 INSERT INTO src (entity, occurrence) SELECT 'e' || i, 'o' FROM generate_series(1, 60000) i`)
 	s := ledger.NewStore(pool)
-	run := runNamed("held")
+	run := runNamed("slow")
 	h, err := s.FixQueryBatch(ctx, run, batchQuery())
 	require.NoError(t, err)
-	lock := s.ShardLock(run.UID, 0)
-	require.NoError(t, lock.Acquire(ctx, 0, nil))
-	defer lock.Release()
 
-	_, err = s.WithBounds(time.Millisecond, 0).OpenBatchOn(ctx, lock, h, run.UID, 0, 0)
-	require.Error(t, err, "20,000 rows are not sorted and probed within 1ms")
+	_, err = s.WithBounds(time.Millisecond, 0).OpenBatch(ctx, h, run.UID, 0)
+	require.Error(t, err, "20,000 rows are not sorted within 1ms")
 	require.True(t, ledger.IsRetryable(err), "%v", err)
-	other := s.ShardLock(run.UID, 0)
-	defer other.Release()
-	require.ErrorIs(t, other.Acquire(ctx, 0, nil), ledger.ErrShardBusy, "the lock stayed with its session")
+	require.Zero(t, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.batch_sorted`), "nothing of the sort is left")
+	require.Zero(t, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.batch_sorted_shard`))
 
-	cur, err := s.OpenBatchOn(ctx, lock, h, run.UID, 0, 0)
+	r, err := s.OpenBatch(ctx, h, run.UID, 0)
 	require.NoError(t, err)
-	defer cur.Close()
-	rows, _, err := cur.Fetch(ctx, 5)
+	rows, _, err := r.Fetch(ctx, 0, 5, true)
 	require.NoError(t, err)
 	require.Len(t, rows, 5)
-	require.NoError(t, lock.Check(ctx))
 }

@@ -196,7 +196,7 @@ func IsRetryable(err error) bool {
 		case net.Error: // also context.DeadlineExceeded, a timeout
 			return true
 		}
-		if errors.Is(e, io.EOF) || errors.Is(e, io.ErrUnexpectedEOF) || errors.Is(e, net.ErrClosed) || errors.Is(e, ErrShardSessionLost) {
+		if errors.Is(e, io.EOF) || errors.Is(e, io.ErrUnexpectedEOF) || errors.Is(e, net.ErrClosed) || errors.Is(e, ErrSortedCopyLost) {
 			return true
 		}
 		// pgx's own verdict: the request never reached the server.

@@ -14,7 +14,9 @@ var (
 	SQLPreload          = sqlPreload
 	SQLSupersede        = sqlSupersede
 	SQLFixQueryBatch    = sqlFixQueryBatch
-	SQLBatchCursor      = sqlBatchCursorQuery
+	SQLSortShard        = sqlSortShard
+	SQLFetchSortedProbe = sqlFetchSortedProbe
+	SQLFetchSortedPlain = sqlFetchSortedPlain
 	SQLBatchWorkMem     = sqlBatchWorkMem
 	SQLIndexProbesOnly  = sqlIndexProbesOnly
 	SQLKeyRows          = sqlKeyRows

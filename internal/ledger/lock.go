@@ -107,8 +107,7 @@ func (l *ShardLock) Check(ctx context.Context) error {
 	return nil
 }
 
-// Release unlocks, closes the batch's cursor it may hold (OpenBatchOn) and
-// returns the session to the pool.
+// Release unlocks and returns the session to the pool.
 func (l *ShardLock) Release() {
 	if l.conn == nil {
 		return

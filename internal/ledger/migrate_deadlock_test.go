@@ -99,7 +99,7 @@ func TestMigrate_EarlierReleaseWaitingForTheLock(t *testing.T) {
 	}
 	r := <-done
 	require.NoError(t, r.err, "the migration applies")
-	require.Equal(t, 1, r.n, "00016, applied once")
+	require.Equal(t, migrationsAfter(t, 15), r.n, "00016 and every later one, each applied once")
 	require.True(t, scalar[bool](t, pool, `SELECT bool_and(indisvalid) FROM pg_index WHERE indexrelid IN
 		('runledger.ledger_superseded_key_idx'::regclass, 'runledger.ledger_retired_key_idx'::regclass)`), "both indexes built and valid")
 	n, err := ledger.Migrate(ctx, pool)

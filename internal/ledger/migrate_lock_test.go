@@ -36,15 +36,9 @@ func TestMigrate_RuleRebuildWhileAShardReads(t *testing.T) {
 	run := runNamed("in-flight")
 	h, err := s.FixQueryBatch(ctx, run, batchQuery())
 	require.NoError(t, err)
-	cur, err := s.OpenBatch(ctx, h, run.UID, 0, 0)
+	r, err := s.OpenBatch(ctx, h, run.UID, 0)
 	require.NoError(t, err)
-	open := true
-	defer func() {
-		if open {
-			cur.Close()
-		}
-	}()
-	rows, _, err := cur.Fetch(ctx, 10)
+	rows, _, err := r.Fetch(ctx, 0, 10, true)
 	require.NoError(t, err)
 	require.Len(t, rows, 10)
 
@@ -67,11 +61,9 @@ func TestMigrate_RuleRebuildWhileAShardReads(t *testing.T) {
 		t.Fatal("the migration still waits for the ledger the shard reads")
 	}
 	require.NoError(t, err, "the shard's open cursor holds no lock on the ledger")
-	rows, _, err = cur.Fetch(ctx, 10)
-	require.NoError(t, err, "the cursor reads on after the migration")
+	rows, _, err = r.Fetch(ctx, 10, 10, true)
+	require.NoError(t, err, "the shard reads on after the migration")
 	require.Len(t, rows, 10)
-	cur.Close()
-	open = false
 	require.Equal(t, "CREATE UNIQUE INDEX ledger_business_key_uq ON runledger.ledger USING btree (occurrence, entity) WHERE (state = 'committed'::text)",
 		scalar[string](t, pool, `SELECT pg_get_indexdef('runledger.ledger_business_key_uq'::regclass)`))
 	require.Equal(t, 80, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.ledger WHERE state = 'committed'`))

@@ -24,7 +24,7 @@ const offlineMigration = 5
 const maxShardStall = time.Second
 
 // TestMigrationsOnline: every migration after 00005 applies while a shard
-// runs (its batch cursor open, its worker committing chunk after chunk),
+// runs (reading its sorted batch, its worker committing chunk after chunk),
 // and no chunk of that shard waits more than a second meanwhile. A
 // migration that takes a lock the shard's statements queue behind (an
 // index built without CONCURRENTLY, a constraint validated at once, a
@@ -57,15 +57,14 @@ func migrateWhileAShardRuns(t *testing.T, version int64) {
 	s := ledger.NewStore(pool)
 	commit(t, s, runNamed("earlier"), items("e", 0, 200), ledger.ChunkOptions{})
 
-	// A running shard: its batch cursor open, its worker committing.
+	// A running shard: reading its sorted batch, its worker committing.
 	mustExec(t, pool, batchSource)
 	run := runNamed("in-flight")
 	h, err := s.FixQueryBatch(ctx, run, batchQuery())
 	require.NoError(t, err)
-	cur, err := s.OpenBatch(ctx, h, run.UID, 0, 0)
+	r, err := s.OpenBatch(ctx, h, run.UID, 0)
 	require.NoError(t, err)
-	defer cur.Close()
-	_, _, err = cur.Fetch(ctx, 5)
+	_, _, err = r.Fetch(ctx, 0, 5, true)
 	require.NoError(t, err)
 
 	stop := make(chan struct{})
@@ -108,12 +107,16 @@ func migrateWhileAShardRuns(t *testing.T, version int64) {
 	require.Less(t, migrated, 30*time.Second, "migration %05d waited on the running shard", version)
 	require.Less(t, worst, maxShardStall, "a chunk of the running shard waited %s on migration %05d", worst, version)
 	t.Logf("migration %05d: %s with a shard running; %d chunks, the slowest %s", version, migrated, chunks, worst)
-	_, _, err = cur.Fetch(ctx, 5)
-	require.NoError(t, err, "the shard's cursor reads on")
+	_, _, err = r.Fetch(ctx, 5, 5, true)
+	require.NoError(t, err, "the shard reads on")
 }
 
-// retiredKeysMigration creates runledger.ledger_retired.
-const retiredKeysMigration = 9
+// retiredKeysMigration creates runledger.ledger_retired, batchSortedMigration
+// runledger.batch_sorted and batch_sorted_shard.
+const (
+	retiredKeysMigration = 9
+	batchSortedMigration = 17
+)
 
 // downToForThisRelease is ledgertest.DownTo(version) for a test that runs
 // this release's statements on the older ledger, as a stand-in for that
@@ -127,6 +130,15 @@ func downToForThisRelease(t *testing.T, pool *pgxpool.Pool, version int64) *goos
 		mustExec(t, pool, `CREATE TABLE runledger.ledger_retired (
     run_uid text NOT NULL, occurrence text NOT NULL, entity text NOT NULL,
     PRIMARY KEY (run_uid, occurrence, entity))`)
+	}
+	if version < batchSortedMigration { // a shard sorts its batch there (as 00017 creates them)
+		mustExec(t, pool, `CREATE UNLOGGED TABLE runledger.batch_sorted (
+    batch_id bigint NOT NULL, shard integer NOT NULL, block integer NOT NULL, positions bigint[] NOT NULL,
+    seqs bigint[] NOT NULL, entities text[] NOT NULL, occurrences text[] NOT NULL, payloads text[] NOT NULL,
+    PRIMARY KEY (batch_id, shard, block));
+CREATE UNLOGGED TABLE runledger.batch_sorted_shard (
+    batch_id bigint NOT NULL, shard integer NOT NULL, items bigint NOT NULL, sorted_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (batch_id, shard))`)
 	}
 	return provider
 }

@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"io/fs"
+	"strconv"
 	"testing"
 	"time"
 
@@ -35,9 +36,23 @@ WHERE n.nspname = 'runledger' ORDER BY 1`)
 // migrationCount is how many migrations are embedded.
 func migrationCount(t *testing.T) int {
 	t.Helper()
+	return migrationsAfter(t, 0)
+}
+
+// migrationsAfter is the number of migrations whose version is above v.
+func migrationsAfter(t *testing.T, v int) int {
+	t.Helper()
 	files, err := fs.Glob(migrations.FS, "*.sql")
 	require.NoError(t, err)
-	return len(files)
+	n := 0
+	for _, f := range files {
+		version, err := strconv.Atoi(f[:5])
+		require.NoError(t, err, f)
+		if version > v {
+			n++
+		}
+	}
+	return n
 }
 
 func TestMigrate_TwiceAndConcurrently(t *testing.T) {
@@ -160,6 +175,8 @@ ORDER BY 1`, role)
 	require.Equal(t, []string{
 		"batch:INSERT", "batch:SELECT",
 		"batch_run.items:UPDATE", "batch_run:INSERT", "batch_run:SELECT",
+		"batch_sorted:DELETE", "batch_sorted:INSERT", "batch_sorted:SELECT",
+		"batch_sorted_shard:DELETE", "batch_sorted_shard:INSERT", "batch_sorted_shard:SELECT",
 		"goose_db_version:SELECT",
 		"item_failure.attempt:UPDATE", "item_failure.chunk:UPDATE", "item_failure.class:UPDATE", "item_failure.error:UPDATE", "item_failure.failed_at:UPDATE", "item_failure.items:UPDATE", "item_failure.pass:UPDATE", "item_failure.payload:UPDATE", "item_failure.payload_digest:UPDATE", "item_failure.run_name:UPDATE", "item_failure.run_namespace:UPDATE", "item_failure.shard:UPDATE",
 		"item_failure:DELETE", "item_failure:INSERT", "item_failure:SELECT",

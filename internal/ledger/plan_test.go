@@ -123,7 +123,7 @@ var byKey = regexp.MustCompile(`Index Cond: \(\(occurrence = \w+\.occurrence\) A
 // rows into blocks as the query returns them, hashing the blocks, with no
 // sort. One backend sorting every shard's rows by key was most of an
 // already-handled run; each shard's reader sorts its own part instead
-// (TestBatchCursor_SortsItsShardOnly). Sorting the rows by block to pack
+// (TestBatchReader_SortsItsShardOnly). Sorting the rows by block to pack
 // them cost more than the per-row inserts the packing saved.
 func TestFixQueryBatch_SortsNothing(t *testing.T) {
 	t.Parallel()
@@ -149,11 +149,12 @@ ANALYZE src;`)
 	require.Contains(t, plan, "HashAggregate", "packed into blocks by hashing:\n%s", plan)
 }
 
-// TestBatchCursor_SortsItsShardOnly: a shard's reader sorts its own items
-// (of its blocks, the shard's range of the primary key) beneath the holder
-// probes, so it probes the rule's index for the items it fetches only, never
-// for the items a reopened cursor skips.
-func TestBatchCursor_SortsItsShardOnly(t *testing.T) {
+// TestBatchReader_SortsItsShardOnly: a shard's reader sorts its own items
+// (of its blocks, the shard's range of the primary key) once into its sorted
+// copy; a fetch reads the copy's blocks of its positions only, probes the
+// rule's index for the items it returns only, above the fetch's limit, and
+// the fetch that looks nothing up touches the ledger not at all.
+func TestBatchReader_SortsItsShardOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
@@ -161,25 +162,37 @@ func TestBatchCursor_SortsItsShardOnly(t *testing.T) {
 	h, err := ledger.NewStore(pool).FixQueryBatch(ctx, runNamed("uid"), batchQuery())
 	require.NoError(t, err)
 	mustExec(t, pool, `ANALYZE runledger.batch`)
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	// As the cursor runs: sequential scans off, and no parallel plan (a
-	// cursor never gets one).
-	_, err = tx.Exec(ctx, ledger.SQLIndexProbesOnly+`; SET LOCAL max_parallel_workers_per_gather = 0`)
-	require.NoError(t, err)
-	rows, err := tx.Query(ctx, "EXPLAIN "+ledger.SQLBatchCursor, h.ID, 1, 10, "uid")
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
-	require.True(t, strings.HasPrefix(plan, "Nested Loop Left Join"), "the probes are the top node, above the sort and the offset:\n%s", plan)
+	explain := func(t *testing.T, sql string, args ...any) string {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		// As the reader runs: sequential scans off.
+		_, err = tx.Exec(ctx, ledger.SQLIndexProbesOnly)
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, "EXPLAIN "+sql, args...)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(lines, "\n")
+	}
+	id := strconv.FormatInt(h.ID, 10)
+
+	plan := explain(t, ledger.SQLSortShard, h.ID, 1)
 	require.Equal(t, 1, strings.Count(plan, "Sort Key:"), "one sort:\n%s", plan)
-	require.Contains(t, plan, "Index Cond: ((batch_id = '"+strconv.FormatInt(h.ID, 10)+"'::bigint) AND (shard = 1))", "of the shard's blocks only:\n%s", plan)
-	require.NotContains(t, strings.ReplaceAll(plan, "One-Time Filter: (l.run_uid <> 'uid'::text)", ""), "Filter",
-		"reading no other shard's (the one filter gates the probe of the run's retired keys to keys another run holds):\n%s", plan)
+	require.Contains(t, plan, "Index Cond: ((batch_id = '"+id+"'::bigint) AND (shard = 1))", "of the shard's blocks only:\n%s", plan)
+	require.Contains(t, plan, "HashAggregate", "packed into blocks by hashing, no second sort:\n%s", plan)
+
+	plan = explain(t, ledger.SQLFetchSortedProbe, h.ID, 1, int64(2000), 1000, "uid")
+	require.True(t, strings.HasPrefix(plan, "Nested Loop Left Join"), "the probes are the top node, above the fetch's limit:\n%s", plan)
+	require.Equal(t, 1, strings.Count(plan, "Sort Key:"), "one sort, of the fetch's rows:\n%s", plan)
+	require.Contains(t, plan, "Index Cond: ((batch_id = '"+id+"'::bigint) AND (shard = 1) AND (block >= ", "the blocks of the fetch's positions only:\n%s", plan)
 	require.Contains(t, plan, "One-Time Filter: (l.run_uid <> 'uid'::text)", "the probe of the run's retired keys is gated:\n%s", plan)
 	require.Contains(t, plan, "Index Scan using "+ledger.BusinessKeyIndex, "probing the rule's index:\n%s", plan)
+
+	plan = explain(t, ledger.SQLFetchSortedPlain, h.ID, 1, int64(2000), 1000)
+	require.NotContains(t, plan, "ledger", "no lookup:\n%s", plan)
+	require.Contains(t, plan, "(block >= ", "the blocks of the fetch's positions only:\n%s", plan)
 }
 
 // TestKeyReadsProbeIndexes: runledger key reads a key's rows, superseded ones

@@ -120,11 +120,16 @@ SELECT entity, occurrence FROM ins`
 // Bitmap scans go too: on a ledger never analysed, supersede's update by
 // primary key was planned as a BitmapAnd with a bitmap of the whole rule
 // index (every committed row), not a probe (TestInsertPathPlansAreOChunk).
+//
+// And JIT: a chunk of 10,000 keys costs the planner over jit_above_cost, and
+// compiling the claim took about 12 ms of its 70 (docs/insert-path.md) for
+// plain probes and inserts that compiled code does not speed up.
 const (
 	sqlNoSeqScan       = `SET LOCAL enable_seqscan = off`
 	sqlNoBitmapScan    = `SET LOCAL enable_bitmapscan = off`
-	sqlIndexProbesOnly = sqlNoSeqScan + `; ` + sqlNoBitmapScan
-	sqlPlannerDefaults = `SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL enable_bitmapscan TO DEFAULT; SET LOCAL search_path TO DEFAULT`
+	sqlNoJIT           = `SET LOCAL jit = off`
+	sqlIndexProbesOnly = sqlNoSeqScan + `; ` + sqlNoBitmapScan + `; ` + sqlNoJIT
+	sqlPlannerDefaults = `SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL enable_bitmapscan TO DEFAULT; SET LOCAL jit TO DEFAULT; SET LOCAL search_path TO DEFAULT`
 )
 
 // sqlPinnedSearchPath: the ledger's own statements resolve nothing in a
@@ -464,8 +469,8 @@ CROSS JOIN LATERAL (
 // holds it now: another run's Supersede may have retired the run's row
 // since (ledger_retired records it, migrations/00009), and within one run
 // each key is processed at most once. So every lookup of a key's holder for
-// a run (the claim, the preload, the arbiter's attribution, a batch's
-// cursor, the already handled items of a run) reads the holder through
+// a run (the claim, the preload, the arbiter's attribution, a fetch of a
+// batch, the already handled items of a run) reads the holder through
 // heldFor: the run's own uid for such a key, else the committed row's
 // (h.run_uid). ownRetired joins what it needs, as m.own: one probe of
 // ledger_retired's primary key per key (k) another run's row holds, none
@@ -541,8 +546,8 @@ ORDER BY open_for DESC, b.pid`
 // fixed once per run. The first shard to start materialises it under
 // sqlLockBatch with one statement (sqlFixQueryBatch) that runs the user's
 // query and writes the header and the items, packed in blocks per shard; each
-// shard then reads its items in key order through a cursor
-// (sqlDeclareBatchCursor).
+// shard then sorts its own items once into batch_sorted (sqlSortShard) and
+// reads them by position (sqlFetchSorted).
 const (
 	// sqlLockBatch serialises the materialisers of one run, so that shards
 	// starting together run the query once; the header's primary key, not
@@ -598,33 +603,6 @@ ON CONFLICT (run_uid) DO NOTHING`
 	// primary key's range of the shard).
 	sqlBatchShardSize = `SELECT coalesce(sum(cardinality(seqs)), 0) FROM ` + Schema + `.batch WHERE batch_id = $1 AND shard = $2`
 
-	// A shard's reader: a holdable cursor over its items in key order,
-	// declared in a READ ONLY, READ COMMITTED transaction
-	// (sqlBeginBatchCursor) whose COMMIT materialises it: its snapshot is
-	// that transaction's, and none is held after it, while the header read
-	// beside each FETCH (sqlBatchHeader) sees a prune committed since. Each
-	// shard unpacks and sorts only its own blocks' items, in its own
-	// backend, with room to stay in memory (sqlBatchCursorWorkMem); its
-	// lookups must probe the rule's index (sqlIndexProbesOnly).
-	sqlBeginBatchCursor   = `BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY`
-	sqlBatchCursorWorkMem = `SET LOCAL work_mem = '64MB'`
-	// Compiling the cursor's plan (JIT) costs more than its plain
-	// comparisons save (docs/insert-path.md).
-	sqlBatchCursorNoJIT = `SET LOCAL jit = off`
-
-	// sqlMaterialiseBatchCursor computes the cursor's every row (its sort
-	// and probes) under the statement bound, and sqlRewindBatchCursor goes
-	// back before the first: the COMMIT that makes it holdable runs with no
-	// statement_timeout (the server disarms it before committing), and
-	// only copies the rows this statement stored (SCROLL: the plan keeps
-	// them for reading back).
-	sqlMaterialiseBatchCursor = `MOVE FORWARD ALL IN ` + batchCursor
-	sqlRewindBatchCursor      = `MOVE ABSOLUTE 0 IN ` + batchCursor
-	// sqlCloseBatchCursor closes the shard's cursor, if its session has one
-	// (the only cursor a session of the ledger has: CLOSE of a name that is
-	// not open fails).
-	sqlCloseBatchCursor = `CLOSE ALL`
-
 	// sqlPruneCandidates lists the runs whose batch was created before $1
 	// and is not pruned yet, oldest first, with their shard counts.
 	sqlPruneCandidates = `
@@ -638,8 +616,9 @@ ORDER BY created_at, run_uid`
 	// of its workers starts before the prune commits.
 	sqlTryShardLocks = `SELECT coalesce(bool_and(pg_try_advisory_xact_lock(k)), true) FROM unnest($1::bigint[]) AS k`
 
-	// sqlPruneBatch deletes the blocks of run $1's batch, the run's
-	// failure records and its shards' progress rows, and keeps its header as a tombstone (pruned_at), so
+	// sqlPruneBatch deletes the blocks of run $1's batch and its shards'
+	// sorted copies, the run's failure records and its shards' progress
+	// rows, and keeps its header as a tombstone (pruned_at), so
 	// that a worker of a pruned run fails instead of materialising its batch
 	// again. It returns the batches pruned (0 or 1), the items and the
 	// failure records deleted.
@@ -656,45 +635,107 @@ WITH old AS (
     RETURNING 1
 ), progress AS (
     DELETE FROM ` + Schema + `.shard_progress AS p WHERE p.run_uid = $1 AND EXISTS (SELECT FROM old)
+), sorted AS (
+    DELETE FROM ` + Schema + `.batch_sorted AS s USING old WHERE s.batch_id = old.id
+), sorted_shards AS (
+    DELETE FROM ` + Schema + `.batch_sorted_shard AS s USING old WHERE s.batch_id = old.id
 )
 
 SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone), (SELECT count(*) FROM failures)`
 )
 
-// The batch cursor's query reads holders through heldFor, which is not a
-// constant.
+// A shard's reader (migrations/00017_batch_sorted.sql): its items sorted
+// once into blocks of batchSortedBlock consecutive positions, then read by
+// position, one short transaction per fetch, on any connection.
+const (
+	// batchSortedBlock is the number of positions per block of a sorted
+	// copy: a fetch reads the blocks its positions span, so small enough to
+	// read little beyond a fetch, large enough that a block's arrays are
+	// one TOASTed value rather than many rows.
+	batchSortedBlock = 1024
+
+	// sqlSortedShard is the header of a shard's sorted copy: its items, or
+	// no row when there is no copy (never sorted, deleted, or emptied with
+	// the unlogged tables by a crash).
+	sqlSortedShard = `SELECT items FROM ` + Schema + `.batch_sorted_shard WHERE batch_id = $1 AND shard = $2`
+
+	// sqlSortWorkMem lets a shard's sort and its blocks' hash table stay in
+	// memory, for the sorting transaction only.
+	sqlSortWorkMem = `SET LOCAL work_mem = '64MB'`
+
+	// sqlDiscardSorted deletes a shard's sorted copy, header first in the
+	// same transaction.
+	sqlDiscardSorted = `
+WITH h AS (
+    DELETE FROM ` + Schema + `.batch_sorted_shard WHERE batch_id = $1 AND shard = $2
+)
+DELETE FROM ` + Schema + `.batch_sorted WHERE batch_id = $1 AND shard = $2`
+)
+
+// The sort and the fetches of a sorted copy. The fetches: the items of shard $2 of batch $1 at
+// positions $3 to $3 + $4 - 1, in order (the blocks those positions span,
+// one probe of the primary key's range). sqlFetchSortedProbe gives each the
+// run holding its key (the preload, one probe of the rule's index per row as
+// in sqlHolders) and, for another run's ($5 is the reading run), whether
+// the payloads match, as of the fetch; sqlFetchSortedPlain looks nothing up
+// (the claim will: see worker.queryStream, which picks one per fetch).
 var (
-	// sqlDeclareBatchCursor declares the cursor over shard $2 of batch $1:
-	// the items of the shard's blocks in key order (the rule's column order,
-	// occurrence then entity, as compareKeys: byte order, NULL key parts
-	// first, repeats of a key in query order), after the first $3,
-	// each with the run holding its key if any (the preload, one probe of
-	// the rule's index per row as in sqlHolders) and, for another run's
-	// ($4 is the reading run), whether the payloads match, as of the
-	// declaring transaction. The batch is fixed and seq breaks every tie, so the
-	// order is the same on every open and OFFSET resumes exactly where a
-	// lost connection stopped. The sort and the OFFSET sit in a subquery so
-	// that skipped rows are never probed; the outer ORDER BY is the
-	// subquery's, which the planner keeps without sorting again.
-	sqlDeclareBatchCursor = `DECLARE ` + batchCursor + ` SCROLL CURSOR WITH HOLD FOR ` + sqlBatchCursorQuery
-	sqlBatchCursorQuery   = `
-SELECT b.seq, b.entity, b.occurrence, b.payload, ` + heldFor("$4") + `,
-       CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlBatchPayloadSameText + ` END
-FROM (
-    SELECT u.seq, u.entity, u.occurrence, u.payload
-    FROM ` + Schema + `.batch AS k
-    CROSS JOIN LATERAL unnest(k.seqs, k.entities, k.occurrences, k.payloads) AS u(seq, entity, occurrence, payload)
-    WHERE k.batch_id = $1 AND k.shard = $2
-    ORDER BY u.occurrence COLLATE "C" NULLS FIRST, u.entity COLLATE "C" NULLS FIRST, u.seq
-    OFFSET $3
-) AS b
+	sortedBlock = strconv.Itoa(batchSortedBlock)
+
+	// sqlSortShard writes shard $2 of batch $1 into batch_sorted in key
+	// order (the rule's column order, occurrence then entity, as
+	// compareKeys: byte order, NULL key parts first, repeats of a key in
+	// query order), each item with its position in that order from 0, and
+	// the copy's header in the same statement. The batch is fixed and seq
+	// breaks every tie, so every sort gives the same positions: a reader
+	// resumes at the position it reached, whichever copy it reads. A copy
+	// another sorter wrote first is kept (the second writes nothing). The
+	// blocks' arrays are built in any order (hashed, no per-block sort);
+	// each item carries its position, by which the fetch orders.
+	sqlSortShard = `
+WITH blocks AS (
+    INSERT INTO ` + Schema + `.batch_sorted (batch_id, shard, block, positions, seqs, entities, occurrences, payloads)
+    SELECT $1, $2, (s.pos / ` + sortedBlock + `)::integer, array_agg(s.pos), array_agg(s.seq), array_agg(s.entity), array_agg(s.occurrence), array_agg(s.payload)
+    FROM (
+        SELECT u.seq, u.entity, u.occurrence, u.payload,
+               row_number() OVER (ORDER BY u.occurrence COLLATE "C" NULLS FIRST, u.entity COLLATE "C" NULLS FIRST, u.seq) - 1 AS pos
+        FROM ` + Schema + `.batch AS k
+        CROSS JOIN LATERAL unnest(k.seqs, k.entities, k.occurrences, k.payloads) AS u(seq, entity, occurrence, payload)
+        WHERE k.batch_id = $1 AND k.shard = $2
+        OFFSET 0
+    ) AS s
+    GROUP BY s.pos / ` + sortedBlock + `
+    ON CONFLICT DO NOTHING
+    RETURNING cardinality(positions) AS n
+)
+INSERT INTO ` + Schema + `.batch_sorted_shard (batch_id, shard, items)
+SELECT $1, $2, coalesce(sum(n), 0) FROM blocks
+ON CONFLICT DO NOTHING`
+
+	sqlFetchSortedProbe = `
+SELECT b.seq, b.entity, b.occurrence, b.payload, ` + heldFor("$5") + `,
+       CASE WHEN ` + othersRow("$5") + ` THEN ` + sqlBatchPayloadSameText + ` END
+FROM (` + sqlSortedRange + `) AS b
 LEFT JOIN LATERAL (
     SELECT l.run_uid, l.payload
     FROM ` + Schema + `.ledger AS l
     WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
     LIMIT 1
-) AS h ON true` + ownRetired("$4", "b") + `
-ORDER BY b.occurrence COLLATE "C" NULLS FIRST, b.entity COLLATE "C" NULLS FIRST, b.seq`
+) AS h ON true` + ownRetired("$5", "b") + `
+ORDER BY b.pos`
+	sqlFetchSortedPlain = `
+SELECT b.seq, b.entity, b.occurrence, b.payload, NULL::text, NULL::boolean
+FROM (` + sqlSortedRange + `) AS b
+ORDER BY b.pos`
+	sqlSortedRange = `
+    SELECT u.pos, u.seq, u.entity, u.occurrence, u.payload
+    FROM ` + Schema + `.batch_sorted AS k
+    CROSS JOIN LATERAL unnest(k.positions, k.seqs, k.entities, k.occurrences, k.payloads) AS u(pos, seq, entity, occurrence, payload)
+    WHERE k.batch_id = $1 AND k.shard = $2
+      AND k.block BETWEEN ($3::bigint / ` + sortedBlock + `)::integer AND (($3::bigint + $4::integer - 1) / ` + sortedBlock + `)::integer
+      AND u.pos >= $3::bigint
+    ORDER BY u.pos
+    LIMIT $4::integer`
 )
 
 // sqlBeforeBatchQuery prepares the materialising transaction: its work_mem,
@@ -773,15 +814,6 @@ SELECT coalesce(sum(items), 0) FROM ins`
 // sqlSetBatchItems records the item count of the batch just written.
 const sqlSetBatchItems = `UPDATE ` + Schema + `.batch_run SET items = $2 WHERE run_uid = $1`
 
-// batchCursor is the name of a shard reader's cursor.
-const batchCursor = "runledger_batch"
-
-// sqlFetchBatch fetches the next n rows of the reader's cursor (FETCH takes
-// no parameter for its count).
-func sqlFetchBatch(n int) string {
-	return "FETCH FORWARD " + strconv.Itoa(n) + " FROM " + batchCursor
-}
-
 // The bounds of a block of the batch: the items of one shard among
 // batchBlockSeqs consecutive seqs (about batchBlockSeqs/shards items), each
 // of at most batchItemBytes of key and payload text; a larger item is a block
@@ -799,7 +831,7 @@ const (
 // a large item's own 2*seq+1.
 //
 // Nothing is sorted: a shard sorts its own items when it reads
-// (sqlDeclareBatchCursor), and a block's items need no order, since its
+// (sqlSortShard), and a block's items need no order, since its
 // arrays are built side by side from the same rows. The blocks are grouped
 // by one column of a subquery the planner may not flatten (OFFSET 0): it
 // then estimates few groups and hashes them, where grouping by two columns,
@@ -839,6 +871,8 @@ GROUP BY b.rl_k`
 //     those to everyone anyway);
 //   - the batch: read and write a run's batch once, set its header's item
 //     count; pruning (DELETE, pruned_at) is the owner's;
+//   - a shard's sorted copy of its batch: write, read and delete it (it is
+//     derived from the batch, and sorted again when missing);
 //   - the failure records: write, replace (every column but the key) and
 //     forget a run's; no TRUNCATE; pruning them with their run is the
 //     owner's;
@@ -861,6 +895,7 @@ GRANT SELECT ON ` + versionTable + ` TO ` + role + `;
 GRANT SELECT, INSERT, UPDATE (state, superseded_at) ON ` + Schema + `.ledger TO ` + role + `;
 GRANT SELECT, INSERT, UPDATE (items) ON ` + Schema + `.batch_run TO ` + role + `;
 GRANT SELECT, INSERT ON ` + Schema + `.batch TO ` + role + `;
+GRANT SELECT, INSERT, DELETE ON ` + Schema + `.batch_sorted, ` + Schema + `.batch_sorted_shard TO ` + role + `;
 GRANT SELECT ON ` + Schema + `.ledger_retired TO ` + role + `;
 GRANT SELECT, INSERT, DELETE, UPDATE (` + failureRecordColumns + `) ON ` + Schema + `.item_failure TO ` + role + `;
 GRANT SELECT, INSERT, UPDATE (` + progressColumns + `) ON ` + Schema + `.shard_progress TO ` + role + `;
@@ -889,8 +924,8 @@ const (
 	sqlTryLock           = `SELECT pg_try_advisory_lock($1)`
 	sqlPing              = `SELECT 1`
 	// sqlReleaseShardSession leaves the session as the pool lends it: no
-	// lock, no cursor (OpenBatchOn).
-	sqlReleaseShardSession = `SELECT pg_advisory_unlock_all(); ` + sqlCloseBatchCursor
+	// lock.
+	sqlReleaseShardSession = `SELECT pg_advisory_unlock_all()`
 )
 
 // sqlBackendPID is the server backend's own process ID (poolerProbe).

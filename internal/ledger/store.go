@@ -249,8 +249,8 @@ func (s *Store) effectSandbox(ctx context.Context) (*sandbox, error) {
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
 // WithBounds returns a Store on the same pool whose statements outside a
-// chunk's transaction (the preload, the batch's cursor, a static batch's
-// header) run at most statement each and wait at most lock for a lock (a
+// chunk's transaction (the preload, a shard's sort and fetches of its batch,
+// a static batch's header) run at most statement each and wait at most lock for a lock (a
 // run's querySeconds and lockSeconds); 0 keeps the session's own, or
 // DefaultQueryTimeout and DefaultLockTimeout where the session has none, as
 // for a Store that was never given any. A chunk's own bounds are its
@@ -298,8 +298,8 @@ func (s *Store) Preload(ctx context.Context, runUID string, keys []Key) (map[Key
 	return out, nil
 }
 
-// PayloadMatch is what a lookup before the claim (PreloadItems, a batch's
-// cursor) could tell of an item's payload against the committed row of
+// PayloadMatch is what a lookup before the claim (PreloadItems, a fetch of a
+// batch) could tell of an item's payload against the committed row of
 // another run that holds its key.
 type PayloadMatch int
 
@@ -371,6 +371,7 @@ func (s *Store) preload(ctx context.Context, lookup string, args []any, read fun
 	}
 	b.Queue(sqlNoSeqScan)
 	b.Queue(sqlNoBitmapScan)
+	b.Queue(sqlNoJIT)
 	b.Queue(sqlPinnedSearchPath)
 	b.Queue(lookup, args...).Query(read)
 	b.Queue(sqlCommit)

@@ -67,3 +67,33 @@ func TestBatchMismatchQueryDigest(t *testing.T) {
 	legacy := &ledger.BatchHeader{Source: ledger.BatchSourceQuery, Shards: 1}
 	require.Nil(t, batchMismatch(run, legacy, ledger.BatchSourceQuery, 1, q1), "a batch fixed before digests were recorded is accepted")
 }
+
+// TestLookupPolicy: a shard's fetches look their keys up until one finds
+// none held, then not until a claim finds a held key: a fresh batch's keys
+// are probed once (by the claim), an already handled one's by the fetch
+// only (no claim), a batch that turns held midway is looked up again.
+func TestLookupPolicy(t *testing.T) {
+	type step struct {
+		fetchHeld, claimHeld bool
+		wantLookup           bool // of this step's fetch
+	}
+	for _, tt := range []struct {
+		name  string
+		steps []step
+	}{
+		{"fresh", []step{{false, false, true}, {false, false, false}, {false, false, false}}},
+		{"all held", []step{{true, false, true}, {true, false, true}, {true, false, true}}},
+		{"held midway", []step{{false, false, true}, {false, true, false}, {true, false, true}, {false, false, true}, {false, false, false}}},
+		{"held again by this run's earlier attempt", []step{{false, false, true}, {false, true, false}, {false, false, true}, {false, false, false}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var p lookupPolicy
+			for i, s := range tt.steps {
+				lookup := p.lookup()
+				require.Equal(t, s.wantLookup, lookup, "fetch %d", i)
+				p.fetched(lookup, lookup && s.fetchHeld)
+				p.claimed(s.claimHeld)
+			}
+		})
+	}
+}

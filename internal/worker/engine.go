@@ -117,6 +117,7 @@ type shardRun struct {
 	// carry: the outcome of the last key of the previous chunk, for repeats
 	// of it that start the next chunk.
 	carry carried
+	st    stream
 }
 
 type carried struct {
@@ -164,7 +165,6 @@ func (s *shardRun) run(ctx context.Context) {
 		limits:    s.cfg.Limits,
 		timeouts:  s.cfg.Timeouts,
 		log:       log,
-		lock:      lock,
 		retried:   s.retried,
 	})
 	if err != nil {
@@ -172,6 +172,7 @@ func (s *shardRun) run(ctx context.Context) {
 		return
 	}
 	defer st.close()
+	s.st = st
 	s.rep.Total, s.rep.TotalKnown = st.total()
 	s.rep.WaitingForConnection = false
 	s.progress()
@@ -284,6 +285,7 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 	if err != nil {
 		return err
 	}
+	s.st.sawHeld(claimFoundHeld(results))
 	t, err := s.tallyChunk(chunk, g, results)
 	if err != nil {
 		return err
@@ -375,9 +377,10 @@ func groupFirstCopies(chunk []entry) firstCopies {
 			last = len(g.firsts)
 			g.firsts = append(g.firsts, e.item)
 			g.firstIdx[i] = last
-			if e.checked {
+			switch {
+			case e.checked:
 				g.hold(e.item.Key, ledger.Held{Holder: e.holder, Payload: e.payload})
-			} else {
+			case !e.direct:
 				g.unchecked = append(g.unchecked, e.item)
 			}
 		case last >= 0:
@@ -469,6 +472,17 @@ func (s *shardRun) commit(ctx, work context.Context, items []ledger.Item) (map[l
 		}
 	}
 	return results, nil
+}
+
+// claimFoundHeld says whether the claim found any of its keys committed
+// already (by another run, or by this one earlier).
+func claimFoundHeld(results map[ledger.Key]ledger.Result) bool {
+	for _, r := range results {
+		if r.Holder == ledger.HolderOtherRun || r.Holder == ledger.HolderSameRun {
+			return true
+		}
+	}
+	return false
 }
 
 // verdict is the outcome of a first copy.

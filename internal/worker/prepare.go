@@ -84,8 +84,8 @@ func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store,
 
 // MaxConnections is the most connections a worker process opens for
 // parallel shards running at once (the README's connection budget): two
-// per shard, one session that holds the shard's lock and its batch cursor,
-// one for everything else (commits, the preload, fixing the batch), taken
+// per shard, one session that holds the shard's lock, one for everything
+// else (commits, the preload, fixing the batch), taken
 // and given back per transaction. Before its shards start, the process uses
 // at most two (migrations, the plan's check). A worker pod runs one shard:
 // 2.

@@ -23,13 +23,15 @@ import (
 // which it wrote anything else is rolled back, and the run fails as bad input.
 // (Check still describes it in a READ ONLY transaction.)
 //
-// A shard reads its rows through a cursor (ledger.BatchCursor) that sorts
-// them by key in the shard's own backend, a fetch at a time (so it holds one
-// fetch whatever the size of the batch), and every row comes with the run
-// holding its key, if any: a chunk needs no separate preload round trip, and
-// a batch that is already handled costs index probes and no write. When the
-// connection is lost mid-stream the shard reopens the cursor at the row
-// where it stopped (the order is the same on every open). Every attempt reads
+// A shard reads its rows through a ledger.BatchReader, which sorts them by
+// key once, in the shard's own statement, and reads them by position, a
+// fetch at a time (so it holds one fetch whatever the size of the batch),
+// in short transactions on any connection. While keys are found held, every
+// row comes with the run holding its key: a chunk needs no separate preload
+// round trip, and a batch that is already handled costs index probes and no
+// write; while none is, fetches look nothing up and the claim alone probes
+// (queryStream.sawHeld). After a lost connection the shard reads on at the
+// position it reached (the order is the same on every sort). Every attempt reads
 // the shard from its first row, so its total is the same on every attempt,
 // and the rows an earlier attempt committed count as completed again: a
 // finished shard's completed equals the ledger's committed rows of its run
@@ -212,20 +214,41 @@ type queryStream struct {
 	fromRun *fromRun // a fromRun batch's
 
 	rows     int64               // rows of the shard
-	cur      *ledger.BatchCursor // nil when not open
+	reader   *ledger.BatchReader // nil until the shard is sorted
 	buf      []entry             // fetched, not yet yielded
-	consumed int64               // rows yielded (the rows a reopened cursor skips)
+	consumed int64               // rows yielded: the position of the next fetch
 	eof      bool
 	prev     ledger.Key // key of the last row yielded, for repeats
 	hasPrev  bool
+	lookups  lookupPolicy
 }
 
 func (s *queryStream) total() (int64, bool) { return s.rows, true }
 
-func (s *queryStream) close() {
-	if s.cur != nil {
-		s.cur.Close()
-		s.cur = nil
+func (s *queryStream) close() {}
+
+func (s *queryStream) sawHeld(held bool) { s.lookups.claimed(held) }
+
+// lookupPolicy decides whether a shard's next fetch looks its keys up. A
+// fetch looks its keys up (which settles the held ones with no claim) until
+// one finds none held; then fetches look nothing up (the claim probes each
+// key anyway: a fresh batch is not probed twice) until a chunk's claim finds
+// a held key again. Either way the claim decides; the lookup only saves work.
+type lookupPolicy struct{ skip bool }
+
+func (p *lookupPolicy) lookup() bool { return !p.skip }
+
+// fetched is told what a fetch found: whether it looked up, and any held.
+func (p *lookupPolicy) fetched(lookedUp, held bool) {
+	if lookedUp && !held {
+		p.skip = true
+	}
+}
+
+// claimed is told whether a chunk's claim found any of its keys held.
+func (p *lookupPolicy) claimed(held bool) {
+	if held {
+		p.skip = false
 	}
 }
 
@@ -248,39 +271,32 @@ func (s *queryStream) next(ctx context.Context) (entry, error) {
 	return e, nil
 }
 
-// fill fetches the shard's next rows, reopening the cursor where it stopped
-// after a lost connection. (It runs once the buffer is empty, so every row
-// fetched has been yielded.)
+// fill fetches the shard's next rows from the position reached (sorting the
+// shard first, once). It runs once the buffer is empty, so every row
+// fetched has been yielded; a retried fetch reads the same positions.
 func (s *queryStream) fill(ctx context.Context) error {
 	onRetry := func(attempt int, wait time.Duration, err error) {
-		s.close()
 		s.opt.log.Info("reading the batch failed, reading again where it stopped", "retry", attempt, "atRow", s.consumed,
 			"wait", wait.Round(time.Millisecond), "error", err.Error())
 		if s.opt.retried != nil {
 			s.opt.retried(err)
 		}
 	}
+	lookup := s.lookups.lookup()
 	var page []ledger.BatchRow
 	err := s.opt.retry.Do(ctx, "reading the batch", onRetry, func(int) error {
-		if s.cur == nil {
-			open := s.store.OpenBatch
-			if s.opt.lock != nil { // the shard's session holds the cursor: no connection of its own
-				open = func(ctx context.Context, h *ledger.BatchHeader, uid string, shard int, skip int64) (*ledger.BatchCursor, error) {
-					return s.store.OpenBatchOn(ctx, s.opt.lock, h, uid, shard, skip)
-				}
-			}
-			cur, err := open(ctx, s.batch, s.opt.run.UID, s.shard, s.consumed)
+		if s.reader == nil {
+			r, err := s.store.OpenBatch(ctx, s.batch, s.opt.run.UID, s.shard)
 			if err != nil {
 				return err
 			}
-			s.cur = cur
+			s.reader = r
 		}
-		rows, h, err := s.cur.Fetch(ctx, s.opt.fetchSize)
+		rows, h, err := s.reader.Fetch(ctx, s.consumed, s.opt.fetchSize, lookup)
 		if err != nil {
 			return err
 		}
-		// The cursor reads the batch as it was at its open; a prune since
-		// shows in the header.
+		// A prune since the batch was fixed shows in the header.
 		if bad := batchMismatch(s.opt.run, h, ledger.BatchSourceQuery, 0, ""); bad != nil {
 			return bad
 		}
@@ -288,24 +304,37 @@ func (s *queryStream) fill(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		s.close()
 		return err
 	}
 	buf := make([]entry, 0, len(page))
+	held := false
 	for _, r := range page {
 		en := s.rowEntry(r.Entity, r.Occurrence, r.Payload, r.Seq)
-		en.checked, en.holder, en.payload = true, r.Holder, r.PayloadMatch
+		en.checked, en.holder, en.payload = r.LookedUp, r.Holder, r.PayloadMatch
+		en.direct = !r.LookedUp
+		held = held || r.Holder != ledger.HolderNone
 		buf = append(buf, en)
 	}
+	s.lookups.fetched(lookup, held)
 	s.buf = buf
-	if len(page) < s.opt.fetchSize {
+	// The shard ends at its count (the engine reads no further then) or
+	// with a short fetch, which must be at its count too.
+	if got := s.consumed + int64(len(page)); len(page) < s.opt.fetchSize || got >= s.rows {
 		s.eof = true
-		s.close()
-		if got := s.consumed + int64(len(page)); got != s.rows {
+		if got != s.rows {
 			return s.shortBatch(ctx, got)
 		}
+		s.discard(ctx)
 	}
 	return nil
+}
+
+// discard deletes the shard's sorted copy once it is read to the end (a
+// later attempt sorts again; prune deletes what a failed one left).
+func (s *queryStream) discard(ctx context.Context) {
+	if err := s.reader.Discard(ctx); err != nil {
+		s.opt.log.Info("the shard's sorted copy of its batch stays until the run is pruned", "error", err.Error())
+	}
 }
 
 // shortBatch explains a shard that ended before its count: its rows were

@@ -204,3 +204,33 @@ INSERT INTO notes VALUES (1, '{"amount": 1, "amount": 2}'), (2, '{"memo": "\ud80
 	require.Contains(t, joined, `query row 2: field "payload" holds a lone UTF-16 surrogate escape`)
 	require.EqualValues(t, 1, f.committed(t))
 }
+
+// TestQuerySource_HeldMidway: a batch whose first keys are fresh and whose
+// later keys another run committed (with one payload changed), then fresh
+// again: the shard stops looking keys up on its fetches after the first
+// fresh fetch, and the claim finds the held keys on its own; every count
+// is exact, every already handled key has the other run's committed row,
+// and no key is committed twice. The sorted copy is gone at the end.
+func TestQuerySource_HeldMidway(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	// Keys in the rule's order: occurrence o0000..o2999, one entity.
+	mustExec(t, f.pool, `CREATE TABLE src AS SELECT 'acct' AS entity, 'o' || lpad(i::text, 4, '0') AS occurrence, jsonb_build_object('n', i) AS payload FROM generate_series(0, 2999) i`)
+	earlier := worker.NewQuerySource(`SELECT entity, occurrence, payload FROM src WHERE occurrence BETWEEN 'o1000' AND 'o1999'`)
+	require.NoError(t, earlier.Check(ctx, f.store))
+	_, sum := runShards(t, f, worker.ShardConfig{Run: run("uid-earlier"), Source: earlier, ChunkSize: 100})
+	require.EqualValues(t, 1000, sum.Completed)
+	mustExec(t, f.pool, `UPDATE src SET payload = '{"n": -1}' WHERE occurrence = 'o1500'`)
+
+	src := worker.NewQuerySource(`SELECT entity, occurrence, payload FROM src`)
+	require.NoError(t, src.Check(ctx, f.store))
+	_, sum = runShards(t, f, worker.ShardConfig{Run: run("uid-midway"), Source: src, ChunkSize: 100})
+	require.Equal(t, v1alpha1.ItemCounts{Total: 3000, Completed: 2000, AlreadyHandled: 1000, PayloadChanged: 1}, sum)
+	require.EqualValues(t, 3000, f.committed(t))
+	require.EqualValues(t, 1000, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'uid-earlier' AND state = 'committed'`),
+		"each already handled key has the earlier run's committed row")
+	require.EqualValues(t, 2000, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'uid-midway' AND state = 'committed'`))
+	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM runledger.batch_sorted`), "the sorted copies are deleted once read")
+	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM runledger.batch_sorted_shard`))
+}

@@ -36,9 +36,6 @@ type streamOptions struct {
 	limits    Limits
 	timeouts  v1alpha1.RunTimeouts
 	log       logr.Logger
-	// lock is the shard's lock, whose session holds a query source's
-	// cursor (nil: a connection of the cursor's own).
-	lock *ledger.ShardLock
 	// retried, if set, is told about each retryable error of the stream's
 	// own reads.
 	retried func(error)
@@ -59,11 +56,17 @@ type entry struct {
 	checked bool
 	holder  ledger.Holder
 	payload ledger.PayloadMatch // for HolderOtherRun
+	// direct: the source looked the key up on purpose not (none of its
+	// recent keys was held): no preload either, the claim finds the holder.
+	direct bool
 }
 
 type stream interface {
 	// next returns the next entry, or io.EOF after the last one.
 	next(ctx context.Context) (entry, error)
+	// sawHeld is told, after each chunk, whether its claim found any key
+	// committed already (a stream that looks keys up may stop or resume).
+	sawHeld(held bool)
 	// total returns how many entries the stream has (known) or has yielded
 	// so far (not known yet).
 	total() (n int64, known bool)
@@ -136,6 +139,7 @@ func (s *sliceStream) next(context.Context) (entry, error) {
 
 func (s *sliceStream) total() (int64, bool) { return int64(len(s.entries)), true }
 func (s *sliceStream) close()               {}
+func (s *sliceStream) sawHeld(bool)         {}
 
 // ParseJSONLines reads a JSON Lines batch: one JSON object per line,
 //
