@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
@@ -42,9 +43,11 @@ same manifest again, after an interruption or a kill, counts what the earlier
 invocation committed as completed, and the totals come out as one
 uninterrupted run's would.
 
-One process at a time runs a given shard of a given run (an advisory lock in
-the database): a second invocation of the same manifest waits --lock-wait,
-then exits 1, since both would count each other's commits as their own.
+One process at a time runs a given shard of a given run (a lease in the
+database, given back at the end, also on SIGINT/SIGTERM; one a killed process
+held expires within 10s): a second invocation of the same manifest waits
+--lock-wait, then exits 1, since both would count each other's commits as
+their own.
 
 Progress goes to stderr (a live line on a terminal, a line every
 --progress-interval otherwise). The result goes to stdout: a summary, or with
@@ -92,7 +95,7 @@ func newRunCommand() *cobra.Command {
 	f.StringVar(&o.fromFile, "from-file", "", "JSON Lines file with the items of a batch.configMapRef (default: the ConfigMap in the manifest)")
 	f.IntVar(&o.parallel, "parallel", 16, "at most this many shards at once in this process")
 	f.DurationVar(&o.progressInterval, "progress-interval", 10*time.Second, "time between progress lines when stderr is not a terminal")
-	o.add(f, "SIGINT/SIGTERM", 5*time.Second, "how long to wait while another process runs the same shard of the same run")
+	o.add(f, "SIGINT/SIGTERM", ledger.LeaseTTL+5*time.Second, "how long to wait while another process runs the same shard of the same run (or held it when it was killed)")
 	f.StringVar(&o.processorURL, "processor-url", "", "call the spec.effect.processor you started at this URL, e.g. http://127.0.0.1:8080/process (default: the spec's port and path on 127.0.0.1; its image is not run)")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd

@@ -73,6 +73,9 @@ func (q BatchQuery) shardOf() func(entity, occurrence string) string {
 // (payload is taken when there is such a column). An error of the query
 // itself is PostgreSQL's (see RefusedStatement).
 func (s *Store) DescribeBatchQuery(ctx context.Context, query string, shards int, occurrence string) ([]QueryColumn, error) {
+	if occurrence == "" && ReadsOccurrence(query) {
+		return nil, ErrNoOccurrence
+	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquiring a connection to describe the batch query: %w", err)
@@ -83,7 +86,7 @@ func (s *Store) DescribeBatchQuery(ctx context.Context, query string, shards int
 		return nil, fmt.Errorf("beginning read-only transaction: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := setOccurrence(ctx, tx, occurrence); err != nil {
+	if err := setOccurrence(ctx, tx, occurrence, BehindPooler(s.pool)); err != nil {
 		return nil, err
 	}
 	desc, err := tx.Prepare(ctx, "", sqlDescribeQuery(query))
@@ -188,6 +191,9 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 	if h, err := batchHeader(ctx, s.pool, run.UID); err != nil || h != nil {
 		return h, err
 	}
+	if q.Occurrence == "" && ReadsOccurrence(q.SQL) {
+		return nil, fmt.Errorf("%w: %w", ErrBatchQuery, ErrNoOccurrence)
+	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquiring a connection to materialise the batch: %w", err)
@@ -203,7 +209,7 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 		}
 		conn.Release()
 	}()
-	h, err := materialise(ctx, conn.Conn(), run, q)
+	h, err := materialise(ctx, conn.Conn(), run, q, BehindPooler(s.pool))
 	if err == nil && h == nil {
 		h, err = batchHeader(ctx, conn, run.UID)
 	}
@@ -218,8 +224,10 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 
 // materialise writes run's batch from q in one transaction, under the
 // batch's lock, unless another materialiser wrote it first: it then returns
-// that header (nil when it wrote the batch itself).
-func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) (*BatchHeader, error) {
+// that header (nil when it wrote the batch itself). pooled: conn reaches
+// PostgreSQL through a transaction pooler, whose server connection outlives
+// this session.
+func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, pooled bool) (*BatchHeader, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("beginning the batch's transaction: %w", err)
@@ -239,7 +247,7 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) (*B
 	if _, err := tx.Exec(ctx, sqlBeforeBatchQuery(bounds)); err != nil {
 		return nil, fmt.Errorf("preparing the batch's query: %w", err)
 	}
-	if err := setOccurrence(ctx, tx, q.Occurrence); err != nil {
+	if err := setOccurrence(ctx, tx, q.Occurrence, pooled); err != nil {
 		return nil, err
 	}
 	before, err := tableWrites(ctx, tx)
@@ -275,6 +283,11 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery) (*B
 		return nil, fmt.Errorf("%w: it declared the cursor(s) %s WITH HOLD, which PostgreSQL would run to the end at COMMIT, after the write check", ErrBatchQuery, held)
 	}
 	if prepared != "" { // FixQueryBatch closes the session: PREPARE is not undone by a rollback
+		if pooled { // closing it leaves the server connection: they go by name
+			if err := deallocateFromSQL(ctx, tx.Conn().PgConn()); err != nil {
+				return nil, err
+			}
+		}
 		return nil, fmt.Errorf("%w: it PREPAREd the statement(s) %s, which would outlive its transaction on the session", ErrBatchQuery, prepared)
 	}
 	if items > 0 {
@@ -500,9 +513,13 @@ func (r *BatchReader) Discard(ctx context.Context) error {
 	return nil
 }
 
+// errRunInFlight rolls back the prune of a run a shard of which is held.
+var errRunInFlight = errors.New("a shard of the run is held")
+
 // RunsInFlightError: PruneBatches left the batches of these runs alone,
-// because a shard of each holds its lock (ShardLock): a worker is processing
-// it. Every other batch before the cutoff was pruned.
+// because a shard of each is held (its ShardLease, or an earlier release's
+// shard lock): a worker is processing it. Every other batch before the
+// cutoff was pruned.
 type RunsInFlightError struct {
 	Runs []string // namespace/name (uid)
 }
@@ -523,11 +540,12 @@ type Pruned struct {
 // stays, a tombstone).
 //
 // A run in flight is never pruned: each run's batch is pruned in a
-// transaction of its own that first takes the run's shard locks, and a run
-// any of whose shard locks another session holds is left alone and named in
-// a *RunsInFlightError, returned with the counts of what was pruned. While a
-// run's batch is being pruned, its workers wait for their shard lock, then
-// find the tombstone.
+// transaction of its own that first takes the leases of the run's shards
+// (and the shard locks of earlier releases' workers), and a run any of
+// whose shards another process holds is left alone and named in a
+// *RunsInFlightError, returned with the counts of what was pruned. While a
+// run's batch is being pruned, its workers wait for their shard's lease,
+// then find the tombstone.
 func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (Pruned, error) {
 	var out Pruned
 	type candidate struct {
@@ -548,23 +566,32 @@ func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (Pruned, err
 	}
 	inFlight := &RunsInFlightError{}
 	for _, c := range candidates {
-		keys := make([]int64, max(c.shards, 1))
+		shards := max(c.shards, 1)
+		keys := make([]int64, shards)
 		for i := range keys {
-			keys[i] = s.ShardLock(c.uid, i).key
+			keys[i] = shardLockKey(c.uid, i)
 		}
 		var n, r, f int64
-		var free bool
 		err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: sqlBeginPrune()}, func(tx pgx.Tx) error {
-			if err := tx.QueryRow(ctx, sqlTryShardLocks, keys).Scan(&free); err != nil || !free {
+			var free bool
+			var busy int
+			if err := tx.QueryRow(ctx, sqlTryShardLocks, keys).Scan(&free); err != nil {
 				return err
+			}
+			if err := tx.QueryRow(ctx, sqlTakeRunLeases, c.uid, shards).Scan(&busy); err != nil {
+				return err
+			}
+			if !free || busy > 0 {
+				return errRunInFlight
 			}
 			return tx.QueryRow(ctx, sqlPruneBatch, c.uid).Scan(&n, &r, &f)
 		})
+		if errors.Is(err, errRunInFlight) {
+			inFlight.Runs = append(inFlight.Runs, fmt.Sprintf("%s/%s (%s)", c.namespace, c.name, c.uid))
+			continue
+		}
 		if err != nil {
 			return out, fmt.Errorf("pruning the batch of run %s/%s (%s): %w", c.namespace, c.name, c.uid, err)
-		}
-		if !free {
-			inFlight.Runs = append(inFlight.Runs, fmt.Sprintf("%s/%s (%s)", c.namespace, c.name, c.uid))
 		}
 		out.Batches, out.Items, out.FailureRecords = out.Batches+n, out.Items+r, out.FailureRecords+f
 	}
@@ -574,20 +601,37 @@ func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (Pruned, err
 	return out, nil
 }
 
+// ErrNoOccurrence: the batch's query reads runledger.occurrence, and the
+// run has no occurrence (spec.occurrence) to give it.
+var ErrNoOccurrence = errors.New("it reads " + sqlOccurrenceSetting + ", and the run has no occurrence (spec.occurrence) to give it")
+
+// ReadsOccurrence reports whether query names runledger.occurrence (setting
+// names are case-insensitive): a run without an occurrence refuses it
+// (ErrNoOccurrence) whatever the session, a pooler's shared one included.
+func ReadsOccurrence(query string) bool {
+	return strings.Contains(strings.ToLower(query), sqlOccurrenceSetting)
+}
+
 // setOccurrence makes occurrence the transaction's runledger.occurrence
 // (nothing when it is empty), a bound parameter of set_config.
 // Without one, the session must not define the setting at all (PostgreSQL
 // keeps a custom setting's placeholder, reading ”, in a session that ever
 // set it, even transaction-locally): the query would read ” instead of
-// being refused.
-func setOccurrence(ctx context.Context, tx pgx.Tx, occurrence string) error {
+// being refused. Behind a pooler (pooled) a server connection keeps the
+// placeholder of whichever run set it there last, so only the query's text
+// can be refused (ReadsOccurrence, by the callers); a function the query
+// calls that reads the setting reads ” there.
+func setOccurrence(ctx context.Context, tx pgx.Tx, occurrence string, pooled bool) error {
 	if occurrence == "" {
+		if pooled {
+			return nil
+		}
 		var defined bool
 		if err := tx.QueryRow(ctx, sqlOccurrenceDefined).Scan(&defined); err != nil {
 			return fmt.Errorf("checking the session for %s: %w", sqlOccurrenceSetting, err)
 		}
 		if defined {
-			return fmt.Errorf("the session already defines %s (set by an earlier transaction on it, through a pooler?): a run without an occurrence would read it as ''", sqlOccurrenceSetting)
+			return fmt.Errorf("the session already defines %s (set by an earlier transaction on it): a run without an occurrence would read it as ''", sqlOccurrenceSetting)
 		}
 		return nil
 	}

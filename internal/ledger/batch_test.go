@@ -409,10 +409,11 @@ FROM runledger.batch WHERE batch_id = $1 ORDER BY block`, h.ID)
 	}
 }
 
-// TestPruneBatches_LeavesRunsInFlight: a run one of whose shards holds its
-// lock (a worker processing it) is not pruned: the other old batches are,
-// and the error names the run in flight. Once its shard is over, the next
-// prune prunes it, and leaves no lock behind.
+// TestPruneBatches_LeavesRunsInFlight: a run one of whose shards is held (a
+// worker holds its lease, or a worker of a release before the lease its
+// session lock) is not pruned: the other old batches are, and the error
+// names the run in flight. Once its shard is over, the next prune prunes
+// it, and leaves no lease behind.
 func TestPruneBatches_LeavesRunsInFlight(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
@@ -426,7 +427,7 @@ func TestPruneBatches_LeavesRunsInFlight(t *testing.T) {
 		require.NoError(t, err)
 	}
 	mustExec(t, pool, `UPDATE runledger.batch_run SET created_at = now() - interval '2 days'`)
-	worker := s.ShardLock("busy", 2) // on a session of its own, like a worker's
+	worker := s.ShardLease("busy", 2)
 	require.NoError(t, worker.Acquire(ctx, time.Second, nil))
 
 	p, err := s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
@@ -442,9 +443,19 @@ func TestPruneBatches_LeavesRunsInFlight(t *testing.T) {
 	require.Nil(t, h.Pruned, "the run in flight is not")
 	require.EqualValues(t, 1000, scalar[int64](t, pool, `SELECT sum(cardinality(seqs)) FROM runledger.batch WHERE batch_id = $1`, h.ID), "its rows are all there")
 
-	// The shard goes on: its lock is still its own.
+	// The shard goes on: its lease is still its own.
 	require.NoError(t, worker.Check(ctx))
 	worker.Release()
+	// An earlier release's worker, by its session lock.
+	old, err := directPool(t, pool).Acquire(ctx)
+	require.NoError(t, err)
+	defer old.Release()
+	_, err = old.Exec(ctx, `SELECT pg_advisory_lock($1)`, ledger.ShardLockKey("busy", 1))
+	require.NoError(t, err)
+	_, err = s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
+	require.ErrorAs(t, err, &inFlight)
+	_, err = old.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+	require.NoError(t, err)
 	p, err = s.PruneBatches(ctx, time.Now().Add(-24*time.Hour))
 	batches, rows = p.Batches, p.Items
 	require.NoError(t, err)
@@ -453,8 +464,9 @@ func TestPruneBatches_LeavesRunsInFlight(t *testing.T) {
 	h, err = s.BatchHeader(ctx, "busy")
 	require.NoError(t, err)
 	require.NotNil(t, h.Pruned)
-	// The prune's locks ended with its transaction.
-	again := s.ShardLock("busy", 2)
+	// The prune's leases went with the run's.
+	require.Zero(t, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.shard_lease WHERE run_uid = 'busy'`))
+	again := s.ShardLease("busy", 2)
 	require.NoError(t, again.Acquire(ctx, time.Second, nil))
 	again.Release()
 }

@@ -226,7 +226,7 @@ func TestFixBatch_WaitsAreBounded(t *testing.T) {
 	s := ledger.NewStore(admin).WithBounds(10*time.Second, 200*time.Millisecond)
 
 	t.Run("query", func(t *testing.T) {
-		holder, err := admin.Acquire(ctx)
+		holder, err := directPool(t, admin).Acquire(ctx)
 		require.NoError(t, err)
 		defer holder.Release()
 		_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('runledger.batch/' || $1, 0))`, "q")

@@ -45,6 +45,9 @@ const (
 	sqlstateTooManyConnections   = "53300"
 	sqlstateLockNotAvailable     = "55P03" // lock_timeout
 	sqlstateQueryCanceled        = "57014" // statement_timeout, or a cancel request
+	// sqlstateShardLeaseLost is runledger.shard_lease_hold's (migrations/00018):
+	// an implementation-defined class (R), raised by the ledger's own function.
+	sqlstateShardLeaseLost = "RL001"
 	// 2D000: COMMIT or ROLLBACK where the server allows no transaction
 	// control (a procedure called inside a transaction block).
 	sqlstateInvalidTransactionTermination = "2D000"
@@ -213,6 +216,16 @@ func IsTooManyConnections(err error) bool {
 	return anyInChain(err, func(e error) bool {
 		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
 		return ok && pgErr.Code == sqlstateTooManyConnections
+	})
+}
+
+// isShardLeaseLost reports whether err is runledger.shard_lease_hold
+// refusing to renew a lease that is no longer the caller's. Only the
+// statements that call it, which run no user code, may be read with it.
+func isShardLeaseLost(err error) bool {
+	return anyInChain(err, func(e error) bool {
+		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
+		return ok && pgErr.Code == sqlstateShardLeaseLost
 	})
 }
 

@@ -296,6 +296,7 @@ func TestIsRetryable(t *testing.T) {
 // server that is not there, are retryable.
 func TestIsRetryable_RealConnectionLoss(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, "terminates its own backend")
 	pool := newPool(t)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, pool.Config().ConnConfig.ConnString())
@@ -498,6 +499,7 @@ func TestConnectionRejected_BuiltErrors(t *testing.T) {
 // is not, and says why; the caller's own cancel is final.
 func TestClassifiers_RealConnectionsAndTimeouts(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, "logs in with wrong passwords, which the test PgBouncer (auth_type trust) passes on as its own login's failure")
 	pool := newPool(t)
 	ctx := context.Background()
 	dsn := pool.Config().ConnConfig.ConnString()

@@ -54,6 +54,7 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 			return nil, fmt.Errorf("committing chunk of %d items: %w", len(items), err)
 		}
 		opts.sandbox = sb
+		opts.pooled = BehindPooler(s.pool)
 	}
 	// settle runs the processor, if any, over what a claim claimed, in the
 	// claim's transaction.
@@ -110,13 +111,24 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 		return nil, fmt.Errorf("acquiring connection: %w", err)
 	}
 	defer conn.Release()
-	grant, granted := "", true
-	if opts.Effect != "" {
-		if granted = conn.Conn().PgConn().CustomData()[claimedGranted] == true; !granted {
-			grant = opts.sandbox.role
+	begin := chunkBegin{bounds: opts.sqlBounds(), effect: opts.Effect != "", pooled: BehindPooler(s.pool)}
+	if begin.pooled {
+		begin.appName = s.pool.Config().ConnConfig.RuntimeParams["application_name"]
+	}
+	granted := true
+	if begin.effect {
+		// Behind a pooler, "claimed" and its grant are every transaction's.
+		if granted = !begin.pooled && conn.Conn().PgConn().CustomData()[claimedGranted] == true; !granted {
+			begin.grant = opts.sandbox.role
 		}
 	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginChunk(opts.sqlBounds(), opts.Effect != "", grant)})
+	if opts.Lease != nil {
+		begin.lease = opts.Lease.sqlHold()
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginChunk(begin)})
+	if isShardLeaseLost(err) { // the BEGIN's own statements: no user code has run yet
+		return nil, fmt.Errorf("beginning transaction: %w", ErrShardBusy)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -136,16 +148,18 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 		}
 		return nil, fmt.Errorf("committing: %w", err)
 	}
-	if opts.Effect != "" {
+	if begin.effect && !begin.pooled {
 		// A trigger the effect left to fire at COMMIT ran as the login: its
 		// settings are undone, and the session goes if it left anything else
-		// behind for the next transaction.
+		// behind for the next transaction. (Behind a pooler, the next
+		// transaction may have another server connection: each chunk's
+		// resets its own first, sqlBeginChunk.)
 		if intact, err := sessionIntact(ctx, conn.Conn().PgConn(), sqlSessionIntact); err != nil || !intact {
 			_ = conn.Conn().Close(context.WithoutCancel(ctx))
 			return res, nil
 		}
 	}
-	if !granted { // a rolled back transaction took its table and grant back with it
+	if !granted && !begin.pooled { // a rolled back transaction took its table and grant back with it
 		conn.Conn().PgConn().CustomData()[claimedGranted] = true
 	}
 	return res, nil
@@ -516,7 +530,12 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 		return fmt.Errorf("restoring the session after the effect: %w", err)
 	}
 	if !intact.unprepared {
-		// Not transactional: no later statement may run on this session.
+		// Not transactional: no later statement may run on this session
+		// (behind a pooler, whose server connection outlives it, they go by
+		// name first).
+		if opts.pooled {
+			_ = deallocateFromSQL(ctx, tx.Conn().PgConn())
+		}
 		_ = tx.Conn().Close(context.WithoutCancel(ctx))
 		return fmt.Errorf("running effect: %w: it PREPAREd a statement (which could stand in for one of the worker's); the connection is closed and nothing of the chunk commits", ErrEffectSandbox)
 	}
@@ -525,6 +544,30 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 	}
 	if !intact.noHoldCursor {
 		return fmt.Errorf("running effect: %w: it declared a cursor WITH HOLD (PostgreSQL runs its query to the end at COMMIT, outside the sandbox, as the login); nothing of the chunk commits", ErrEffectSandbox)
+	}
+	return nil
+}
+
+// deallocateFromSQL deallocates, by name, the statements user code PREPAREd
+// on conn's session (by the simple protocol: the driver's own statements
+// may have been replaced). Not DEALLOCATE ALL: a pooler's own prepared
+// statements (PgBouncer's max_prepared_statements) live there too.
+func deallocateFromSQL(ctx context.Context, conn *pgconn.PgConn) error {
+	res, err := conn.Exec(ctx, sqlPreparedFromSQL).ReadAll()
+	if err != nil {
+		return fmt.Errorf("listing the statements user code prepared: %w", err)
+	}
+	var b strings.Builder
+	for _, r := range res {
+		for _, row := range r.Rows {
+			b.WriteString("DEALLOCATE " + pgx.Identifier{string(row[0])}.Sanitize() + "; ")
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, b.String()).ReadAll(); err != nil {
+		return fmt.Errorf("deallocating the statements user code prepared: %w", err)
 	}
 	return nil
 }

@@ -18,7 +18,8 @@
 //
 // The files: classify.go (the classifiers), sql.go (every statement),
 // store.go (Store and the preload), commit.go (the insert path), batch.go (a
-// query source's fixed batch), shard.go (the pinned shard function), lock.go
-// (a shard's advisory lock), migrate.go. Measurements behind the insert
+// query source's fixed batch, a shard's sorted copy of it), shard.go (the
+// pinned shard function), lease.go (a shard's lease), pooler.go (telling a
+// transaction pooler from PostgreSQL), migrate.go. Measurements behind the insert
 // path's choices are in docs/insert-path.md.
 package ledger

@@ -28,6 +28,9 @@ var (
 	MigrationLockKey    = migrationLockKey
 )
 
+// ShardLockKey is the shard lock key of releases before the lease.
+var ShardLockKey = shardLockKey
+
 // ShardSQLForTest exposes the shard expression to the external tests.
 func ShardSQLForTest(entity, occurrence string, n int) string {
 	return sqlShardOf(entity, occurrence, n)

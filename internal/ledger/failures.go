@@ -40,6 +40,9 @@ type Pass struct {
 	Run
 	// ID tells this pass's records from an earlier pass's (a random id).
 	ID string
+	// Lease, if set, is the shard's: the records are written only while it
+	// is this process's (ErrShardBusy otherwise).
+	Lease *ShardLease
 }
 
 // RunHasFailures reports whether run uid has any failure record, of any
@@ -75,12 +78,18 @@ func (s *Store) RecordVerdicts(ctx context.Context, p Pass, chunk int, failed []
 		b.Queue(q)
 	}
 	b.Queue(sqlPinnedSearchPath)
+	if p.Lease != nil {
+		b.Queue(p.Lease.sqlHold())
+	}
 	entities, occurrences := keyColumns(settled)
 	b.Queue(sqlRecordVerdicts, p.UID, p.Namespace, p.Name, p.Shard, p.Attempt, p.ID, chunk,
 		rows.entities, rows.occurrences, rows.items, rows.digests, rows.classes, rows.errors,
 		entities, occurrences, rows.payloads).QueryRow(func(r pgx.Row) error { return r.Scan(&gone, &put) })
 	b.Queue(sqlCommit)
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		if isShardLeaseLost(err) { // its own statement: no user code runs in this transaction
+			err = ErrShardBusy
+		}
 		return fmt.Errorf("recording %d failed items of shard %d of run %s/%s: %w", len(failed), p.Shard, p.Namespace, p.Name, err)
 	}
 	return nil

@@ -17,6 +17,14 @@ import (
 
 func newPool(t *testing.T) *pgxpool.Pool { return pgtest.NewPool(t) }
 
+// directPool is a pool on pool's database that reaches PostgreSQL itself,
+// behind the pooler too (pgtest.EnvPooler): for a session an earlier
+// release's worker held, which refused poolers.
+func directPool(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	return pgtest.Pool(t, pgtest.Direct(t, pool.Config().ConnString()))
+}
+
 // onOwnPools runs fn n times at once, each on a pool of two connections of
 // its own to dsn (as n processes would), and returns their errors by caller.
 func onOwnPools(ctx context.Context, dsn string, n int, fn func(i int, pool *pgxpool.Pool) error, opts ...ledger.Option) []error {

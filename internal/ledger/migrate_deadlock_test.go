@@ -22,6 +22,7 @@ import (
 // and while the build waits, MigrationBlockers names what it waits for.
 func TestMigrate_EarlierReleaseWaitingForTheLock(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, "an earlier release's migrator, which needed a session, waits for the migration lock on one")
 	dsn := pgtest.NewDatabase(t)
 	pool := pgtest.Pool(t, dsn)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -181,6 +181,7 @@ ORDER BY 1`, role)
 		"item_failure.attempt:UPDATE", "item_failure.chunk:UPDATE", "item_failure.class:UPDATE", "item_failure.error:UPDATE", "item_failure.failed_at:UPDATE", "item_failure.items:UPDATE", "item_failure.pass:UPDATE", "item_failure.payload:UPDATE", "item_failure.payload_digest:UPDATE", "item_failure.run_name:UPDATE", "item_failure.run_namespace:UPDATE", "item_failure.shard:UPDATE",
 		"item_failure:DELETE", "item_failure:INSERT", "item_failure:SELECT",
 		"ledger.state:UPDATE", "ledger.superseded_at:UPDATE", "ledger:INSERT", "ledger:SELECT", "ledger_retired:SELECT",
+		"shard_lease.expires_at:UPDATE", "shard_lease.holder:UPDATE", "shard_lease:DELETE", "shard_lease:INSERT", "shard_lease:SELECT",
 		"shard_progress.already_handled:UPDATE", "shard_progress.attempt:UPDATE", "shard_progress.completed:UPDATE", "shard_progress.done:UPDATE",
 		"shard_progress.failed:UPDATE", "shard_progress.message:UPDATE", "shard_progress.payload_changed:UPDATE", "shard_progress.total:UPDATE",
 		"shard_progress.updated_at:UPDATE", "shard_progress:INSERT", "shard_progress:SELECT",
@@ -208,6 +209,14 @@ ORDER BY 1`, role)
 		AND has_column_privilege($1, 'runledger.shard_progress', 'completed', 'UPDATE')
 		AND NOT has_column_privilege($1, 'runledger.shard_progress', 'run_uid', 'UPDATE')
 		AND NOT has_table_privilege($1, 'runledger.shard_progress', 'DELETE')`, role))
+	// And sort and read its batch (00017), hold its shard's lease (00018).
+	require.True(t, scalar[bool](t, owner, `SELECT has_table_privilege($1, 'runledger.batch_sorted', 'SELECT, INSERT, DELETE')
+		AND has_table_privilege($1, 'runledger.batch_sorted_shard', 'SELECT, INSERT, DELETE')
+		AND has_table_privilege($1, 'runledger.shard_lease', 'SELECT, INSERT, DELETE')
+		AND has_column_privilege($1, 'runledger.shard_lease', 'expires_at', 'UPDATE')
+		AND NOT has_column_privilege($1, 'runledger.shard_lease', 'run_uid', 'UPDATE')
+		AND has_function_privilege($1, 'runledger.shard_lease_hold(text, integer, text, interval)', 'EXECUTE')
+		AND NOT has_function_privilege('public', 'runledger.shard_lease_hold(text, integer, text, interval)', 'EXECUTE')`, role))
 
 	err = ledger.GrantWorker(ctx, owner, `no "such" role`)
 	require.ErrorContains(t, err, `granting worker privileges to no "such" role: ERROR: role "no "such" role" does not exist (SQLSTATE 42704)`)

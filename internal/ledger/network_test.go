@@ -49,6 +49,7 @@ func freezableProxy(t *testing.T, socketDir string, port uint16, user, dbname st
 // 6s on its sockets, and asked the server for the same on its side.
 func TestNetworkTimeout_TCP(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, "reads the server keep-alives of its own session")
 	ctx := context.Background()
 	cfg := newPool(t).Config().ConnConfig
 	dsn := tcpProxy(t, cfg.Host, cfg.Port, cfg.User, cfg.Database)
@@ -128,6 +129,7 @@ const partitionEnv = "RUNLEDGER_TEST_IN_NETNS"
 // is closed. The pool with NetworkTimeout(2s) fails within a few seconds,
 // retryably; the pool without it is still waiting.
 func TestNetworkTimeout_Partition(t *testing.T) {
+	pgtest.DirectOnly(t, "cuts the network between its process and PostgreSQL itself")
 	if os.Getenv(partitionEnv) == "" {
 		if os.Geteuid() != 0 {
 			t.Skip("a network namespace of its own (unshare --net) needs root")
@@ -194,6 +196,7 @@ func TestNetworkTimeout_Partition(t *testing.T) {
 // retryably (ErrNoAnswer) in about 3 s, not never.
 func TestCommitChunk_HungServerIsNoticed(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, "freezes a proxy of its own in front of PostgreSQL's socket")
 	admin := newPool(t)
 	mustExec(t, admin, `CREATE TABLE notes (account text NOT NULL, occurrence text PRIMARY KEY)`)
 	cfg := admin.Config().ConnConfig
@@ -221,6 +224,7 @@ func TestCommitChunk_HungServerIsNoticed(t *testing.T) {
 // TestFixQueryBatch_HungServerIsNoticed: the same for the batch's query.
 func TestFixQueryBatch_HungServerIsNoticed(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, "freezes a proxy of its own in front of PostgreSQL's socket")
 	admin := newPool(t)
 	mustExec(t, admin, batchSource)
 	cfg := admin.Config().ConnConfig

@@ -44,7 +44,7 @@ func TestMigrateThroughPgBouncer(t *testing.T) {
 func TestNetworkTimeout_BehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn := pgtest.NewDatabase(t)
+	dsn := pgtest.Direct(t, pgtest.NewDatabase(t))
 	direct, err := ledger.Open(ctx, dsn, 1)
 	require.NoError(t, err)
 	t.Cleanup(direct.Close)

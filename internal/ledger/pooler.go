@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"unicode/utf8"
@@ -89,27 +88,6 @@ func BehindPooler(pool *pgxpool.Pool) bool {
 	probe.mu.Lock()
 	defer probe.mu.Unlock()
 	return probe.pooled
-}
-
-// ErrTransactionPooler: the pool reaches PostgreSQL through a pooler, which
-// runledger takes to be in transaction mode (PgBouncer's usual one; RDS
-// Proxy, Supavisor and pgcat work the same way): the shard's lock is a
-// session lock, its batch cursor is held on the session, and an effect's
-// table "claimed" is the session's (and granted once per session), none of
-// which survives between transactions there. The migrations and fixing a
-// batch work through it (their locks are transactions').
-var ErrTransactionPooler = errors.New("the connection string reaches PostgreSQL through a connection pooler (PgBouncer, RDS Proxy, Supavisor, pgcat), whose transaction mode keeps no session between transactions (runledger cannot tell the pooler's mode, and takes it to be that one): a worker holds session state (the shard's lock and its batch cursor, an effect's table claimed), so it must connect to PostgreSQL directly; runledger migrate works through the pooler")
-
-// RefuseTransactionPooler connects (if no connection was made yet) and
-// returns ErrTransactionPooler when pool's connections go through a pooler.
-func RefuseTransactionPooler(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("connecting to the ledger's database: %w", err)
-	}
-	if BehindPooler(pool) {
-		return ErrTransactionPooler
-	}
-	return nil
 }
 
 // MaxApplicationName is PostgreSQL's limit on application_name, in bytes

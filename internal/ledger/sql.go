@@ -271,6 +271,10 @@ const sqlSandboxIntact = `SELECT
     NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements AS s WHERE s.from_sql),
     NOT EXISTS (SELECT FROM pg_catalog.pg_cursors AS k WHERE k.is_holdable)`
 
+// sqlPreparedFromSQL lists the statements PREPAREd from SQL on the session
+// (user code's; the driver's come by the protocol).
+const sqlPreparedFromSQL = `SELECT name FROM pg_catalog.pg_prepared_statements WHERE from_sql`
+
 // sqlHoldCursors names the cursors WITH HOLD the session has (the user's
 // query of a batch declared them: they would run at its COMMIT), and the
 // statements PREPAREd from SQL (they outlive the transaction, and one could
@@ -324,16 +328,46 @@ const (
 	sqlRollback      = `ROLLBACK`
 )
 
-// sqlBeginChunk begins a chunk's transaction under bounds (sqlBounds), with
-// the ledger's search_path; for an effect, with the table "claimed", which
-// the effect role may read from then on if grant names it (quoted; "" once
-// the session's table has been granted).
-func sqlBeginChunk(bounds string, effect bool, grant string) string {
-	q := `BEGIN; ` + sqlIndexProbesOnly + `; ` + sqlPinnedSearchPath + `; ` + bounds
-	if effect {
+// chunkBegin is how a chunk's transaction begins (sqlBeginChunk).
+type chunkBegin struct {
+	bounds string // sqlBounds
+	lease  string // sqlHoldShardLease, or "": renewed and row-locked first
+	effect bool   // with the table "claimed"
+	// grant names the effect role (quoted) that may read "claimed" from
+	// then on; "" once the session's table has been granted.
+	grant string
+	// pooled: behind a transaction pooler, whose server connection may have
+	// served another session's transaction last: its session is reset first
+	// (what a trigger an effect left to fire at COMMIT set there: a role,
+	// synchronous_commit), its application_name (appName) set again for the
+	// transaction, and "claimed" is the transaction's own.
+	pooled  bool
+	appName string
+}
+
+// sqlBeginChunk begins a chunk's transaction under its bounds, with the
+// ledger's search_path, as b says.
+func sqlBeginChunk(b chunkBegin) string {
+	// The level the claim is written for, whatever the session's default
+	// (a role's setting, or one left on a pooler's server connection).
+	q := `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE; `
+	if b.pooled {
+		q += sqlResetSession + `; `
+		if b.appName != "" {
+			q += `SET LOCAL application_name = ` + quoteLiteral(b.appName) + `; `
+		}
+	}
+	q += sqlIndexProbesOnly + `; ` + sqlPinnedSearchPath + `; ` + b.bounds
+	if b.lease != "" {
+		q += `; ` + b.lease
+	}
+	switch {
+	case b.effect && b.pooled:
+		q += `; ` + sqlCreateClaimedTx + `; ` + sqlGrantClaimed(b.grant)
+	case b.effect:
 		q += `; ` + sqlCreateClaimed
-		if grant != "" {
-			q += `; ` + sqlGrantClaimed(grant)
+		if b.grant != "" {
+			q += `; ` + sqlGrantClaimed(b.grant)
 		}
 	}
 	return q
@@ -345,12 +379,19 @@ func sqlBeginChunk(bounds string, effect bool, grant string) string {
 // effect chunk's BEGIN (a no-op once it exists) and lives as long as the
 // session; ON COMMIT DELETE ROWS empties it at every commit, sqlClearClaimed
 // between the sub-chunks of one transaction.
+//
+// Behind a transaction pooler the next transaction may run on another
+// server connection: each effect chunk's transaction has a "claimed" of its
+// own (sqlCreateClaimedTx: any table of that name the server connection has
+// goes first, the new one goes at COMMIT), granted in the same BEGIN.
 const (
-	sqlCreateClaimed = `CREATE TEMP TABLE IF NOT EXISTS claimed (
+	sqlCreateClaimed   = `CREATE TEMP TABLE IF NOT EXISTS claimed (` + claimedColumns + `) ON COMMIT DELETE ROWS`
+	sqlCreateClaimedTx = `DROP TABLE IF EXISTS pg_temp.claimed; CREATE TEMP TABLE claimed (` + claimedColumns + `) ON COMMIT DROP`
+	claimedColumns     = `
     entity     text  NOT NULL,
     occurrence text  NOT NULL,
     payload    jsonb
-) ON COMMIT DELETE ROWS`
+`
 	sqlClearClaimed = `DELETE FROM pg_temp.claimed`
 )
 
@@ -611,14 +652,29 @@ WHERE created_at < $1 AND pruned_at IS NULL
 ORDER BY created_at, run_uid`
 
 	// sqlTryShardLocks takes, for the rest of the transaction, the shard
-	// locks $1 (ShardLock's keys) that no session holds, and says whether it
-	// got them all: a run none of whose shards runs can be pruned, and none
-	// of its workers starts before the prune commits.
+	// locks $1 (shardLockKey's) that no session holds, and says whether it
+	// got them all: no worker of a release before the lease runs those
+	// shards, nor starts before the transaction ends.
 	sqlTryShardLocks = `SELECT coalesce(bool_and(pg_try_advisory_xact_lock(k)), true) FROM unnest($1::bigint[]) AS k`
 
+	// sqlTakeRunLeases takes, for the pruning transaction, the lease of
+	// every one of run $1's $2 shards that is free or expired, and answers
+	// how many it could not take: shards in flight. A chunk in flight holds
+	// its shard's row: the take waits for it. A worker starting meanwhile
+	// waits for the prune's transaction, then finds the tombstone.
+	sqlTakeRunLeases = `
+WITH taken AS (
+    INSERT INTO ` + Schema + `.shard_lease AS l (run_uid, shard, holder, expires_at)
+    SELECT $1, s, 'runledger prune', now() FROM generate_series(0, $2::integer - 1) AS s
+    ON CONFLICT (run_uid, shard) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+    WHERE l.expires_at <= now()
+    RETURNING 1
+)
+SELECT $2::integer - count(*)::integer FROM taken`
+
 	// sqlPruneBatch deletes the blocks of run $1's batch and its shards'
-	// sorted copies, the run's failure records and its shards' progress
-	// rows, and keeps its header as a tombstone (pruned_at), so
+	// sorted copies and leases, the run's failure records and its shards'
+	// progress rows, and keeps its header as a tombstone (pruned_at), so
 	// that a worker of a pruned run fails instead of materialising its batch
 	// again. It returns the batches pruned (0 or 1), the items and the
 	// failure records deleted.
@@ -639,6 +695,8 @@ WITH old AS (
     DELETE FROM ` + Schema + `.batch_sorted AS s USING old WHERE s.batch_id = old.id
 ), sorted_shards AS (
     DELETE FROM ` + Schema + `.batch_sorted_shard AS s USING old WHERE s.batch_id = old.id
+), leases AS (
+    DELETE FROM ` + Schema + `.shard_lease AS l WHERE l.run_uid = $1 AND EXISTS (SELECT FROM old)
 )
 
 SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone), (SELECT count(*) FROM failures)`
@@ -873,6 +931,7 @@ GROUP BY b.rl_k`
 //     count; pruning (DELETE, pruned_at) is the owner's;
 //   - a shard's sorted copy of its batch: write, read and delete it (it is
 //     derived from the batch, and sorted again when missing);
+//   - a shard's lease: take, renew (shard_lease_hold) and give it back;
 //   - the failure records: write, replace (every column but the key) and
 //     forget a run's; no TRUNCATE; pruning them with their run is the
 //     owner's;
@@ -899,6 +958,8 @@ GRANT SELECT, INSERT, DELETE ON ` + Schema + `.batch_sorted, ` + Schema + `.batc
 GRANT SELECT ON ` + Schema + `.ledger_retired TO ` + role + `;
 GRANT SELECT, INSERT, DELETE, UPDATE (` + failureRecordColumns + `) ON ` + Schema + `.item_failure TO ` + role + `;
 GRANT SELECT, INSERT, UPDATE (` + progressColumns + `) ON ` + Schema + `.shard_progress TO ` + role + `;
+GRANT SELECT, INSERT, DELETE, UPDATE (holder, expires_at) ON ` + Schema + `.shard_lease TO ` + role + `;
+GRANT EXECUTE ON FUNCTION ` + Schema + `.shard_lease_hold(text, integer, text, interval) TO ` + role + `;
 GRANT EXECUTE ON FUNCTION ` + Schema + `.ledger_take_back(text[], text[], bigint[]) TO ` + role + `;
 GRANT EXECUTE ON FUNCTION ` + Schema + `.run_effect(text) TO ` + role + `;
 GRANT TEMPORARY ON DATABASE ` + db + ` TO ` + role
@@ -917,16 +978,29 @@ func sqlShardOf(entity, occurrence string, n int) string {
 		entity, occurrence, int64(shardSeed), n)
 }
 
-// The shard lock (lock.go): a session-level advisory lock per run and shard,
-// on a session whose dead peer the server notices within about 35 seconds.
+// The shard's lease (lease.go, migrations/00018): a row per run and shard.
 const (
-	sqlSessionKeepalives = `SET tcp_keepalives_idle = 20; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3`
-	sqlTryLock           = `SELECT pg_try_advisory_lock($1)`
-	sqlPing              = `SELECT 1`
-	// sqlReleaseShardSession leaves the session as the pool lends it: no
-	// lock.
-	sqlReleaseShardSession = `SELECT pg_advisory_unlock_all()`
+	// sqlTakeShardLease takes shard $2 of run $1's lease for holder $3 for
+	// $4 milliseconds when it is free, expired or $3's already, and answers
+	// a row only then. A holder's chunk in flight has the row locked: the
+	// take waits for it.
+	sqlTakeShardLease = `
+INSERT INTO ` + Schema + `.shard_lease AS l (run_uid, shard, holder, expires_at)
+VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')
+ON CONFLICT (run_uid, shard) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+WHERE l.holder = excluded.holder OR l.expires_at <= now()
+RETURNING true`
+	// sqlReleaseShardLease gives holder $3's lease back.
+	sqlReleaseShardLease = `DELETE FROM ` + Schema + `.shard_lease WHERE run_uid = $1 AND shard = $2 AND holder = $3`
 )
+
+// sqlHoldShardLease renews holder's lease in the caller's transaction and
+// row-locks it there, or fails the transaction (RL001) when it is not the
+// holder's any more. Literals, for a chunk's BEGIN (a simple query).
+func sqlHoldShardLease(runUID string, shard int, holder string, ttl time.Duration) string {
+	return `SELECT ` + Schema + `.shard_lease_hold(` + quoteLiteral(runUID) + `, ` + strconv.Itoa(shard) + `, ` + quoteLiteral(holder) +
+		`, interval '` + milliseconds(ttl) + ` milliseconds')`
+}
 
 // sqlBackendPID is the server backend's own process ID (poolerProbe).
 const sqlBackendPID = `SELECT pg_catalog.pg_backend_pid()`

@@ -164,8 +164,13 @@ type ChunkOptions struct {
 	// *ProcessorError (retryable). The transaction stays open during the
 	// call: the Processor bounds it (its timeout).
 	Processor Processor
+	// Lease, if set, is the shard's: every transaction of the chunk renews
+	// it first and row-locks it, and fails with ErrShardBusy, committing
+	// nothing, when it is no longer this process's.
+	Lease *ShardLease
 
 	sandbox *sandbox // set by CommitChunk for an effect
+	pooled  bool     // set by CommitChunk: behind a transaction pooler
 }
 
 // sqlBounds is the chunk's bounds as SQL (sqlBounds).

@@ -32,6 +32,7 @@ func poolWith(t *testing.T, pool *pgxpool.Pool, settings map[string]string) *pgx
 // same chunk commits, each item and its effect once.
 func TestCommitChunk_LockTimeoutIsRetryable(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, "gives the session its timeouts as startup parameters, which PgBouncer refuses")
 	ctx := context.Background()
 	admin := newPool(t)
 	mustExec(t, admin, `
@@ -65,6 +66,7 @@ CREATE TABLE notes (account text NOT NULL, occurrence text PRIMARY KEY)`)
 // runs past statement_timeout (57014) while its context is alive.
 func TestCommitChunk_StatementTimeoutIsRetryable(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, "gives the session its timeouts as startup parameters, which PgBouncer refuses")
 	ctx := context.Background()
 	admin := newPool(t)
 	mustExec(t, admin, `

@@ -172,12 +172,58 @@ func ensure(t testing.TB) {
 	}
 }
 
+// EnvPooler, set to "pgbouncer", makes NewDatabase's and NewPool's
+// connections go through this binary's PgBouncer (transaction mode): the
+// suites that run the ledger's statements run once directly and once so
+// (make test). A test of what only a session shows says so (DirectOnly).
+const EnvPooler = "RUNLEDGER_TEST_POOLER"
+
+// ThroughPooler reports whether this test binary runs its databases behind
+// PgBouncer (EnvPooler).
+func ThroughPooler() bool { return os.Getenv(EnvPooler) == "pgbouncer" }
+
+// DirectOnly skips t when the suite runs behind the pooler (EnvPooler): why
+// names the session state the test needs (a backend it kills, a session
+// lock it holds across statements, a setting it reads back).
+func DirectOnly(t testing.TB, why string) {
+	t.Helper()
+	if ThroughPooler() {
+		t.Skipf("directly to PostgreSQL only: %s", why)
+	}
+}
+
 // NewDatabase creates a fresh, migrated database for this test and returns its
-// DSN. With TEST_DATABASE_URL it is dropped when the test ends.
+// DSN (through the pooler when EnvPooler says so). With TEST_DATABASE_URL it
+// is dropped when the test ends.
 func NewDatabase(t testing.TB) string {
 	t.Helper()
 	ensure(t)
-	return create(t, "TEMPLATE "+template)
+	dsn := create(t, "TEMPLATE "+template)
+	if ThroughPooler() {
+		return ThroughBouncer(t, dsn)
+	}
+	return dsn
+}
+
+// Direct returns dsn as it reaches PostgreSQL itself (NewDatabase's DSN
+// goes through the pooler when EnvPooler says so): for what a test does
+// beside the code under test (an owner's or an observer's connection).
+func Direct(t testing.TB, dsn string) string {
+	t.Helper()
+	if !ThroughPooler() {
+		return dsn
+	}
+	return withDB(adminDSN, dbName(strings.Fields(dsn)))
+}
+
+// dbName is the dbname= of a DSN's fields.
+func dbName(fields []string) string {
+	for _, f := range fields {
+		if name, ok := strings.CutPrefix(f, "dbname="); ok {
+			return name
+		}
+	}
+	return ""
 }
 
 // NewEmptyDatabase creates a fresh database with no runledger schema.
@@ -193,15 +239,11 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 	return Pool(t, NewDatabase(t))
 }
 
-// Pool opens a pool on dsn, closed when the test ends.
+// Pool opens a pool on dsn as the workers do (ledger.Open: behind a pooler
+// it prepares no named statement), closed when the test ends.
 func Pool(t testing.TB, dsn string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatalf("parsing test DSN: %v", err)
-	}
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	pool, err := ledger.Open(context.Background(), dsn, 16)
 	if err != nil {
 		t.Fatalf("opening pool: %v", err)
 	}

@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -31,8 +33,16 @@ func ledgerRows(t *testing.T, f *fixture, uid string, shard int) int64 {
 // locks released): a lost connection, as in a failover.
 func killOtherBackends(t *testing.T, f *fixture) int64 {
 	t.Helper()
-	return queryInt(t, f.pool, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
-	  WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()) k`)
+	// From a connection of its own: the shard holds no session between its
+	// transactions, and its pool's idle connections are its sessions too.
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.Direct(t, f.pool.Config().ConnString()))
+	require.NoError(t, err)
+	defer func() { _ = conn.Close(ctx) }()
+	var n int64
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
+	  WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()) k`).Scan(&n))
+	return n
 }
 
 // TestQueryBatchSurvivesLostConnection is issue #10's reproduction: 200 rows

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -118,6 +119,7 @@ type shardRun struct {
 	// of it that start the next chunk.
 	carry carried
 	st    stream
+	lease *ledger.ShardLease
 }
 
 type carried struct {
@@ -134,10 +136,10 @@ func (s *shardRun) run(ctx context.Context) {
 	log := s.log()
 	// One process per shard: two would each count the other's rows as their
 	// own completed ones (see ErrShardBusy).
-	lock := s.store.ShardLock(s.cfg.Run.UID, s.cfg.Run.Shard)
-	defer lock.Release()
-	err := s.cfg.Retry.Do(ctx, "taking the shard's lock", s.onRetry("lock"), func(int) error {
-		return lock.Acquire(ctx, s.cfg.LockWait, func() {
+	lease := s.store.ShardLease(s.cfg.Run.UID, s.cfg.Run.Shard)
+	defer lease.Release()
+	err := s.cfg.Retry.Do(ctx, "taking the shard's lease", s.onRetry("lease"), func(int) error {
+		return lease.Acquire(ctx, s.cfg.LockWait, func() {
 			// Say so: the controller and kubectl see why nothing moves.
 			s.rep.WaitingForLock = true
 			s.progress()
@@ -148,8 +150,12 @@ func (s *shardRun) run(ctx context.Context) {
 		s.fail(ctx, fmt.Errorf("shard %d of run %s/%s: %w", s.cfg.Run.Shard, s.cfg.Run.Namespace, s.cfg.Run.Name, err))
 		return
 	}
-	// Once per pass, under the lock: no other pass of the shard writes now.
-	s.pass = ledger.Pass{Run: s.cfg.Run, ID: rand.Text()}
+	// Renewed meanwhile; every chunk's transaction checks it too.
+	var lost atomic.Pointer[error]
+	defer lease.Keep(ctx, func(err error) { lost.Store(&err) })()
+	s.lease = lease
+	// Once per pass, under the lease: no other pass of the shard writes now.
+	s.pass = ledger.Pass{Run: s.cfg.Run, ID: rand.Text(), Lease: lease}
 	err = s.cfg.Retry.Do(ctx, "looking up earlier failure records", s.onRetry("failures"), func(int) error {
 		s.forget, err = s.store.RunHasFailures(ctx, s.cfg.Run.UID)
 		return err
@@ -186,10 +192,8 @@ func (s *shardRun) run(ctx context.Context) {
 			s.rep.TooManyFailures = true
 			return
 		}
-		if err := s.cfg.Retry.Do(ctx, "checking the shard's lock", s.onRetry("lock"), func(int) error {
-			return lock.Check(ctx)
-		}); err != nil {
-			s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, err))
+		if err := lost.Load(); err != nil {
+			s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, *err))
 			return
 		}
 		chunk, err := readChunk(ctx, st, s.cfg.ChunkSize)
@@ -199,8 +203,7 @@ func (s *shardRun) run(ctx context.Context) {
 			return
 		}
 		if len(chunk) == 0 {
-			s.rep.Done = true
-			s.progress()
+			s.done(ctx)
 			return
 		}
 		s.chunk = chunkNo
@@ -209,14 +212,27 @@ func (s *shardRun) run(ctx context.Context) {
 			return
 		}
 		if s.rep.TotalKnown && s.rep.Processed() == s.rep.Total {
-			s.rep.Done = true
+			s.done(ctx)
+			return
 		}
 		s.rep.WaitingForConnection = false
 		s.progress()
-		if s.rep.Done {
-			return
-		}
 	}
+}
+
+// done ends the shard with its counts, once its lease says they are its
+// own: a chunk settled by the fetch's lookup alone wrote nothing, so no
+// transaction checked the lease for it.
+func (s *shardRun) done(ctx context.Context) {
+	if err := s.cfg.Retry.Do(ctx, "renewing the shard's lease", s.onRetry("lease"), func(int) error {
+		return s.lease.Check(ctx)
+	}); err != nil {
+		s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, err))
+		return
+	}
+	s.rep.Done = true
+	s.rep.WaitingForConnection = false
+	s.progress()
 }
 
 // fail records why the shard stopped: an interruption when ctx was
@@ -431,7 +447,7 @@ func (s *shardRun) commit(ctx, work context.Context, items []ledger.Item) (map[l
 	pending := items
 	err := s.cfg.Retry.Do(ctx, "committing", s.onRetry("commit"), func(int) error {
 		res, err := s.store.CommitChunk(work, s.cfg.Run, pending, ledger.ChunkOptions{
-			Effect: s.cfg.Effect, Processor: s.cfg.Processor, OnExisting: s.cfg.OnExisting,
+			Effect: s.cfg.Effect, Processor: s.cfg.Processor, OnExisting: s.cfg.OnExisting, Lease: s.lease,
 			EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock, NetworkTimeout: s.cfg.Timeouts.Network,
 		})
 		if err != nil {

@@ -407,3 +407,37 @@ func TestShardWaitsForTheLockAndSaysSo(t *testing.T) {
 	require.Equal(t, int64(50), rep.Completed, "the first process committed everything, once")
 	require.EqualValues(t, 50, f.committed(t))
 }
+
+// TestShardLeaseTakenOverMidRun: a shard whose lease another process took
+// over (it expired: the shard seemed gone) stops at its next chunk with
+// ErrShardBusy, committing nothing more and reporting no completion; the
+// new holder finishes the shard, and each key is committed once.
+func TestShardLeaseTakenOverMidRun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	cfg := worker.ShardConfig{Run: run("uid-taken"), Source: worker.NewStaticSource("items", keyItems("acct", 100)), ChunkSize: 10}
+	var successor *ledger.ShardLease
+	calls := 0
+	first := cfg
+	first.Progress = func(worker.Report) {
+		if calls++; calls != 3 { // after the second chunk
+			return
+		}
+		mustExec(t, f.pool, `UPDATE runledger.shard_lease SET expires_at = now() - interval '1 second' WHERE run_uid = 'uid-taken'`)
+		successor = f.store.ShardLease("uid-taken", 0)
+		require.NoError(t, successor.Acquire(ctx, 0, nil))
+	}
+	rep := worker.RunShard(ctx, f.store, first)
+	require.ErrorIs(t, rep.Err, ledger.ErrShardBusy)
+	require.False(t, rep.Done)
+	require.EqualValues(t, 20, rep.Completed, "the two chunks before the take-over")
+	require.EqualValues(t, 20, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger`), "nothing after it")
+
+	successor.Release()
+	again := worker.RunShard(ctx, f.store, cfg)
+	require.NoError(t, again.Err)
+	require.True(t, again.Done)
+	require.EqualValues(t, 100, again.Completed, "the earlier commits count as the run's own")
+	require.EqualValues(t, 100, f.committed(t))
+}

@@ -55,6 +55,7 @@ func TestDeferredForeignKeyWithinMaxFailedItems(t *testing.T) {
 // released, each item and its effect once.
 func TestLockTimeoutIsRetriedByTheShard(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, "gives the session its lock_timeout as a startup parameter, which PgBouncer refuses")
 	ctx := context.Background()
 	f := newFixture(t)
 	mustExec(t, f.pool, invoiceSchema+`

@@ -68,6 +68,7 @@ func (p *lostAnswerProcessor) Process(_ context.Context, _ ledger.Run, items []l
 // run's committed rows.
 func TestProcessor_LostCommitAnswerThenProcessorDown(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, "a proxy of its own in front of PostgreSQL's socket")
 	f := newFixture(t)
 	cfg := f.pool.Config().ConnConfig
 	dsn, arm := commitCutProxy(t, cfg.Host, cfg.Port, cfg.User, cfg.Database)

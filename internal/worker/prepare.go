@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -61,18 +60,6 @@ func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store,
 			pool.Close()
 			return nil, nil, err
 		}
-	}
-	// Until the worker's protocol holds no session state, behind a pooler
-	// it stops here, before anything is read or written.
-	if err := cfg.Retry.Do(ctx, "connecting to the ledger", onRetry("connect"), func(int) error {
-		err := ledger.RefuseTransactionPooler(ctx, pool)
-		if errors.Is(err, ledger.ErrTransactionPooler) {
-			return &InputError{Msg: err.Error()}
-		}
-		return err
-	}); err != nil {
-		pool.Close()
-		return nil, nil, err
 	}
 	store := ledger.NewStore(pool).WithBounds(plan.Timeouts.Query, plan.Timeouts.Lock)
 	if err := plan.Check(ctx, store, cfg.Retry, onRetry("check")); err != nil {

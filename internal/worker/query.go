@@ -123,6 +123,9 @@ func (q *QuerySource) Check(ctx context.Context, store *ledger.Store) error {
 		return &InputError{Where: q.field(), Msg: "is empty"}
 	}
 	columns, err := store.DescribeBatchQuery(ctx, q.sql, 2, q.occurrence)
+	if errors.Is(err, ledger.ErrNoOccurrence) {
+		return &InputError{Where: q.field(), Msg: err.Error()}
+	}
 	if err != nil {
 		return queryError(q.field(), err)
 	}
@@ -193,6 +196,9 @@ func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shar
 	})
 	if w := (*ledger.ForeignWriteError)(nil); errors.As(err, &w) {
 		return nil, &InputError{Where: q.field(), Msg: "writes: " + w.Error() + "; a batch query must only read, and nothing it did was kept"}
+	}
+	if errors.Is(err, ledger.ErrNoOccurrence) {
+		return nil, &InputError{Where: q.field(), Msg: ledger.ErrNoOccurrence.Error()}
 	}
 	if errors.Is(err, ledger.ErrBatchQuery) {
 		// The query's own errors surface here, before anything is committed.

@@ -82,6 +82,9 @@ func TestRunBadInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if strings.Contains(tt.want, "credentials") || strings.Contains(tt.want, "does not exist") {
+				pgtest.DirectOnly(t, testBouncerTrusts)
+			}
 			args := []string{"run", "-f", writeFile(t, "run.yaml", tt.manifest), "--dsn", d.dsn, "--output", "json", "--retry-timeout", "5s"}
 			if tt.jsonl != "" {
 				args = append(args, "--from-file", writeFile(t, "items.jsonl", tt.jsonl))

@@ -25,7 +25,10 @@ CREATE TABLE invoices (account text NOT NULL REFERENCES accounts, amount numeric
 		lines = append(lines, fmt.Sprintf(`{"entity": "acct-%02d", "occurrence": "2024-06", "payload": {"amount": %d}}`, i, 100+i))
 	}
 	effect := `effect: {sql: "INSERT INTO invoices SELECT entity, (payload->>'amount')::numeric FROM claimed"}`
-	r := runCLI(t, "", "run", "-f", writeFile(t, "june.yaml", manifest("june", "batch: {configMapRef: {name: june, key: items.jsonl}}", effect, "workers: 2")),
+	// maxFailedItems 5: neither shard's failures alone exceed it, so the
+	// other shard takes its chunk whichever ends first (a shard takes no
+	// chunk once the run's failures exceed it).
+	r := runCLI(t, "", "run", "-f", writeFile(t, "june.yaml", manifest("june", "batch: {configMapRef: {name: june, key: items.jsonl}}", effect, "workers: 2", "maxFailedItems: 5")),
 		"--from-file", writeFile(t, "items.jsonl", strings.Join(lines, "\n")), "--dsn", d.dsn, "--output", "json")
 	require.Equal(t, 1, r.code, "6 accounts are missing: more failures than maxFailedItems; stderr:\n%s", r.stderr)
 	require.Equal(t, counts{Total: 30, Completed: 24, Failed: 6}, r.summary(t).counts())

@@ -33,6 +33,12 @@ type db struct {
 	pool *pgxpool.Pool
 }
 
+// testBouncerTrusts is why the tests of rejected credentials and unknown
+// databases run directly to PostgreSQL only: the test PgBouncer trusts its
+// clients and serves any database name, so PostgreSQL's refusal reaches the
+// client as PgBouncer's own failed login (08P01), not as 28P01 or 3D000.
+const testBouncerTrusts = "the test PgBouncer trusts its clients and serves any database name: PostgreSQL's refusal reaches the client as PgBouncer's failed login (08P01)"
+
 func newDB(t *testing.T) *db {
 	t.Helper()
 	raw := pgtest.NewDatabase(t)

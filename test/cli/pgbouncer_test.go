@@ -2,6 +2,7 @@ package clitest
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -26,20 +27,54 @@ func TestMigrateThroughPgBouncer(t *testing.T) {
 	require.Contains(t, r.stdout, "migrations applied: 0\n")
 }
 
-// TestRunThroughPgBouncerIsRefused: a worker's protocol still holds session
-// state (the shard's lock and its cursor, an effect's table claimed), so
-// `runledger run` through a transaction pooler stops at start, exit 2, with
-// an error that says so, before anything is written.
-func TestRunThroughPgBouncerIsRefused(t *testing.T) {
+// TestRunThroughPgBouncer: `runledger run` through a real PgBouncer in
+// transaction mode (each transaction on whichever server connection is
+// free): a query batch of 4 shards at once, with an SQL effect, commits
+// every item once, with exact counts; the same batch under another run is
+// all already handled, and a Supersede run reprocesses it once; `runledger
+// items` reads the verdicts back, and `runledger prune` prunes through it.
+// It used to stop at start (exit 2): the shard's lock and its batch cursor
+// were a session's.
+func TestRunThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
-	file := writeFile(t, "run.yaml", manifest("june-invoices",
-		inlineItems([2]string{"acct-1", "2024-06"}, [2]string{"acct-2", "2024-06"})))
-	r := runCLI(t, "", "run", "-f", file, "--dsn", pgtest.ThroughBouncer(t, d.dsn), "--output", "json")
-	require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
-	require.Contains(t, r.stderr, "through a connection pooler")
-	require.Contains(t, r.stderr, "it must connect to PostgreSQL directly")
+	d.exec(t, `CREATE TABLE src AS SELECT 'acct-' || (i % 37) AS entity, '2026-' || lpad((i / 37)::text, 4, '0') AS occurrence,
+  jsonb_build_object('amount', i) AS payload FROM generate_series(1, 3000) i;
+CREATE TABLE invoices (account text NOT NULL, period text NOT NULL);
+GRANT ALL ON invoices TO PUBLIC`)
+	dsn := pgtest.ThroughBouncer(t, pgtest.Direct(t, d.dsn)) + " password=" + password
+	run := func(name string, extra ...string) result {
+		spec := append([]string{"batch: {query: 'SELECT entity, occurrence, payload FROM src'}", "workers: 4", "chunkSize: 100",
+			`effect: {sql: "INSERT INTO invoices SELECT entity, occurrence FROM claimed"}`}, extra...)
+		file := writeFile(t, name+".yaml", manifest(name, spec...))
+		return runCLI(t, "", "run", "-f", file, "--dsn", dsn, "--parallel", "4", "--output", "json")
+	}
+	r := run("june")
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
 	noSecret(t, r)
-	require.Zero(t, d.committed(t), "nothing written")
-	require.Zero(t, d.ledgerWrites(t))
+	require.Equal(t, counts{Total: 3000, Completed: 3000}, r.summary(t).counts())
+	require.EqualValues(t, 3000, d.committed(t))
+	require.EqualValues(t, 3000, d.int(t, `SELECT count(*) FROM invoices`), "each effect once")
+
+	r = run("june-again")
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 3000, AlreadyHandled: 3000}, r.summary(t).counts())
+	require.EqualValues(t, 3000, d.int(t, `SELECT count(*) FROM invoices`), "no effect for items already handled")
+
+	r = run("june-redo", "onExisting: Supersede")
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 3000, Completed: 3000}, r.summary(t).counts())
+	require.EqualValues(t, 3000, d.committed(t))
+	require.EqualValues(t, 3000, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_name = 'june-redo' AND state = 'committed'`))
+	require.EqualValues(t, 6000, d.int(t, `SELECT count(*) FROM invoices`), "the effect once more for each item, once")
+	require.Zero(t, d.int(t, `SELECT count(*) FROM runledger.shard_lease`), "every lease given back")
+	require.Zero(t, d.int(t, `SELECT count(*) FROM runledger.batch_sorted`), "every sorted copy deleted")
+
+	items := runCLI(t, "", "items", "june-again", "--namespace", "billing", "--dsn", dsn, "--output", "jsonl")
+	require.Equal(t, 0, items.code, "stderr:\n%s", items.stderr)
+	require.Equal(t, 3000, strings.Count(items.stdout, "\n"))
+	d.exec(t, `UPDATE runledger.batch_run SET created_at = now() - interval '2 days'`)
+	prune := runCLI(t, "", "prune", "--older-than", "24h", "--dsn", dsn)
+	require.Equal(t, 0, prune.code, "stderr:\n%s", prune.stderr)
+	require.Contains(t, prune.stdout, "batches pruned: 3")
 }

@@ -100,7 +100,7 @@ func TestPrune(t *testing.T) {
 }
 
 // TestPrune_RunInFlight: runledger prune leaves the batch of a run in flight
-// (a shard of it holds its lock) and exits 4 (not 2: nothing was wrong with
+// (a worker holds a shard's lease) and exits 4 (not 2: nothing was wrong with
 // the input, and the rest was pruned), naming the run; once the run is over,
 // the same command prunes it and exits 0.
 func TestPrune_RunInFlight(t *testing.T) {
@@ -115,7 +115,7 @@ func TestPrune_RunInFlight(t *testing.T) {
 		require.NoError(t, err)
 	}
 	d.exec(t, `UPDATE runledger.batch_run SET created_at = now() - interval '48 hours'`)
-	lock := store.ShardLock("uid-busy", 1)
+	lock := store.ShardLease("uid-busy", 1)
 	require.NoError(t, lock.Acquire(ctx, time.Second, nil))
 	defer lock.Release()
 	left := func(uid string) int64 {

@@ -282,6 +282,7 @@ func socketOf(dsn string) (string, string) {
 // password.
 func TestDatabaseDownAtStart(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, "a proxy of its own in front of PostgreSQL's socket")
 	d := newDB(t)
 	d.exec(t, fmt.Sprintf(sinkSchema, 0.0))
 	socket, dbname := socketOf(d.dsn)

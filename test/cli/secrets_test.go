@@ -57,6 +57,7 @@ func TestCommonWordPasswordMasksNothingElse(t *testing.T) {
 // password never appears as the DSN's secret; nothing is committed.
 func TestWrongCommonWordPassword(t *testing.T) {
 	t.Parallel()
+	pgtest.DirectOnly(t, testBouncerTrusts)
 	d := newDB(t)
 	file := commonWordRun(t)
 	for _, pw := range []string{"password", "runledger"} {

@@ -1,0 +1,175 @@
+package ledger
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	kwait "k8s.io/apimachinery/pkg/util/wait"
+)
+
+// ErrShardBusy: another process holds the shard's lease: the same shard of
+// the same run is being processed elsewhere (a second `runledger run`, or a
+// pod the controller believes gone), or took it over after this process
+// failed to renew it in time. Running it twice at once would not commit
+// anything twice (the ledger's rule sees to that), but each process would
+// count the other's rows as its own completed ones.
+var ErrShardBusy = errors.New("this shard of this run is being processed by another process")
+
+// LeaseTTL is how long a shard's lease lasts without a renewal: a process
+// that dies without giving it back (SIGKILL, a lost node) keeps its shard
+// from a successor that long at most, as the session lock it replaces did
+// when the server noticed a dead peer only by keep-alives. A live process
+// renews it every LeaseTTL/3 (Keep) and with every chunk, whose
+// transaction holds the row: no successor takes it while a chunk is in
+// flight, however long the chunk takes.
+const LeaseTTL = 10 * time.Second
+
+// ShardLease is a row of runledger.shard_lease (migrations/00018), one per
+// run and shard: the holder, a random id of this process, and an expiry on
+// the database's clock. It keeps two processes from working on one shard at
+// once; like the preload it is coordination, not the guarantee: the
+// ledger's unique rule is. It holds no session (a transaction pooler lends
+// each of its statements any server connection): Acquire takes it when it
+// is free or expired, Keep renews it, every chunk's transaction renews it
+// and row-locks it (ChunkOptions.Lease: a process taking over waits for a
+// chunk in flight, and a holder whose lease was taken commits nothing
+// more), Release gives it back.
+type ShardLease struct {
+	store  *Store
+	runUID string
+	shard  int
+	holder string
+	// key is the session advisory lock by which releases before the lease
+	// kept a shard (pg_advisory_lock): a shard such a worker still runs is
+	// busy too.
+	key int64
+}
+
+// ShardLease returns the (not yet taken) lease of a run's shard, for this
+// process.
+func (s *Store) ShardLease(runUID string, shard int) *ShardLease {
+	return &ShardLease{store: s, runUID: runUID, shard: shard, holder: rand.Text(), key: shardLockKey(runUID, shard)}
+}
+
+// shardLockKey is the advisory lock key of a run's shard in releases before
+// the lease.
+func shardLockKey(runUID string, shard int) int64 {
+	return int64(hashBytesExtended([]byte("runledger.shard/"+runUID+"/"+strconv.Itoa(shard)), shardSeed))
+}
+
+// Acquire takes the lease, waiting up to wait (polling every second) while
+// another process holds it; onBusy is called once, when the wait begins. It
+// returns ErrShardBusy when the lease stays taken.
+func (l *ShardLease) Acquire(ctx context.Context, wait time.Duration, onBusy func()) error {
+	deadline := time.Now().Add(wait)
+	first := true
+	// Polled on ctx itself: the wait ends between two tries, never in one.
+	err := kwait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
+		ok, err := l.try(ctx)
+		if err != nil || ok {
+			return ok, err
+		}
+		if time.Now().After(deadline) {
+			return false, ErrShardBusy
+		}
+		if first && onBusy != nil {
+			onBusy()
+		}
+		first = false
+		return false, nil
+	})
+	if ctx.Err() != nil && kwait.Interrupted(err) {
+		return context.Cause(ctx)
+	}
+	return err
+}
+
+// try takes the lease if it is free, expired or already this process's, in
+// one transaction: a chunk in flight of the holder holds the row, and the
+// take waits for it (the Store's lock bound).
+func (l *ShardLease) try(ctx context.Context) (bool, error) {
+	var free, taken bool
+	b := &pgx.Batch{}
+	b.Queue(sqlBeginWrite)
+	for _, q := range l.store.sqlReadBoundList() {
+		b.Queue(q)
+	}
+	b.Queue(sqlPinnedSearchPath)
+	b.Queue(sqlTryShardLocks, []int64{l.key}).QueryRow(func(r pgx.Row) error { return r.Scan(&free) })
+	b.Queue(sqlTakeShardLease, l.runUID, l.shard, l.holder, LeaseTTL.Milliseconds()).Query(func(rows pgx.Rows) error {
+		taken = rows.Next()
+		rows.Close()
+		return rows.Err()
+	})
+	b.Queue(sqlCommit)
+	if err := l.store.pool.SendBatch(ctx, b).Close(); err != nil {
+		return false, fmt.Errorf("taking the lease of shard %d: %w", l.shard, err)
+	}
+	if taken && !free {
+		// A worker of a release before the lease runs the shard: give the
+		// row back at once.
+		l.Release()
+		return false, nil
+	}
+	return taken, nil
+}
+
+// Check renews the lease now: ErrShardBusy if another process has taken it
+// over, or it is gone.
+func (l *ShardLease) Check(ctx context.Context) error {
+	b := &pgx.Batch{}
+	b.Queue(sqlBeginWrite)
+	for _, q := range l.store.sqlReadBoundList() {
+		b.Queue(q)
+	}
+	b.Queue(sqlPinnedSearchPath)
+	b.Queue(l.sqlHold())
+	b.Queue(sqlCommit)
+	err := l.store.pool.SendBatch(ctx, b).Close()
+	if isShardLeaseLost(err) {
+		return fmt.Errorf("renewing the lease of shard %d: %w", l.shard, ErrShardBusy)
+	}
+	if err != nil {
+		return fmt.Errorf("renewing the lease of shard %d: %w", l.shard, err)
+	}
+	return nil
+}
+
+// sqlHold is the statement that renews the lease in a transaction of the
+// holder, and fails it if the lease is no longer its own (literals: it is
+// also part of a chunk's BEGIN, a simple query).
+func (l *ShardLease) sqlHold() string {
+	return sqlHoldShardLease(l.runUID, l.shard, l.holder, LeaseTTL)
+}
+
+// Keep renews the lease every LeaseTTL/3 until stop is called or ctx ends;
+// lost is called once, with ErrShardBusy, if another process took it over
+// (the caller stops the shard). A renewal that fails otherwise is tried at
+// the next tick: a chunk's transaction checks the lease anyway.
+func (l *ShardLease) Keep(ctx context.Context, lost func(error)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		kwait.UntilWithContext(ctx, func(ctx context.Context) {
+			if err := l.Check(ctx); errors.Is(err, ErrShardBusy) {
+				lost(err)
+				cancel()
+			}
+		}, LeaseTTL/3)
+	}()
+	return func() { cancel(); <-done }
+}
+
+// Release gives the lease back (deletes its row, if it is still this
+// process's), so that a successor takes it at once.
+func (l *ShardLease) Release() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = l.store.pool.Exec(ctx, sqlReleaseShardLease, l.runUID, l.shard, l.holder)
+}
