@@ -9,11 +9,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/runledger/runledger/internal/worker"
+	"github.com/runledger/runledger/api/v1alpha1"
 )
 
 // TestConnectionBudget: a 256-shard run (a query batch, spec.workers 256)
-// by `runledger run --parallel 8` opens at most worker.MaxConnections(8) =
+// by `runledger run --parallel 8` opens at most v1alpha1.MaxConnectionsOf(8) =
 // 16 connections, sampled all along in pg_stat_activity by the
 // application_name every connection of the run carries ("runledger
 // run/<namespace>/<run>"); one shard of it alone, as a worker pod runs it,
@@ -64,7 +64,7 @@ func TestConnectionBudget(t *testing.T) {
 				require.EqualValues(t, 5120, c.Total)
 			}
 			t.Logf("--parallel %d: at most %d connections named %q", parallel, most, app)
-			require.LessOrEqual(t, most, int64(worker.MaxConnections(parallel)), "the documented budget")
+			require.LessOrEqual(t, most, int64(v1alpha1.MaxConnectionsOf(int32(parallel))), "the documented budget")
 			require.GreaterOrEqual(t, most, int64(parallel), "the run's connections are the ones sampled")
 		})
 	}
