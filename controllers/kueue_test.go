@@ -119,9 +119,12 @@ func admitWorkload(t *testing.T, env *envtestutil.Env, wl *kueue.Workload, cq, f
 	}
 	require.NoError(t, env.Client.Status().Patch(ctx, wl, patch))
 	// Kueue's finalizer, added with the reservation.
+	// A merge patch, not an update of the version read: the manager writes
+	// the Workload meanwhile.
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(wl), wl))
+	fpatch := client.MergeFrom(wl.DeepCopy())
 	if controllerutil.AddFinalizer(wl, kueue.ResourceInUseFinalizerName) {
-		require.NoError(t, env.Client.Update(ctx, wl))
+		require.NoError(t, env.Client.Patch(ctx, wl, fpatch))
 	}
 }
 
