@@ -22,9 +22,7 @@ func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.Processi
 	if st.PayloadChanged > 0 {
 		status.WithPayloadChanged(st.PayloadChanged)
 	}
-	if st.Active > 0 {
-		status.WithActive(st.Active)
-	}
+	status.WithActive(st.Active)
 	if c := st.Connections; c != nil {
 		cs := acv1alpha1.ConnectionsStatus().WithLimit(c.Limit).WithSource(c.Source).WithParallelism(c.Parallelism)
 		if c.Waiting > 0 {

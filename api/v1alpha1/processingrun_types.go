@@ -708,7 +708,7 @@ type ProcessingRunStatus struct {
 	// holds at most 2 connections to the ledger database.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	Active int32 `json:"active,omitempty"`
+	Active int32 `json:"active"`
 
 	// connections is the run's connection budget as the controller applies
 	// it; absent when none applies (neither spec.database.maxConnections
