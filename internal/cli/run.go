@@ -27,7 +27,7 @@ same engine as the worker pods, writing to the same ledger.
 
 The manifest is checked as a cluster checks it (the CRD's schema, validation
 rules and defaults), so a manifest runledger run accepts is one kubectl apply
-accepts. Its spec.database is ignored: the ledger is the database of
+accepts. Its spec.database.secretRef is ignored: the ledger is the database of
 $RUNLEDGER_DATABASE_URL, --dsn-file (a file holding the connection string) or
 --dsn (visible to other users in ps: for a connection string without a
 password, the password then coming from ~/.pgpass or $PGPASSFILE). For a batch.configMapRef, the JSON Lines come
