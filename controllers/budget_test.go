@@ -405,3 +405,16 @@ func findCondition(conds []metav1.Condition, typ string) *metav1.Condition {
 	}
 	return nil
 }
+
+// TestStallLeavesNoShardWaitingForTheBudget: a run stalled before its pods
+// start (a missing ConfigMap) says so; no shard then waits for the budget.
+func TestStallLeavesNoShardWaitingForTheBudget(t *testing.T) {
+	t.Parallel()
+	s := &scope{shards: budgetShards(bsRunning, bsWants, bsWants, bsWants)}
+	s.budgetOut = decideBudget(s.shards, 2, false)
+	require.Equal(t, int32(2), s.budgetOut.waiting)
+	s.stallStart(&problem{reason: ReasonConfigMapNotFound, message: "ConfigMap \"june\" not found"}, 0)
+	require.Zero(t, s.budgetOut.waiting)
+	require.False(t, s.needsPods())
+	require.Equal(t, int32(1), s.budgetOut.active)
+}

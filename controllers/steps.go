@@ -188,6 +188,8 @@ func (s *scope) stallStart(p *problem, retry time.Duration) {
 	for i := range s.shards {
 		s.shards[i].create = nil
 	}
+	// No shard waits for the connection budget now: none may start at all.
+	s.budgetOut.waiting = 0
 	s.requeueIn(retry)
 }
 
