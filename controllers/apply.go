@@ -22,6 +22,14 @@ func statusApplyConfiguration(run *v1alpha1.ProcessingRun, st *v1alpha1.Processi
 	if st.PayloadChanged > 0 {
 		status.WithPayloadChanged(st.PayloadChanged)
 	}
+	status.WithActive(st.Active)
+	if c := st.Connections; c != nil {
+		cs := acv1alpha1.ConnectionsStatus().WithLimit(c.Limit).WithSource(c.Source).WithParallelism(c.Parallelism)
+		if c.Waiting > 0 {
+			cs.WithWaiting(c.Waiting)
+		}
+		status.WithConnections(cs)
+	}
 	if st.StartTime != nil {
 		status.WithStartTime(*st.StartTime)
 	}

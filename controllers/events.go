@@ -92,6 +92,15 @@ func (r *Reconciler) conditionEvents(s *scope, old, cur *v1alpha1.ProcessingRunS
 	}
 
 	if rec := meta.FindStatusCondition(cur.Conditions, v1alpha1.ConditionReconciling); rec != nil &&
+		rec.Status == metav1.ConditionTrue && rec.Reason == ReasonWaitingForConnectionBudget {
+		// Once when shards start to wait, not at every shard that starts.
+		if before := meta.FindStatusCondition(old.Conditions, v1alpha1.ConditionReconciling); before == nil || before.Reason != rec.Reason {
+			r.event(run, nil, corev1.EventTypeNormal, ReasonWaitingForConnectionBudget, "Throttle",
+				budgetWait(s.budget, s.budgetOut, len(s.shards))+"; they start as running pods finish")
+		}
+	}
+
+	if rec := meta.FindStatusCondition(cur.Conditions, v1alpha1.ConditionReconciling); rec != nil &&
 		rec.Status == metav1.ConditionTrue && rec.Reason == ReasonUnschedulable {
 		u := unschedulable(s.shards)
 		before := meta.FindStatusCondition(old.Conditions, v1alpha1.ConditionReconciling)

@@ -84,6 +84,8 @@ type managerConfig struct {
 	kueue bool
 	// workerNetwork, when set, gives each run its NetworkPolicy.
 	workerNetwork *WorkerNetwork
+	// budget is the manager's default and maximum connection budget.
+	budget v1alpha1.ConnectionBudgetSettings
 }
 
 type testManager struct {
@@ -135,9 +137,10 @@ func startManager(t *testing.T, env *envtestutil.Env, ns string, mc managerConfi
 		BackoffMax:      2 * time.Second,
 		DependencyRetry: 300 * time.Millisecond,
 		// Count-only status writes are spaced, as in production (2s).
-		StatusInterval: 250 * time.Millisecond,
-		Kueue:          mc.kueue,
-		WorkerNetwork:  mc.workerNetwork,
+		StatusInterval:   250 * time.Millisecond,
+		Kueue:            mc.kueue,
+		WorkerNetwork:    mc.workerNetwork,
+		ConnectionBudget: mc.budget,
 	}
 	require.NoError(t, r.SetupWithManager(mgr, controller.Options{}))
 	ctx, cancel := context.WithCancel(context.Background())

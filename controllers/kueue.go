@@ -68,10 +68,12 @@ func WorkloadName(run *v1alpha1.ProcessingRun) string {
 }
 
 // buildWorkload is the Workload Kueue queues for a run: one pod set with
-// count = the run's shards and the template of a worker pod (the processor
-// sidecar's requests included, as an init container with restartPolicy
-// Always), owned by the run so that deleting the run deletes it.
-func buildWorkload(run *v1alpha1.ProcessingRun, opts PodOptions, priority *kueue.WorkloadPriorityClass) (*kueue.Workload, error) {
+// count = the pods the run runs at once (its shards, or fewer under its
+// connection budget, as a Job's pod set counts its parallelism) and the
+// template of a worker pod (the processor sidecar's requests included, as
+// an init container with restartPolicy Always), owned by the run so that
+// deleting the run deletes it.
+func buildWorkload(run *v1alpha1.ProcessingRun, opts PodOptions, priority *kueue.WorkloadPriorityClass, pods int32) (*kueue.Workload, error) {
 	pod, err := buildWorkerPod(run, 0, 0, v1alpha1.ItemCounts{}, opts)
 	if err != nil {
 		return nil, err
@@ -90,7 +92,7 @@ func buildWorkload(run *v1alpha1.ProcessingRun, opts PodOptions, priority *kueue
 			Active:    ptr.To(!run.Spec.Suspend),
 			PodSets: []kueue.PodSet{{
 				Name:  workloadPodSet,
-				Count: run.Spec.ShardCount(),
+				Count: pods,
 				Template: corev1.PodTemplateSpec{
 					ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels},
 					Spec:       pod.Spec,
@@ -117,6 +119,9 @@ type queueInput struct {
 	finished bool
 	// live is the number of the run's pods still running or stopping.
 	live int
+	// pods is the pod set's count the run asks for now (buildWorkload's),
+	// 0 when it does not matter (a run another controller runs).
+	pods int32
 }
 
 // queueDecision is what a pass does about a queued run's Workload and
@@ -143,6 +148,11 @@ type queueDecision struct {
 	// removeFinalizer: Kueue's resource-in-use finalizer can go (the
 	// Workload is finished or being deleted and no pod runs).
 	removeFinalizer bool
+	// recreate: the pending Workload asks quota for another number of pods
+	// than the run now runs at once (its connection budget changed); a
+	// Workload's pod sets cannot change, so it is deleted and the next pass
+	// queues a new one, as Kueue's own integrations do.
+	recreate bool
 }
 
 // decideQueue decides, for a run with a queue label, what its Workload says
@@ -195,10 +205,25 @@ func decideAdmission(in queueInput, q string) queueDecision {
 	}
 	d := queueDecision{held: true, reason: ReasonQueued, setQueue: !reserved && string(wl.Spec.QueueName) != q,
 		message: fmt.Sprintf("waiting for Kueue to admit its Workload in LocalQueue %q", q)}
+	if n := podSetCount(wl); !reserved && in.pods > 0 && n != in.pods {
+		d.setQueue, d.recreate = false, true
+		d.message = fmt.Sprintf("its Workload asks quota for %d pods, its connection budget now allows %d at once: a new Workload is queued in LocalQueue %q", n, in.pods, q)
+		return d
+	}
 	if c := meta.FindStatusCondition(wl.Status.Conditions, kueue.WorkloadQuotaReserved); c != nil && c.Message != "" {
 		d.message += ": " + c.Message
 	}
 	return d
+}
+
+// podSetCount is the count of the Workload's pod set of worker pods.
+func podSetCount(wl *kueue.Workload) int32 {
+	for _, ps := range wl.Spec.PodSets {
+		if ps.Name == workloadPodSet {
+			return ps.Count
+		}
+	}
+	return 0
 }
 
 // clearAdmission gives an evicted Workload's quota back, as Kueue's job

@@ -22,6 +22,12 @@ func testWorkload(conds ...metav1.Condition) *kueue.Workload {
 	return wl
 }
 
+// withPods gives the Workload its pod set of worker pods.
+func withPods(wl *kueue.Workload, n int32) *kueue.Workload {
+	wl.Spec.PodSets = []kueue.PodSet{{Name: workloadPodSet, Count: n}}
+	return wl
+}
+
 func wlCond(typ string, s metav1.ConditionStatus, reason string) metav1.Condition {
 	return metav1.Condition{Type: typ, Status: s, Reason: reason, Message: reason + " message"}
 }
@@ -87,6 +93,17 @@ func TestDecideQueue(t *testing.T) {
 			queueDecision{held: true, reason: ReasonEvicted, removeFinalizer: true}},
 		{"workload being deleted, pods running: held", queueInput{run: run, wl: deleting, live: 2},
 			queueDecision{held: true, reason: ReasonEvicted}},
+		{"pending, asks the pods the budget allows: held", queueInput{run: run, wl: withPods(testWorkload(), 2), pods: 2},
+			queueDecision{held: true, reason: ReasonQueued}},
+		{"pending, the budget changed: queue a new Workload", queueInput{run: run, wl: withPods(testWorkload(), 2), pods: 1},
+			queueDecision{held: true, reason: ReasonQueued, recreate: true}},
+		{"pending, the budget changed and the queue too: one new Workload", queueInput{run: moved, wl: withPods(testWorkload(), 2), pods: 1},
+			queueDecision{held: true, reason: ReasonQueued, recreate: true}},
+		{"quota reserved, the budget changed: kept (pods stay within both)", queueInput{run: run,
+			wl: withPods(testWorkload(wlCond(kueue.WorkloadQuotaReserved, metav1.ConditionTrue, "QuotaReserved")), 2), pods: 1},
+			queueDecision{held: true, reason: ReasonQueued}},
+		{"admitted, the budget changed: runs within both", queueInput{run: run, wl: withPods(admitted(), 2), pods: 1, live: 1},
+			queueDecision{reason: ReasonAdmitted, clusterQueue: "cq"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -168,11 +185,14 @@ func TestBuildWorkload(t *testing.T) {
 	run.UID = "uid-1"
 	run.Spec.Suspend = true
 	prio := &kueue.WorkloadPriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "high"}, Value: 1000}
-	wl, err := buildWorkload(run, PodOptions{Image: "runledger:test"}, prio)
+	wl, err := buildWorkload(run, PodOptions{Image: "runledger:test"}, prio, 4)
 	require.NoError(t, err)
 	require.Equal(t, WorkloadName(run), wl.Name)
 	require.False(t, *wl.Spec.Active, "a suspended run's Workload is inactive")
 	require.Equal(t, int32(4), wl.Spec.PodSets[0].Count)
+	capped, err := buildWorkload(run, PodOptions{Image: "runledger:test"}, nil, 2)
+	require.NoError(t, err)
+	require.Equal(t, int32(2), capped.Spec.PodSets[0].Count, "the pods the budget runs at once, as a Job's parallelism")
 	require.Equal(t, int32(1000), *wl.Spec.Priority)
 	require.Equal(t, "high", wl.Spec.PriorityClassRef.Name)
 	require.NotContains(t, wl.Spec.PodSets[0].Template.Labels, v1alpha1.LabelShard)

@@ -48,7 +48,7 @@ func (r *Reconciler) observeQueue(ctx context.Context, s *scope) error {
 		return err
 	}
 	s.queue = &queueView{wl: wl}
-	s.queue.decision = decideQueue(queueInput{run: s.run, wl: wl, finished: finishedCondition(&s.run.Status) != nil})
+	s.queue.decision = decideQueue(queueInput{run: s.run, wl: wl, finished: finishedCondition(&s.run.Status) != nil, pods: r.workloadPods(s.run)})
 	return nil
 }
 
@@ -76,7 +76,7 @@ func (r *Reconciler) syncQueue(ctx context.Context, s *scope) error {
 	if s.queue == nil {
 		return nil
 	}
-	in := queueInput{run: s.run, wl: s.queue.wl, finished: s.outcome.finished, live: liveShards(s.shards)}
+	in := queueInput{run: s.run, wl: s.queue.wl, finished: s.outcome.finished, live: liveShards(s.shards), pods: r.workloadPods(s.run)}
 	s.queue.decision = decideQueue(in)
 	prob, err := r.applyQueueDecision(ctx, s.run, s.queue.wl, s.queue.decision, s.outcome)
 	if err != nil {
@@ -117,10 +117,24 @@ func (r *Reconciler) applyQueueDecision(ctx context.Context, run *v1alpha1.Proce
 	return nil, r.updateWorkload(ctx, run, cur, d, o)
 }
 
+// workloadPods is the number of pods a run's Workload asks quota for: the
+// pods it runs at once under its connection budget.
+func (r *Reconciler) workloadPods(run *v1alpha1.ProcessingRun) int32 {
+	return budgetFor(run, r.ConnectionBudget, 0).parallelism
+}
+
 // updateWorkload carries out d on an existing Workload.
 func (r *Reconciler) updateWorkload(ctx context.Context, run *v1alpha1.ProcessingRun, cur *kueue.Workload, d queueDecision, o runOutcome) error {
 	wl := cur.DeepCopy()
 	logger := log.FromContext(ctx).WithValues("workload", wl.Name)
+	if d.recreate {
+		if err := r.Client.Delete(ctx, wl, client.Preconditions{UID: &wl.UID}); err != nil {
+			return ignoreGoneOrConflict(err, "delete workload")
+		}
+		r.event(run, wl, corev1.EventTypeNormal, ReasonQueued, "Queue", "Deleted Workload "+wl.Name+": "+d.message)
+		logger.Info("deleted a pending workload to queue another pod count", "pods", podSetCount(wl))
+		return nil
+	}
 	if d.setActive != nil || d.setQueue {
 		if d.setActive != nil {
 			wl.Spec.Active = d.setActive
@@ -182,7 +196,7 @@ func (r *Reconciler) createWorkload(ctx context.Context, run *v1alpha1.Processin
 			return nil, fmt.Errorf("get workloadpriorityclass %s: %w", name, err)
 		}
 	}
-	wl, err := buildWorkload(run, r.Pods, prio)
+	wl, err := buildWorkload(run, r.Pods, prio, r.workloadPods(run))
 	if err != nil {
 		return nil, err
 	}

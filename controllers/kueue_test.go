@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -120,16 +119,13 @@ func admitWorkload(t *testing.T, env *envtestutil.Env, wl *kueue.Workload, cq, f
 	}
 	require.NoError(t, env.Client.Status().Patch(ctx, wl, patch))
 	// Kueue's finalizer, added with the reservation.
-	// Retried on conflict: the manager may write the Workload meanwhile.
-	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(wl), wl); err != nil {
-			return err
-		}
-		if !controllerutil.AddFinalizer(wl, kueue.ResourceInUseFinalizerName) {
-			return nil
-		}
-		return env.Client.Update(ctx, wl)
-	}))
+	// A merge patch, not an update of the version read: the manager writes
+	// the Workload meanwhile.
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(wl), wl))
+	fpatch := client.MergeFrom(wl.DeepCopy())
+	if controllerutil.AddFinalizer(wl, kueue.ResourceInUseFinalizerName) {
+		require.NoError(t, env.Client.Patch(ctx, wl, fpatch))
+	}
 }
 
 // evictWorkload writes what Kueue writes when it preempts a Workload:

@@ -87,6 +87,10 @@ type Reconciler struct {
 	// are always written at once).
 	StatusInterval time.Duration
 
+	// ConnectionBudget is the manager's default and maximum of every run's
+	// connection budget (--run-max-connections-default and -maximum).
+	ConnectionBudget v1alpha1.ConnectionBudgetSettings
+
 	// Kueue turns on the Kueue integration: runs labelled
 	// kueue.x-k8s.io/queue-name wait for their Workload's admission. It
 	// needs Kueue's CRDs.
@@ -221,6 +225,10 @@ type scope struct {
 	// runFile is the run's file this pass's pods mount (syncPods writes it
 	// before the pass's first create).
 	runFile runFile
+	// budget is the run's connection budget in this pass, budgetOut what
+	// holding the shards within it decided (decideBudget).
+	budget    runBudget
+	budgetOut budgetOutcome
 }
 
 func (s *scope) requeueIn(d time.Duration) {

@@ -64,11 +64,11 @@ func TestRunConfigMap(t *testing.T) {
 
 	// An edited (mutable) field: the next pod gets a file of its own; the
 	// earlier pods' stays as they mount it.
-	// A merge patch, not an update: the controller's status writes move the
-	// object's resourceVersion meanwhile, and an update would conflict.
-	edited := stored.DeepCopy()
-	edited.Spec.MaxFailedItems = 5
-	require.NoError(t, env.Client.Patch(ctx, edited, client.MergeFrom(stored)))
+	// A merge patch, not an update of the version read: the manager writes
+	// the run's status meanwhile.
+	patch := client.MergeFrom(stored.DeepCopy())
+	stored.Spec.MaxFailedItems = 5
+	require.NoError(t, env.Client.Patch(ctx, stored, patch))
 	setPod(t, env, ns, "spec-1-0", corev1.PodFailed, v1alpha1.ExitFailed, nil)
 	next := waitPods(t, env, ns, "spec", "spec-0-0", "spec-1-0", "spec-1-1")
 	cm2, got := mounted(next["spec-1-1"])

@@ -392,6 +392,14 @@ type shardDecision struct {
 	// unschedulable is the scheduler's word on the live pod it cannot
 	// place, empty otherwise.
 	unschedulable string
+	// stoppable is the shard's live pod that is neither being deleted nor
+	// on a lost node, nil when there is none; stoppableRunning: it runs.
+	// The connection budget stops it when more pods run than it allows.
+	stoppable        *corev1.Pod
+	stoppableRunning bool
+	// waitsForBudget: the shard wanted a pod now and waits for the run's
+	// connection budget (decideBudget).
+	waitsForBudget bool
 }
 
 // shardActions is the controller's next move for a shard; the zero value
@@ -418,6 +426,9 @@ type shardActions struct {
 	// lostIn, when positive, is how long until a pod on a not-Ready node
 	// counts as lost: look again then.
 	lostIn time.Duration
+	// overBudget is a live pod to stop because more pods run than the
+	// run's connection budget allows (decideBudget).
+	overBudget *corev1.Pod
 }
 
 // backoff is the delay before the retry that follows the n-th failure
@@ -584,6 +595,9 @@ func (s shardPass) tally() shardDecision {
 			}
 		case pi.state == podLive:
 			d.live++
+			if stoppablePod(pi) {
+				d.stoppable, d.stoppableRunning = pi.pod, pi.running
+			}
 			if (p.suspended || p.stopped) && !pi.deleting {
 				d.deletePods = append(d.deletePods, pi.pod)
 			}

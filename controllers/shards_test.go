@@ -18,6 +18,8 @@ var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 // fakePod is a worker pod of run "r", shard 0, in a given state.
 type fakePod struct {
+	// shard of the pod (run "r"), 0 unless set.
+	shard   int32
 	attempt int32
 	phase   corev1.PodPhase
 	exit    *int32
@@ -42,7 +44,7 @@ type fakePod struct {
 func (f fakePod) pod() *corev1.Pod {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:              v1alpha1.PodName("r", 0, f.attempt),
+			Name:              v1alpha1.PodName("r", f.shard, f.attempt),
 			Labels:            map[string]string{v1alpha1.LabelRun: "r", v1alpha1.LabelAttempt: strconv.Itoa(int(f.attempt))},
 			CreationTimestamp: metav1.NewTime(t0),
 		},

@@ -177,6 +177,10 @@ type statusInput struct {
 	reconcileError string
 	// queue is a queued run's Workload and admission, nil for another run.
 	queue *queueStatus
+	// budget is the run's connection budget, budgetOut what holding the
+	// shards within it found (live pods, shards waiting).
+	budget    runBudget
+	budgetOut budgetOutcome
 }
 
 // queueStatus is what the status shows of a queued run's Workload.
@@ -202,6 +206,8 @@ func buildStatus(run *v1alpha1.ProcessingRun, in statusInput) v1alpha1.Processin
 	st.ObservedGeneration = run.Generation
 	st.Phase = o.phase
 	st.ItemCounts = o.counts
+	st.Active = in.budgetOut.active
+	st.Connections = budgetStatus(in.budget, in.budgetOut, o.finished)
 	// Times to the second, as the API stores them: the duration below is
 	// then the difference the status shows, the same on every pass.
 	st.StartTime = nil
@@ -360,6 +366,9 @@ func buildConditions(run *v1alpha1.ProcessingRun, in statusInput) []metav1.Condi
 			reason = ReasonPending
 		}
 		msg := progress(in.shards)
+		if w := budgetWait(in.budget, in.budgetOut, len(in.shards)); w != "" {
+			reason, msg = ReasonWaitingForConnectionBudget, w+"; "+msg
+		}
 		if u := unschedulable(in.shards); u != "" {
 			reason, msg = ReasonUnschedulable, u+"; "+msg
 		}

@@ -91,6 +91,11 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	}
 
 	finishedBefore := finishedCondition(&run.Status) != nil
+	var admitted int32
+	if s.queue != nil && !s.queue.decision.held {
+		admitted = admittedPods(s.queue.wl)
+	}
+	s.budget = budgetFor(run, r.ConnectionBudget, admitted)
 	s.shards = r.decideShards(s, finishedBefore)
 	s.decide()
 	if s.outcome.finished && !finishedBefore {
@@ -128,6 +133,7 @@ func (r *Reconciler) decideShards(s *scope, stopped bool) []shardDecision {
 	for i, in := range s.inputs {
 		out[i] = decideShard(in, p, s.now)
 	}
+	s.budgetOut = decideBudget(out, s.budget.parallelism, p.suspended || p.stopped)
 	return out
 }
 
@@ -182,6 +188,8 @@ func (s *scope) stallStart(p *problem, retry time.Duration) {
 	for i := range s.shards {
 		s.shards[i].create = nil
 	}
+	// No shard waits for the connection budget now: none may start at all.
+	s.budgetOut.waiting = 0
 	s.requeueIn(retry)
 }
 
@@ -301,6 +309,11 @@ func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
 				return err
 			}
 		}
+		if d.overBudget != nil {
+			if err := r.deletePod(ctx, s, d.overBudget, overBudgetWhy(s.budget)); err != nil {
+				return err
+			}
+		}
 		s.requeueIn(d.lostIn)
 		if d.waitForCache {
 			s.requeueIn(cacheWaitRequeue)
@@ -392,6 +405,7 @@ func (r *Reconciler) createPod(ctx context.Context, s *scope, d *shardDecision) 
 		return fmt.Errorf("create pod %s: %w", pod.Name, err)
 	}
 	podsCreated.Inc()
+	s.budgetOut.active++ // live from now on
 	if s.startTime == nil {
 		s.startTime = &metav1.Time{Time: s.now}
 	}
@@ -449,7 +463,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 	}
 	desired := buildStatus(run, statusInput{
 		shards: s.shards, entries: reported, outcome: s.outcome, stalled: s.stalled, startTime: s.startTime, now: s.now,
-		reconcileError: errorMessage(s.stepErr), queue: s.queueStatus(),
+		reconcileError: errorMessage(s.stepErr), queue: s.queueStatus(), budget: s.budget, budgetOut: s.budgetOut,
 	})
 	if equality.Semantic.DeepEqual(run.Status, desired) {
 		return nil

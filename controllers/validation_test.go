@@ -102,6 +102,12 @@ func TestValidationRejectsBadRuns(t *testing.T) {
 			want: "spec.database: Required value"},
 		{name: "secret key with a slash", run: withSpec(t, map[string]string{"database": `{secretRef: {name: db, key: "a/b"}}`}),
 			want: "spec.database.secretRef.key"},
+		{name: "maxConnections below one worker pod's", run: withSpec(t, map[string]string{"database": `{secretRef: {name: db, key: dsn}, maxConnections: 1}`}),
+			want: "spec.database.maxConnections: Invalid value: 1: spec.database.maxConnections in body should be greater than or equal to 2"},
+		{name: "maxConnections 0", run: withSpec(t, map[string]string{"database": `{secretRef: {name: db, key: dsn}, maxConnections: 0}`}),
+			want: "spec.database.maxConnections in body should be greater than or equal to 2"},
+		{name: "maxConnections beyond PostgreSQL's", run: withSpec(t, map[string]string{"database": `{secretRef: {name: db, key: dsn}, maxConnections: 262144}`}),
+			want: "spec.database.maxConnections in body should be less than or equal to 262143"},
 		{name: "workers 0", run: withSpec(t, map[string]string{"workers": "0"}),
 			want: "spec.workers: Invalid value: 0: spec.workers in body should be greater than or equal to 1"},
 		{name: "workers 1000", run: withSpec(t, map[string]string{"workers": "1000"}),
@@ -225,7 +231,9 @@ func TestValidationImmutability(t *testing.T) {
 	ctx := context.Background()
 	base := withSpec(t, map[string]string{"effect": `{sql: "insert into t select entity from claimed"}`, "workers": "2"})
 	tests := []struct {
-		name   string
+		name string
+		// base, when set, is the run's database at creation.
+		base   string
 		change map[string]string
 		want   string // empty: allowed
 	}{
@@ -238,7 +246,16 @@ func TestValidationImmutability(t *testing.T) {
 		{name: "workers", change: map[string]string{"workers": "3"},
 			want: "workers is immutable: the number of shards decides which shard owns each item"},
 		{name: "database", change: map[string]string{"database": `{secretRef: {name: other-db, key: dsn}}`},
-			want: "database is immutable"},
+			want: "database.secretRef is immutable: a run's ledger cannot change"},
+		{name: "database's secret key", change: map[string]string{"database": `{secretRef: {name: ledger-db, key: other}, maxConnections: 8}`},
+			want: "database.secretRef is immutable"},
+		{name: "maxConnections set", change: map[string]string{"database": `{secretRef: {name: ledger-db, key: dsn}, maxConnections: 8}`}},
+		{name: "maxConnections removed", base: `{secretRef: {name: ledger-db, key: dsn}, maxConnections: 8}`,
+			change: map[string]string{"database": `{secretRef: {name: ledger-db, key: dsn}}`}},
+		{name: "maxConnections lowered", base: `{secretRef: {name: ledger-db, key: dsn}, maxConnections: 64}`,
+			change: map[string]string{"database": `{secretRef: {name: ledger-db, key: dsn}, maxConnections: 4}`}},
+		{name: "maxConnections out of bounds on update", change: map[string]string{"database": `{secretRef: {name: ledger-db, key: dsn}, maxConnections: 1}`},
+			want: "spec.database.maxConnections in body should be greater than or equal to 2"},
 		{name: "effect", change: map[string]string{"effect": `{sql: "delete from t"}`},
 			want: "effect is immutable: create a new ProcessingRun to apply a different effect"},
 		{name: "effect removed", change: map[string]string{"effect": ""},
@@ -257,7 +274,11 @@ func TestValidationImmutability(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			name := fmt.Sprintf("immutable-%d", i)
-			require.NoError(t, env.Client.Create(ctx, manifest(t, ns, name, base)))
+			spec := base
+			if tt.base != "" {
+				spec = withSpec(t, map[string]string{"effect": `{sql: "insert into t select entity from claimed"}`, "workers": "2", "database": tt.base})
+			}
+			require.NoError(t, env.Client.Create(ctx, manifest(t, ns, name, spec)))
 			changed := manifest(t, ns, name, base)
 			cur := &unstructured.Unstructured{}
 			cur.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("ProcessingRun"))

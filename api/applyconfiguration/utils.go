@@ -24,6 +24,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.BatchSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ConfigMapKeyRef"):
 		return &apiv1alpha1.ConfigMapKeyRefApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ConnectionsStatus"):
+		return &apiv1alpha1.ConnectionsStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DatabaseSpec"):
 		return &apiv1alpha1.DatabaseSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("EffectSpec"):

@@ -19,14 +19,17 @@ import (
 // +kubebuilder:printcolumn:name="Already-Handled",type=integer,JSONPath=`.status.alreadyHandled`
 // +kubebuilder:printcolumn:name="Failed",type=integer,JSONPath=`.status.failed`
 // +kubebuilder:printcolumn:name="Total",type=integer,JSONPath=`.status.total`
+// +kubebuilder:printcolumn:name="Active",type=integer,JSONPath=`.status.active`,description="The run's live worker pods (each holds at most 2 connections to the ledger database)"
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Stalled")].reason`,description="Why the run is stuck or failed (the Stalled condition's reason)"
 // +kubebuilder:printcolumn:name="Admission",type=string,JSONPath=`.status.conditions[?(@.type=="Admitted")].reason`,description="For a run in a Kueue queue: Queued, Admitted or Evicted (the Admitted condition's reason)"
 // +kubebuilder:printcolumn:name="ClusterQueue",type=string,JSONPath=`.status.queue.clusterQueue`,priority=1,description="The Kueue ClusterQueue that admitted the run"
 // +kubebuilder:printcolumn:name="Duration",type=string,JSONPath=`.status.duration`,description="How long the finished run took, from its first pod to its outcome"
 // +kubebuilder:printcolumn:name="Workers",type=integer,JSONPath=`.spec.workers`,priority=1
+// +kubebuilder:printcolumn:name="Max-Connections",type=integer,JSONPath=`.status.connections.limit`,priority=1,description="The run's connection budget in force (spec.database.maxConnections or the manager's default, within the manager's maximum)"
+// +kubebuilder:printcolumn:name="Waiting",type=integer,JSONPath=`.status.connections.waiting`,priority=1,description="Shards that wait for the connection budget"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is used as a label value on the worker pods"
-// +kubebuilder:validation:XValidation:rule="self.spec.database == oldSelf.spec.database",message="database is immutable: a run's ledger cannot change, create a new ProcessingRun instead",fieldPath=`.spec.database`
+// +kubebuilder:validation:XValidation:rule="self.spec.database.secretRef == oldSelf.spec.database.secretRef",message="database.secretRef is immutable: a run's ledger cannot change, create a new ProcessingRun instead (database.maxConnections may change)",fieldPath=`.spec.database.secretRef`
 // +kubebuilder:validation:XValidation:rule="self.spec.batch == oldSelf.spec.batch",message="batch is immutable: create a new ProcessingRun to process a different batch",fieldPath=`.spec.batch`
 // +kubebuilder:validation:XValidation:rule="!has(self.spec.batch.fromRun) || self.spec.batch.fromRun.name != self.metadata.name",message="batch.fromRun names this run itself: a retry is another run",fieldPath=`.spec.batch.fromRun.name`
 // +kubebuilder:validation:XValidation:rule="has(self.spec.effect) == has(oldSelf.spec.effect)",message="effect cannot be added or removed after creation: create a new ProcessingRun instead",fieldPath=`.spec.effect`
@@ -68,13 +71,14 @@ type ProcessingRunList struct {
 }
 
 // ProcessingRunSpec is the desired state of a ProcessingRun. Everything that
-// defines the batch and its effect (database, batch, effect, onExisting,
-// workers, occurrence) is immutable: to process something else, create
-// another run. (The rules sit on ProcessingRun itself, not here, because a
+// defines the batch and its effect (the database's secretRef, batch, effect,
+// onExisting, workers, occurrence) is immutable: to process something else,
+// create another run. (The rules sit on ProcessingRun itself, not here, because a
 // ProcessingSchedule's runTemplate embeds this type and stays editable.)
 type ProcessingRunSpec struct {
 	// database says where the ledger is: a Secret key holding the PostgreSQL
-	// connection string. The DSN is never part of the spec.
+	// connection string (immutable; the DSN is never part of the spec), and
+	// how many connections to it the run may hold at once (maxConnections).
 	// +required
 	Database DatabaseSpec `json:"database"`
 
@@ -226,6 +230,30 @@ type DatabaseSpec struct {
 	// get it as the environment variable RUNLEDGER_DATABASE_URL.
 	// +required
 	SecretRef SecretKeyRef `json:"secretRef"`
+
+	// maxConnections is the run's connection budget: the most connections
+	// to the ledger database its worker pods may hold at once. A worker pod
+	// opens at most 2, so the controller runs at most maxConnections / 2
+	// pods at once (never more than workers): the other shards wait,
+	// Pending, not failed, and start as running ones finish, the lowest
+	// shard first; a retried shard's new attempt waits like any other.
+	// status.connections shows the budget in force and how many shards
+	// wait, and while any does the Reconciling condition's reason is
+	// WaitingForConnectionBudget (unless one that needs attention, such as
+	// Unschedulable or DatabaseRefusingConnections, applies). Unset: the manager's
+	// default (--run-max-connections-default), or no budget when it has
+	// none; the manager's maximum (--run-max-connections-maximum) caps it
+	// either way. It may change while the run runs: a higher budget starts
+	// waiting shards, a lower one stops the pods above it (those not yet
+	// running first, then the highest shards; each finishes its chunk, and
+	// its shard resumes later from the ledger, as after a suspend). A
+	// queued run (Kueue) asks quota for the pods its budget allows and
+	// never runs more pods than Kueue admitted. runledger run reads it too:
+	// --parallel at most maxConnections / 2.
+	// +optional
+	// +kubebuilder:validation:Minimum=2
+	// +kubebuilder:validation:Maximum=262143
+	MaxConnections *int32 `json:"maxConnections,omitempty"`
 }
 
 // SecretKeyRef selects a key of a Secret in the run's namespace.
@@ -674,6 +702,20 @@ type ProcessingRunStatus struct {
 	// The run's counts, the sum of its shards' (computed by the controller).
 	ItemCounts `json:",inline"`
 
+	// active is the number of the run's worker pods that are live: created
+	// and not finished, pods being stopped included, pods on a lost node
+	// aside (counted by the controller, as a Job's status.active). Each
+	// holds at most 2 connections to the ledger database.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Active int32 `json:"active"`
+
+	// connections is the run's connection budget as the controller applies
+	// it; absent when none applies (neither spec.database.maxConnections
+	// nor the manager's default or maximum) and once the run is finished.
+	// +optional
+	Connections *ConnectionsStatus `json:"connections,omitempty"`
+
 	// startTime is when the controller created the run's first pod.
 	// +optional
 	StartTime *metav1.Time `json:"startTime,omitempty"`
@@ -880,6 +922,48 @@ type QueueStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	ClusterQueue string `json:"clusterQueue,omitempty"`
+}
+
+// ConnectionBudgetSource says where a run's connection budget comes from.
+// +kubebuilder:validation:Enum=Run;ManagerDefault;ManagerMaximum
+type ConnectionBudgetSource string
+
+const (
+	// BudgetFromRun: spec.database.maxConnections, within the manager's
+	// maximum.
+	BudgetFromRun ConnectionBudgetSource = "Run"
+	// BudgetFromManagerDefault: the run sets no maxConnections; the
+	// manager's default applies.
+	BudgetFromManagerDefault ConnectionBudgetSource = "ManagerDefault"
+	// BudgetFromManagerMaximum: the manager's maximum, because the run
+	// asks more or nothing at all (and the manager has no lower default).
+	BudgetFromManagerMaximum ConnectionBudgetSource = "ManagerMaximum"
+)
+
+// ConnectionsStatus is a run's connection budget as the controller applies
+// it (decided by the controller).
+type ConnectionsStatus struct {
+	// limit is the budget in force: the most connections to the ledger
+	// database the run's worker pods may hold at once.
+	// +required
+	// +kubebuilder:validation:Minimum=2
+	Limit int32 `json:"limit"`
+	// source says where limit comes from: Run
+	// (spec.database.maxConnections), ManagerDefault (the run sets none) or
+	// ManagerMaximum (the manager's maximum caps what the run asks).
+	// +required
+	Source ConnectionBudgetSource `json:"source"`
+	// parallelism is the most worker pods the run runs at once: limit / 2
+	// (the connections of one worker pod), never more than spec.workers,
+	// and for a run Kueue admitted never more than the pods it admitted.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	Parallelism int32 `json:"parallelism"`
+	// waiting is the number of shards that would start a pod now but wait
+	// for the budget: they start as running pods finish.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Waiting int32 `json:"waiting,omitempty"`
 }
 
 // ManagedByController is spec.managedBy's value for runledger's own

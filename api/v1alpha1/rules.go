@@ -101,6 +101,21 @@ const (
 	DefaultWorkers = 1
 	// MaxWorkers bounds spec.workers (the number of shards).
 	MaxWorkers = 256
+	// ConnectionsPerWorker is the most connections to the ledger database
+	// one worker process opens per shard it runs at once, each taken per
+	// transaction (none holds a session): one for the statement in flight (a
+	// chunk, fixing or sorting the batch, which may take minutes) and one
+	// for renewing the shard's lease and publishing its progress meanwhile.
+	// A worker pod runs one shard: a run's connection budget counts this
+	// many per live pod.
+	ConnectionsPerWorker = 2
+	// MinMaxConnections bounds spec.database.maxConnections (and the
+	// manager's default and maximum) from below: one worker pod's.
+	MinMaxConnections = ConnectionsPerWorker
+	// MaxMaxConnections bounds spec.database.maxConnections: PostgreSQL's
+	// own bound on max_connections.
+	MaxMaxConnections = 262143
+
 	// DefaultChunkSize is spec.chunkSize when it is not set.
 	DefaultChunkSize = 1000
 	// MaxChunkSize bounds spec.chunkSize.
@@ -196,6 +211,81 @@ func (s *ProcessingRunSpec) NodeLostAfter() time.Duration {
 	}
 	return time.Duration(secs) * time.Second
 }
+
+// ConnectionBudgetSettings are the manager's settings of every run's
+// connection budget (--run-max-connections-default and
+// --run-max-connections-maximum; the chart's runMaxConnections.default and
+// .maximum); 0 is none.
+type ConnectionBudgetSettings struct {
+	// Default is the budget of a run that sets no
+	// spec.database.maxConnections.
+	Default int32
+	// Maximum caps every run's budget, whatever it sets.
+	Maximum int32
+}
+
+// Validate says what is wrong with the settings: each is 0 or within
+// MinMaxConnections..MaxMaxConnections, and a default above the maximum
+// would never apply.
+func (m ConnectionBudgetSettings) Validate() error {
+	for _, v := range []struct {
+		flag  string
+		value int32
+	}{{"--run-max-connections-default", m.Default}, {"--run-max-connections-maximum", m.Maximum}} {
+		if v.value != 0 && (v.value < MinMaxConnections || v.value > MaxMaxConnections) {
+			return fmt.Errorf("%s %d: want 0 (none) or %d to %d connections (a worker pod holds %d)",
+				v.flag, v.value, MinMaxConnections, MaxMaxConnections, ConnectionsPerWorker)
+		}
+	}
+	if m.Default != 0 && m.Maximum != 0 && m.Default > m.Maximum {
+		return fmt.Errorf("--run-max-connections-default %d is above --run-max-connections-maximum %d", m.Default, m.Maximum)
+	}
+	return nil
+}
+
+// ConnectionBudget is a run's connection budget in force; the zero value is
+// no budget.
+type ConnectionBudget struct {
+	// Limit is the most connections the run's workers may hold at once, 0
+	// for no budget.
+	Limit  int32
+	Source ConnectionBudgetSource
+}
+
+// ConnectionBudgetOf is the budget of a run with spec under the manager's
+// settings m: spec.database.maxConnections, or m.Default when it is unset;
+// m.Maximum caps either, and applies alone when neither is set.
+func ConnectionBudgetOf(spec *ProcessingRunSpec, m ConnectionBudgetSettings) ConnectionBudget {
+	b := ConnectionBudget{}
+	switch {
+	case spec.Database.MaxConnections != nil:
+		b = ConnectionBudget{Limit: *spec.Database.MaxConnections, Source: BudgetFromRun}
+	case m.Default > 0:
+		b = ConnectionBudget{Limit: m.Default, Source: BudgetFromManagerDefault}
+	}
+	if m.Maximum > 0 && (b.Limit == 0 || b.Limit > m.Maximum) {
+		b = ConnectionBudget{Limit: m.Maximum, Source: BudgetFromManagerMaximum}
+	}
+	return b
+}
+
+// Parallelism is the most of shards that run at once within the budget
+// (worker pods, or `runledger run`'s shards in one process): all of them
+// without a budget, else Limit / ConnectionsPerWorker, at least 1.
+func (b ConnectionBudget) Parallelism(shards int32) int32 {
+	if b.Limit <= 0 {
+		return shards
+	}
+	return min(shards, max(b.Limit/ConnectionsPerWorker, 1))
+}
+
+// MaxConnectionsOf is the most connections a worker process opens for
+// parallel shards running at once (the README's formula):
+// ConnectionsPerWorker per shard, each taken and given back per
+// transaction (docs/poolers.md). Before its
+// shards start, the process uses at most two (migrations, the plan's
+// check). A worker pod runs one shard: 2; `runledger run --parallel P`: 2P.
+func MaxConnectionsOf(parallel int32) int32 { return ConnectionsPerWorker * max(parallel, 1) }
 
 // TimeoutsOf returns spec's timeouts, defaults included.
 func TimeoutsOf(spec *ProcessingRunSpec) RunTimeouts {

@@ -135,6 +135,16 @@ func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
 	require.Equal(t, int64(v1alpha1.MaxChunkSize), num(proc("maxItemsPerCall").Maximum))
 	require.Equal(t, int64(v1alpha1.MaxImageLength), *proc("image").MaxLength)
 	require.Equal(t, int64(v1alpha1.MaxWorkers-1), num(at("status", "shards", "[]", "index").Maximum), "a shard index is below spec.workers")
+	maxConns := at("spec", "database", "maxConnections")
+	require.Equal(t, int64(v1alpha1.MinMaxConnections), num(maxConns.Minimum), "one worker pod's connections")
+	require.Equal(t, int64(v1alpha1.MaxMaxConnections), num(maxConns.Maximum))
+	require.Contains(t, maxConns.Description, fmt.Sprintf("opens at most %d", v1alpha1.ConnectionsPerWorker))
+	require.Contains(t, maxConns.Description, fmt.Sprintf("maxConnections / %d", v1alpha1.ConnectionsPerWorker))
+	require.Equal(t, int64(v1alpha1.MinMaxConnections), num(at("status", "connections", "limit").Minimum))
+	require.Contains(t, at("status", "connections", "parallelism").Description, fmt.Sprintf("limit / %d", v1alpha1.ConnectionsPerWorker))
+	require.Contains(t, at("status", "active").Description, fmt.Sprintf("at most %d connections", v1alpha1.ConnectionsPerWorker))
+	require.NotContains(t, rules(root), "self.spec.database == oldSelf.spec.database", "maxConnections may change")
+	require.Contains(t, rules(root), "self.spec.database.secretRef == oldSelf.spec.database.secretRef")
 	require.Equal(t, int64(v1alpha1.MaxWorkers), *at("status", "shards").MaxItems)
 }
 
@@ -150,5 +160,75 @@ func TestSpecDefaults(t *testing.T) {
 	s = v1alpha1.ProcessingRunSpec{Workers: 4, ChunkSize: 10, BackoffLimit: &zero, NodeLostAfterSeconds: &zero}
 	if s.ShardCount() != 4 || s.ChunkSizeOrDefault() != 10 || s.BackoffLimitOrDefault() != 0 || s.NodeLostAfter() != 0 {
 		t.Fatalf("set values: %d %d %d %s", s.ShardCount(), s.ChunkSizeOrDefault(), s.BackoffLimitOrDefault(), s.NodeLostAfter())
+	}
+}
+
+// TestConnectionBudgetOf: how a run's maxConnections and the manager's
+// default and maximum combine, and the pods at once that follow.
+func TestConnectionBudgetOf(t *testing.T) {
+	t.Parallel()
+	conns := func(n int32) *int32 { return &n }
+	for _, tc := range []struct {
+		name        string
+		run         *int32
+		settings    v1alpha1.ConnectionBudgetSettings
+		workers     int32
+		want        v1alpha1.ConnectionBudget
+		parallelism int32
+	}{
+		{name: "no budget anywhere", workers: 256, parallelism: 256},
+		{name: "the run's", run: conns(64), workers: 256,
+			want: v1alpha1.ConnectionBudget{Limit: 64, Source: v1alpha1.BudgetFromRun}, parallelism: 32},
+		{name: "an odd budget rounds down", run: conns(65), workers: 256,
+			want: v1alpha1.ConnectionBudget{Limit: 65, Source: v1alpha1.BudgetFromRun}, parallelism: 32},
+		{name: "the least budget: one pod", run: conns(2), workers: 256,
+			want: v1alpha1.ConnectionBudget{Limit: 2, Source: v1alpha1.BudgetFromRun}, parallelism: 1},
+		{name: "more than the shards need", run: conns(600), workers: 256,
+			want: v1alpha1.ConnectionBudget{Limit: 600, Source: v1alpha1.BudgetFromRun}, parallelism: 256},
+		{name: "the manager's default for a run without", settings: v1alpha1.ConnectionBudgetSettings{Default: 40}, workers: 256,
+			want: v1alpha1.ConnectionBudget{Limit: 40, Source: v1alpha1.BudgetFromManagerDefault}, parallelism: 20},
+		{name: "the run's beats the default, up or down", run: conns(100), settings: v1alpha1.ConnectionBudgetSettings{Default: 40}, workers: 256,
+			want: v1alpha1.ConnectionBudget{Limit: 100, Source: v1alpha1.BudgetFromRun}, parallelism: 50},
+		{name: "the maximum caps the run's", run: conns(100), settings: v1alpha1.ConnectionBudgetSettings{Default: 40, Maximum: 64}, workers: 256,
+			want: v1alpha1.ConnectionBudget{Limit: 64, Source: v1alpha1.BudgetFromManagerMaximum}, parallelism: 32},
+		{name: "a run's below the maximum stays", run: conns(10), settings: v1alpha1.ConnectionBudgetSettings{Maximum: 64}, workers: 256,
+			want: v1alpha1.ConnectionBudget{Limit: 10, Source: v1alpha1.BudgetFromRun}, parallelism: 5},
+		{name: "the maximum alone applies to a run without", settings: v1alpha1.ConnectionBudgetSettings{Maximum: 64}, workers: 256,
+			want: v1alpha1.ConnectionBudget{Limit: 64, Source: v1alpha1.BudgetFromManagerMaximum}, parallelism: 32},
+		{name: "the default below the maximum", settings: v1alpha1.ConnectionBudgetSettings{Default: 16, Maximum: 64}, workers: 4,
+			want: v1alpha1.ConnectionBudget{Limit: 16, Source: v1alpha1.BudgetFromManagerDefault}, parallelism: 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &v1alpha1.ProcessingRunSpec{Workers: tc.workers}
+			spec.Database.MaxConnections = tc.run
+			b := v1alpha1.ConnectionBudgetOf(spec, tc.settings)
+			require.Equal(t, tc.want, b)
+			require.Equal(t, tc.parallelism, b.Parallelism(spec.ShardCount()))
+			if b.Limit > 0 {
+				require.LessOrEqual(t, v1alpha1.MaxConnectionsOf(b.Parallelism(spec.ShardCount())), b.Limit, "the formula stays within the budget")
+			}
+		})
+	}
+}
+
+func TestConnectionBudgetSettingsValidate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		s    v1alpha1.ConnectionBudgetSettings
+		want string
+	}{
+		{s: v1alpha1.ConnectionBudgetSettings{}},
+		{s: v1alpha1.ConnectionBudgetSettings{Default: 2, Maximum: 512}},
+		{s: v1alpha1.ConnectionBudgetSettings{Default: 64, Maximum: 64}},
+		{s: v1alpha1.ConnectionBudgetSettings{Default: 1}, want: "--run-max-connections-default 1: want 0 (none) or 2 to 262143 connections"},
+		{s: v1alpha1.ConnectionBudgetSettings{Maximum: -4}, want: "--run-max-connections-maximum -4"},
+		{s: v1alpha1.ConnectionBudgetSettings{Default: 100, Maximum: 64}, want: "--run-max-connections-default 100 is above --run-max-connections-maximum 64"},
+	} {
+		err := tc.s.Validate()
+		if tc.want == "" {
+			require.NoError(t, err, "%+v", tc.s)
+			continue
+		}
+		require.ErrorContains(t, err, tc.want)
 	}
 }

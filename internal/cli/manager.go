@@ -57,6 +57,8 @@ type managerOptions struct {
 	zapDevel        bool
 	watchNamespaces []string
 	kueue           bool
+	// connectionBudget is --run-max-connections-default and -maximum.
+	connectionBudget v1alpha1.ConnectionBudgetSettings
 }
 
 func newManagerCommand() *cobra.Command { return managerCommand(&managerOptions{}) }
@@ -95,6 +97,8 @@ run; only the leader acts.`,
 	f.DurationVar(&o.backoffBase, "retry-backoff", controllers.DefaultBackoffBase, "back-off before a failed shard's first retry; it doubles with each failure")
 	f.DurationVar(&o.backoffMax, "retry-backoff-max", controllers.DefaultBackoffMax, "longest back-off between a shard's retries")
 	f.IntVar(&o.concurrency, "max-concurrent-reconciles", 4, "runs reconciled in parallel")
+	f.Int32Var(&o.connectionBudget.Default, "run-max-connections-default", 0, fmt.Sprintf("connection budget of a run that sets no spec.database.maxConnections: the most connections to the ledger database its worker pods hold at once (%d per pod, so this / %d pods at once; the other shards wait); 0: none", v1alpha1.ConnectionsPerWorker, v1alpha1.ConnectionsPerWorker))
+	f.Int32Var(&o.connectionBudget.Maximum, "run-max-connections-maximum", 0, "the most any run's connection budget may be: a run that asks more, or nothing (without --run-max-connections-default), gets this; 0: none")
 	f.BoolVar(&o.kueue, "kueue", false, "queue the runs labelled kueue.x-k8s.io/queue-name in Kueue: each gets a Workload and waits for its admission (needs Kueue's CRDs and the ClusterRole runledger-manager-kueue)")
 	f.StringSliceVar(&o.watchNamespaces, "watch-namespaces", nil, "reconcile only the runs in these namespaces (comma-separated), with Roles there instead of a ClusterRole (config/namespaced); default: every namespace")
 
@@ -139,6 +143,9 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 
 	workerNetwork, err := o.workerNetwork()
 	if err != nil {
+		return badInput(err)
+	}
+	if err := o.connectionBudget.Validate(); err != nil {
 		return badInput(err)
 	}
 
@@ -200,11 +207,12 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 			ServiceAccountName: o.workerServiceAccount,
 			ImagePullPolicy:    corev1.PullPolicy(o.workerPullPolicy),
 		},
-		WorkerNetwork:  workerNetwork,
-		BackoffBase:    o.backoffBase,
-		BackoffMax:     o.backoffMax,
-		StatusInterval: controllers.DefaultStatusInterval,
-		Kueue:          o.kueue,
+		WorkerNetwork:    workerNetwork,
+		BackoffBase:      o.backoffBase,
+		BackoffMax:       o.backoffMax,
+		StatusInterval:   controllers.DefaultStatusInterval,
+		Kueue:            o.kueue,
+		ConnectionBudget: o.connectionBudget,
 	}
 	if err := r.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: o.concurrency}); err != nil {
 		return fmt.Errorf("set up controller: %w", err)
@@ -232,7 +240,8 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	}
 
 	log.Info("starting manager", "version", build.Version, "commit", build.Commit, "leaderElect", o.leaderElect, "pprof", o.pprof, "workerImage", workerImage,
-		"workerServiceAccount", o.workerServiceAccount, "workerNetworkPolicy", o.workerNetworkPolicy, "watchNamespaces", o.watchNamespaces)
+		"workerServiceAccount", o.workerServiceAccount, "workerNetworkPolicy", o.workerNetworkPolicy, "watchNamespaces", o.watchNamespaces,
+		"runMaxConnectionsDefault", o.connectionBudget.Default, "runMaxConnectionsMaximum", o.connectionBudget.Maximum)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -12,23 +13,25 @@ import (
 func TestManagerFlags(t *testing.T) {
 	cmd := newManagerCommand()
 	for flag, def := range map[string]string{
-		"leader-elect":              "true",
-		"leader-election-namespace": "",
-		"metrics-bind-address":      ":8443",
-		"metrics-secure":            "true",
-		"pprof":                     "false",
-		"metrics-cert-dir":          "",
-		"health-probe-bind-address": ":8081",
-		"worker-image":              "",
-		"worker-service-account":    "runledger-worker",
-		"retry-backoff":             "10s",
-		"retry-backoff-max":         "6m0s",
-		"zap-log-level":             "",
-		"zap-devel":                 "false",
-		"worker-network-policy":     "true",
-		"worker-apiserver-ports":    "[443,6443]",
-		"worker-database-cidrs":     "[0.0.0.0/0,::/0]",
-		"worker-database-ports":     "[5432]",
+		"leader-elect":                "true",
+		"leader-election-namespace":   "",
+		"metrics-bind-address":        ":8443",
+		"metrics-secure":              "true",
+		"pprof":                       "false",
+		"metrics-cert-dir":            "",
+		"health-probe-bind-address":   ":8081",
+		"worker-image":                "",
+		"worker-service-account":      "runledger-worker",
+		"retry-backoff":               "10s",
+		"retry-backoff-max":           "6m0s",
+		"zap-log-level":               "",
+		"zap-devel":                   "false",
+		"worker-network-policy":       "true",
+		"worker-apiserver-ports":      "[443,6443]",
+		"worker-database-cidrs":       "[0.0.0.0/0,::/0]",
+		"worker-database-ports":       "[5432]",
+		"run-max-connections-default": "0",
+		"run-max-connections-maximum": "0",
 	} {
 		f := cmd.Flags().Lookup(flag)
 		require.NotNil(t, f, "--%s", flag)
@@ -56,9 +59,14 @@ func TestManagerRejectsBadNetworkFlags(t *testing.T) {
 		"--worker-database-ports=0":           "--worker-database-ports: 0 is not a port",
 		"--worker-apiserver-ports=70000":      "--worker-apiserver-ports: 70000 is not a port",
 		"--worker-database-cidrs=10.0.0.0/33": `"10.0.0.0/33" is not a CIDR`,
+		// The connection budget's: each 0 or at least one worker pod's, the
+		// default within the maximum.
+		"--run-max-connections-default=1":                                   "--run-max-connections-default 1: want 0 (none) or 2 to 262143 connections",
+		"--run-max-connections-maximum=-2":                                  "--run-max-connections-maximum -2",
+		"--run-max-connections-default=80 --run-max-connections-maximum=64": "--run-max-connections-default 80 is above --run-max-connections-maximum 64",
 	} {
 		cmd := newManagerCommand()
-		cmd.SetArgs([]string{args, "--leader-elect=false"})
+		cmd.SetArgs(append(strings.Fields(args), "--leader-elect=false"))
 		err := cmd.Execute()
 		var exit *ExitError
 		require.True(t, errors.As(err, &exit), "%s: %v", args, err)

@@ -107,6 +107,7 @@ var ruleCases = []ruleCase{
 	{name: "secret key with a slash", spec: map[string]string{"database": `{secretRef: {name: db, key: "a/b"}}`}, want: "spec.database.secretRef.key"},
 	{name: "secret without a name", spec: map[string]string{"database": `{secretRef: {name: "", key: dsn}}`}, want: "spec.database.secretRef.name"},
 	{name: "no database", spec: map[string]string{"database": ""}, want: "spec.database"},
+	{name: "maxConnections 1", spec: map[string]string{"database": `{secretRef: {name: db, key: dsn}, maxConnections: 1}`}, want: "spec.database.maxConnections"},
 	{name: "configMap key with a space", spec: map[string]string{"batch": `{configMapRef: {name: june, key: "items jsonl"}}`}, want: "spec.batch.configMapRef.key"},
 	{name: "workers 0", spec: map[string]string{"workers": "0"}, want: "spec.workers"},
 	{name: "workers 257", spec: map[string]string{"workers": "257"}, want: "spec.workers"},

@@ -28,14 +28,17 @@ same engine as the worker pods, writing to the same ledger.
 
 The manifest is checked as a cluster checks it (the CRD's schema, validation
 rules and defaults), so a manifest runledger run accepts is one kubectl apply
-accepts. Its spec.database is ignored: the ledger is the database of
+accepts. Its spec.database.secretRef is ignored: the ledger is the database of
 $RUNLEDGER_DATABASE_URL, --dsn-file (a file holding the connection string) or
 --dsn (visible to other users in ps: for a connection string without a
 password, the password then coming from ~/.pgpass or $PGPASSFILE). For a batch.configMapRef, the JSON Lines come
 from --from-file, or else from a ConfigMap of that name in the same
 (multi-document) YAML file. Without --shard, every shard (spec.workers) runs
-concurrently in this process; with --shard I/N only shard I of N does, so N
-processes (or machines) can share a run.
+in this process, at most --parallel at once; with --shard I/N only shard I of
+N does, so N processes (or machines) can share a run. The process holds at
+most 2 connections to the ledger per shard running at once, and
+spec.database.maxConnections, when set, lowers --parallel to
+maxConnections / 2, as it bounds a run's worker pods in a cluster.
 
 The run's identity is its metadata.uid, or when it has none (a manifest that
 was never applied) a UUID derived from its namespace and name: running the
@@ -93,7 +96,7 @@ func newRunCommand() *cobra.Command {
 	f.StringVar(&o.shard, "shard", "", "process only shard I of N (N must equal spec.workers), e.g. 0/4")
 	f.StringVarP(&o.output, "output", "o", "text", "result format on stdout: text or json")
 	f.StringVar(&o.fromFile, "from-file", "", "JSON Lines file with the items of a batch.configMapRef (default: the ConfigMap in the manifest)")
-	f.IntVar(&o.parallel, "parallel", 16, "at most this many shards at once in this process")
+	f.IntVar(&o.parallel, "parallel", 16, "at most this many shards at once in this process (2 connections each; spec.database.maxConnections / 2 at most)")
 	f.DurationVar(&o.progressInterval, "progress-interval", 10*time.Second, "time between progress lines when stderr is not a terminal")
 	o.add(f, "SIGINT/SIGTERM", ledger.LeaseTTL+5*time.Second, "how long to wait while another process runs the same shard of the same run (or held it when it was killed)")
 	f.StringVar(&o.processorURL, "processor-url", "", "call the spec.effect.processor you started at this URL, e.g. http://127.0.0.1:8080/process (default: the spec's port and path on 127.0.0.1; its image is not run)")
@@ -188,6 +191,15 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 		return sum, badInput(fmt.Errorf("--parallel %d: want 1 or more", o.parallel))
 	}
 	parallel := min(o.parallel, len(shards))
+	// spec.database.maxConnections holds here too, by the rule the
+	// controller applies to a run's pods (no manager: no default, no
+	// maximum).
+	budget := v1alpha1.ConnectionBudgetOf(&m.run.Spec, v1alpha1.ConnectionBudgetSettings{})
+	if p := int(budget.Parallelism(int32(len(shards)))); p < parallel {
+		log.Info("spec.database.maxConnections lowers --parallel", "maxConnections", budget.Limit, "parallel", p,
+			"connectionsPerShard", v1alpha1.ConnectionsPerWorker)
+		parallel = p
+	}
 	retry := o.retry()
 
 	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{

@@ -54,7 +54,7 @@ func TestRefusedConnectionIsRetriedAndReported(t *testing.T) {
 	}
 	t.Cleanup(free)
 
-	pool, err := ledger.Open(ctx, roleDSN, int32(worker.MaxConnections(1)))
+	pool, err := ledger.Open(ctx, roleDSN, v1alpha1.MaxConnectionsOf(1))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	var mu sync.Mutex

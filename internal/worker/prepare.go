@@ -37,7 +37,7 @@ type PrepareConfig struct {
 // do before their shards run. A connection string that cannot be parsed is an
 // *InputError. The caller closes the store's pool with the returned func.
 func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store, func(), error) {
-	pool, err := ledger.Open(ctx, cfg.DSN, int32(MaxConnections(cfg.Parallel)), ledger.NetworkTimeout(plan.Timeouts.Network), ledger.ApplicationName(cfg.ApplicationName))
+	pool, err := ledger.Open(ctx, cfg.DSN, v1alpha1.MaxConnectionsOf(int32(cfg.Parallel)), ledger.NetworkTimeout(plan.Timeouts.Network), ledger.ApplicationName(cfg.ApplicationName))
 	if err != nil {
 		return nil, nil, &InputError{Msg: err.Error()}
 	}
@@ -68,15 +68,6 @@ func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store,
 	}
 	return store, pool.Close, nil
 }
-
-// MaxConnections is the most connections a worker process opens for
-// parallel shards running at once (the README's connection budget): two
-// per shard, one session that holds the shard's lock, one for everything
-// else (commits, the preload, fixing the batch), taken
-// and given back per transaction. Before its shards start, the process uses
-// at most two (migrations, the plan's check). A worker pod runs one shard:
-// 2.
-func MaxConnections(parallel int) int { return 2 * max(parallel, 1) }
 
 // ShardsConfig is how RunShards runs a set of shards of one plan.
 type ShardsConfig struct {

@@ -9,16 +9,17 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/runledger/runledger/internal/worker"
+	"github.com/runledger/runledger/api/v1alpha1"
 )
 
 // TestConnectionBudget: a 256-shard run (a query batch, spec.workers 256)
-// by `runledger run --parallel 8` opens at most worker.MaxConnections(8) =
+// by `runledger run --parallel 8` opens at most v1alpha1.MaxConnectionsOf(8) =
 // 16 connections, sampled all along in pg_stat_activity by the
 // application_name every connection of the run carries ("runledger
 // run/<namespace>/<run>"); one shard of it alone, as a worker pod runs it,
-// at most 2. The formula is the README's ("Running on a shared
-// PostgreSQL"). It used to be 3P+1.
+// at most 2; with spec.database.maxConnections 11, --parallel 16 runs 5
+// shards at once and at most 10 connections. The formula is the README's
+// ("Running on a shared PostgreSQL"). It used to be 3P+1.
 func TestConnectionBudget(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
@@ -26,12 +27,21 @@ func TestConnectionBudget(t *testing.T) {
 	for _, tc := range []struct {
 		parallel int
 		shard    string
-	}{{1, "17/256"}, {8, ""}} {
+		// maxConnections, when set, is the run's budget; parallel is then
+		// what it leaves of --parallel 16.
+		maxConnections int
+	}{{parallel: 1, shard: "17/256"}, {parallel: 8}, {parallel: 5, maxConnections: 11}} {
 		parallel := tc.parallel
 		t.Run(strconv.Itoa(parallel), func(t *testing.T) {
 			name := fmt.Sprintf("budget-%d", parallel)
-			file := writeFile(t, "run.yaml", manifest(name,
-				fmt.Sprintf(`batch: {query: "SELECT account AS entity, 'p%d' AS occurrence FROM usage"}`, parallel), "workers: 256", "chunkSize: 7"))
+			spec := []string{fmt.Sprintf(`batch: {query: "SELECT account AS entity, 'p%d' AS occurrence FROM usage"}`, parallel), "workers: 256", "chunkSize: 7"}
+			flagParallel := parallel
+			if tc.maxConnections > 0 {
+				// Under spec.database (the line after its secretRef).
+				spec = append([]string{fmt.Sprintf("  maxConnections: %d", tc.maxConnections)}, spec...)
+				flagParallel = 16
+			}
+			file := writeFile(t, "run.yaml", manifest(name, spec...))
 			app := "runledger run/billing/" + name
 			done := make(chan struct{})
 			peak := make(chan int64, 1)
@@ -50,7 +60,7 @@ func TestConnectionBudget(t *testing.T) {
 					}
 				}
 			}()
-			args := []string{"run", "-f", file, "--dsn", d.dsn, "--parallel", strconv.Itoa(parallel), "--output", "json"}
+			args := []string{"run", "-f", file, "--dsn", d.dsn, "--parallel", strconv.Itoa(flagParallel), "--output", "json"}
 			if tc.shard != "" {
 				args = append(args, "--shard", tc.shard)
 			}
@@ -63,8 +73,12 @@ func TestConnectionBudget(t *testing.T) {
 			if tc.shard == "" {
 				require.EqualValues(t, 5120, c.Total)
 			}
-			t.Logf("--parallel %d: at most %d connections named %q", parallel, most, app)
-			require.LessOrEqual(t, most, int64(worker.MaxConnections(parallel)), "the documented budget")
+			t.Logf("%d shards at once (--parallel %d, maxConnections %d): at most %d connections named %q", parallel, flagParallel, tc.maxConnections, most, app)
+			require.LessOrEqual(t, most, int64(v1alpha1.MaxConnectionsOf(int32(parallel))), "the documented budget")
+			if tc.maxConnections > 0 {
+				require.LessOrEqual(t, most, int64(tc.maxConnections), "within spec.database.maxConnections")
+				require.Contains(t, r.stderr, "spec.database.maxConnections lowers --parallel")
+			}
 			require.GreaterOrEqual(t, most, int64(parallel), "the run's connections are the ones sampled")
 		})
 	}

@@ -33,6 +33,7 @@ import (
 type kubeEnv struct {
 	c          client.Client
 	kubeconfig string // a file, for worker processes
+	env        *envtestutil.Env
 }
 
 func startKube(t *testing.T) *kubeEnv {
@@ -50,7 +51,7 @@ func startKube(t *testing.T) *kubeEnv {
 	kc.CurrentContext = "envtest"
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	require.NoError(t, clientcmd.WriteToFile(*kc, path))
-	return &kubeEnv{c: env.Client, kubeconfig: path}
+	return &kubeEnv{c: env.Client, kubeconfig: path, env: env}
 }
 
 // createRun creates a ProcessingRun in namespace default.

@@ -28,17 +28,18 @@ func TestWhatAUserSees(t *testing.T) {
 	t.Logf("$ kubectl get processingruns\n%s", out)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2)
-	require.Equal(t, []string{"NAME", "PHASE", "COMPLETED", "ALREADY-HANDLED", "FAILED", "TOTAL", "REASON", "ADMISSION", "DURATION", "AGE"}, strings.Fields(lines[0]), "printer columns")
+	require.Equal(t, []string{"NAME", "PHASE", "COMPLETED", "ALREADY-HANDLED", "FAILED", "TOTAL", "ACTIVE", "REASON", "ADMISSION", "DURATION", "AGE"}, strings.Fields(lines[0]), "printer columns")
 	ok := tableRow(lines[0], lines[1])
 	require.Equal(t, []string{"ok", "Succeeded", "10", "0", "0", "10", ""},
 		[]string{ok["NAME"], ok["PHASE"], ok["COMPLETED"], ok["ALREADY-HANDLED"], ok["FAILED"], ok["TOTAL"], ok["REASON"]}, "a run that succeeded has no reason")
 	require.NotEmpty(t, ok["DURATION"], "a finished run shows how long it took")
 	require.Empty(t, ok["ADMISSION"], "a run in no Kueue queue shows no admission")
+	require.Equal(t, "0", ok["ACTIVE"], "a finished run has no live pod")
 
 	out, err = f.kubectl("get", "prun", "-o", "wide")
 	require.NoError(t, err, out)
 	lines = strings.Split(strings.TrimSpace(out), "\n")
-	require.Equal(t, []string{"NAME", "PHASE", "COMPLETED", "ALREADY-HANDLED", "FAILED", "TOTAL", "REASON", "ADMISSION", "CLUSTERQUEUE", "DURATION", "WORKERS", "AGE"}, strings.Fields(lines[0]), "-o wide adds CLUSTERQUEUE and WORKERS")
+	require.Equal(t, []string{"NAME", "PHASE", "COMPLETED", "ALREADY-HANDLED", "FAILED", "TOTAL", "ACTIVE", "REASON", "ADMISSION", "CLUSTERQUEUE", "DURATION", "WORKERS", "MAX-CONNECTIONS", "WAITING", "AGE"}, strings.Fields(lines[0]), "-o wide adds CLUSTERQUEUE, WORKERS and the connection budget's MAX-CONNECTIONS and WAITING")
 	require.Equal(t, "2", tableRow(lines[0], lines[1])["WORKERS"])
 
 	out, err = f.kubectl("get", "runledger")

@@ -58,9 +58,29 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: name
       type:
         scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.ConnectionBudgetSource
+  scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.ConnectionsStatus
+  map:
+    fields:
+    - name: limit
+      type:
+        scalar: numeric
+    - name: parallelism
+      type:
+        scalar: numeric
+    - name: source
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ConnectionBudgetSource
+    - name: waiting
+      type:
+        scalar: numeric
 - name: com.github.runledger.runledger.api.v1alpha1.DatabaseSpec
   map:
     fields:
+    - name: maxConnections
+      type:
+        scalar: numeric
     - name: secretRef
       type:
         namedType: com.github.runledger.runledger.api.v1alpha1.SecretKeyRef
@@ -243,6 +263,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.runledger.runledger.api.v1alpha1.ProcessingRunStatus
   map:
     fields:
+    - name: active
+      type:
+        scalar: numeric
     - name: alreadyHandled
       type:
         scalar: numeric
@@ -260,6 +283,9 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: associative
           keys:
           - type
+    - name: connections
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ConnectionsStatus
     - name: duration
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration

@@ -300,6 +300,18 @@ priorityClassName: system-cluster-critical
 		}
 		require.Contains(t, render(t, c, "ops", nil), "NetworkPolicy/runledger-manager")
 	})
+	t.Run("the runs' connection budget", func(t *testing.T) {
+		_, ctr := deployment(t, render(t, c, "ops", fromYAML(t, "runMaxConnections: {default: 16, maximum: 64}")))
+		args := ctr["args"].([]any)
+		require.Equal(t, []any{"--run-max-connections-default=16", "--run-max-connections-maximum=64"}, args[len(args)-2:])
+		_, ctr = deployment(t, render(t, c, "ops", fromYAML(t, "runMaxConnections: {maximum: 100000}")))
+		args = ctr["args"].([]any)
+		require.Equal(t, "--run-max-connections-maximum=100000", args[len(args)-1], "a large number stays an integer")
+		_, ctr = deployment(t, render(t, c, "ops", nil))
+		for _, a := range ctr["args"].([]any) {
+			require.NotContains(t, a, "--run-max-connections", "no budget unless set")
+		}
+	})
 	t.Run("metrics", func(t *testing.T) {
 		objs := render(t, c, "ops", fromYAML(t, "metrics: {serviceMonitor: {enabled: true, labels: {release: kube-prometheus}}}"))
 		sm := objs["ServiceMonitor/runledger-manager"]

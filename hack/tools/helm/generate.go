@@ -483,6 +483,14 @@ func fillDeployment(t *template, o obj, d *defaults) error {
 			return fmt.Sprintf("%s{{- with %s }}\n%s- %s={{ join \",\" . }}\n%s{{- end }}", ind, a.value, ind, a.flag, ind)
 		}))
 	}
+	for _, a := range []struct{ value, flag string }{
+		{".Values.runMaxConnections.default", "--run-max-connections-default"},
+		{".Values.runMaxConnections.maximum", "--run-max-connections-maximum"},
+	} {
+		args = append(args, t.item(func(ind string) string {
+			return fmt.Sprintf("%s{{- with %s }}\n%s- %s={{ int . }}\n%s{{- end }}", ind, a.value, ind, a.flag, ind)
+		}))
+	}
 	c["args"] = args
 	return nil
 }
@@ -554,6 +562,16 @@ networkPolicy:
   # --worker-database-ports).
   databaseCIDRs: []
   databasePorts: []
+
+# Every run's connection budget: the most connections to the ledger database
+# its worker pods hold at once (2 per pod, so budget / 2 pods at once; the other
+# shards wait). default: the budget of a run that sets no
+# spec.database.maxConnections; maximum: no run's budget above it, whatever it
+# sets. 0: none (--run-max-connections-default, --run-max-connections-maximum;
+# README, "Running on a shared PostgreSQL").
+runMaxConnections:
+  default: 0
+  maximum: 0
 
 # The ValidatingAdmissionPolicy of config/policy: runs may only use worker
 # images under allowedImagePrefixes and may not choose the ServiceAccount.

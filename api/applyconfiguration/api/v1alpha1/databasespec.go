@@ -15,6 +15,26 @@ type DatabaseSpecApplyConfiguration struct {
 	// the PostgreSQL connection string (a URL or key=value DSN). Worker pods
 	// get it as the environment variable RUNLEDGER_DATABASE_URL.
 	SecretRef *SecretKeyRefApplyConfiguration `json:"secretRef,omitempty"`
+	// maxConnections is the run's connection budget: the most connections
+	// to the ledger database its worker pods may hold at once. A worker pod
+	// opens at most 2, so the controller runs at most maxConnections / 2
+	// pods at once (never more than workers): the other shards wait,
+	// Pending, not failed, and start as running ones finish, the lowest
+	// shard first; a retried shard's new attempt waits like any other.
+	// status.connections shows the budget in force and how many shards
+	// wait, and while any does the Reconciling condition's reason is
+	// WaitingForConnectionBudget (unless one that needs attention, such as
+	// Unschedulable or DatabaseRefusingConnections, applies). Unset: the manager's
+	// default (--run-max-connections-default), or no budget when it has
+	// none; the manager's maximum (--run-max-connections-maximum) caps it
+	// either way. It may change while the run runs: a higher budget starts
+	// waiting shards, a lower one stops the pods above it (those not yet
+	// running first, then the highest shards; each finishes its chunk, and
+	// its shard resumes later from the ledger, as after a suspend). A
+	// queued run (Kueue) asks quota for the pods its budget allows and
+	// never runs more pods than Kueue admitted. runledger run reads it too:
+	// --parallel at most maxConnections / 2.
+	MaxConnections *int32 `json:"maxConnections,omitempty"`
 }
 
 // DatabaseSpecApplyConfiguration constructs a declarative configuration of the DatabaseSpec type for use with
@@ -28,5 +48,13 @@ func DatabaseSpec() *DatabaseSpecApplyConfiguration {
 // If called multiple times, the SecretRef field is set to the value of the last call.
 func (b *DatabaseSpecApplyConfiguration) WithSecretRef(value *SecretKeyRefApplyConfiguration) *DatabaseSpecApplyConfiguration {
 	b.SecretRef = value
+	return b
+}
+
+// WithMaxConnections sets the MaxConnections field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the MaxConnections field is set to the value of the last call.
+func (b *DatabaseSpecApplyConfiguration) WithMaxConnections(value int32) *DatabaseSpecApplyConfiguration {
+	b.MaxConnections = &value
 	return b
 }

@@ -14,13 +14,14 @@ import (
 // with apply.
 //
 // ProcessingRunSpec is the desired state of a ProcessingRun. Everything that
-// defines the batch and its effect (database, batch, effect, onExisting,
-// workers, occurrence) is immutable: to process something else, create
-// another run. (The rules sit on ProcessingRun itself, not here, because a
+// defines the batch and its effect (the database's secretRef, batch, effect,
+// onExisting, workers, occurrence) is immutable: to process something else,
+// create another run. (The rules sit on ProcessingRun itself, not here, because a
 // ProcessingSchedule's runTemplate embeds this type and stays editable.)
 type ProcessingRunSpecApplyConfiguration struct {
 	// database says where the ledger is: a Secret key holding the PostgreSQL
-	// connection string. The DSN is never part of the spec.
+	// connection string (immutable; the DSN is never part of the spec), and
+	// how many connections to it the run may hold at once (maxConnections).
 	Database *DatabaseSpecApplyConfiguration `json:"database,omitempty"`
 	// batch is the set of items to process: exactly one of items, configMapRef
 	// or query.

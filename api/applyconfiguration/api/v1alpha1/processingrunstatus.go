@@ -27,6 +27,15 @@ type ProcessingRunStatusApplyConfiguration struct {
 	Phase *apiv1alpha1.RunPhase `json:"phase,omitempty"`
 	// The run's counts, the sum of its shards' (computed by the controller).
 	ItemCountsApplyConfiguration `json:""`
+	// active is the number of the run's worker pods that are live: created
+	// and not finished, pods being stopped included, pods on a lost node
+	// aside (counted by the controller, as a Job's status.active). Each
+	// holds at most 2 connections to the ledger database.
+	Active *int32 `json:"active,omitempty"`
+	// connections is the run's connection budget as the controller applies
+	// it; absent when none applies (neither spec.database.maxConnections
+	// nor the manager's default or maximum) and once the run is finished.
+	Connections *ConnectionsStatusApplyConfiguration `json:"connections,omitempty"`
 	// startTime is when the controller created the run's first pod.
 	StartTime *v1.Time `json:"startTime,omitempty"`
 	// completionTime is when the run Succeeded or Failed.
@@ -109,6 +118,22 @@ func (b *ProcessingRunStatusApplyConfiguration) WithFailed(value int64) *Process
 // If called multiple times, the PayloadChanged field is set to the value of the last call.
 func (b *ProcessingRunStatusApplyConfiguration) WithPayloadChanged(value int64) *ProcessingRunStatusApplyConfiguration {
 	b.ItemCountsApplyConfiguration.PayloadChanged = &value
+	return b
+}
+
+// WithActive sets the Active field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Active field is set to the value of the last call.
+func (b *ProcessingRunStatusApplyConfiguration) WithActive(value int32) *ProcessingRunStatusApplyConfiguration {
+	b.Active = &value
+	return b
+}
+
+// WithConnections sets the Connections field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Connections field is set to the value of the last call.
+func (b *ProcessingRunStatusApplyConfiguration) WithConnections(value *ConnectionsStatusApplyConfiguration) *ProcessingRunStatusApplyConfiguration {
+	b.Connections = value
 	return b
 }
 
