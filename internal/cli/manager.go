@@ -27,6 +27,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/controllers"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/version"
 )
@@ -126,7 +127,7 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	}
 	logger, err := o.logging.New(cmd.ErrOrStderr(), logging.IsTerminal(cmd.ErrOrStderr()))
 	if err != nil {
-		return badInput(err)
+		return exitcode.BadInput(err)
 	}
 	ctrl.SetLogger(logger)
 	log := ctrl.Log.WithName("manager")
@@ -134,12 +135,12 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	switch corev1.PullPolicy(o.workerPullPolicy) {
 	case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
 	default:
-		return badInput(fmt.Errorf("--worker-image-pull-policy %q: want Always, IfNotPresent or Never", o.workerPullPolicy))
+		return exitcode.BadInput(fmt.Errorf("--worker-image-pull-policy %q: want Always, IfNotPresent or Never", o.workerPullPolicy))
 	}
 
 	workerNetwork, err := o.workerNetwork()
 	if err != nil {
-		return badInput(err)
+		return exitcode.BadInput(err)
 	}
 
 	scheme := runtime.NewScheme()
@@ -155,18 +156,18 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 
 	for _, ns := range o.watchNamespaces {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return badInput(fmt.Errorf("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; ")))
+			return exitcode.BadInput(fmt.Errorf("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; ")))
 		}
 	}
 
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
-		return badInput(fmt.Errorf("kubernetes client configuration: %w", err))
+		return exitcode.BadInput(fmt.Errorf("kubernetes client configuration: %w", err))
 	}
 
 	metrics, err := o.metricsOptions()
 	if err != nil {
-		return badInput(err)
+		return exitcode.BadInput(err)
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,

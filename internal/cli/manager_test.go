@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 )
 
 func TestManagerFlags(t *testing.T) {
@@ -42,7 +43,7 @@ func TestManagerRejectsBadFlags(t *testing.T) {
 	cmd := newManagerCommand()
 	cmd.SetArgs([]string{"--worker-image-pull-policy=Sometimes", "--leader-elect=false"})
 	err := cmd.Execute()
-	var exit *ExitError
+	var exit *exitcode.Error
 	require.True(t, errors.As(err, &exit), "%v", err)
 	require.Equal(t, v1alpha1.ExitBadInput, exit.Code)
 	require.Contains(t, err.Error(), "--worker-image-pull-policy")
@@ -60,7 +61,7 @@ func TestManagerRejectsBadNetworkFlags(t *testing.T) {
 		cmd := newManagerCommand()
 		cmd.SetArgs([]string{args, "--leader-elect=false"})
 		err := cmd.Execute()
-		var exit *ExitError
+		var exit *exitcode.Error
 		require.True(t, errors.As(err, &exit), "%s: %v", args, err)
 		require.Equal(t, v1alpha1.ExitBadInput, exit.Code, args)
 		require.ErrorContains(t, err, want, args)

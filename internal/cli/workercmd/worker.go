@@ -1,4 +1,9 @@
-package cli
+// Package workercmd is the worker: `runledger worker`, the process that
+// runs one shard of a ProcessingRun in the pod the controller created for
+// it, and the flags and helpers it shares with runledger run. It is a
+// package of its own, apart from the manager's command line, so that a
+// binary may hold the worker without the manager (docs/scale.md).
+package workercmd
 
 import (
 	"cmp"
@@ -21,6 +26,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/redact"
@@ -53,25 +59,12 @@ type workerOptions struct {
 	dsnFile        string
 	terminationLog string
 	reportInterval time.Duration
-	engineFlags
+	EngineFlags
 }
 
-func newWorkerCommand() *cobra.Command {
-	var o workerOptions
-	cmd := &cobra.Command{
-		Use:   "worker",
-		Short: "Process one shard of a ProcessingRun inside its pod (started by the controller)",
-		Long:  workerLong,
-		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
-	}
-	f := cmd.Flags()
-	f.StringVar(&o.dsnFile, flagDSNFile, "", "read the connection string from this file (a Secret mounted as a file) instead of $"+v1alpha1.EnvDatabaseURL)
-	f.StringVar(&o.terminationLog, "termination-log", v1alpha1.TerminationMessagePath, "where to write the final report (the pod's terminationMessagePath)")
-	f.DurationVar(&o.reportInterval, "report-interval", v1alpha1.ReportIntervalSeconds*time.Second, "least time between two status reports")
-	o.add(f, "SIGTERM", time.Minute, "how long to wait while another process holds this shard's lock (an earlier pod still finishing)")
-	_ = f.MarkHidden("report-interval")
-	return cmd
+// New is the `worker` subcommand of runledger.
+func New() *cobra.Command {
+	return newCommand(v1alpha1.WorkerSubcommand)
 }
 
 // workerScheme holds the kinds the worker reads.
@@ -86,14 +79,32 @@ var workerScheme = func() *runtime.Scheme {
 	return s
 }()
 
+func newCommand(use string) *cobra.Command {
+	var o workerOptions
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: "Process one shard of a ProcessingRun inside its pod (started by the controller)",
+		Long:  workerLong,
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.dsnFile, FlagDSNFile, "", "read the connection string from this file (a Secret mounted as a file) instead of $"+v1alpha1.EnvDatabaseURL)
+	f.StringVar(&o.terminationLog, "termination-log", v1alpha1.TerminationMessagePath, "where to write the final report (the pod's terminationMessagePath)")
+	f.DurationVar(&o.reportInterval, "report-interval", v1alpha1.ReportIntervalSeconds*time.Second, "least time between two status reports")
+	o.Add(f, "SIGTERM", time.Minute, "how long to wait while another process holds this shard's lock (an earlier pod still finishing)")
+	_ = f.MarkHidden("report-interval")
+	return cmd
+}
+
 func (o *workerOptions) run(cmd *cobra.Command) error {
 	env, envErr := o.podEnv()
 	secrets := redact.New(env.DSN)
 	// JSON lines on stderr (kubectl logs, log collectors) unless it is a
 	// terminal, every one of them with the DSN's secrets masked.
-	log, err := o.logging.New(secrets.Writer(cmd.ErrOrStderr()), logging.IsTerminal(cmd.ErrOrStderr()))
+	log, err := o.Logging.New(secrets.Writer(cmd.ErrOrStderr()), logging.IsTerminal(cmd.ErrOrStderr()))
 	if err != nil {
-		return badInput(err)
+		return exitcode.BadInput(err)
 	}
 	log = log.WithValues("run", env.Namespace+"/"+env.Name, "attempt", env.Attempt)
 	engineLog := log // the engine adds "shard" itself
@@ -106,15 +117,15 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 	go func() {
 		<-ctx.Done()
 		if cmd.Context().Err() == nil {
-			log.Info("stop requested: taking no new chunk; the chunk in flight commits or rolls back", "drainTimeout", o.drainTimeout.String())
+			log.Info("stop requested: taking no new chunk; the chunk in flight commits or rolls back", "drainTimeout", o.DrainTimeout.String())
 		}
 	}()
 
 	s := &workerRun{opts: o, env: env, log: log, engineLog: engineLog}
 	rep, maxFailed, err := s.work(ctx, envErr)
-	rep.Err, _ = explainRejection(rep.Err)      // e.g. --skip-migrate: the shard connects first
-	code := workerExitCode(rep, err, maxFailed) // before redaction, which may drop the errors' wrapping
-	err = redactExit(err, secrets)
+	rep.Err, _ = exitcode.ExplainRejection(rep.Err) // e.g. --skip-migrate: the shard connects first
+	code := exitcode.Worker(rep, err, maxFailed)    // before redaction, which may drop the errors' wrapping
+	err = exitcode.Redact(err, secrets)
 	rep.Err = secrets.Error(rep.Err)
 	if err != nil && rep.Err == nil {
 		rep.Err = err
@@ -129,7 +140,7 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 	if err == nil {
 		err = errors.New(message)
 	}
-	return &ExitError{Code: code, Err: err}
+	return &exitcode.Error{Code: code, Err: err}
 }
 
 // podEnv reads the pod's environment, the DSN from --dsn-file when set.
@@ -137,7 +148,7 @@ func (o *workerOptions) podEnv() (worker.PodEnv, error) {
 	if o.dsnFile == "" {
 		return worker.PodEnvFrom(os.Getenv)
 	}
-	dsn, err := readDSNFile(o.dsnFile)
+	dsn, err := ReadDSNFile(o.dsnFile)
 	if err != nil {
 		env, _ := worker.PodEnvFrom(os.Getenv) // for the logs and the report
 		env.DSN = ""
@@ -190,7 +201,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	}
 	run, err := worker.ReadRun(s.env)
 	if err != nil {
-		return worker.Report{}, 0, badInput(err)
+		return worker.Report{}, 0, exitcode.BadInput(err)
 	}
 	maxFailed := int(run.Spec.MaxFailedItems)
 
@@ -201,18 +212,18 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	s.stopRep = func() { cancelRep(); wg.Wait() }
 
 	if shards := cmp.Or(int(run.Spec.Workers), v1alpha1.DefaultWorkers); shards != s.env.Shards {
-		return worker.Report{}, maxFailed, badInput(fmt.Errorf("%s is %d but the run has spec.workers %d", v1alpha1.EnvShards, s.env.Shards, shards))
+		return worker.Report{}, maxFailed, exitcode.BadInput(fmt.Errorf("%s is %d but the run has spec.workers %d", v1alpha1.EnvShards, s.env.Shards, shards))
 	}
 	plan, err := worker.NewPlan(ctx, run, worker.MountedBatchData(os.Getenv(v1alpha1.EnvBatchFile), run.Namespace), worker.Limits{})
 	if apierrors.IsNotFound(err) {
-		return worker.Report{}, maxFailed, badInput(err)
+		return worker.Report{}, maxFailed, exitcode.BadInput(err)
 	}
 	if err != nil {
 		return worker.Report{}, maxFailed, err
 	}
-	retry := s.opts.retry()
+	retry := s.opts.Retry()
 	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
-		DSN: s.env.DSN, Parallel: 1, SkipMigrate: s.opts.skipMigrate, Retry: retry, Log: s.log,
+		DSN: s.env.DSN, Parallel: 1, SkipMigrate: s.opts.SkipMigrate, Retry: retry, Log: s.log,
 		ApplicationName: ledger.WorkerApplicationName(s.env.Namespace, s.env.Name, s.env.Shard),
 		OnRetry: func(err error) {
 			if ledger.IsTooManyConnections(err) {
@@ -221,7 +232,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 		},
 	})
 	if err != nil {
-		return worker.Report{}, maxFailed, exitFor(err)
+		return worker.Report{}, maxFailed, exitcode.For(err)
 	}
 	defer closeStore()
 	// From now on the shard's progress goes through the database, one
@@ -230,9 +241,9 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 
 	sc := plan.ShardConfig(s.env.Shard, s.env.Attempt)
 	sc.Retry = retry
-	sc.DrainTimeout = s.opts.drainTimeout
+	sc.DrainTimeout = s.opts.DrainTimeout
 	// A pod the controller replaced may still be finishing its chunk.
-	sc.LockWait = s.opts.lockWait
+	sc.LockWait = s.opts.LockWait
 	sc.Log = s.engineLog
 	sc.Progress = func(r worker.Report) { s.reporter.Update(r, maxFailed) }
 	s.log.Info("processing shard", "uid", plan.Run.UID, "shards", plan.Shards, "chunkSize", plan.ChunkSize)
