@@ -1,8 +1,9 @@
 // Package workercmd is the worker: `runledger worker`, the process that
 // runs one shard of a ProcessingRun in the pod the controller created for
 // it, and the flags and helpers it shares with runledger run. It is a
-// package of its own, apart from the manager's command line, so that a
-// binary may hold the worker without the manager (docs/scale.md).
+// package of its own, apart from the manager's command line, and reaches
+// the API server with worker.PodClient, not a Kubernetes client library, so
+// that a binary may hold the worker without the manager (docs/scale.md).
 package workercmd
 
 import (
@@ -18,12 +19,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/config"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/cli/exitcode"
@@ -59,6 +55,7 @@ type workerOptions struct {
 	dsnFile        string
 	terminationLog string
 	reportInterval time.Duration
+	tokenDir       string
 	EngineFlags
 }
 
@@ -66,18 +63,6 @@ type workerOptions struct {
 func New() *cobra.Command {
 	return newCommand(v1alpha1.WorkerSubcommand)
 }
-
-// workerScheme holds the kinds the worker reads.
-var workerScheme = func() *runtime.Scheme {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	if err := corev1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	return s
-}()
 
 func newCommand(use string) *cobra.Command {
 	var o workerOptions
@@ -92,8 +77,10 @@ func newCommand(use string) *cobra.Command {
 	f.StringVar(&o.dsnFile, FlagDSNFile, "", "read the connection string from this file (a Secret mounted as a file) instead of $"+v1alpha1.EnvDatabaseURL)
 	f.StringVar(&o.terminationLog, "termination-log", v1alpha1.TerminationMessagePath, "where to write the final report (the pod's terminationMessagePath)")
 	f.DurationVar(&o.reportInterval, "report-interval", v1alpha1.ReportIntervalSeconds*time.Second, "least time between two status reports")
+	f.StringVar(&o.tokenDir, "token-dir", v1alpha1.WorkerTokenPath, "the directory of the pod's ServiceAccount token and the API server's CA (token, ca.crt)")
 	o.Add(f, "SIGTERM", time.Minute, "how long to wait while another process holds this shard's lock (an earlier pod still finishing)")
 	_ = f.MarkHidden("report-interval")
+	_ = f.MarkHidden("token-dir")
 	return cmd
 }
 
@@ -109,11 +96,9 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 	log = log.WithValues("run", env.Namespace+"/"+env.Name, "attempt", env.Attempt)
 	engineLog := log // the engine adds "shard" itself
 	log = log.WithValues("shard", env.Shard)
-	ctrllog.SetLogger(log)
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	ctx = ctrllog.IntoContext(ctx, log)
 	go func() {
 		<-ctx.Done()
 		if cmd.Context().Err() == nil {
@@ -191,13 +176,9 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	if envErr != nil {
 		return worker.Report{Shard: s.env.Shard}, 0, envErr
 	}
-	cfg, err := config.GetConfig()
+	c, err := worker.InClusterPodClient(s.opts.tokenDir)
 	if err != nil {
 		return worker.Report{}, 0, fmt.Errorf("configuring the Kubernetes client: %w", err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: workerScheme})
-	if err != nil {
-		return worker.Report{}, 0, fmt.Errorf("creating the Kubernetes client: %w", err)
 	}
 	run, err := worker.ReadRun(s.env)
 	if err != nil {
