@@ -124,6 +124,9 @@ const (
 	// for this pod: the worker reads no other.
 	EnvRunDigest = "RUNLEDGER_RUN_DIGEST"
 
+	// WorkerBinary is the worker binary in runledger's image
+	// (cmd/runledger-worker, beside the runledger binary).
+	WorkerBinary = "/runledger-worker"
 	// WorkerSubcommand is the argument the worker container runs with.
 	WorkerSubcommand = "worker"
 	// WorkerContainerName is the name of the worker container.

@@ -127,12 +127,14 @@ func inlineBatch(n int) v1alpha1.BatchSpec {
 // TestWorkerInPod runs the worker's Kubernetes side against a real
 // kube-apiserver: its reports on its pod (JSON merge patches through the
 // worker's own client, with a token bound to the pod as the kubelet mounts
-// it, under the admission policy workers get), and `runledger worker`
-// processes as the controller starts them.
+// it, under the admission policy workers get), and the worker's processes
+// as the controller starts them: the worker binary (runledger-worker, what
+// the pods of the manager's image run) and `runledger worker` (a run that
+// names its own image).
 func TestWorkerInPod(t *testing.T) {
 	t.Parallel()
 	k := startKube(t)
-	bin := subcommand
+	bin := buildWorkerBinary(t)
 
 	// Two shards report concurrently, many times: each report lands on the
 	// shard's own pod, and the run object is never written by a worker (the
@@ -347,16 +349,32 @@ func TestWorkerInPod(t *testing.T) {
 		require.Equal(t, committed, e.Completed, "the final status report is exact")
 		require.EqualValues(t, 50000, e.Total)
 
-		// No environment at all.
-		r = runCLI(t, "", "worker", "--termination-log", filepath.Join(t.TempDir(), "t"))
-		require.Equal(t, 2, r.code)
-		require.Contains(t, r.stderr, "RUNLEDGER_RUN_NAME is not set")
+		// No environment at all, either command.
+		for _, cmd := range [][]string{{os.Args[0], "worker"}, {bin}} {
+			c, stdout, stderr := commandOf(context.Background(), cmd[0], "", append(cmd[1:], "--termination-log", filepath.Join(t.TempDir(), "t"))...)
+			err := c.Run()
+			require.Error(t, err, "%v", cmd)
+			require.Equal(t, 2, c.ProcessState.ExitCode(), "%v: stdout %s, stderr:\n%s", cmd, stdout, stderr)
+			require.Contains(t, stderr.String(), "RUNLEDGER_RUN_NAME is not set")
+		}
 	})
 }
 
 // subcommand, as runWorker's bin: `runledger worker` (this test binary,
 // see TestMain), which a pod runs when its run names its own image.
 const subcommand = ""
+
+// buildWorkerBinary builds the worker binary, cmd/runledger-worker, as the
+// image holds it.
+func buildWorkerBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "runledger-worker")
+	build := exec.Command("go", "build", "-o", bin, "github.com/runledger/runledger/cmd/runledger-worker")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "building cmd/runledger-worker:\n%s", out)
+	return bin
+}
 
 // runWorker runs the worker, the binary bin (or subcommand), for a shard
 // and attempt of run, with the environment and files the controller gives

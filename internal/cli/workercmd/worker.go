@@ -1,9 +1,9 @@
-// Package workercmd is the worker: `runledger worker`, the process that
-// runs one shard of a ProcessingRun in the pod the controller created for
-// it, and the flags and helpers it shares with runledger run. It is a
-// package of its own, apart from the manager's command line, and reaches
-// the API server with worker.PodClient, not a Kubernetes client library, so
-// that a binary may hold the worker without the manager (docs/scale.md).
+// Package workercmd is the worker: the process that runs one shard of a
+// ProcessingRun in the pod the controller created for it. Both `runledger
+// worker` (pods of earlier releases run it) and the worker binary
+// cmd/runledger-worker (what this release's pods run, without the
+// manager's libraries: docs/scale.md) are New's command; it imports no
+// Kubernetes client library (TestWorkerBinaryDeps).
 package workercmd
 
 import (
@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path"
 	"sync"
 	"syscall"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/redact"
+	"github.com/runledger/runledger/internal/version"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -62,6 +64,17 @@ type workerOptions struct {
 // New is the `worker` subcommand of runledger.
 func New() *cobra.Command {
 	return newCommand(v1alpha1.WorkerSubcommand)
+}
+
+// NewBinary is the command line of the worker binary, cmd/runledger-worker
+// (v1alpha1.WorkerBinary in the image): the worker subcommand's, with
+// --version.
+func NewBinary() *cobra.Command {
+	cmd := newCommand(path.Base(v1alpha1.WorkerBinary))
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	cmd.Version = version.Get().Version
+	cmd.SetVersionTemplate(version.Get().String())
+	return cmd
 }
 
 func newCommand(use string) *cobra.Command {
