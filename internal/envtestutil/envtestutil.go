@@ -307,7 +307,7 @@ func (e *Env) WorkerTokenDir(t testing.TB, pod *corev1.Pod) (dir string, env []s
 		},
 	} {
 		if err := e.Client.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("creating %s %s/%s: %v", obj.GetObjectKind().GroupVersionKind().Kind, ns, obj.GetName(), err)
+			t.Fatalf("creating %T %s/%s: %v", obj, ns, obj.GetName(), err)
 		}
 	}
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{

@@ -148,10 +148,11 @@ func TestWorkerInPod(t *testing.T) {
 		var wg sync.WaitGroup
 		for shard := range 2 {
 			pod := k.workerPod(t, run, shard, 0)
+			pc := k.podClient(t, pod)
 			wg.Go(func() {
 				env := worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: shard, Shards: 2,
 					PodName: pod.Name, PodUID: string(pod.UID)}
-				rep := worker.NewStatusReporter(k.podClient(t, pod), env, 0, discard())
+				rep := worker.NewStatusReporter(pc, env, 0, discard())
 				for i := 1; i <= 10; i++ {
 					r := worker.Report{ItemCounts: v1alpha1.ItemCounts{Total: 1000, Completed: int64(100*i + shard), AlreadyHandled: int64(shard)}}
 					require.NoError(t, rep.Final(ctx, r, "report "+strconv.Itoa(i), 10*time.Second))

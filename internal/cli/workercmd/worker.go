@@ -1,9 +1,10 @@
 // Package workercmd is the worker: the process that runs one shard of a
-// ProcessingRun in the pod the controller created for it. Both `runledger
-// worker` (pods of earlier releases run it) and the worker binary
-// cmd/runledger-worker (what this release's pods run, without the
-// manager's libraries: docs/scale.md) are New's command; it imports no
-// Kubernetes client library (TestWorkerBinaryDeps).
+// ProcessingRun in the pod the controller created for it, and the flags and
+// helpers it shares with runledger run. The worker binary
+// cmd/runledger-worker (what the pods of the manager's image run, without
+// the manager's libraries: docs/scale.md) and `runledger worker` (what the
+// pods of a run that names its own image run) are the same command; it
+// imports no Kubernetes client library (TestWorkerBinaryDeps).
 package workercmd
 
 import (
