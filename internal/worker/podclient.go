@@ -103,6 +103,8 @@ func NewPodClient(host string, tlsConfig *tls.Config, token func() (string, erro
 		TLSClientConfig:     tlsConfig,
 		TLSHandshakeTimeout: 10 * time.Second,
 		ForceAttemptHTTP2:   true, // as client-go: one connection, the API server's preferred protocol
+		// client-go's health check: a silent connection is closed after an unanswered ping, not reused until TCP gives up.
+		HTTP2:               &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 15 * time.Second},
 		IdleConnTimeout:     90 * time.Second,
 		MaxIdleConnsPerHost: 1,
 	}
