@@ -276,10 +276,10 @@ func runPods(b *testing.B, k *kubeBench, ns, bin, dsn, name string) workerRun {
 		if err := k.c.Create(ctx, pod); err != nil {
 			b.Fatalf("creating pod %s: %v", pod.Name, err)
 		}
-		tokenDir, kubeEnv := k.env.WorkerTokenDir(b, pod)
+		tokenDir, apiEnv := k.env.WorkerTokenDir(b, pod)
 		terms[s] = filepath.Join(dir, fmt.Sprintf("termination-log-%d", s))
 		cmds[s] = exec.Command(bin, "--termination-log", terms[s], "--token-dir", tokenDir)
-		cmds[s].Env = append(kubeEnv,
+		cmds[s].Env = append(apiEnv,
 			v1alpha1.EnvRunNamespace+"="+ns, v1alpha1.EnvRunName+"="+name, v1alpha1.EnvRunUID+"="+string(run.UID),
 			v1alpha1.EnvShard+"="+strconv.Itoa(s), v1alpha1.EnvShards+"="+strconv.Itoa(workerShards), v1alpha1.EnvAttempt+"=0",
 			v1alpha1.EnvPodName+"="+pod.Name, v1alpha1.EnvPodUID+"="+string(pod.UID), v1alpha1.EnvDatabaseURL+"="+dsn,

@@ -391,13 +391,13 @@ func startWorker(t *testing.T, k *kubeEnv, bin string, d *db, run *v1alpha1.Proc
 	t.Helper()
 	pod := k.workerPod(t, run, shard, attempt)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	tokenDir, kubeEnv := k.env.WorkerTokenDir(t, pod)
+	tokenDir, apiEnv := k.env.WorkerTokenDir(t, pod)
 	args = append(args, "--token-dir", tokenDir)
 	if bin == subcommand {
 		bin, args = os.Args[0], append([]string{"worker"}, args...)
 	}
 	cmd, stdout, stderr := commandOf(ctx, bin, "", args...)
-	cmd.Env = append(cmd.Env, kubeEnv...)
+	cmd.Env = append(cmd.Env, apiEnv...)
 	cmd.Env = append(cmd.Env,
 		v1alpha1.EnvRunNamespace+"="+run.Namespace,
 		v1alpha1.EnvRunName+"="+run.Name,
