@@ -42,13 +42,16 @@ LDFLAGS := -s -w -X github.com/runledger/runledger/internal/version.version=$(VE
 	-X github.com/runledger/runledger/internal/version.commit=$(COMMIT)
 
 .PHONY: build
-build: ## Build bin/runledger (static; VERSION and COMMIT default to git describe and the HEAD commit).
+build: ## Build bin/runledger and the worker binary bin/runledger-worker (static; VERSION and COMMIT default to git describe and the HEAD commit).
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/runledger .
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/runledger-worker ./cmd/runledger-worker
 
 ##@ Image
 
 # make image: an OCI image layout in bin/image (an index of one image per
-# platform), built without a daemon by hack/tools/image; make push sends it.
+# platform: /runledger, the entrypoint, and the worker binary
+# /runledger-worker that worker pods run), built without a daemon by
+# hack/tools/image; make push sends it.
 PLATFORMS ?= linux/amd64 linux/arm64
 IMG ?=
 SOURCE_URL ?= https://github.com/runledger/runledger
@@ -57,13 +60,14 @@ IMAGE_LAYOUT := $(BIN)/image
 PROCESSOR_IMAGE_LAYOUT := $(BIN)/image-processor
 
 .PHONY: image
-image: ## Build the runledger image into bin/image and the example processor's (examples/processor) into bin/image-processor (OCI layouts, no daemon): static binaries for PLATFORMS, no shell, user 65532, OCI labels; same commit, same digest.
+image: ## Build the runledger image (/runledger and /runledger-worker) into bin/image and the example processor's (examples/processor) into bin/image-processor (OCI layouts, no daemon): static binaries for PLATFORMS, no shell, user 65532, OCI labels; same commit, same digest.
 	@mkdir -p $(dir $(IMAGE_TOOL))
 	cd $(ROOT)/hack/tools/image && GOWORK=off CGO_ENABLED=0 go build -trimpath -o $(IMAGE_TOOL) .
 	bins=(); for p in $(PLATFORMS); do \
 		out=$(BIN)/platforms/$${p//\//_}/runledger; \
 		CGO_ENABLED=0 GOOS=$${p%%/*} GOARCH=$${p#*/} go build -trimpath -ldflags "$(LDFLAGS)" -o $$out $(ROOT); \
-		bins+=(-binary "$$p=$$out"); \
+		CGO_ENABLED=0 GOOS=$${p%%/*} GOARCH=$${p#*/} go build -trimpath -ldflags "$(LDFLAGS)" -o $$out-worker $(ROOT)/cmd/runledger-worker; \
+		bins+=(-binary "$$p=$$out,$$out-worker"); \
 	done; \
 	$(IMAGE_TOOL) build -o $(IMAGE_LAYOUT) "$${bins[@]}" -path /runledger \
 		-label org.opencontainers.image.source=$(SOURCE_URL) \
@@ -138,7 +142,7 @@ release: ## make release VERSION=vX.Y.Z IMG=REGISTRY/REPOSITORY [INSECURE=1]: fr
 	done; \
 	$(KUBECTL) kustomize $(ROOT)/config/crd >$(DIST)/crds.yaml; \
 	(cd $(ROOT)/hack/tools/helm && GOWORK=off go run . package -chart $(ROOT)/charts/runledger -version $(VERSION) -image "$$ref" -epoch "$$epoch" -o $(DIST)); \
-	$(RELEASE_TOOL) sbom -o $(DIST)/runledger.cdx.json -image "$$ref" -version $(VERSION) -epoch "$$epoch" $(BIN)/platforms/*/runledger; \
+	$(RELEASE_TOOL) sbom -o $(DIST)/runledger.cdx.json -image "$$ref" -version $(VERSION) -epoch "$$epoch" $(BIN)/platforms/*/runledger $(BIN)/platforms/*/runledger-worker; \
 	$(RELEASE_TOOL) sums -o $(DIST)/SHA256SUMS $(addprefix $(DIST)/,$(RELEASE_ARTIFACTS)) $(DIST)/runledger-*.tgz; \
 	echo "$$ref" >$(BIN)/release/image; \
 	echo "make release $(VERSION): $$ref"; cat $(DIST)/SHA256SUMS
@@ -175,8 +179,8 @@ envtest-assets: ## Build (once, cached under bin/k8s/) kube-apiserver, etcd and 
 	$(ROOT)/hack/k8s-bins.sh kube-apiserver etcd kubectl
 
 .PHONY: bench
-bench: ## Benchmarks of the insert path and the worker against their baselines, and the worker with SQL effects and a processor against the same run without; prints items/s and ratios (fsync on).
-	go test -run '^$$' -bench '^Benchmark(Ledger|Worker|WorkerEffects)$$' -benchtime 1x -timeout 90m ./internal/bench/...
+bench: envtest-assets ## Benchmarks of the insert path and the worker (as its pods run it, reporting to envtest's kube-apiserver, and as runledger run) against their baselines, and the worker with SQL effects and a processor against the same run without; prints items/s, ratios and each shard's peak RSS (fsync on).
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -run '^$$' -bench '^Benchmark(Ledger|Worker|WorkerEffects)$$' -benchtime 1x -timeout 120m ./internal/bench/...
 
 .PHONY: bench-growth
 bench-growth: ## The worker's items/s on a ledger of 10M and 50M committed rows beside an empty one, month-style and random keys, with table and index sizes (about 50 minutes, 30 GB of disk; RUNLEDGER_BENCH_GROWTH_SHAPES=random for one shape, RUNLEDGER_BENCH_SHARED_BUFFERS=4GB for a production server's setting).

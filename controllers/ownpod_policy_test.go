@@ -13,7 +13,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -38,7 +37,7 @@ func TestWorkerTokenOnlyItsOwnPod(t *testing.T) {
 	t.Parallel()
 	env, ns := setup(t)
 	ctx := context.Background()
-	installOwnPodPolicy(t, env, ns)
+	env.InstallOwnPodPolicy(t, ns)
 
 	// The workers' rules, bound to the ServiceAccount in this namespace.
 	var role rbacv1.ClusterRole
@@ -105,6 +104,16 @@ func TestWorkerTokenOnlyItsOwnPod(t *testing.T) {
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(own), got))
 	_, err = v1alpha1.ParseShardReport(got.Annotations[v1alpha1.AnnotationProgress])
 	require.NoError(t, err)
+	// So does it through the worker's own client (worker.PodClient, the
+	// token as the kubelet mounts it), which gets the policy's refusal of
+	// another pod as the API error it is.
+	dir, _ := env.WorkerTokenDir(t, own)
+	pc, err := worker.TokenDirPodClient(env.Config.Host, dir)
+	require.NoError(t, err)
+	require.NoError(t, pc.PatchPod(ctx, ns, own.Name, report(own.UID)))
+	err = pc.PatchPod(ctx, ns, other.Name, report(""))
+	require.True(t, apierrors.IsForbidden(err), "%v", err)
+	require.ErrorContains(t, err, fmt.Sprintf("a worker may only patch its own pod %s/%s, not %s/%s", ns, own.Name, ns, other.Name))
 
 	refused := func(what string, err error, want string) {
 		t.Helper()
@@ -153,28 +162,4 @@ func TestWorkerTokenOnlyItsOwnPod(t *testing.T) {
 // workerProgressPatch is the worker's report patch (worker.ProgressPatch).
 func workerProgressPatch(uid string) ([]byte, error) {
 	return worker.ProgressPatch(uid, *shardReport(0, 0, v1alpha1.ItemCounts{Total: 3, Completed: 1}, "processing"))
-}
-
-// installOwnPodPolicy creates config/policy's runledger-worker-own-pod policy
-// and binding, under names of the test's own, bound to its namespace only
-// (cluster-wide objects are shared by the test binary's apiserver).
-func installOwnPodPolicy(t *testing.T, env *envtestutil.Env, ns string) {
-	t.Helper()
-	ctx := context.Background()
-	n := 0
-	for _, obj := range env.Kustomize(t, "config/policy") {
-		if obj.GetName() != "runledger-worker-own-pod" {
-			continue
-		}
-		n++
-		obj.SetName("runledger-worker-own-pod-" + ns)
-		if obj.GetKind() == "ValidatingAdmissionPolicyBinding" {
-			require.NoError(t, unstructured.SetNestedField(obj.Object, obj.GetName(), "spec", "policyName"))
-			require.NoError(t, unstructured.SetNestedStringMap(obj.Object, map[string]string{"kubernetes.io/metadata.name": ns},
-				"spec", "matchResources", "namespaceSelector", "matchLabels"))
-		}
-		require.NoError(t, env.Client.Create(ctx, obj))
-		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
-	}
-	require.Equal(t, 2, n, "config/policy holds the policy runledger-worker-own-pod and its binding")
 }

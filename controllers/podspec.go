@@ -89,6 +89,18 @@ func workerImage(run *v1alpha1.ProcessingRun, opts PodOptions) string {
 	return opts.Image
 }
 
+// workerCommand is the worker container's command and arguments: the
+// worker binary of the manager's image (v1alpha1.WorkerBinary, a shard's
+// memory without the manager's libraries); for a run that names its own
+// image, which may be an earlier release's without that binary, the
+// image's entrypoint (the runledger binary) with the worker subcommand.
+func workerCommand(tmpl *v1alpha1.WorkerTemplate) (command, args []string) {
+	if tmpl.Image != "" {
+		return nil, []string{v1alpha1.WorkerSubcommand}
+	}
+	return []string{v1alpha1.WorkerBinary}, nil
+}
+
 // validateImage says why the kubelet would refuse image (InvalidImageName),
 // before any pod is created for it.
 func validateImage(image string) error {
@@ -261,6 +273,7 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 	tmpl = tmpl.DeepCopy()
 	tmpl.Tolerations = append(tmpl.Tolerations, nodeLossTolerations(run, tmpl.Tolerations)...)
 	ref := run.Spec.Database.SecretRef
+	command, args := workerCommand(tmpl)
 	labels, annotations := podMetadata(run, shard, attempt, tmpl.Metadata)
 	annotations[annotationCountsFloor] = string(floorJSON)
 
@@ -300,7 +313,8 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 				Name:                     v1alpha1.WorkerContainerName,
 				Image:                    workerImage(run, opts),
 				ImagePullPolicy:          opts.ImagePullPolicy,
-				Args:                     []string{v1alpha1.WorkerSubcommand},
+				Command:                  command,
+				Args:                     args,
 				Env:                      append(workerEnv(run, shard, attempt, ref), userEnv(tmpl.Env)...),
 				EnvFrom:                  tmpl.EnvFrom,
 				Resources:                resources,

@@ -144,8 +144,8 @@ func TestBuildWorkerPod(t *testing.T) {
 				require.Len(t, pod.Spec.Containers, 1)
 				c := pod.Spec.Containers[0]
 				require.Equal(t, "registry.example/runledger:v1", c.Image)
-				require.Equal(t, []string{"worker"}, c.Args)
-				require.Empty(t, c.Command)
+				require.Equal(t, []string{"/runledger-worker"}, c.Command, "the manager's image's worker binary")
+				require.Empty(t, c.Args)
 				require.Equal(t, corev1.TerminationMessageFallbackToLogsOnError, c.TerminationMessagePolicy)
 				require.Equal(t, "/dev/termination-log", c.TerminationMessagePath)
 				require.Equal(t, resource.MustParse("128Mi"), c.Resources.Requests[corev1.ResourceMemory])
@@ -256,6 +256,8 @@ func TestBuildWorkerPod(t *testing.T) {
 			check: func(t *testing.T, pod *corev1.Pod) {
 				c := pod.Spec.Containers[0]
 				require.Equal(t, "other.example/runledger@sha256:"+sha, c.Image)
+				require.Empty(t, c.Command, "the image's own entrypoint: an earlier release's image has no worker binary")
+				require.Equal(t, []string{"worker"}, c.Args)
 				require.Equal(t, "custom-sa", pod.Spec.ServiceAccountName)
 				require.Equal(t, map[string]string{"pool": "batch"}, pod.Spec.NodeSelector)
 				require.Len(t, pod.Spec.Tolerations, 3, "the template's two, and not-ready for the run's nodeLostAfterSeconds")
@@ -263,6 +265,18 @@ func TestBuildWorkerPod(t *testing.T) {
 				require.Equal(t, ptr.To[int64](60), pod.Spec.Tolerations[2].TolerationSeconds)
 				require.Equal(t, resource.MustParse("2"), c.Resources.Requests[corev1.ResourceCPU])
 				require.NotContains(t, c.Resources.Limits, corev1.ResourceMemory, "the run's resources replace the defaults")
+			},
+		},
+		{
+			name: "worker template without an image: the manager's image, its worker binary", shard: 0, attempt: 0,
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.WorkerTemplate = &v1alpha1.WorkerTemplate{ServiceAccountName: "custom-sa", NodeSelector: map[string]string{"pool": "batch"}}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				c := pod.Spec.Containers[0]
+				require.Equal(t, "registry.example/runledger:v1", c.Image)
+				require.Equal(t, []string{v1alpha1.WorkerBinary}, c.Command)
+				require.Empty(t, c.Args)
 			},
 		},
 		{

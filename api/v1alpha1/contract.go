@@ -23,13 +23,17 @@ import (
 // Pods. The controller creates one pod per shard and attempt, named
 // PodName(run, shard, attempt) = "<run>-<shard>-<attempt>", with
 // restartPolicy Never, the labels below, a controller owner reference to the
-// run, and the container args [WorkerSubcommand] (the image's entrypoint is
-// the runledger binary). The worker learns everything else from the
-// environment variables below and from its run's file: before a pass
-// creates pods, the controller writes the run (its identity and spec,
-// EncodeRunFile) into an immutable ConfigMap named by the file's digest,
-// RunConfigMapName(run, RunFileDigest(file)), owned by the run, which the
-// pod mounts (the kubelet reads it), so workers need no right to read runs.
+// run, and the worker container's command [WorkerBinary], the worker binary
+// of the manager's image; a run that names its own image
+// (spec.workerTemplate.image), which may be an earlier release's, gets the
+// args [WorkerSubcommand] instead, the image's entrypoint being the
+// runledger binary (`runledger worker`, the same worker). The worker learns
+// everything else from the environment variables below and from its run's
+// file: before a pass creates pods, the controller writes the run (its
+// identity and spec, EncodeRunFile) into an immutable ConfigMap named by the
+// file's digest, RunConfigMapName(run, RunFileDigest(file)), owned by the
+// run, which the pod mounts (the kubelet reads it), so workers need no right
+// to read runs.
 // The pod's EnvRunDigest is that digest: the worker reads the file at start
 // (DecodeRunFile), refuses it unless its digest is EnvRunDigest (a ConfigMap
 // someone replaced is not the run the API server validated), and must check
@@ -124,7 +128,13 @@ const (
 	// for this pod: the worker reads no other.
 	EnvRunDigest = "RUNLEDGER_RUN_DIGEST"
 
-	// WorkerSubcommand is the argument the worker container runs with.
+	// WorkerBinary is the worker binary in runledger's image
+	// (cmd/runledger-worker, beside the runledger binary): the command of
+	// the worker container of the manager's image.
+	WorkerBinary = "/runledger-worker"
+	// WorkerSubcommand is the argument the worker container runs with when
+	// the run names its own image (the image's entrypoint, the runledger
+	// binary, runs the worker).
 	WorkerSubcommand = "worker"
 	// WorkerContainerName is the name of the worker container.
 	WorkerContainerName = "worker"

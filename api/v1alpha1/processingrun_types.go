@@ -551,7 +551,9 @@ type WorkerTemplate struct {
 	// metadata holds labels and annotations added to the worker pods.
 	// +optional
 	Metadata *WorkerPodMetadata `json:"metadata,omitempty"`
-	// image overrides the manager's --worker-image for this run.
+	// image overrides the manager's --worker-image for this run: a runledger
+	// image of any release, whose entrypoint runs with the argument worker
+	// (`runledger worker`; the manager's own image runs its worker binary).
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	Image string `json:"image,omitempty"`

@@ -27,6 +27,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/envtestutil"
+	"github.com/runledger/runledger/internal/worker"
 )
 
 // The Kubernetes benchmarks run the real `runledger manager` binary against
@@ -37,7 +38,8 @@ import (
 // kubeBench is one control plane and one manager process.
 type kubeBench struct {
 	env        *envtestutil.Env
-	c          client.Client // fast client of the simulated workers and kubelet
+	c          client.Client     // fast client of the simulated workers and kubelet
+	pods       *worker.PodClient // the simulated workers' reports
 	kubeconfig string
 	mgr        *exec.Cmd
 	mgrMetrics string // URL of the manager's /metrics
@@ -60,7 +62,11 @@ func startKubeBench(b *testing.B) *kubeBench {
 	if err := os.WriteFile(kc, env.KubeConfig, 0o600); err != nil {
 		b.Fatal(err)
 	}
-	return &kubeBench{env: env, c: c, kubeconfig: kc}
+	pods, err := env.PodClient()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &kubeBench{env: env, c: c, pods: pods, kubeconfig: kc}
 }
 
 // startManager runs `runledger manager` as a cluster would (defaults: 4

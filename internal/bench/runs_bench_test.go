@@ -173,7 +173,7 @@ func measureLive(b *testing.B, k *kubeBench, live []liveRun, store *ledger.Store
 			}
 			env := worker.PodEnv{Namespace: lr.run.Namespace, Name: lr.run.Name, UID: string(lr.run.UID), Shard: shard, Shards: runsRunningShards,
 				PodName: pod.Name, PodUID: string(pod.UID)}
-			rep := worker.NewStatusReporter(k.c, env, 0, logr.Discard())
+			rep := worker.NewStatusReporter(k.pods, env, 0, logr.Discard())
 			rep.SetBoard(store)
 			sim.Go(func() { rep.Run(simCtx) })
 			sim.Go(func() {

@@ -228,7 +228,7 @@ func (s *statusSim) startWorkers(ctx context.Context, b *testing.B, wg *sync.Wai
 		shard := shardOf(b, pod)
 		env := worker.PodEnv{Namespace: s.run.Namespace, Name: s.run.Name, UID: string(s.run.UID), Shard: shard, Shards: len(s.pods),
 			PodName: pod.Name, PodUID: string(pod.UID)}
-		rep := worker.NewStatusReporter(s.k.c, env, interval, logr.Discard())
+		rep := worker.NewStatusReporter(s.k.pods, env, interval, logr.Discard())
 		reporters = append(reporters, rep)
 		counts := func() v1alpha1.ItemCounts {
 			return v1alpha1.ItemCounts{Total: s.total, Completed: s.done(time.Since(s.start))}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 )
 
 // TestDatabaseURL: where the DSN comes from (--dsn, --dsn-file, then
@@ -60,7 +61,7 @@ func TestDatabaseURL(t *testing.T) {
 				if tt.wantErr != "" {
 					require.ErrorContains(t, err, tt.wantErr, cmd)
 					require.NotContains(t, err.Error(), "S3cret", "the file's content is never echoed")
-					require.Equal(t, v1alpha1.ExitBadInput, codeOf(err, v1alpha1.ExitFailed), "bad input: exit 2")
+					require.Equal(t, v1alpha1.ExitBadInput, exitcode.OrElse(err, v1alpha1.ExitFailed), "bad input: exit 2")
 					continue
 				}
 				require.NoError(t, err, cmd)

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/worker"
 )
@@ -129,7 +130,7 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 	store := ledger.NewStore(pool)
 	runs, err := store.FindRuns(cmd.Context(), o.namespace, name)
 	if err != nil {
-		return redactExit(exitFor(err), secrets)
+		return exitcode.Redact(exitcode.For(err), secrets)
 	}
 	run, err := o.pick(cmd.ErrOrStderr(), name, runs)
 	if err != nil {
@@ -153,7 +154,7 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 	if errors.Is(err, ledger.ErrBatchNotKept) || errors.Is(err, ledger.ErrBatchPruned) {
 		if named {
 			w.close()
-			return badInput(fmt.Errorf("listing the already handled items of run %s/%s: %w; its completed and failed items are listed (--completed, --failed)%s", run.Namespace, run.Name, err, giveManifest(err)))
+			return exitcode.BadInput(fmt.Errorf("listing the already handled items of run %s/%s: %w; its completed and failed items are listed (--completed, --failed)%s", run.Namespace, run.Name, err, giveManifest(err)))
 		}
 		fmt.Fprintf(cmd.ErrOrStderr(), "runledger: note: the already handled items of run %s/%s are not listed: %v%s\n", run.Namespace, run.Name, err, giveManifest(err))
 		err = nil
@@ -161,7 +162,7 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 	if cerr := w.close(); err == nil {
 		err = cerr
 	}
-	return redactExit(exitFor(err), secrets)
+	return exitcode.Redact(exitcode.For(err), secrets)
 }
 
 // giveManifest says how to list a static run's already handled items.
@@ -179,7 +180,7 @@ func giveManifest(err error) string {
 func (o *itemsOptions) givenBatch(cmd *cobra.Command, name string) ([]ledger.Item, error) {
 	switch {
 	case o.file == "" && o.fromFile != "":
-		return nil, badInput(errors.New("--from-file needs the run's manifest (-f)"))
+		return nil, exitcode.BadInput(errors.New("--from-file needs the run's manifest (-f)"))
 	case o.file == "":
 		return nil, nil
 	}
@@ -192,11 +193,11 @@ func (o *itemsOptions) givenBatch(cmd *cobra.Command, name string) ([]ledger.Ite
 		o.namespace = plan.Run.Namespace
 	}
 	if plan.Run.Namespace != o.namespace || plan.Run.Name != name {
-		return nil, badInput(fmt.Errorf("%s is run %s/%s, not %s/%s", m.source, plan.Run.Namespace, plan.Run.Name, o.namespace, name))
+		return nil, exitcode.BadInput(fmt.Errorf("%s is run %s/%s, not %s/%s", m.source, plan.Run.Namespace, plan.Run.Name, o.namespace, name))
 	}
 	static, ok := plan.Source.(*worker.StaticSource)
 	if !ok {
-		return nil, badInput(fmt.Errorf("%s: -f is for a run of inline items or a ConfigMap; the ledger database keeps the batch of any other", m.source))
+		return nil, exitcode.BadInput(fmt.Errorf("%s: -f is for a run of inline items or a ConfigMap; the ledger database keeps the batch of any other", m.source))
 	}
 	if o.uid == "" {
 		o.uid = plan.Run.UID // its metadata.uid, or the one runledger run derives
@@ -211,11 +212,11 @@ func (o *itemsOptions) checkGiven(run ledger.RunRecord, batch []ledger.Item) err
 	case batch == nil:
 		return nil
 	case run.Source != ledger.BatchSourceStatic:
-		return badInput(fmt.Errorf("run %s/%s's batch is a query's, kept in the ledger database: list it without -f", run.Namespace, run.Name))
+		return exitcode.BadInput(fmt.Errorf("run %s/%s's batch is a query's, kept in the ledger database: list it without -f", run.Namespace, run.Name))
 	case run.Digest == "":
-		return badInput(fmt.Errorf("run %s/%s's batch was fixed before its digest was recorded: the items given cannot be checked against it", run.Namespace, run.Name))
+		return exitcode.BadInput(fmt.Errorf("run %s/%s's batch was fixed before its digest was recorded: the items given cannot be checked against it", run.Namespace, run.Name))
 	case worker.ItemsDigest(batch) != run.Digest:
-		return badInput(fmt.Errorf("the items given are not run %s/%s's batch: their digest differs from the one its first shard recorded (an edited manifest or ConfigMap?)", run.Namespace, run.Name))
+		return exitcode.BadInput(fmt.Errorf("the items given are not run %s/%s's batch: their digest differs from the one its first shard recorded (an edited manifest or ConfigMap?)", run.Namespace, run.Name))
 	}
 	return nil
 }
@@ -229,10 +230,10 @@ func (o *itemsOptions) pick(stderr io.Writer, name string, runs []ledger.RunReco
 				return r, nil
 			}
 		}
-		return ledger.RunRecord{}, &ExitError{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database has no run %s/%s of uid %s", o.namespace, name, o.uid)}
+		return ledger.RunRecord{}, &exitcode.Error{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database has no run %s/%s of uid %s", o.namespace, name, o.uid)}
 	}
 	if len(runs) == 0 {
-		return ledger.RunRecord{}, &ExitError{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database has no run %s/%s (no shard of it ever started; is --namespace right?)", o.namespace, name)}
+		return ledger.RunRecord{}, &exitcode.Error{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database has no run %s/%s (no shard of it ever started; is --namespace right?)", o.namespace, name)}
 	}
 	if len(runs) > 1 {
 		uids := make([]string, 0, len(runs)-1)
@@ -252,7 +253,7 @@ func checkOutput(output string, allowed ...string) error {
 			return nil
 		}
 	}
-	return badInput(fmt.Errorf("--output %q: want %s", output, strings.Join(allowed, ", ")))
+	return exitcode.BadInput(fmt.Errorf("--output %q: want %s", output, strings.Join(allowed, ", ")))
 }
 
 // itemJSON is one item of runledger items' JSON output.
@@ -425,13 +426,13 @@ func newKeyCommand() *cobra.Command {
 			key := ledger.Key{Entity: args[0], Occurrence: args[1]}
 			h, err := ledger.NewStore(pool).Key(cmd.Context(), key)
 			if err != nil {
-				return redactExit(exitFor(err), secrets)
+				return exitcode.Redact(exitcode.For(err), secrets)
 			}
 			if err := writeKey(secrets.Writer(cmd.OutOrStdout()), output, key, h); err != nil {
-				return redactExit(exitFor(err), secrets)
+				return exitcode.Redact(exitcode.For(err), secrets)
 			}
 			if len(h.Rows) == 0 && len(h.Retired) == 0 && len(h.Failures) == 0 {
-				return &ExitError{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database knows nothing of key %s: no run committed it, none failed it", key)}
+				return &exitcode.Error{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database knows nothing of key %s: no run committed it, none failed it", key)}
 			}
 			return nil
 		},

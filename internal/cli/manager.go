@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/controllers"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/version"
 )
@@ -87,7 +89,7 @@ run; only the leader acts.`,
 	f.StringVar(&o.metricsCertDir, "metrics-cert-dir", "", "directory holding the metrics endpoint's certificate and key (tls.crt, tls.key; e.g. a cert-manager Secret, config/prometheus); reread when they change. Default: a self-signed certificate made at start")
 	f.BoolVar(&o.pprof, "pprof", false, "serve Go's profiles (net/http/pprof) at /debug/pprof/ on the metrics listener, behind its authentication (the ClusterRole runledger-pprof-reader)")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
-	f.StringVar(&o.workerImage, "worker-image", "", "image of the worker pods (runs `runledger worker`); default: the manager's own image, by digest, read from its Pod ($"+envPodName+", $"+envPodNamespace+"); spec.workerTemplate.image overrides it per run")
+	f.StringVar(&o.workerImage, "worker-image", "", "image of the worker pods, an image of this release or later (they run its "+v1alpha1.WorkerBinary+"); default: the manager's own image, by digest, read from its Pod ($"+envPodName+", $"+envPodNamespace+"); spec.workerTemplate.image overrides it per run (its pods run `runledger worker`)")
 	f.StringVar(&o.workerServiceAccount, "worker-service-account", "runledger-worker", "service account of the worker pods, in each run's namespace; spec.workerTemplate.serviceAccountName overrides it")
 	f.StringVar(&o.workerPullPolicy, "worker-image-pull-policy", "", "imagePullPolicy of the worker container: Always, IfNotPresent or Never (default: Kubernetes' default for the tag)")
 	f.BoolVar(&o.workerNetworkPolicy, "worker-network-policy", true, "give each run a NetworkPolicy (runledger-<run>, owned by the run) before its first pod: nothing may connect to its worker pods, which may connect only to the API server (--worker-apiserver-ports), the database (--worker-database-cidrs, --worker-database-ports) and DNS; your own NetworkPolicies selecting the run's pods add to it")
@@ -130,7 +132,7 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	}
 	logger, err := o.logging.New(cmd.ErrOrStderr(), logging.IsTerminal(cmd.ErrOrStderr()))
 	if err != nil {
-		return badInput(err)
+		return exitcode.BadInput(err)
 	}
 	ctrl.SetLogger(logger)
 	log := ctrl.Log.WithName("manager")
@@ -138,15 +140,15 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 	switch corev1.PullPolicy(o.workerPullPolicy) {
 	case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
 	default:
-		return badInput(fmt.Errorf("--worker-image-pull-policy %q: want Always, IfNotPresent or Never", o.workerPullPolicy))
+		return exitcode.BadInput(fmt.Errorf("--worker-image-pull-policy %q: want Always, IfNotPresent or Never", o.workerPullPolicy))
 	}
 
 	workerNetwork, err := o.workerNetwork()
 	if err != nil {
-		return badInput(err)
+		return exitcode.BadInput(err)
 	}
 	if err := o.connectionBudget.Validate(); err != nil {
-		return badInput(err)
+		return exitcode.BadInput(err)
 	}
 
 	scheme := runtime.NewScheme()
@@ -162,18 +164,18 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 
 	for _, ns := range o.watchNamespaces {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return badInput(fmt.Errorf("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; ")))
+			return exitcode.BadInput(fmt.Errorf("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; ")))
 		}
 	}
 
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
-		return badInput(fmt.Errorf("kubernetes client configuration: %w", err))
+		return exitcode.BadInput(fmt.Errorf("kubernetes client configuration: %w", err))
 	}
 
 	metrics, err := o.metricsOptions()
 	if err != nil {
-		return badInput(err)
+		return exitcode.BadInput(err)
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
@@ -229,7 +231,7 @@ func runManager(cmd *cobra.Command, o *managerOptions) error {
 		return fmt.Errorf("register metrics: %w", err)
 	}
 	build := version.Get()
-	if err := crmetrics.Registry.Register(build.Collector()); err != nil {
+	if err := crmetrics.Registry.Register(buildInfoCollector(build)); err != nil {
 		return fmt.Errorf("register build info metric: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
@@ -294,4 +296,18 @@ func (o *managerOptions) metricsOptions() (metricsserver.Options, error) {
 		metrics.ExtraHandlers = pprofHandlers()
 	}
 	return metrics, nil
+}
+
+// buildInfoCollector is the runledger_build_info gauge: always 1, the build
+// in its labels.
+func buildInfoCollector(i version.Info) prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "runledger_build_info",
+		Help: "Always 1; the labels name the running build (version, commit, Go version).",
+		ConstLabels: prometheus.Labels{
+			"version": i.Version, "commit": i.Commit, "goversion": i.GoVersion,
+		},
+	})
+	g.Set(1)
+	return g
 }

@@ -5,9 +5,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli/exitcode"
+	"github.com/runledger/runledger/internal/version"
 )
 
 func TestManagerFlags(t *testing.T) {
@@ -45,7 +49,7 @@ func TestManagerRejectsBadFlags(t *testing.T) {
 	cmd := newManagerCommand()
 	cmd.SetArgs([]string{"--worker-image-pull-policy=Sometimes", "--leader-elect=false"})
 	err := cmd.Execute()
-	var exit *ExitError
+	var exit *exitcode.Error
 	require.True(t, errors.As(err, &exit), "%v", err)
 	require.Equal(t, v1alpha1.ExitBadInput, exit.Code)
 	require.Contains(t, err.Error(), "--worker-image-pull-policy")
@@ -68,9 +72,19 @@ func TestManagerRejectsBadNetworkFlags(t *testing.T) {
 		cmd := newManagerCommand()
 		cmd.SetArgs(append(strings.Fields(args), "--leader-elect=false"))
 		err := cmd.Execute()
-		var exit *ExitError
+		var exit *exitcode.Error
 		require.True(t, errors.As(err, &exit), "%s: %v", args, err)
 		require.Equal(t, v1alpha1.ExitBadInput, exit.Code, args)
 		require.ErrorContains(t, err, want, args)
 	}
+}
+
+func TestBuildInfoMetric(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(buildInfoCollector(version.Info{Version: "v1.0.0", Commit: "abc", GoVersion: "go1.99.1"})))
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP runledger_build_info Always 1; the labels name the running build (version, commit, Go version).
+# TYPE runledger_build_info gauge
+runledger_build_info{commit="abc",goversion="go1.99.1",version="v1.0.0"} 1
+`), "runledger_build_info"))
 }

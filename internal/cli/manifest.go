@@ -24,6 +24,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/admission"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -38,14 +39,14 @@ type batchInput struct {
 func (o *batchInput) plan(ctx context.Context) (*manifest, *worker.Plan, error) {
 	m, err := readManifest(o.file, o.stdin)
 	if err != nil {
-		return nil, nil, badInput(err)
+		return nil, nil, exitcode.BadInput(err)
 	}
 	if o.fromFile == "-" && o.file == "-" {
-		return nil, nil, badInput(errors.New("--from-file - and -f - cannot both read stdin"))
+		return nil, nil, exitcode.BadInput(errors.New("--from-file - and -f - cannot both read stdin"))
 	}
 	plan, err := worker.NewPlan(ctx, m.run, o.batchData(m), worker.Limits{})
 	if err != nil {
-		return nil, nil, exitFor(err)
+		return nil, nil, exitcode.For(err)
 	}
 	return m, plan, nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/ledger"
 )
 
@@ -49,10 +50,10 @@ func newMigrateCommand() *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cmd.Flags().Changed("grant-to") && grantTo == "" {
-				return badInput(fmt.Errorf("--grant-to is empty: name the worker's login role"))
+				return exitcode.BadInput(fmt.Errorf("--grant-to is empty: name the worker's login role"))
 			}
 			if cmd.Flags().Changed("effect-role") && effectRole == "" {
-				return badInput(fmt.Errorf("--effect-role is empty: name the role SQL effects run as"))
+				return exitcode.BadInput(fmt.Errorf("--effect-role is empty: name the role SQL effects run as"))
 			}
 			pool, secrets, err := openOwnerPool(cmd)
 			if err != nil {
@@ -63,12 +64,12 @@ func newMigrateCommand() *cobra.Command {
 			n, err := ledger.Migrate(cmd.Context(), pool)
 			stopWatch()
 			if err != nil {
-				return redactExit(exitFor(err), secrets)
+				return exitcode.Redact(exitcode.For(err), secrets)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "migrations applied: %d\n", n)
 			if effectRole != "" {
 				if err := ledger.SetEffectRole(cmd.Context(), pool, effectRole); err != nil {
-					return redactExit(exitFor(err), secrets)
+					return exitcode.Redact(exitcode.For(err), secrets)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "SQL effects run as %s\n", effectRole)
 			}
@@ -76,7 +77,7 @@ func newMigrateCommand() *cobra.Command {
 				return nil
 			}
 			if err := ledger.GrantWorker(cmd.Context(), pool, grantTo); err != nil {
-				return redactExit(exitFor(err), secrets)
+				return exitcode.Redact(exitcode.For(err), secrets)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "worker privileges granted to %s\n", grantTo)
 			return nil

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/ledger"
 )
 
@@ -49,11 +50,11 @@ func newPruneCommand() *cobra.Command {
 			batches, history := cmd.Flags().Changed("older-than"), cmd.Flags().Changed("superseded-older-than")
 			switch {
 			case !batches && !history:
-				return badInput(errors.New("nothing to prune: pass --older-than (batches) or --superseded-older-than (superseded ledger rows)"))
+				return exitcode.BadInput(errors.New("nothing to prune: pass --older-than (batches) or --superseded-older-than (superseded ledger rows)"))
 			case batches && olderThan <= 0:
-				return badInput(fmt.Errorf("--older-than must be a positive duration (e.g. 720h), not %s", olderThan))
+				return exitcode.BadInput(fmt.Errorf("--older-than must be a positive duration (e.g. 720h), not %s", olderThan))
 			case history && supersededOlderThan <= 0:
-				return badInput(fmt.Errorf("--superseded-older-than must be a positive duration (e.g. 2160h), not %s", supersededOlderThan))
+				return exitcode.BadInput(fmt.Errorf("--superseded-older-than must be a positive duration (e.g. 2160h), not %s", supersededOlderThan))
 			}
 			pool, secrets, err := openOwnerPool(cmd)
 			if err != nil {
@@ -68,7 +69,7 @@ func newPruneCommand() *cobra.Command {
 				cutoff := time.Now().Add(-olderThan)
 				p, err := store.PruneBatches(cmd.Context(), cutoff)
 				if err != nil && !errors.As(err, &inFlight) {
-					return redactExit(pruneExit(err), secrets)
+					return exitcode.Redact(pruneExit(err), secrets)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "batches pruned: %d (%d rows deleted, %d failure records), fixed before %s\n",
 					p.Batches, p.Items, p.FailureRecords, cutoff.UTC().Format(time.RFC3339))
@@ -77,12 +78,12 @@ func newPruneCommand() *cobra.Command {
 				cutoff := time.Now().Add(-supersededOlderThan)
 				n, err := store.PruneSuperseded(cmd.Context(), cutoff)
 				if err != nil {
-					return redactExit(pruneExit(err), secrets)
+					return exitcode.Redact(pruneExit(err), secrets)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "superseded ledger rows pruned: %d, superseded before %s\n", n, cutoff.UTC().Format(time.RFC3339))
 			}
 			if inFlight != nil {
-				return redactExit(&ExitError{Code: v1alpha1.ExitRunsInFlight, Err: inFlight}, secrets)
+				return exitcode.Redact(&exitcode.Error{Code: v1alpha1.ExitRunsInFlight, Err: inFlight}, secrets)
 			}
 			return nil
 		},
@@ -96,10 +97,10 @@ func newPruneCommand() *cobra.Command {
 // pruneExit: a login that may not prune (a worker's) is bad input, exit 2.
 func pruneExit(err error) error {
 	if ledger.IsAppendOnlyViolation(err) {
-		return badInput(fmt.Errorf("only the schema's owner may prune: %w", err))
+		return exitcode.BadInput(fmt.Errorf("only the schema's owner may prune: %w", err))
 	}
 	if ledger.IsConfigurationError(err) {
-		return badInput(fmt.Errorf("prune as the schema's owner: %w", err))
+		return exitcode.BadInput(fmt.Errorf("prune as the schema's owner: %w", err))
 	}
-	return exitFor(err)
+	return exitcode.For(err)
 }

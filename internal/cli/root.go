@@ -5,13 +5,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli/exitcode"
+	"github.com/runledger/runledger/internal/cli/workercmd"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/version"
@@ -23,7 +24,6 @@ import (
 const (
 	envDatabaseURL  = "RUNLEDGER_DATABASE_URL"
 	flagDatabaseURL = "dsn"
-	flagDSNFile     = "dsn-file"
 )
 
 // NewRootCommand builds the runledger command tree.
@@ -41,7 +41,7 @@ func NewRootCommand() *cobra.Command {
 		newVersionCommand(),
 		newMigrateCommand(),
 		newManagerCommand(),
-		newWorkerCommand(),
+		workercmd.New(),
 		newRunCommand(),
 		newPruneCommand(),
 		newItemsCommand(),
@@ -52,19 +52,12 @@ func NewRootCommand() *cobra.Command {
 }
 
 // Execute runs the command line and returns the process exit code.
-func Execute() int {
-	err := NewRootCommand().Execute()
-	if err == nil {
-		return v1alpha1.ExitSucceeded
-	}
-	fmt.Fprintln(os.Stderr, "runledger:", err)
-	return codeOf(err, v1alpha1.ExitBadInput) // without a code: a command line cobra refused
-}
+func Execute() int { return exitcode.Execute(NewRootCommand()) }
 
 // addDatabaseFlags adds --dsn and --dsn-file.
 func addDatabaseFlags(cmd *cobra.Command, what string) {
-	cmd.Flags().String(flagDatabaseURL, "", what+" (default $"+envDatabaseURL+"); a password here is visible to every user of the machine (ps): prefer --"+flagDSNFile+", $"+envDatabaseURL+" or a .pgpass file")
-	cmd.Flags().String(flagDSNFile, "", "read the connection string from this file (e.g. a Kubernetes Secret mounted as a file); a trailing newline is ignored")
+	cmd.Flags().String(flagDatabaseURL, "", what+" (default $"+envDatabaseURL+"); a password here is visible to every user of the machine (ps): prefer --"+workercmd.FlagDSNFile+", $"+envDatabaseURL+" or a .pgpass file")
+	cmd.Flags().String(workercmd.FlagDSNFile, "", "read the connection string from this file (e.g. a Kubernetes Secret mounted as a file); a trailing newline is ignored")
 }
 
 // openOwnerPool opens a small pool on the database the flags name, for the
@@ -80,7 +73,7 @@ func openOwnerPool(cmd *cobra.Command) (*pgxpool.Pool, *redact.Redactor, error) 
 	pool, err := ledger.Open(cmd.Context(), dsn, 2, ledger.NetworkTimeout(v1alpha1.DefaultNetworkSeconds*time.Second),
 		ledger.ApplicationName(ownerApplicationName(cmd)))
 	if err != nil {
-		return nil, nil, badInput(err)
+		return nil, nil, exitcode.BadInput(err)
 	}
 	return pool, secrets, nil
 }
@@ -93,12 +86,12 @@ func ownerApplicationName(cmd *cobra.Command) string { return "runledger " + cmd
 // that order. A --dsn that holds a password gets a notice on stderr.
 func databaseURL(cmd *cobra.Command) (string, error) {
 	dsn, _ := cmd.Flags().GetString(flagDatabaseURL)
-	file, _ := cmd.Flags().GetString(flagDSNFile)
+	file, _ := cmd.Flags().GetString(workercmd.FlagDSNFile)
 	switch {
 	case dsn != "" && file != "":
-		return "", badInput(fmt.Errorf("both --%s and --%s are set: pass one", flagDatabaseURL, flagDSNFile))
+		return "", exitcode.BadInput(fmt.Errorf("both --%s and --%s are set: pass one", flagDatabaseURL, workercmd.FlagDSNFile))
 	case file != "":
-		return readDSNFile(file)
+		return workercmd.ReadDSNFile(file)
 	case dsn != "":
 		warnDSNFlag(cmd.ErrOrStderr(), dsn)
 		return dsn, nil
@@ -106,28 +99,13 @@ func databaseURL(cmd *cobra.Command) (string, error) {
 	if dsn := os.Getenv(envDatabaseURL); dsn != "" {
 		return dsn, nil
 	}
-	return "", badInput(fmt.Errorf("no database: pass --%s or set %s (or pass --%s FILE)", flagDatabaseURL, envDatabaseURL, flagDSNFile))
-}
-
-// readDSNFile reads a DSN file. Its errors never hold its content.
-func readDSNFile(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", badInput(fmt.Errorf("reading --%s: %w", flagDSNFile, err))
-	}
-	// A file written by echo or an editor ends with a newline; a Secret's
-	// value usually does not.
-	dsn := strings.TrimRight(string(b), "\r\n")
-	if strings.TrimSpace(dsn) == "" {
-		return "", badInput(fmt.Errorf("--%s %s is empty: want a connection string", flagDSNFile, path))
-	}
-	return dsn, nil
+	return "", exitcode.BadInput(fmt.Errorf("no database: pass --%s or set %s (or pass --%s FILE)", flagDatabaseURL, envDatabaseURL, workercmd.FlagDSNFile))
 }
 
 // warnDSNFlag tells that a --dsn with a password shows it to ps.
 func warnDSNFlag(w io.Writer, dsn string) {
 	if redact.DSN(dsn) != dsn {
 		fmt.Fprintf(w, "runledger: note: --%s holds a password, which other users of this machine can read (ps); prefer --%s, $%s or a .pgpass file\n",
-			flagDatabaseURL, flagDSNFile, envDatabaseURL)
+			flagDatabaseURL, workercmd.FlagDSNFile, envDatabaseURL)
 	}
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli/exitcode"
+	"github.com/runledger/runledger/internal/cli/workercmd"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/redact"
@@ -72,7 +74,7 @@ type runOptions struct {
 	output           string
 	parallel         int
 	progressInterval time.Duration
-	engineFlags
+	workercmd.EngineFlags
 	processorURL string
 }
 
@@ -98,7 +100,7 @@ func newRunCommand() *cobra.Command {
 	f.StringVar(&o.fromFile, "from-file", "", "JSON Lines file with the items of a batch.configMapRef (default: the ConfigMap in the manifest)")
 	f.IntVar(&o.parallel, "parallel", 16, "at most this many shards at once in this process (2 connections each; spec.database.maxConnections / 2 at most)")
 	f.DurationVar(&o.progressInterval, "progress-interval", 10*time.Second, "time between progress lines when stderr is not a terminal")
-	o.add(f, "SIGINT/SIGTERM", ledger.LeaseTTL+5*time.Second, "how long to wait while another process runs the same shard of the same run (or held it when it was killed)")
+	o.Add(f, "SIGINT/SIGTERM", ledger.LeaseTTL+5*time.Second, "how long to wait while another process runs the same shard of the same run (or held it when it was killed)")
 	f.StringVar(&o.processorURL, "processor-url", "", "call the spec.effect.processor you started at this URL, e.g. http://127.0.0.1:8080/process (default: the spec's port and path on 127.0.0.1; its image is not run)")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
@@ -112,7 +114,7 @@ type runSummary struct {
 
 func (o *runOptions) run(cmd *cobra.Command) error {
 	if o.output != "text" && o.output != "json" {
-		return badInput(fmt.Errorf("--output %q: want text or json", o.output))
+		return exitcode.BadInput(fmt.Errorf("--output %q: want text or json", o.output))
 	}
 	o.stdin = cmd.InOrStdin()
 	dsn, _ := databaseURL(cmd) // checked in execute, with the JSON output
@@ -122,9 +124,9 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log, err := o.logging.New(stderr, logging.IsTerminal(cmd.ErrOrStderr()))
+	log, err := o.Logging.New(stderr, logging.IsTerminal(cmd.ErrOrStderr()))
 	if err != nil {
-		return badInput(err)
+		return exitcode.BadInput(err)
 	}
 	finished := make(chan struct{})
 	defer close(finished) // before stop(): deferred calls run last first
@@ -137,13 +139,13 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		select {
 		case <-finished: // the run ended, stop() cancelled ctx
 		default:
-			log.Info("stopping: no new chunk is taken; the chunk in flight commits or rolls back (send the signal again to abort)", "drainTimeout", o.drainTimeout)
+			log.Info("stopping: no new chunk is taken; the chunk in flight commits or rolls back (send the signal again to abort)", "drainTimeout", o.DrainTimeout)
 		}
 		stop() // a second signal kills the process
 	}()
 
 	sum, err := o.execute(ctx, cmd, dsn, stderr, log)
-	err = redactExit(err, secrets) // keeps the exit code execute chose
+	err = exitcode.Redact(err, secrets) // keeps the exit code execute chose
 	if err != nil {
 		sum.Error = err.Error()
 	}
@@ -163,7 +165,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 }
 
 // execute does the run and returns its summary; the error carries the exit
-// code (ExitError).
+// code (exitcode.Error).
 func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string, stderr io.Writer, log logr.Logger) (*runSummary, error) {
 	sum := &runSummary{}
 	if dsn == "" {
@@ -177,7 +179,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	log = log.WithValues("run", plan.Run.Namespace+"/"+plan.Run.Name, "attempt", 0)
 	if o.processorURL != "" {
 		if err := plan.UseProcessorURL(o.processorURL); err != nil {
-			return sum, exitFor(err)
+			return sum, exitcode.For(err)
 		}
 	}
 	if m.run.Spec.Suspend {
@@ -185,10 +187,10 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	}
 	shards, err := selectShards(o.shard, plan.Shards)
 	if err != nil {
-		return sum, badInput(err)
+		return sum, exitcode.BadInput(err)
 	}
 	if o.parallel < 1 {
-		return sum, badInput(fmt.Errorf("--parallel %d: want 1 or more", o.parallel))
+		return sum, exitcode.BadInput(fmt.Errorf("--parallel %d: want 1 or more", o.parallel))
 	}
 	parallel := min(o.parallel, len(shards))
 	// spec.database.maxConnections holds here too, by the rule the
@@ -200,14 +202,14 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 			"connectionsPerShard", v1alpha1.ConnectionsPerWorker)
 		parallel = p
 	}
-	retry := o.retry()
+	retry := o.Retry()
 
 	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
-		DSN: dsn, Parallel: parallel, SkipMigrate: o.skipMigrate, Retry: retry, Log: log,
+		DSN: dsn, Parallel: parallel, SkipMigrate: o.SkipMigrate, Retry: retry, Log: log,
 		ApplicationName: "runledger run/" + m.run.Namespace + "/" + m.run.Name,
 	})
 	if err != nil {
-		return sum, exitFor(err)
+		return sum, exitcode.For(err)
 	}
 	defer closeStore()
 
@@ -221,7 +223,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	progress := worker.NewProgressPrinter(stderr, logging.IsTerminal(cmd.ErrOrStderr()), len(shards), o.progressInterval)
 	progress.Start(ctx)
 	res := worker.RunShards(ctx, store, plan, shards, worker.ShardsConfig{
-		Parallel: parallel, Retry: retry, DrainTimeout: o.drainTimeout, LockWait: o.lockWait,
+		Parallel: parallel, Retry: retry, DrainTimeout: o.DrainTimeout, LockWait: o.LockWait,
 		Log: log, Progress: progress.Update,
 	})
 	progress.Stop()
@@ -231,42 +233,24 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	badInputs := false
 	for _, r := range res.Shards {
 		if r.Err != nil {
-			err, _ := explainRejection(r.Err) // e.g. --skip-migrate: the shard connects first
+			err, _ := exitcode.ExplainRejection(r.Err) // e.g. --skip-migrate: the shard connects first
 			errs = append(errs, fmt.Errorf("shard %d: %w", r.Shard, err))
-			badInputs = badInputs || exitCode(r.Err) == v1alpha1.ExitBadInput
+			badInputs = badInputs || exitcode.Of(r.Err) == v1alpha1.ExitBadInput
 		}
 		log.Info("shard finished", "shard", r.Shard, "state", shardState(r), "total", r.Total, "completed", r.Completed,
 			"alreadyHandled", r.AlreadyHandled, "failed", r.Failed, "payloadChanged", r.PayloadChanged, "elapsed", r.Elapsed.Round(time.Millisecond).String())
 	}
 	switch {
 	case badInputs: // e.g. the query failed when it ran, before any commit
-		return sum, badInput(errors.Join(errs...))
+		return sum, exitcode.BadInput(errors.Join(errs...))
 	case len(errs) > 0:
-		return sum, &ExitError{Code: v1alpha1.ExitFailed, Err: errors.Join(errs...)}
+		return sum, &exitcode.Error{Code: v1alpha1.ExitFailed, Err: errors.Join(errs...)}
 	case sum.Interrupted:
-		return sum, &ExitError{Code: v1alpha1.ExitFailed, Err: fmt.Errorf("interrupted: %d of %s processed; run the same command again to finish (what was committed counts as completed)", sum.Processed(), worker.Items(sum.Total))}
+		return sum, &exitcode.Error{Code: v1alpha1.ExitFailed, Err: fmt.Errorf("interrupted: %d of %s processed; run the same command again to finish (what was committed counts as completed)", sum.Processed(), worker.Items(sum.Total))}
 	case sum.Failed > int64(plan.MaxFailedItems):
-		return sum, &ExitError{Code: v1alpha1.ExitFailed, Err: fmt.Errorf("%s failed, more than spec.maxFailedItems (%d)", worker.Items(sum.Failed), plan.MaxFailedItems)}
+		return sum, &exitcode.Error{Code: v1alpha1.ExitFailed, Err: fmt.Errorf("%s failed, more than spec.maxFailedItems (%d)", worker.Items(sum.Failed), plan.MaxFailedItems)}
 	}
 	return sum, nil
-}
-
-// redactExit returns err with the DSN's secrets masked in its message,
-// keeping its exit code.
-func redactExit(err error, secrets *redact.Redactor) error {
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	masked := secrets.String(msg)
-	if masked == msg {
-		return err
-	}
-	var exit *ExitError
-	if errors.As(err, &exit) {
-		return &ExitError{Code: exit.Code, Err: errors.New(masked)}
-	}
-	return errors.New(masked)
 }
 
 func shardState(r worker.Report) string {

@@ -1,20 +1,12 @@
 package cli
 
 import (
-	"errors"
-	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
-
-	"github.com/runledger/runledger/api/v1alpha1"
-	"github.com/runledger/runledger/internal/redact"
-	"github.com/runledger/runledger/internal/worker"
 )
 
 func TestSelectShards(t *testing.T) {
@@ -87,56 +79,6 @@ status:
 	require.NoError(t, err)
 	require.Equal(t, "SELECT 1", m.run.Spec.Batch.Query)
 	require.Equal(t, "stdin", m.source)
-}
-
-func TestRedactExitKeepsTheCode(t *testing.T) {
-	t.Parallel()
-	secrets := redact.New("host=db password=hunter2")
-	err := redactExit(badInput(errors.New("connecting with host=db password=hunter2")), secrets)
-	require.NotContains(t, err.Error(), "hunter2")
-	var exit *ExitError
-	require.ErrorAs(t, err, &exit)
-	require.Equal(t, v1alpha1.ExitBadInput, exit.Code)
-
-	plain := &ExitError{Code: v1alpha1.ExitFailed, Err: errors.New("no secret here")}
-	var same *ExitError
-	require.ErrorAs(t, redactExit(plain, secrets), &same)
-	require.Same(t, plain, same, "untouched without a secret")
-	require.NoError(t, redactExit(nil, secrets))
-}
-
-// TestExitForPreparationErrors: what PostgreSQL says while the ledger is
-// migrated and the query and effect checked decides the exit code; the
-// SQLSTATEs themselves are ledger's to interpret.
-func TestExitForPreparationErrors(t *testing.T) {
-	t.Parallel()
-	pg := func(code, routine string) error {
-		return fmt.Errorf("applying migrations: %w", &pgconn.PgError{Code: code, Routine: routine, Message: "m"})
-	}
-	for _, tt := range []struct {
-		name string
-		err  error
-		want int
-		says string
-	}{
-		{"permission denied to create the schema", pg("42501", "aclcheck_error"), v1alpha1.ExitBadInput, ""},
-		{"undefined table", pg("42P01", ""), v1alpha1.ExitBadInput, ""},
-		{"invalid schema name", pg("3F000", ""), v1alpha1.ExitBadInput, ""},
-		{"feature not supported", pg("0A000", ""), v1alpha1.ExitBadInput, ""},
-		{"bad query", &worker.InputError{Where: "batch.query", Msg: "is empty"}, v1alpha1.ExitBadInput, "batch.query is empty"},
-		{"wrong password", pg("28P01", ""), v1alpha1.ExitBadInput, "rejected the connection string's credentials"},
-		{"no such database", pg("3D000", ""), v1alpha1.ExitBadInput, "does not exist"},
-		{"row refused by row-level security", pg("42501", "ExecWithCheckOptions"), v1alpha1.ExitFailed, ""},
-		{"unreachable", fmt.Errorf("migrating the ledger: %w", io.ErrUnexpectedEOF), v1alpha1.ExitFailed, ""},
-		{"serialization failure", pg("40001", ""), v1alpha1.ExitFailed, ""},
-		{"already decided", &ExitError{Code: v1alpha1.ExitFailed, Err: pg("42601", "")}, v1alpha1.ExitFailed, ""},
-	} {
-		var exit *ExitError
-		require.ErrorAs(t, exitFor(tt.err), &exit, tt.name)
-		require.Equal(t, tt.want, exit.Code, "%s: exitFor(%v)", tt.name, tt.err)
-		require.Contains(t, exit.Error(), tt.says, tt.name)
-		require.ErrorContains(t, exit, tt.err.Error(), "%s: the cause is kept", tt.name)
-	}
 }
 
 // TestReadManifestRefusesRewrites is issue #20.5 for manifests: a key given

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/schedule"
 )
 
@@ -71,7 +72,7 @@ do not apply to a manual run.`,
 			}
 			p, err := schedule.Parse(sched.Name, &sched.Spec)
 			if err != nil {
-				return badInput(fmt.Errorf("schedule %s: %w", sched.Name, err))
+				return exitcode.BadInput(fmt.Errorf("schedule %s: %w", sched.Name, err))
 			}
 			at := time.Time{}
 			if !cmd.Flags().Changed("occurrence") {
@@ -109,25 +110,25 @@ suspend say.`,
 			}
 			p, err := schedule.Parse(sched.Name, &sched.Spec)
 			if err != nil {
-				return badInput(fmt.Errorf("schedule %s: %w", sched.Name, err))
+				return exitcode.BadInput(fmt.Errorf("schedule %s: %w", sched.Name, err))
 			}
 			fromW, err := parseWall(p, from)
 			if err != nil {
-				return badInput(fmt.Errorf("--from: %w", err))
+				return exitcode.BadInput(fmt.Errorf("--from: %w", err))
 			}
 			toW, err := parseWall(p, to)
 			if err != nil {
-				return badInput(fmt.Errorf("--to: %w", err))
+				return exitcode.BadInput(fmt.Errorf("--to: %w", err))
 			}
 			if toW.Before(fromW) {
-				return badInput(fmt.Errorf("--to %s is before --from %s", to, from))
+				return exitcode.BadInput(fmt.Errorf("--to %s is before --from %s", to, from))
 			}
 			ticks, err := p.Between(fromW, toW, maxBackfill)
 			if err != nil {
-				return badInput(err)
+				return exitcode.BadInput(err)
 			}
 			if len(ticks) == 0 {
-				return badInput(fmt.Errorf("schedule %q names no time from %s to %s (%s)", sched.Spec.Schedule, from, to, p.Location()))
+				return exitcode.BadInput(fmt.Errorf("schedule %q names no time from %s to %s (%s)", sched.Spec.Schedule, from, to, p.Location()))
 			}
 			var occs []occurrenceAt
 			for _, t := range ticks {
@@ -150,7 +151,7 @@ suspend say.`,
 // error is ours and says which flag.
 func checkOccurrence(occ string) error {
 	if msg := v1alpha1.KeyPartProblem(occ); msg != "" {
-		return badInput(fmt.Errorf("--occurrence %s", msg))
+		return exitcode.BadInput(fmt.Errorf("--occurrence %s", msg))
 	}
 	return nil
 }
@@ -197,7 +198,7 @@ func createRuns(ctx context.Context, out io.Writer, c client.Client, sched *v1al
 			}
 			fmt.Fprintf(out, "exists processingrun/%s (occurrence %s)\n", run.Name, o.occurrence)
 		case apierrors.IsInvalid(err):
-			return badInput(fmt.Errorf("run %s of occurrence %s: %w", run.Name, o.occurrence, err))
+			return exitcode.BadInput(fmt.Errorf("run %s of occurrence %s: %w", run.Name, o.occurrence, err))
 		default:
 			return fmt.Errorf("creating run %s: %w", run.Name, err)
 		}
@@ -214,7 +215,7 @@ func (o *scheduleOptions) schedule(ctx context.Context, name string) (client.Cli
 	sched := &v1alpha1.ProcessingSchedule{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sched); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, nil, badInput(fmt.Errorf("processingschedule %s not found in namespace %s", name, ns))
+			return nil, nil, exitcode.BadInput(fmt.Errorf("processingschedule %s not found in namespace %s", name, ns))
 		}
 		return nil, nil, fmt.Errorf("reading processingschedule %s/%s: %w", ns, name, err)
 	}
@@ -228,12 +229,12 @@ func kubeClient(o *scheduleOptions) (client.Client, string, error) {
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: o.context})
 	cfg, err := cc.ClientConfig()
 	if err != nil {
-		return nil, "", badInput(fmt.Errorf("kubernetes client configuration: %w", err))
+		return nil, "", exitcode.BadInput(fmt.Errorf("kubernetes client configuration: %w", err))
 	}
 	ns := o.namespace
 	if ns == "" {
 		if ns, _, err = cc.Namespace(); err != nil {
-			return nil, "", badInput(fmt.Errorf("kubernetes namespace: %w", err))
+			return nil, "", exitcode.BadInput(fmt.Errorf("kubernetes namespace: %w", err))
 		}
 	}
 	scheme := runtime.NewScheme()

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/envtestutil"
 	"github.com/runledger/runledger/internal/schedule"
 )
@@ -91,7 +92,7 @@ func TestScheduleTriggerAndBackfill(t *testing.T) {
 	} {
 		_, err := runSchedule(t, env, ns, args...)
 		require.Error(t, err, "%v", args)
-		require.Equal(t, v1alpha1.ExitBadInput, codeOf(err, 1), "%v: %v", args, err)
+		require.Equal(t, v1alpha1.ExitBadInput, exitcode.OrElse(err, 1), "%v: %v", args, err)
 	}
 	var after v1alpha1.ProcessingRunList
 	require.NoError(t, env.Client.List(ctx, &after, client.InNamespace(ns)))

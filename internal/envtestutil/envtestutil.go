@@ -17,6 +17,7 @@ package envtestutil
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,13 +28,16 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
@@ -41,6 +45,7 @@ import (
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/worker"
 )
 
 // Env is a running kube-apiserver with runledger's CRDs and Kueue's.
@@ -263,4 +268,108 @@ func (e *Env) Kustomize(t testing.TB, dir string) []*unstructured.Unstructured {
 		}
 	}
 	return objs
+}
+
+// WorkerServiceAccount is the ServiceAccount WorkerTokenDir issues tokens
+// of (the manager's default --worker-service-account).
+const WorkerServiceAccount = "runledger-worker"
+
+// WorkerTokenDir is what the kubelet gives a worker pod to reach the API
+// server (controllers/podspec.go's token volume, mounted at
+// v1alpha1.WorkerTokenPath): a directory holding a token of the pod's
+// namespace's ServiceAccount WorkerServiceAccount bound to pod (a
+// TokenRequest for that Pod object, as the projected volume gets) and the
+// apiserver's CA, and the environment the kubelet sets in every container
+// (KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT). The ServiceAccount
+// and a Role with config/rbac's worker rules, bound to it, are created in
+// the namespace when missing: the token may do what a worker's may.
+func (e *Env) WorkerTokenDir(t testing.TB, pod *corev1.Pod) (dir string, env []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ns := pod.Namespace
+	b, err := os.ReadFile(filepath.Join(RepoRoot(), "config", "rbac", "worker_role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.Unmarshal(b, &role); err != nil {
+		t.Fatalf("config/rbac/worker_role.yaml: %v", err)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: WorkerServiceAccount, Namespace: ns}}
+	for _, obj := range []client.Object{
+		sa,
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: role.Name, Namespace: ns}, Rules: role.Rules},
+		&rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: role.Name, Namespace: ns},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: WorkerServiceAccount, Namespace: ns}},
+		},
+	} {
+		if err := e.Client.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("creating %T %s/%s: %v", obj, ns, obj.GetName(), err)
+		}
+	}
+	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		ExpirationSeconds: ptr.To[int64](v1alpha1.WorkerTokenExpirationSeconds),
+		BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+	}}
+	if err := e.Client.SubResource("token").Create(ctx, sa, req); err != nil {
+		t.Fatalf("requesting a token of %s/%s bound to pod %s: %v", ns, WorkerServiceAccount, pod.Name, err)
+	}
+	dir = t.TempDir()
+	for name, content := range map[string][]byte{"token": []byte(req.Status.Token), "ca.crt": e.Config.CAData, "namespace": []byte(ns)} {
+		if err := os.WriteFile(filepath.Join(dir, name), content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := url.Parse(e.Config.Host)
+	if err != nil {
+		t.Fatalf("the apiserver's address %q: %v", e.Config.Host, err)
+	}
+	return dir, []string{"KUBERNETES_SERVICE_HOST=" + u.Hostname(), "KUBERNETES_SERVICE_PORT=" + u.Port()}
+}
+
+// PodClient is a worker's pod client (worker.PodClient) with the
+// apiserver's administrator credentials, for tests and benchmarks that play
+// many workers in one process.
+func (e *Env) PodClient() (*worker.PodClient, error) {
+	tlsConfig, err := rest.TLSConfigFor(e.Config)
+	if err != nil {
+		return nil, fmt.Errorf("TLS configuration of the apiserver: %w", err)
+	}
+	return worker.NewPodClient(e.Config.Host, tlsConfig, nil), nil
+}
+
+// InstallOwnPodPolicy creates config/policy's runledger-worker-own-pod policy
+// and binding, under names of the test's own, bound to namespace ns only
+// (cluster-wide objects are shared by the test binary's apiserver). The
+// apiserver loads a new policy within a second or so.
+func (e *Env) InstallOwnPodPolicy(t testing.TB, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	n := 0
+	for _, obj := range e.Kustomize(t, "config/policy") {
+		if obj.GetName() != "runledger-worker-own-pod" {
+			continue
+		}
+		n++
+		obj.SetName("runledger-worker-own-pod-" + ns)
+		if obj.GetKind() == "ValidatingAdmissionPolicyBinding" {
+			if err := unstructured.SetNestedField(obj.Object, obj.GetName(), "spec", "policyName"); err != nil {
+				t.Fatal(err)
+			}
+			if err := unstructured.SetNestedStringMap(obj.Object, map[string]string{"kubernetes.io/metadata.name": ns},
+				"spec", "matchResources", "namespaceSelector", "matchLabels"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.Client.Create(ctx, obj); err != nil {
+			t.Fatalf("creating %s %s: %v", obj.GetKind(), obj.GetName(), err)
+		}
+		t.Cleanup(func() { _ = e.Client.Delete(context.Background(), obj) })
+	}
+	if n != 2 {
+		t.Fatalf("config/policy holds %d objects named runledger-worker-own-pod, want the policy and its binding", n)
+	}
 }

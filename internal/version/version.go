@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Set by the Makefile: go build -ldflags "-X github.com/runledger/runledger/internal/version.version=... -X ...commit=...".
@@ -85,17 +83,4 @@ func fill(info Info) Info {
 // String is what `runledger version` and `runledger --version` print.
 func (i Info) String() string {
 	return fmt.Sprintf("runledger %s\ncommit: %s\ngo: %s\n", i.Version, i.Commit, i.GoVersion)
-}
-
-// Collector is the runledger_build_info gauge: always 1, the build in its labels.
-func (i Info) Collector() prometheus.Collector {
-	g := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "runledger_build_info",
-		Help: "Always 1; the labels name the running build (version, commit, Go version).",
-		ConstLabels: prometheus.Labels{
-			"version": i.Version, "commit": i.Commit, "goversion": i.GoVersion,
-		},
-	})
-	g.Set(1)
-	return g
 }

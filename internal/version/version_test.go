@@ -3,11 +3,8 @@ package version
 import (
 	"runtime"
 	"runtime/debug"
-	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -49,14 +46,4 @@ func TestResolve(t *testing.T) {
 func TestString(t *testing.T) {
 	require.Equal(t, "runledger v1.0.0\ncommit: abc\ngo: go1.99.1\n",
 		Info{Version: "v1.0.0", Commit: "abc", GoVersion: "go1.99.1"}.String())
-}
-
-func TestBuildInfoMetric(t *testing.T) {
-	reg := prometheus.NewPedanticRegistry()
-	require.NoError(t, reg.Register(Info{Version: "v1.0.0", Commit: "abc", GoVersion: "go1.99.1"}.Collector()))
-	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP runledger_build_info Always 1; the labels name the running build (version, commit, Go version).
-# TYPE runledger_build_info gauge
-runledger_build_info{commit="abc",goversion="go1.99.1",version="v1.0.0"} 1
-`), "runledger_build_info"))
 }

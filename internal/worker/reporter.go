@@ -9,11 +9,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
@@ -35,7 +32,7 @@ type ProgressBoard interface {
 // cumulative and exact, so a lost write loses nothing: the next one (or the
 // termination message) carries the numbers.
 type StatusReporter struct {
-	c   client.Client
+	c   *PodClient
 	env PodEnv
 	// interval is the publishing period; runInterval the least time between
 	// two RunReports, fallback between two reports of the own shard.
@@ -60,7 +57,7 @@ type StatusReporter struct {
 // NewStatusReporter reports for env's shard, publishing every interval
 // (v1alpha1.ReportIntervalSeconds when 0; the run's reports and the
 // fallback's scale with it).
-func NewStatusReporter(c client.Client, env PodEnv, interval time.Duration, log logr.Logger) *StatusReporter {
+func NewStatusReporter(c *PodClient, env PodEnv, interval time.Duration, log logr.Logger) *StatusReporter {
 	if interval <= 0 {
 		interval = v1alpha1.ReportIntervalSeconds * time.Second
 	}
@@ -327,9 +324,7 @@ func (s *StatusReporter) patchValue(ctx context.Context, report any) error {
 	if err != nil {
 		return err
 	}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: s.env.Namespace, Name: s.env.PodName}}
-	err = s.c.Patch(ctx, pod, client.RawPatch(types.MergePatchType, body))
-	return podPatchError(err, s.env)
+	return podPatchError(s.c.PatchPod(ctx, s.env.Namespace, s.env.PodName, body), s.env)
 }
 
 // ProgressPatch is the JSON merge patch of a worker's report onto its pod:

@@ -166,6 +166,9 @@ func (f *fakeKubelet) startNewPods(ctx context.Context) {
 			continue
 		}
 		f.started[pod.Name] = true
+		// The token the kubelet mounts, bound to the pod (on the test's
+		// goroutine: it fails the test itself).
+		tokenDir, apiEnv := f.k.env.WorkerTokenDir(t, pod)
 		f.mu.Lock()
 		f.running++
 		f.total++
@@ -174,7 +177,7 @@ func (f *fakeKubelet) startNewPods(ctx context.Context) {
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			f.runPod(ctx, pod)
+			f.runPod(ctx, pod, tokenDir, apiEnv)
 			f.mu.Lock()
 			f.running--
 			f.mu.Unlock()
@@ -185,7 +188,7 @@ func (f *fakeKubelet) startNewPods(ctx context.Context) {
 // runPod runs the pod's worker to its end and writes what the kubelet
 // writes: Running, then the phase, exit code and termination message.
 // It runs in a goroutine of its own: errors are reported with t.Errorf.
-func (f *fakeKubelet) runPod(ctx context.Context, pod *corev1.Pod) {
+func (f *fakeKubelet) runPod(ctx context.Context, pod *corev1.Pod, tokenDir string, apiEnv []string) {
 	t := f.t
 	failed := func(err error) bool {
 		if err != nil {
@@ -224,9 +227,9 @@ func (f *fakeKubelet) runPod(ctx context.Context, pod *corev1.Pod) {
 	}
 	cmdCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	cmd, stdout, stderr := command(cmdCtx, "", "worker", "--termination-log", tl)
+	cmd, stdout, stderr := command(cmdCtx, "", "worker", "--termination-log", tl, "--token-dir", tokenDir)
+	cmd.Env = append(cmd.Env, apiEnv...)
 	cmd.Env = append(cmd.Env,
-		"KUBECONFIG="+f.k.kubeconfig,
 		v1alpha1.EnvRunNamespace+"="+pod.Namespace,
 		v1alpha1.EnvRunName+"="+pod.Labels[v1alpha1.LabelRun],
 		v1alpha1.EnvRunUID+"="+pod.Labels[v1alpha1.LabelRunUID],

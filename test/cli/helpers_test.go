@@ -134,7 +134,12 @@ func (r result) summary(t *testing.T) summary {
 
 // command prepares `runledger ARGS...` (this test binary, see TestMain).
 func command(ctx context.Context, stdin string, args ...string) (*exec.Cmd, *bytes.Buffer, *lockedWriter) {
-	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	return commandOf(ctx, os.Args[0], stdin, args...)
+}
+
+// commandOf prepares `BIN ARGS...`, with stdin and the outputs command's has.
+func commandOf(ctx context.Context, bin, stdin string, args ...string) (*exec.Cmd, *bytes.Buffer, *lockedWriter) {
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), envMain+"=1")
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout bytes.Buffer

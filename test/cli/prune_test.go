@@ -13,6 +13,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/cli"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/pgtest"
 )
@@ -90,7 +91,7 @@ func TestPrune(t *testing.T) {
 		require.Error(t, err, "%v", bad)
 	}
 	_, err = prune("--older-than", "0s")
-	var exit *cli.ExitError
+	var exit *exitcode.Error
 	require.ErrorAs(t, err, &exit)
 	require.Equal(t, v1alpha1.ExitBadInput, exit.Code)
 	require.ErrorContains(t, err, "--older-than must be a positive duration")

@@ -57,7 +57,7 @@ func TestOneReporterPerRun(t *testing.T) {
 		pod := k.workerPod(t, run, shard, 0)
 		env := worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: shard, Shards: shards,
 			PodName: pod.Name, PodUID: string(pod.UID)}
-		reporters[shard] = worker.NewStatusReporter(k.c, env, interval, discard())
+		reporters[shard] = worker.NewStatusReporter(k.podClient(t, pod), env, interval, discard())
 		reporters[shard].SetBoard(store)
 		wg.Go(func() { reporters[shard].Run(repCtx) })
 	}
@@ -125,7 +125,7 @@ func TestOneReporterPerRun(t *testing.T) {
 	other := k.createRun(t, "boardless", shards, inlineBatch(8))
 	pod := k.workerPod(t, other, 2, 0)
 	env := worker.PodEnv{Namespace: other.Namespace, Name: other.Name, UID: string(other.UID), Shard: 2, Shards: shards, PodName: pod.Name, PodUID: string(pod.UID)}
-	lone := worker.NewStatusReporter(k.c, env, interval, discard())
+	lone := worker.NewStatusReporter(k.podClient(t, pod), env, interval, discard())
 	wg.Go(func() { lone.Run(repCtx) })
 	start := time.Now()
 	var versions []string

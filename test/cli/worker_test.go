@@ -19,8 +19,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
@@ -29,11 +27,12 @@ import (
 	"github.com/runledger/runledger/internal/worker"
 )
 
-// kubeEnv is a real kube-apiserver (envtest) with the ProcessingRun CRD.
+// kubeEnv is a real kube-apiserver (envtest) with the ProcessingRun CRD,
+// and config/policy's admission policy runledger-worker-own-pod in
+// namespace default, where the runs are: the workers' reports pass it.
 type kubeEnv struct {
-	c          client.Client
-	kubeconfig string // a file, for worker processes
-	env        *envtestutil.Env
+	env *envtestutil.Env
+	c   client.Client
 }
 
 func startKube(t *testing.T) *kubeEnv {
@@ -41,17 +40,18 @@ func startKube(t *testing.T) *kubeEnv {
 	env, err := envtestutil.Start()
 	require.NoError(t, err, "starting kube-apiserver and etcd")
 	t.Cleanup(func() { require.NoError(t, env.Stop(), "stopping the control plane") })
+	env.InstallOwnPodPolicy(t, "default")
+	return &kubeEnv{env: env, c: env.Client}
+}
 
-	// A kubeconfig file with the same credentials, for worker processes.
-	cfg := env.Config
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["envtest"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "envtest", Namespace: "default"}
-	kc.CurrentContext = "envtest"
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, clientcmd.WriteToFile(*kc, path))
-	return &kubeEnv{c: env.Client, kubeconfig: path, env: env}
+// podClient is the worker's client of pod's shard, with the token the
+// kubelet would mount into the pod.
+func (k *kubeEnv) podClient(t *testing.T, pod *corev1.Pod) *worker.PodClient {
+	t.Helper()
+	dir, _ := k.env.WorkerTokenDir(t, pod)
+	c, err := worker.TokenDirPodClient(k.env.Config.Host, dir)
+	require.NoError(t, err)
+	return c
 }
 
 // createRun creates a ProcessingRun in namespace default.
@@ -95,7 +95,7 @@ func (k *kubeEnv) workerPod(t *testing.T, run *v1alpha1.ProcessingRun, shard, at
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: run.Namespace, Labels: map[string]string{
 			v1alpha1.LabelRun: run.Name, v1alpha1.LabelRunUID: string(run.UID),
 			v1alpha1.LabelShard: strconv.Itoa(shard), v1alpha1.LabelAttempt: strconv.Itoa(attempt)}},
-		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, ServiceAccountName: envtestutil.WorkerServiceAccount,
 			Containers: []corev1.Container{{Name: v1alpha1.WorkerContainerName, Image: "runledger"}}},
 	}
 	require.NoError(t, k.c.Create(ctx, pod))
@@ -125,11 +125,16 @@ func inlineBatch(n int) v1alpha1.BatchSpec {
 }
 
 // TestWorkerInPod runs the worker's Kubernetes side against a real
-// kube-apiserver: status reports by server-side apply, and `runledger
-// worker` processes as the controller starts them.
+// kube-apiserver: its reports on its pod (JSON merge patches through the
+// worker's own client, with a token bound to the pod as the kubelet mounts
+// it, under the admission policy workers get), and the worker's processes
+// as the controller starts them: the worker binary (runledger-worker, what
+// the pods of the manager's image run) and `runledger worker` (a run that
+// names its own image).
 func TestWorkerInPod(t *testing.T) {
 	t.Parallel()
 	k := startKube(t)
+	bin := buildWorkerBinary(t)
 
 	// Two shards report concurrently, many times: each report lands on the
 	// shard's own pod, and the run object is never written by a worker (the
@@ -143,10 +148,11 @@ func TestWorkerInPod(t *testing.T) {
 		var wg sync.WaitGroup
 		for shard := range 2 {
 			pod := k.workerPod(t, run, shard, 0)
+			pc := k.podClient(t, pod)
 			wg.Go(func() {
 				env := worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: shard, Shards: 2,
 					PodName: pod.Name, PodUID: string(pod.UID)}
-				rep := worker.NewStatusReporter(k.c, env, 0, discard())
+				rep := worker.NewStatusReporter(pc, env, 0, discard())
 				for i := 1; i <= 10; i++ {
 					r := worker.Report{ItemCounts: v1alpha1.ItemCounts{Total: 1000, Completed: int64(100*i + shard), AlreadyHandled: int64(shard)}}
 					require.NoError(t, rep.Final(ctx, r, "report "+strconv.Itoa(i), 10*time.Second))
@@ -167,12 +173,13 @@ func TestWorkerInPod(t *testing.T) {
 		// A report onto a pod of the same name but another UID (a
 		// force-deleted pod's successor) is refused, and writes nothing.
 		pod := k.workerPod(t, run, 0, 0)
-		stale := worker.NewStatusReporter(k.c, worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: 0, Shards: 2,
+		pc := k.podClient(t, pod)
+		stale := worker.NewStatusReporter(pc, worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: 0, Shards: 2,
 			PodName: pod.Name, PodUID: "00000000-0000-0000-0000-000000000000"}, 0, discard())
 		err := stale.Final(ctx, worker.Report{ItemCounts: v1alpha1.ItemCounts{Completed: 1}}, "stale", 5*time.Second)
 		require.ErrorContains(t, err, "another pod took its name")
 		require.EqualValues(t, 1000, k.report(t, run, 0, 0).Completed)
-		gone := worker.NewStatusReporter(k.c, worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: 0, Shards: 2,
+		gone := worker.NewStatusReporter(pc, worker.PodEnv{Namespace: run.Namespace, Name: run.Name, UID: string(run.UID), Shard: 0, Shards: 2,
 			PodName: "reports-0-9"}, 0, discard())
 		require.ErrorContains(t, gone.Final(ctx, worker.Report{}, "gone", 5*time.Second), "pod reports-0-9 is gone")
 	})
@@ -182,12 +189,11 @@ func TestWorkerInPod(t *testing.T) {
 	// the name readable and never hold the password as the DSN's secret.
 	t.Run("common-word password", func(t *testing.T) {
 		t.Parallel()
-		pgtest.DirectOnly(t, testBouncerTrusts)
 		d := newDB(t)
 		run := k.createRun(t, "runledger-words", 1, inlineBatch(3))
 		wrong := &db{dsn: pgtest.PasswordDSN(t, d.dsn, "runledger"), pool: d.pool}
 		tl := filepath.Join(t.TempDir(), "t")
-		r := runWorker(t, k, wrong, run, 0, 0, "--termination-log", tl, "--retry-timeout", "5s")
+		r := runWorker(t, k, bin, wrong, run, 0, 0, "--termination-log", tl, "--retry-timeout", "5s")
 		require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
 		raw, err := os.ReadFile(tl)
 		require.NoError(t, err)
@@ -211,14 +217,14 @@ func TestWorkerInPod(t *testing.T) {
 		run := k.createRun(t, "dsn-file", 1, inlineBatch(10))
 		noEnv := &db{pool: d.pool}
 		file := writeFile(t, "dsn", d.dsn+"\n")
-		r := runWorker(t, k, noEnv, run, 0, 0, "--dsn-file", file, "--termination-log", filepath.Join(t.TempDir(), "t"))
+		r := runWorker(t, k, subcommand, noEnv, run, 0, 0, "--dsn-file", file, "--termination-log", filepath.Join(t.TempDir(), "t"))
 		require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
 		require.EqualValues(t, 10, k.report(t, run, 0, 0).Completed)
 		require.EqualValues(t, 10, d.committed(t))
 
 		tl := filepath.Join(t.TempDir(), "t")
 		missing := filepath.Join(t.TempDir(), "nope")
-		r = runWorker(t, k, noEnv, run, 0, 1, "--dsn-file", missing, "--termination-log", tl)
+		r = runWorker(t, k, subcommand, noEnv, run, 0, 1, "--dsn-file", missing, "--termination-log", tl)
 		require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
 		require.Contains(t, r.stderr, "reading --dsn-file: open "+missing+": no such file or directory")
 		require.NotContains(t, r.stderr, "RUNLEDGER_DATABASE_URL is not set", "the file is the DSN's source")
@@ -240,7 +246,7 @@ func TestWorkerInPod(t *testing.T) {
 		for shard := range 2 {
 			term[shard] = filepath.Join(t.TempDir(), "termination-log")
 			wg.Go(func() {
-				results[shard] = runWorker(t, k, d, run, shard, 0, "--termination-log", term[shard])
+				results[shard] = runWorker(t, k, bin, d, run, shard, 0, "--termination-log", term[shard])
 			})
 		}
 		wg.Wait()
@@ -264,7 +270,7 @@ func TestWorkerInPod(t *testing.T) {
 		require.EqualValues(t, 300, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1`, string(run.UID)))
 
 		// A second attempt of shard 1 counts the first attempt's rows as completed.
-		r := runWorker(t, k, d, run, 1, 1, "--termination-log", filepath.Join(t.TempDir(), "t"))
+		r := runWorker(t, k, bin, d, run, 1, 1, "--termination-log", filepath.Join(t.TempDir(), "t"))
 		require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
 		e := k.report(t, run, 1, 1)
 		require.EqualValues(t, 1, e.Attempt)
@@ -278,7 +284,7 @@ func TestWorkerInPod(t *testing.T) {
 		require.NoError(t, k.c.Create(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "june", Namespace: "default"},
 			Data: map[string]string{"items.jsonl": strings.Join(lines, "\n")}}))
 		cmRun := k.createRun(t, "configmap", 1, v1alpha1.BatchSpec{ConfigMapRef: &v1alpha1.ConfigMapKeyRef{Name: "june", Key: "items.jsonl"}})
-		r = runWorker(t, k, d, cmRun, 0, 0, "--termination-log", filepath.Join(t.TempDir(), "t"))
+		r = runWorker(t, k, bin, d, cmRun, 0, 0, "--termination-log", filepath.Join(t.TempDir(), "t"))
 		require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
 		e = k.report(t, cmRun, 0, 0)
 		require.Equal(t, []int64{50, 40, 10, 0}, []int64{e.Total, e.Completed, e.AlreadyHandled, e.Failed})
@@ -288,7 +294,7 @@ func TestWorkerInPod(t *testing.T) {
 			Data: map[string]string{"items.jsonl": `{"entity":"a"}`}}))
 		bad := k.createRun(t, "broken", 1, v1alpha1.BatchSpec{ConfigMapRef: &v1alpha1.ConfigMapKeyRef{Name: "broken", Key: "items.jsonl"}})
 		tl := filepath.Join(t.TempDir(), "t")
-		r = runWorker(t, k, d, bad, 0, 0, "--termination-log", tl)
+		r = runWorker(t, k, bin, d, bad, 0, 0, "--termination-log", tl)
 		require.Equal(t, 2, r.code, "bad input; stderr:\n%s", r.stderr)
 		e = k.report(t, bad, 0, 0)
 		require.Contains(t, e.Message, `line 1: field "occurrence" is missing`)
@@ -299,7 +305,7 @@ func TestWorkerInPod(t *testing.T) {
 		// The pod of a deleted-and-recreated run: refused, exit 2.
 		stale := *run
 		stale.UID = "11111111-1111-1111-1111-111111111111"
-		r = runWorker(t, k, d, &stale, 0, 0, "--termination-log", filepath.Join(t.TempDir(), "t"))
+		r = runWorker(t, k, bin, d, &stale, 0, 0, "--termination-log", filepath.Join(t.TempDir(), "t"))
 		require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
 		require.Contains(t, r.stderr, "the run this pod was created for is gone")
 
@@ -307,12 +313,9 @@ func TestWorkerInPod(t *testing.T) {
 		// retried (a lockout risk) nor called unreachable; the same when the
 		// shard makes the first connection (--skip-migrate, inline items).
 		for _, args := range [][]string{nil, {"--skip-migrate"}} {
-			if pgtest.ThroughPooler() {
-				break // testBouncerTrusts
-			}
 			tl := filepath.Join(t.TempDir(), "t")
 			wrong := &db{dsn: pgtest.PasswordDSN(t, d.dsn, password), pool: d.pool}
-			r = runWorker(t, k, wrong, run, 0, 0, append(args, "--termination-log", tl, "--retry-timeout", "5s")...)
+			r = runWorker(t, k, bin, wrong, run, 0, 0, append(args, "--termination-log", tl, "--retry-timeout", "5s")...)
 			require.Equal(t, 2, r.code, "%v: stderr:\n%s", args, r.stderr)
 			require.Contains(t, r.stderr, "the database server rejected the connection string's credentials")
 			require.NotContains(t, r.stderr, "retrying")
@@ -328,7 +331,7 @@ func TestWorkerInPod(t *testing.T) {
 		big := k.createRun(t, "terminated", 1, v1alpha1.BatchSpec{Query: "SELECT 'big-' || i AS entity, 'x' AS occurrence, jsonb_build_object('amount', i) AS payload FROM generate_series(1, 50000) i"},
 			"INSERT INTO invoices SELECT entity, occurrence, (payload->>'amount')::numeric FROM claimed")
 		tl = filepath.Join(t.TempDir(), "t")
-		cmd, wait := startWorker(t, k, d, big, 0, 0, "--termination-log", tl)
+		cmd, wait := startWorker(t, k, bin, d, big, 0, 0, "--termination-log", tl)
 		uid := string(big.UID)
 		waitUntil(t, "the worker has committed", func() bool {
 			return d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1`, uid) > 2000
@@ -347,29 +350,55 @@ func TestWorkerInPod(t *testing.T) {
 		require.Equal(t, committed, e.Completed, "the final status report is exact")
 		require.EqualValues(t, 50000, e.Total)
 
-		// No environment at all.
-		r = runCLI(t, "", "worker", "--termination-log", filepath.Join(t.TempDir(), "t"))
-		require.Equal(t, 2, r.code)
-		require.Contains(t, r.stderr, "RUNLEDGER_RUN_NAME is not set")
+		// No environment at all, either command.
+		for _, cmd := range [][]string{{os.Args[0], "worker"}, {bin}} {
+			c, stdout, stderr := commandOf(context.Background(), cmd[0], "", append(cmd[1:], "--termination-log", filepath.Join(t.TempDir(), "t"))...)
+			err := c.Run()
+			require.Error(t, err, "%v", cmd)
+			require.Equal(t, 2, c.ProcessState.ExitCode(), "%v: stdout %s, stderr:\n%s", cmd, stdout, stderr)
+			require.Contains(t, stderr.String(), "RUNLEDGER_RUN_NAME is not set")
+		}
 	})
 }
 
-// runWorker runs `runledger worker` for a shard and attempt of run, with the
-// environment the controller gives its pods.
-func runWorker(t *testing.T, k *kubeEnv, d *db, run *v1alpha1.ProcessingRun, shard, attempt int, args ...string) result {
+// subcommand, as runWorker's bin: `runledger worker` (this test binary,
+// see TestMain), which a pod runs when its run names its own image.
+const subcommand = ""
+
+// buildWorkerBinary builds the worker binary, cmd/runledger-worker, as the
+// image holds it.
+func buildWorkerBinary(t *testing.T) string {
 	t.Helper()
-	_, wait := startWorker(t, k, d, run, shard, attempt, args...)
+	bin := filepath.Join(t.TempDir(), "runledger-worker")
+	build := exec.Command("go", "build", "-o", bin, "github.com/runledger/runledger/cmd/runledger-worker")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "building cmd/runledger-worker:\n%s", out)
+	return bin
+}
+
+// runWorker runs the worker, the binary bin (or subcommand), for a shard
+// and attempt of run, with the environment and files the controller gives
+// its pods and the token the kubelet mounts.
+func runWorker(t *testing.T, k *kubeEnv, bin string, d *db, run *v1alpha1.ProcessingRun, shard, attempt int, args ...string) result {
+	t.Helper()
+	_, wait := startWorker(t, k, bin, d, run, shard, attempt, args...)
 	return wait()
 }
 
-// startWorker starts `runledger worker` in the background.
-func startWorker(t *testing.T, k *kubeEnv, d *db, run *v1alpha1.ProcessingRun, shard, attempt int, args ...string) (*exec.Cmd, func() result) {
+// startWorker starts the worker in the background.
+func startWorker(t *testing.T, k *kubeEnv, bin string, d *db, run *v1alpha1.ProcessingRun, shard, attempt int, args ...string) (*exec.Cmd, func() result) {
 	t.Helper()
 	pod := k.workerPod(t, run, shard, attempt)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	cmd, stdout, stderr := command(ctx, "", append([]string{"worker"}, args...)...)
+	tokenDir, apiEnv := k.env.WorkerTokenDir(t, pod)
+	args = append(args, "--token-dir", tokenDir)
+	if bin == subcommand {
+		bin, args = os.Args[0], append([]string{"worker"}, args...)
+	}
+	cmd, stdout, stderr := commandOf(ctx, bin, "", args...)
+	cmd.Env = append(cmd.Env, apiEnv...)
 	cmd.Env = append(cmd.Env,
-		"KUBECONFIG="+k.kubeconfig,
 		v1alpha1.EnvRunNamespace+"="+run.Namespace,
 		v1alpha1.EnvRunName+"="+run.Name,
 		v1alpha1.EnvRunUID+"="+string(run.UID),

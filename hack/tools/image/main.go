@@ -1,12 +1,12 @@
 // Command image builds and pushes container images from local static
-// binaries, with no daemon: an empty base plus one layer holding the binary
-// (and /etc/passwd, /etc/group, /tmp), an entrypoint, arguments, a numeric
-// non-root user and labels; no shell. `build` writes an OCI image layout
+// binaries, with no daemon: an empty base plus one layer holding the
+// binaries (and /etc/passwd, /etc/group, /tmp), an entrypoint (the first
+// binary), arguments, a numeric non-root user and labels; no shell. `build` writes an OCI image layout
 // (an image index with one image per platform), `push` sends it to any OCI
 // registry with the credentials of the usual docker config.
 //
-//	image build -o bin/image -binary linux/amd64=bin/platforms/linux_amd64/runledger \
-//	  -binary linux/arm64=bin/platforms/linux_arm64/runledger -path /runledger \
+//	image build -o bin/image -binary linux/amd64=bin/platforms/linux_amd64/runledger,bin/platforms/linux_amd64/runledger-worker \
+//	  -binary linux/arm64=bin/platforms/linux_arm64/runledger,bin/platforms/linux_arm64/runledger-worker -path /runledger \
 //	  -label org.opencontainers.image.version=v0.1.0
 //	image push bin/image registry.example/runledger:v0.1.0
 //	image ref bin/image registry.example/runledger:v0.1.0   # registry.example/runledger@sha256:...
@@ -29,6 +29,7 @@ import (
 	"os/signal"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -78,13 +79,13 @@ func runBuild(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("image build", flag.ContinueOnError)
 	var (
 		out      = fs.String("o", "", "output directory: an OCI image layout, replaced (required)")
-		dst      = fs.String("path", "", "absolute path of the binary in the image, also the entrypoint (default /<name of the binary>)")
+		dst      = fs.String("path", "", "absolute path of the first binary in the image, also the entrypoint (default /<name of the binary>)")
 		user     = fs.String("user", "65532:65532", "user[:group] the image runs as; numeric, so runAsNonRoot can verify it")
 		binaries listFlag
 		cmd      listFlag
 		labels   listFlag
 	)
-	fs.Var(&binaries, "binary", "OS/ARCH=FILE: the static binary of one platform (repeatable, one per platform)")
+	fs.Var(&binaries, "binary", "OS/ARCH=FILE[,FILE...]: the static binaries of one platform, the first the entrypoint (at -path), the others at /<name of the binary> (repeatable, one per platform)")
 	fs.Var(&cmd, "arg", "a default argument, the image's Cmd (repeatable, in order)")
 	fs.Var(&labels, "label", "KEY=VALUE: an image label, also an annotation of the index (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -125,21 +126,23 @@ type imageSpec struct {
 	labels map[string]string
 }
 
-// buildIndex returns an OCI image index with one image per OS/ARCH=FILE binary.
+// buildIndex returns an OCI image index with one image per
+// OS/ARCH=FILE[,FILE...] of binaries.
 func buildIndex(binaries []string, spec imageSpec) (v1.ImageIndex, error) {
 	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 	seen := map[string]bool{}
 	for _, b := range binaries {
-		platform, file, ok := strings.Cut(b, "=")
+		platform, list, ok := strings.Cut(b, "=")
 		osName, arch, ok2 := strings.Cut(platform, "/")
-		if !ok || !ok2 || osName == "" || arch == "" || file == "" {
-			return nil, fmt.Errorf("bad -binary %q: want OS/ARCH=FILE", b)
+		files := strings.Split(list, ",")
+		if !ok || !ok2 || osName == "" || arch == "" || slices.Contains(files, "") {
+			return nil, fmt.Errorf("bad -binary %q: want OS/ARCH=FILE[,FILE...]", b)
 		}
 		if seen[platform] {
 			return nil, fmt.Errorf("-binary: platform %s given twice", platform)
 		}
 		seen[platform] = true
-		img, err := buildImage(file, osName, arch, spec)
+		img, err := buildImage(files, osName, arch, spec)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", platform, err)
 		}
@@ -154,12 +157,16 @@ func buildIndex(binaries []string, spec imageSpec) (v1.ImageIndex, error) {
 	return idx, nil
 }
 
-func buildImage(bin, osName, arch string, spec imageSpec) (v1.Image, error) {
+func buildImage(bins []string, osName, arch string, spec imageSpec) (v1.Image, error) {
 	dst := spec.path
 	if dst == "" {
-		dst = "/" + filepath.Base(bin)
+		dst = "/" + filepath.Base(bins[0])
 	}
-	layerTar, dsts, err := buildLayer([]string{bin + "=" + dst})
+	specs := []string{bins[0] + "=" + dst}
+	for _, b := range bins[1:] {
+		specs = append(specs, b+"=/"+filepath.Base(b))
+	}
+	layerTar, dsts, err := buildLayer(specs)
 	if err != nil {
 		return nil, err
 	}
@@ -298,18 +305,21 @@ func buildLayer(specs []string) (layer []byte, dsts []string, err error) {
 	for _, spec := range specs {
 		src, dst, ok := strings.Cut(spec, "=")
 		if !ok || src == "" || !strings.HasPrefix(dst, "/") {
-			return nil, nil, fmt.Errorf("bad -file %q: want SRC=/ABSOLUTE/DST", spec)
+			return nil, nil, fmt.Errorf("bad file %q: want SRC=/ABSOLUTE/DST", spec)
 		}
 		dst = strings.TrimPrefix(path.Clean(dst), "/")
 		if dst == "" {
-			return nil, nil, fmt.Errorf("bad -file %q: DST is the root directory", spec)
+			return nil, nil, fmt.Errorf("bad file %q: DST is the root directory", spec)
+		}
+		if _, taken := entries[dst]; taken {
+			return nil, nil, fmt.Errorf("two files at /%s: give each binary its own name or -path", dst)
 		}
 		st, err := os.Stat(src)
 		if err != nil {
 			return nil, nil, err
 		}
 		if !st.Mode().IsRegular() {
-			return nil, nil, fmt.Errorf("-file %s: not a regular file", src)
+			return nil, nil, fmt.Errorf("%s: not a regular file", src)
 		}
 		mode := int64(0o644)
 		if st.Mode()&0o111 != 0 {

@@ -21,7 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
-// fakeBinaries writes two "static binaries" (their bytes only matter).
+// fakeBinaries writes two "static binaries" (their bytes only matter), and
+// a second one for each platform, runledger-worker, beside it.
 func fakeBinaries(t *testing.T) (amd64, arm64 string) {
 	t.Helper()
 	dir := t.TempDir()
@@ -30,8 +31,10 @@ func fakeBinaries(t *testing.T) (amd64, arm64 string) {
 		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(f, []byte("binary for "+filepath.Base(filepath.Dir(f))+"/runledger"), 0o755); err != nil {
-			t.Fatal(err)
+		for _, name := range []string{"runledger", "runledger-worker"} {
+			if err := os.WriteFile(filepath.Join(filepath.Dir(f), name), []byte("binary for "+filepath.Base(filepath.Dir(f))+"/"+name), 0o755); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	return amd64, arm64
@@ -41,7 +44,8 @@ func build(t *testing.T, out string, extra ...string) string {
 	t.Helper()
 	amd64, arm64 := fakeBinaries(t)
 	var stdout bytes.Buffer
-	args := append([]string{"build", "-o", out, "-binary", "linux/amd64=" + amd64, "-binary", "linux/arm64=" + arm64,
+	worker := func(bin string) string { return "," + filepath.Join(filepath.Dir(bin), "runledger-worker") }
+	args := append([]string{"build", "-o", out, "-binary", "linux/amd64=" + amd64 + worker(amd64), "-binary", "linux/arm64=" + arm64 + worker(arm64),
 		"-path", "/runledger", "-label", "org.opencontainers.image.version=v1.2.3"}, extra...)
 	if err := run(context.Background(), args, &stdout); err != nil {
 		t.Fatal(err)
@@ -66,9 +70,9 @@ func TestBuildIsReproducible(t *testing.T) {
 	}
 }
 
-// Each platform's image: its own binary, the entrypoint, a numeric non-root
-// user, the labels, no shell (the layer holds the binary, /etc/passwd,
-// /etc/group and /tmp, nothing else).
+// Each platform's image: its own binaries, the first the entrypoint, a
+// numeric non-root user, the labels, no shell (the layer holds the
+// binaries, /etc/passwd, /etc/group and /tmp, nothing else).
 func TestBuildContents(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "image")
 	build(t, out, "-label", "org.opencontainers.image.source=https://example.com/runledger")
@@ -106,11 +110,13 @@ func TestBuildContents(t *testing.T) {
 			}
 		}
 		files := layerFiles(t, img)
-		if want := "etc/ etc/group etc/passwd runledger tmp/"; strings.Join(files.names, " ") != want {
+		if want := "etc/ etc/group etc/passwd runledger runledger-worker tmp/"; strings.Join(files.names, " ") != want {
 			t.Errorf("%s: layer holds %v, want %s (no shell)", d.Platform.Architecture, files.names, want)
 		}
-		if !strings.HasSuffix(files.content["runledger"], d.Platform.Architecture+"/runledger") {
-			t.Errorf("%s: /runledger is %q, the other platform's binary", d.Platform.Architecture, files.content["runledger"])
+		for _, name := range []string{"runledger", "runledger-worker"} {
+			if !strings.HasSuffix(files.content[name], d.Platform.Architecture+"/"+name) {
+				t.Errorf("%s: /%s is %q, another binary", d.Platform.Architecture, name, files.content[name])
+			}
 		}
 	}
 	if strings.Join(archs, " ") != "linux/amd64 linux/arm64" {
@@ -223,7 +229,9 @@ func TestBadInput(t *testing.T) {
 		{[]string{"ref", filepath.Join(t.TempDir(), "none"), "registry.example/r:t"}, "run image build first"},
 		{[]string{"tag"}, `unknown command "tag"`},
 		{[]string{"build", "-o", out}, "-o and at least one -binary are required"},
-		{[]string{"build", "-o", out, "-binary", amd64}, "want OS/ARCH=FILE"},
+		{[]string{"build", "-o", out, "-binary", amd64}, "want OS/ARCH=FILE[,FILE...]"},
+		{[]string{"build", "-o", out, "-binary", "linux/amd64=" + amd64 + ","}, "want OS/ARCH=FILE[,FILE...]"},
+		{[]string{"build", "-o", out, "-binary", "linux/amd64=" + amd64 + "," + amd64}, "two files at /runledger"},
 		{[]string{"build", "-o", out, "-binary", "linux/amd64=" + amd64, "-binary", "linux/amd64=" + amd64}, "platform linux/amd64 given twice"},
 		{[]string{"build", "-o", out, "-binary", "linux/amd64=/no/such/file"}, "no such file"},
 		{[]string{"build", "-o", out, "-binary", "linux/amd64=" + amd64, "-label", "novalue"}, `bad -label "novalue"`},

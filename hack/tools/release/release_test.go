@@ -37,7 +37,10 @@ func TestSBOM(t *testing.T) {
 			Timestamp string
 			Component struct{ Type, Name, Version, Purl string }
 		}
-		Components []struct{ Type, Name, Version, Purl string }
+		Components []struct {
+			Type, Name, Version, Purl string
+			Properties                []struct{ Name, Value string }
+		}
 	}
 	require.NoError(t, json.Unmarshal(outs[0], &doc))
 	require.Equal(t, "CycloneDX", doc.BOMFormat)
@@ -50,6 +53,9 @@ func TestSBOM(t *testing.T) {
 	names := map[string]string{}
 	for _, c := range doc.Components {
 		names[c.Name] = c.Purl
+		for _, p := range c.Properties {
+			require.NotEqual(t, "runledger:platforms", p.Name, "%s: in every platform (two binaries of one platform)", c.Name)
+		}
 	}
 	require.Equal(t, "pkg:golang/github.com/CycloneDX/cyclonedx-go@v0.12.0", names["github.com/CycloneDX/cyclonedx-go"])
 	require.Contains(t, names, "stdlib")

@@ -92,10 +92,13 @@ func TestReleaseReproducible(t *testing.T) {
 		for _, mod := range []string{"pkg:golang/github.com/runledger/runledger@" + version, "pkg:golang/github.com/jackc/pgx/v5@", "pkg:golang/sigs.k8s.io/controller-runtime@"} {
 			require.Contains(t, string(sbom), mod, "the SBOM lists the modules inside the binary")
 		}
-		// The binary says its version.
+		// The binaries say their version.
 		bin := filepath.Join(clone, "bin", "platforms", "linux_amd64", "runledger")
 		if out, err := exec.CommandContext(t.Context(), bin, "version").CombinedOutput(); err == nil {
 			require.Contains(t, string(out), version, "runledger version")
+		}
+		if out, err := exec.CommandContext(t.Context(), bin+"-worker", "--version").CombinedOutput(); err == nil {
+			require.Contains(t, string(out), version, "runledger-worker --version")
 		}
 	}
 	require.Equal(t, refs[0], refs[1], "the same image digest")

@@ -105,7 +105,7 @@ func sbom(ref, version string, epoch time.Time, bins []binary) (*cdx.BOM, error)
 			continue
 		}
 		ps := dedupe(platforms[r])
-		if len(ps) != len(bins) {
+		if len(ps) != len(allPlatforms(bins)) { // in some of the platforms only (not: in some of a platform's binaries)
 			c.Properties = appendProp(c.Properties, "runledger:platforms", strings.Join(ps, ","))
 		}
 		list = append(list, c)

@@ -25,7 +25,9 @@ import (
 type WorkerTemplateApplyConfiguration struct {
 	// metadata holds labels and annotations added to the worker pods.
 	Metadata *WorkerPodMetadataApplyConfiguration `json:"metadata,omitempty"`
-	// image overrides the manager's --worker-image for this run.
+	// image overrides the manager's --worker-image for this run: a runledger
+	// image of any release, whose entrypoint runs with the argument worker
+	// (`runledger worker`; the manager's own image runs its worker binary).
 	Image *string `json:"image,omitempty"`
 	// imagePullSecrets of the worker pods: Secrets in the run's namespace
 	// holding the credentials to pull the worker image.

@@ -1,4 +1,11 @@
-package cli
+// Package workercmd is the worker: the process that runs one shard of a
+// ProcessingRun in the pod the controller created for it, and the flags and
+// helpers it shares with runledger run. The worker binary
+// cmd/runledger-worker (what the pods of the manager's image run, without
+// the manager's libraries: docs/scale.md) and `runledger worker` (what the
+// pods of a run that names its own image run) are the same command; it
+// imports no Kubernetes client library (TestWorkerBinaryDeps).
+package workercmd
 
 import (
 	"cmp"
@@ -7,23 +14,21 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/config"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/logging"
 	"github.com/runledger/runledger/internal/redact"
+	"github.com/runledger/runledger/internal/version"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -53,68 +58,73 @@ type workerOptions struct {
 	dsnFile        string
 	terminationLog string
 	reportInterval time.Duration
-	engineFlags
+	tokenDir       string
+	EngineFlags
 }
 
-func newWorkerCommand() *cobra.Command {
+// New is the `worker` subcommand of runledger.
+func New() *cobra.Command {
+	return newCommand(v1alpha1.WorkerSubcommand)
+}
+
+// NewBinary is the command line of the worker binary, cmd/runledger-worker
+// (v1alpha1.WorkerBinary in the image): the worker subcommand's, with
+// --version.
+func NewBinary() *cobra.Command {
+	cmd := newCommand(path.Base(v1alpha1.WorkerBinary))
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	cmd.Version = version.Get().Version
+	cmd.SetVersionTemplate(version.Get().String())
+	return cmd
+}
+
+func newCommand(use string) *cobra.Command {
 	var o workerOptions
 	cmd := &cobra.Command{
-		Use:   "worker",
+		Use:   use,
 		Short: "Process one shard of a ProcessingRun inside its pod (started by the controller)",
 		Long:  workerLong,
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.dsnFile, flagDSNFile, "", "read the connection string from this file (a Secret mounted as a file) instead of $"+v1alpha1.EnvDatabaseURL)
+	f.StringVar(&o.dsnFile, FlagDSNFile, "", "read the connection string from this file (a Secret mounted as a file) instead of $"+v1alpha1.EnvDatabaseURL)
 	f.StringVar(&o.terminationLog, "termination-log", v1alpha1.TerminationMessagePath, "where to write the final report (the pod's terminationMessagePath)")
 	f.DurationVar(&o.reportInterval, "report-interval", v1alpha1.ReportIntervalSeconds*time.Second, "least time between two status reports")
-	o.add(f, "SIGTERM", time.Minute, "how long to wait while another process holds this shard's lock (an earlier pod still finishing)")
+	f.StringVar(&o.tokenDir, "token-dir", v1alpha1.WorkerTokenPath, "the directory of the pod's ServiceAccount token and the API server's CA (token, ca.crt)")
+	o.Add(f, "SIGTERM", time.Minute, "how long to wait while another process holds this shard's lock (an earlier pod still finishing)")
 	_ = f.MarkHidden("report-interval")
+	_ = f.MarkHidden("token-dir")
 	return cmd
 }
-
-// workerScheme holds the kinds the worker reads.
-var workerScheme = func() *runtime.Scheme {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	if err := corev1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	return s
-}()
 
 func (o *workerOptions) run(cmd *cobra.Command) error {
 	env, envErr := o.podEnv()
 	secrets := redact.New(env.DSN)
 	// JSON lines on stderr (kubectl logs, log collectors) unless it is a
 	// terminal, every one of them with the DSN's secrets masked.
-	log, err := o.logging.New(secrets.Writer(cmd.ErrOrStderr()), logging.IsTerminal(cmd.ErrOrStderr()))
+	log, err := o.Logging.New(secrets.Writer(cmd.ErrOrStderr()), logging.IsTerminal(cmd.ErrOrStderr()))
 	if err != nil {
-		return badInput(err)
+		return exitcode.BadInput(err)
 	}
 	log = log.WithValues("run", env.Namespace+"/"+env.Name, "attempt", env.Attempt)
 	engineLog := log // the engine adds "shard" itself
 	log = log.WithValues("shard", env.Shard)
-	ctrllog.SetLogger(log)
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	ctx = ctrllog.IntoContext(ctx, log)
 	go func() {
 		<-ctx.Done()
 		if cmd.Context().Err() == nil {
-			log.Info("stop requested: taking no new chunk; the chunk in flight commits or rolls back", "drainTimeout", o.drainTimeout.String())
+			log.Info("stop requested: taking no new chunk; the chunk in flight commits or rolls back", "drainTimeout", o.DrainTimeout.String())
 		}
 	}()
 
 	s := &workerRun{opts: o, env: env, log: log, engineLog: engineLog}
 	rep, maxFailed, err := s.work(ctx, envErr)
-	rep.Err, _ = explainRejection(rep.Err)      // e.g. --skip-migrate: the shard connects first
-	code := workerExitCode(rep, err, maxFailed) // before redaction, which may drop the errors' wrapping
-	err = redactExit(err, secrets)
+	rep.Err, _ = exitcode.ExplainRejection(rep.Err) // e.g. --skip-migrate: the shard connects first
+	code := exitcode.Worker(rep, err, maxFailed)    // before redaction, which may drop the errors' wrapping
+	err = exitcode.Redact(err, secrets)
 	rep.Err = secrets.Error(rep.Err)
 	if err != nil && rep.Err == nil {
 		rep.Err = err
@@ -129,7 +139,7 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 	if err == nil {
 		err = errors.New(message)
 	}
-	return &ExitError{Code: code, Err: err}
+	return &exitcode.Error{Code: code, Err: err}
 }
 
 // podEnv reads the pod's environment, the DSN from --dsn-file when set.
@@ -137,7 +147,7 @@ func (o *workerOptions) podEnv() (worker.PodEnv, error) {
 	if o.dsnFile == "" {
 		return worker.PodEnvFrom(os.Getenv)
 	}
-	dsn, err := readDSNFile(o.dsnFile)
+	dsn, err := ReadDSNFile(o.dsnFile)
 	if err != nil {
 		env, _ := worker.PodEnvFrom(os.Getenv) // for the logs and the report
 		env.DSN = ""
@@ -180,17 +190,13 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	if envErr != nil {
 		return worker.Report{Shard: s.env.Shard}, 0, envErr
 	}
-	cfg, err := config.GetConfig()
+	c, err := worker.InClusterPodClient(s.opts.tokenDir)
 	if err != nil {
 		return worker.Report{}, 0, fmt.Errorf("configuring the Kubernetes client: %w", err)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: workerScheme})
-	if err != nil {
-		return worker.Report{}, 0, fmt.Errorf("creating the Kubernetes client: %w", err)
-	}
 	run, err := worker.ReadRun(s.env)
 	if err != nil {
-		return worker.Report{}, 0, badInput(err)
+		return worker.Report{}, 0, exitcode.BadInput(err)
 	}
 	maxFailed := int(run.Spec.MaxFailedItems)
 
@@ -201,18 +207,18 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	s.stopRep = func() { cancelRep(); wg.Wait() }
 
 	if shards := cmp.Or(int(run.Spec.Workers), v1alpha1.DefaultWorkers); shards != s.env.Shards {
-		return worker.Report{}, maxFailed, badInput(fmt.Errorf("%s is %d but the run has spec.workers %d", v1alpha1.EnvShards, s.env.Shards, shards))
+		return worker.Report{}, maxFailed, exitcode.BadInput(fmt.Errorf("%s is %d but the run has spec.workers %d", v1alpha1.EnvShards, s.env.Shards, shards))
 	}
 	plan, err := worker.NewPlan(ctx, run, worker.MountedBatchData(os.Getenv(v1alpha1.EnvBatchFile), run.Namespace), worker.Limits{})
 	if apierrors.IsNotFound(err) {
-		return worker.Report{}, maxFailed, badInput(err)
+		return worker.Report{}, maxFailed, exitcode.BadInput(err)
 	}
 	if err != nil {
 		return worker.Report{}, maxFailed, err
 	}
-	retry := s.opts.retry()
+	retry := s.opts.Retry()
 	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
-		DSN: s.env.DSN, Parallel: 1, SkipMigrate: s.opts.skipMigrate, Retry: retry, Log: s.log,
+		DSN: s.env.DSN, Parallel: 1, SkipMigrate: s.opts.SkipMigrate, Retry: retry, Log: s.log,
 		ApplicationName: ledger.WorkerApplicationName(s.env.Namespace, s.env.Name, s.env.Shard),
 		OnRetry: func(err error) {
 			if ledger.IsTooManyConnections(err) {
@@ -221,7 +227,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 		},
 	})
 	if err != nil {
-		return worker.Report{}, maxFailed, exitFor(err)
+		return worker.Report{}, maxFailed, exitcode.For(err)
 	}
 	defer closeStore()
 	// From now on the shard's progress goes through the database, one
@@ -230,9 +236,9 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 
 	sc := plan.ShardConfig(s.env.Shard, s.env.Attempt)
 	sc.Retry = retry
-	sc.DrainTimeout = s.opts.drainTimeout
+	sc.DrainTimeout = s.opts.DrainTimeout
 	// A pod the controller replaced may still be finishing its chunk.
-	sc.LockWait = s.opts.lockWait
+	sc.LockWait = s.opts.LockWait
 	sc.Log = s.engineLog
 	sc.Progress = func(r worker.Report) { s.reporter.Update(r, maxFailed) }
 	s.log.Info("processing shard", "uid", plan.Run.UID, "shards", plan.Shards, "chunkSize", plan.ChunkSize)
