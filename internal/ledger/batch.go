@@ -135,7 +135,7 @@ type BatchRow struct {
 	Seq        int64
 	Entity     *string
 	Occurrence *string
-	Payload    *string
+	Payload    []byte // nil: no payload
 	LookedUp   bool
 	Holder     Holder // HolderNone, HolderSameRun or HolderOtherRun
 	// PayloadMatch: for HolderOtherRun, what the payload's text says of the

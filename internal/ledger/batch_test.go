@@ -402,9 +402,9 @@ FROM runledger.batch WHERE batch_id = $1 ORDER BY block`, h.ID)
 		seen[r.Seq] = true
 		require.Equal(t, "e"+strconv.FormatInt(r.Seq, 10), *r.Entity, "its key")
 		if r.Seq > 9000 {
-			require.Len(t, *r.Payload, 1<<20, "seq %d: its payload whole", r.Seq)
+			require.Len(t, r.Payload, 1<<20, "seq %d: its payload whole", r.Seq)
 		} else {
-			require.Equal(t, "p"+strconv.FormatInt(r.Seq, 10), *r.Payload)
+			require.Equal(t, "p"+strconv.FormatInt(r.Seq, 10), string(r.Payload))
 		}
 	}
 }

@@ -366,24 +366,31 @@ type firstCopies struct {
 	// firstIdx maps an entry of the chunk to its first copy in firsts, or
 	// -1 (a bad entry, or a repeat of the previous chunk's last key).
 	firstIdx []int
-	// held are the first copies known committed, by whom and, for another
-	// run's row, whether the payload differs; unchecked are the items the
-	// source did not check. A key another run holds whose payload the
-	// lookup could not compare is not held: the claim compares it.
-	held      map[ledger.Key]ledger.Held
-	unchecked []ledger.Item
+	// held[i] is what is known of firsts[i]'s committed row: by whom and,
+	// for another run's row, whether the payload differs (HolderNone: not
+	// known committed; by index, not a map by key: a chunk of an already
+	// handled batch is all held, and hashing every key was a sixth of a
+	// shard's CPU); unchecked are the indexes of the first copies the
+	// source did not check. A key another run holds whose payload the lookup
+	// could not compare is not held: the claim compares it.
+	held      []ledger.Held
+	nheld     int
+	unchecked []int
 }
 
-// hold records what a lookup found of a first copy's key.
-func (g *firstCopies) hold(k ledger.Key, h ledger.Held) {
+// hold records what a lookup found of first copy i's key.
+func (g *firstCopies) hold(i int, h ledger.Held) {
 	if h.Holder == ledger.HolderNone || (h.Holder == ledger.HolderOtherRun && h.Payload == ledger.PayloadUnknown) {
 		return
 	}
-	g.held[k] = h
+	if g.held[i].Holder == ledger.HolderNone {
+		g.nheld++
+	}
+	g.held[i] = h
 }
 
 func groupFirstCopies(chunk []entry) firstCopies {
-	g := firstCopies{held: make(map[ledger.Key]ledger.Held), firstIdx: make([]int, len(chunk)), firsts: make([]ledger.Item, 0, len(chunk))}
+	g := firstCopies{held: make([]ledger.Held, 0, len(chunk)), firstIdx: make([]int, len(chunk)), firsts: make([]ledger.Item, 0, len(chunk))}
 	last := -1
 	for i, e := range chunk {
 		g.firstIdx[i] = -1
@@ -392,12 +399,13 @@ func groupFirstCopies(chunk []entry) firstCopies {
 		case !e.repeat:
 			last = len(g.firsts)
 			g.firsts = append(g.firsts, e.item)
+			g.held = append(g.held, ledger.Held{})
 			g.firstIdx[i] = last
 			switch {
 			case e.checked:
-				g.hold(e.item.Key, ledger.Held{Holder: e.holder, Payload: e.payload})
+				g.hold(last, ledger.Held{Holder: e.holder, Payload: e.payload})
 			case !e.direct:
-				g.unchecked = append(g.unchecked, e.item)
+				g.unchecked = append(g.unchecked, last)
 			}
 		case last >= 0:
 			g.firstIdx[i] = last
@@ -408,10 +416,9 @@ func groupFirstCopies(chunk []entry) firstCopies {
 
 // toCommit are the first copies the preload did not settle.
 func (g firstCopies) toCommit(onExisting ledger.OnExisting) []ledger.Item {
-	out := make([]ledger.Item, 0, max(0, len(g.firsts)-len(g.held)))
-	for _, it := range g.firsts {
-		h, ok := g.held[it.Key]
-		if !ok || (h.Holder == ledger.HolderOtherRun && onExisting == ledger.Supersede) {
+	out := make([]ledger.Item, 0, max(0, len(g.firsts)-g.nheld))
+	for i, it := range g.firsts {
+		if h := g.held[i].Holder; h == ledger.HolderNone || (h == ledger.HolderOtherRun && onExisting == ledger.Supersede) {
 			out = append(out, it)
 		}
 	}
@@ -424,10 +431,16 @@ func (s *shardRun) preload(ctx, work context.Context, g *firstCopies) error {
 	if len(g.unchecked) == 0 {
 		return nil
 	}
+	items := make([]ledger.Item, len(g.unchecked))
+	for j, i := range g.unchecked {
+		items[j] = g.firsts[i]
+	}
 	return s.cfg.Retry.Do(ctx, "preloading committed keys", s.onRetry("preload"), func(int) error {
-		h, err := s.store.PreloadItems(work, s.cfg.Run.UID, g.unchecked)
-		for k, v := range h {
-			g.hold(k, v)
+		h, err := s.store.PreloadItems(work, s.cfg.Run.UID, items)
+		for _, i := range g.unchecked {
+			if v, ok := h[g.firsts[i].Key]; ok {
+				g.hold(i, v)
+			}
 		}
 		return err
 	})
@@ -510,14 +523,15 @@ type verdict struct {
 
 // verdictOf is the outcome of first copy it: from the commit, or from the
 // lookup that found its key held (it was not sent).
-func (s *shardRun) verdictOf(it ledger.Item, g firstCopies, results map[ledger.Key]ledger.Result) verdict {
+func (s *shardRun) verdictOf(i int, g firstCopies, results map[ledger.Key]ledger.Result) verdict {
+	it, held := g.firsts[i], g.held[i]
 	var v verdict
 	r, committed := results[it.Key]
 	switch {
-	case !committed && g.held[it.Key].Holder == ledger.HolderSameRun:
+	case !committed && held.Holder == ledger.HolderSameRun:
 		v.outcome = ledger.Completed
 	case !committed:
-		v = verdict{outcome: ledger.AlreadyHandled, payloadChanged: g.held[it.Key].Payload == ledger.PayloadDiffers}
+		v = verdict{outcome: ledger.AlreadyHandled, payloadChanged: held.Payload == ledger.PayloadDiffers}
 	case r.Outcome == ledger.Failed:
 		v = verdict{outcome: ledger.Failed, failure: &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: errString(r.Err),
 			Class: ledger.FailureClass(r.Err), payload: it.Payload}}
@@ -535,8 +549,8 @@ func (s *shardRun) verdictOf(it ledger.Item, g firstCopies, results map[ledger.K
 func (s *shardRun) tallyChunk(chunk []entry, g firstCopies, results map[ledger.Key]ledger.Result) (tally, error) {
 	t := tally{carry: s.carry}
 	verdicts := make([]verdict, len(g.firsts))
-	for i, it := range g.firsts {
-		verdicts[i] = s.verdictOf(it, g, results)
+	for i := range g.firsts {
+		verdicts[i] = s.verdictOf(i, g, results)
 	}
 	for i, e := range chunk {
 		switch {

@@ -356,36 +356,37 @@ func (s *queryStream) shortBatch(ctx context.Context, got int64) error {
 	return fmt.Errorf("shard %d of the batch of run %s has %d rows, %d were read: rows were deleted from runledger.batch while it ran", s.shard, s.opt.run.UID, s.rows, got)
 }
 
-func (s *queryStream) rowEntry(e, o, p *string, n int64) entry {
-	where := "query row " + strconv.FormatInt(n, 10)
-	if s.fromRun != nil {
-		where = "batch.fromRun row " + strconv.FormatInt(n, 10)
-		if p != nil && *p == ledger.FromRunNotAnItem {
-			return entry{item: ledger.Item{Key: ledger.Key{Entity: deref(e), Occurrence: deref(o)}}, bad: &InputError{Where: where,
-				Msg: "failed in run " + s.fromRun.name + " as bad input (its row could not become an item, or its payload could not be kept): not retried; fix the source and process it in a new run"}}
+// rowEntry makes a fetched row an entry: its item, or why the row cannot
+// be one. (Per row: nothing is formatted or copied unless the row is bad.)
+func (s *queryStream) rowEntry(e, o *string, p []byte, n int64) entry {
+	where := func() string {
+		if s.fromRun != nil {
+			return "batch.fromRun row " + strconv.FormatInt(n, 10)
 		}
+		return "query row " + strconv.FormatInt(n, 10)
 	}
-	var it ledger.Item
+	if s.fromRun != nil && string(p) == ledger.FromRunNotAnItem {
+		return entry{item: ledger.Item{Key: ledger.Key{Entity: deref(e), Occurrence: deref(o)}}, bad: &InputError{Where: where(),
+			Msg: "failed in run " + s.fromRun.name + " as bad input (its row could not become an item, or its payload could not be kept): not retried; fix the source and process it in a new run"}}
+	}
+	it := ledger.Item{Key: ledger.Key{Entity: deref(e), Occurrence: deref(o)}, Payload: p}
 	var bad []*InputError
-	for _, f := range []struct {
+	for _, f := range [2]struct {
 		name string
 		v    *string
-		dst  *string
-	}{{"entity", e, &it.Entity}, {"occurrence", o, &it.Occurrence}} {
-		if f.v == nil {
-			bad = append(bad, &InputError{Where: where, Field: f.name, Msg: "is NULL"})
-			continue
+	}{{"entity", e}, {"occurrence", o}} {
+		msg := "is NULL"
+		if f.v != nil {
+			msg = v1alpha1.KeyPartProblem(*f.v)
 		}
-		*f.dst = *f.v
-		if msg := v1alpha1.KeyPartProblem(*f.v); msg != "" {
-			bad = append(bad, &InputError{Where: where, Field: f.name, Msg: msg})
+		if msg != "" {
+			bad = append(bad, &InputError{Where: where(), Field: f.name, Msg: msg})
 		}
 	}
 	if p != nil {
-		if msg := checkPayload([]byte(*p), s.opt.limits); msg != "" {
-			bad = append(bad, &InputError{Where: where, Field: "payload", Msg: msg})
+		if msg := checkPayload(p, s.opt.limits); msg != "" {
+			bad = append(bad, &InputError{Where: where(), Field: "payload", Msg: msg})
 		}
-		it.Payload = []byte(*p)
 	}
 	if len(bad) == 0 {
 		return entry{item: it}
