@@ -381,6 +381,10 @@ type BatchReader struct {
 	batch  *BatchHeader
 	runUID string
 	shard  int
+	// heldPayloads: rows a lookup found held come with their payloads too
+	// (for a Supersede run, which claims them again); otherwise a row the
+	// lookup settles comes without.
+	heldPayloads bool
 }
 
 // ErrSortedCopyLost: the shard's sorted copy vanished between two fetches (a
@@ -390,9 +394,11 @@ var ErrSortedCopyLost = errors.New("the shard's sorted copy of its batch is gone
 
 // OpenBatch returns a reader of shard of the materialised batch h, for
 // runUID (the run whose batch h is), sorting the shard's items first unless
-// a whole copy of them exists already.
-func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, shard int) (*BatchReader, error) {
-	r := &BatchReader{store: s, batch: h, runUID: runUID, shard: shard}
+// a whole copy of them exists already. A row a fetch's lookup settles (held
+// by the run itself, or by another run with the same payload) comes without
+// its payload unless heldPayloads (a Supersede run claims such keys again).
+func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, shard int, heldPayloads bool) (*BatchReader, error) {
+	r := &BatchReader{store: s, batch: h, runUID: runUID, shard: shard, heldPayloads: heldPayloads}
 	if err := r.sort(ctx); err != nil {
 		return nil, err
 	}
@@ -467,7 +473,7 @@ func (r *BatchReader) fetch(ctx context.Context, pos int64, n int, lookup bool) 
 	b.Queue(sqlPinnedSearchPath)
 	fetch, args := sqlFetchSortedPlain, []any{r.batch.ID, r.shard, pos, n}
 	if lookup {
-		fetch, args = sqlFetchSortedProbe, append(args, r.runUID)
+		fetch, args = sqlFetchSortedProbe, append(args, r.runUID, r.heldPayloads)
 	}
 	b.Queue(fetch, args...).Query(func(rows pgx.Rows) error {
 		var row BatchRow

@@ -68,7 +68,7 @@ func TestFixQueryBatch_OnceWhenShardsStartTogether(t *testing.T) {
 // header.
 func readShard(t *testing.T, s *ledger.Store, h *ledger.BatchHeader, runUID string, shard int, skip int64) []ledger.BatchRow {
 	t.Helper()
-	r, err := s.OpenBatch(context.Background(), h, runUID, shard)
+	r, err := s.OpenBatch(context.Background(), h, runUID, shard, true)
 	require.NoError(t, err)
 	got := []ledger.BatchRow{}
 	for pos := skip; ; {
@@ -178,7 +178,7 @@ func TestBatchReader_SeesAPrune(t *testing.T) {
 	ctx := context.Background()
 	h, err := s.FixQueryBatch(ctx, runNamed("pruned"), batchQuery())
 	require.NoError(t, err)
-	r, err := s.OpenBatch(ctx, h, "pruned", 0)
+	r, err := s.OpenBatch(ctx, h, "pruned", 0, true)
 	require.NoError(t, err)
 	first, now, err := r.Fetch(ctx, 0, 10, false)
 	require.NoError(t, err)
@@ -220,7 +220,7 @@ func TestBatchReader_CopyLost(t *testing.T) {
 	require.NoError(t, err)
 	want := readShard(t, s, h, run.UID, 1, 0)
 
-	r, err := s.OpenBatch(ctx, h, run.UID, 1)
+	r, err := s.OpenBatch(ctx, h, run.UID, 1, true)
 	require.NoError(t, err)
 	var got []ledger.BatchRow
 	for pos := int64(0); ; {
@@ -253,7 +253,7 @@ func TestBatchReader_LookupOrNot(t *testing.T) {
 	run := runNamed("looks")
 	h, err := s.FixQueryBatch(ctx, run, batchQuery())
 	require.NoError(t, err)
-	r, err := s.OpenBatch(ctx, h, run.UID, 0)
+	r, err := s.OpenBatch(ctx, h, run.UID, 0, true)
 	require.NoError(t, err)
 	plain, _, err := r.Fetch(ctx, 0, 20, false)
 	require.NoError(t, err)
@@ -262,7 +262,7 @@ func TestBatchReader_LookupOrNot(t *testing.T) {
 	var held []ledger.Item
 	for i, row := range plain {
 		if i%2 == 0 {
-			held = append(held, ledger.Item{Key: ledger.Key{Entity: *row.Entity, Occurrence: *row.Occurrence}})
+			held = append(held, ledger.Item{Key: ledger.Key{Entity: *row.Entity, Occurrence: *row.Occurrence}, Payload: row.Payload})
 		}
 	}
 	commit(t, s, runNamed("other"), held, ledger.ChunkOptions{})
@@ -270,6 +270,20 @@ func TestBatchReader_LookupOrNot(t *testing.T) {
 
 	looked, _, err := r.Fetch(ctx, 0, 20, true)
 	require.NoError(t, err)
+	// Without the held rows' payloads (a run that is not Supersede): the
+	// rows the lookup settles come without theirs.
+	lean, err := s.OpenBatch(ctx, h, run.UID, 0, false)
+	require.NoError(t, err)
+	settledless, _, err := lean.Fetch(ctx, 0, 20, true)
+	require.NoError(t, err)
+	for i := range settledless {
+		require.Equal(t, looked[i].Holder, settledless[i].Holder)
+		if looked[i].Holder == ledger.HolderNone {
+			require.Equal(t, looked[i].Payload, settledless[i].Payload, "row %d: not settled, its payload comes", i)
+		} else {
+			require.Nil(t, settledless[i].Payload, "row %d: settled (held, its payload the committed row's), no payload", i)
+		}
+	}
 	again, _, err := r.Fetch(ctx, 0, 20, false)
 	require.NoError(t, err)
 	for i := range plain {
@@ -485,13 +499,13 @@ INSERT INTO src (entity, occurrence) SELECT 'e' || i, 'o' FROM generate_series(1
 	h, err := s.FixQueryBatch(ctx, run, batchQuery())
 	require.NoError(t, err)
 
-	_, err = s.WithBounds(time.Millisecond, 0).OpenBatch(ctx, h, run.UID, 0)
+	_, err = s.WithBounds(time.Millisecond, 0).OpenBatch(ctx, h, run.UID, 0, true)
 	require.Error(t, err, "20,000 rows are not sorted within 1ms")
 	require.True(t, ledger.IsRetryable(err), "%v", err)
 	require.Zero(t, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.batch_sorted`), "nothing of the sort is left")
 	require.Zero(t, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.batch_sorted_shard`))
 
-	r, err := s.OpenBatch(ctx, h, run.UID, 0)
+	r, err := s.OpenBatch(ctx, h, run.UID, 0, true)
 	require.NoError(t, err)
 	rows, _, err := r.Fetch(ctx, 0, 5, true)
 	require.NoError(t, err)

@@ -36,7 +36,7 @@ func TestMigrate_RuleRebuildWhileAShardReads(t *testing.T) {
 	run := runNamed("in-flight")
 	h, err := s.FixQueryBatch(ctx, run, batchQuery())
 	require.NoError(t, err)
-	r, err := s.OpenBatch(ctx, h, run.UID, 0)
+	r, err := s.OpenBatch(ctx, h, run.UID, 0, true)
 	require.NoError(t, err)
 	rows, _, err := r.Fetch(ctx, 0, 10, true)
 	require.NoError(t, err)

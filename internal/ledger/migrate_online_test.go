@@ -62,7 +62,7 @@ func migrateWhileAShardRuns(t *testing.T, version int64) {
 	run := runNamed("in-flight")
 	h, err := s.FixQueryBatch(ctx, run, batchQuery())
 	require.NoError(t, err)
-	r, err := s.OpenBatch(ctx, h, run.UID, 0)
+	r, err := s.OpenBatch(ctx, h, run.UID, 0, true)
 	require.NoError(t, err)
 	_, _, err = r.Fetch(ctx, 0, 5, true)
 	require.NoError(t, err)

@@ -183,7 +183,7 @@ func TestBatchReader_SortsItsShardOnly(t *testing.T) {
 	require.Contains(t, plan, "Index Cond: ((batch_id = '"+id+"'::bigint) AND (shard = 1))", "of the shard's blocks only:\n%s", plan)
 	require.Contains(t, plan, "HashAggregate", "packed into blocks by hashing, no second sort:\n%s", plan)
 
-	plan = explain(t, ledger.SQLFetchSortedProbe, h.ID, 1, int64(2000), 1000, "uid")
+	plan = explain(t, ledger.SQLFetchSortedProbe, h.ID, 1, int64(2000), 1000, "uid", false)
 	require.True(t, strings.HasPrefix(plan, "Nested Loop Left Join"), "the probes are the top node, above the fetch's limit:\n%s", plan)
 	require.Equal(t, 1, strings.Count(plan, "Sort Key:"), "one sort, of the fetch's rows:\n%s", plan)
 	require.Contains(t, plan, "Index Cond: ((batch_id = '"+id+"'::bigint) AND (shard = 1) AND (block >= ", "the blocks of the fetch's positions only:\n%s", plan)

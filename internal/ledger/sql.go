@@ -774,17 +774,27 @@ INSERT INTO ` + Schema + `.batch_sorted_shard (batch_id, shard, items)
 SELECT $1, $2, coalesce(sum(n), 0) FROM blocks
 ON CONFLICT DO NOTHING`
 
+	//
+	// A row the lookup settles (the run's own key, or another run's with
+	// the same payload) comes without its payload unless $6 (a Supersede
+	// run claims such keys again): nothing reads it, and the payload is
+	// most of what an already handled batch's fetch sends.
 	sqlFetchSortedProbe = `
-SELECT b.seq, b.entity, b.occurrence, b.payload, ` + heldFor("$5") + `,
-       CASE WHEN ` + othersRow("$5") + ` THEN ` + sqlBatchPayloadSameText + ` END
-FROM (` + sqlSortedRange + `) AS b
-LEFT JOIN LATERAL (
-    SELECT l.run_uid, l.payload
-    FROM ` + Schema + `.ledger AS l
-    WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
-    LIMIT 1
-) AS h ON true` + ownRetired("$5", "b") + `
-ORDER BY b.pos`
+SELECT f.seq, f.entity, f.occurrence,
+       CASE WHEN (f.holder = $5 OR NOT f.changed) AND NOT $6::boolean THEN NULL ELSE f.payload END,
+       f.holder, f.changed
+FROM (
+    SELECT b.pos, b.seq, b.entity, b.occurrence, b.payload, ` + heldFor("$5") + ` AS holder,
+           CASE WHEN ` + othersRow("$5") + ` THEN ` + sqlBatchPayloadSameText + ` END AS changed
+    FROM (` + sqlSortedRange + `) AS b
+    LEFT JOIN LATERAL (
+        SELECT l.run_uid, l.payload
+        FROM ` + Schema + `.ledger AS l
+        WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
+        LIMIT 1
+    ) AS h ON true` + ownRetired("$5", "b") + `
+) AS f
+ORDER BY f.pos`
 	sqlFetchSortedPlain = `
 SELECT b.seq, b.entity, b.occurrence, b.payload, NULL::text, NULL::boolean
 FROM (` + sqlSortedRange + `) AS b

@@ -165,13 +165,14 @@ func (s *shardRun) run(ctx context.Context) {
 		return
 	}
 	st, err := s.cfg.Source.open(ctx, s.store, s.cfg.Run.Shard, s.cfg.Shards, streamOptions{
-		run:       s.cfg.Run,
-		fetchSize: s.cfg.ChunkSize,
-		retry:     s.cfg.Retry,
-		limits:    s.cfg.Limits,
-		timeouts:  s.cfg.Timeouts,
-		log:       log,
-		retried:   s.retried,
+		run:        s.cfg.Run,
+		onExisting: s.cfg.OnExisting,
+		fetchSize:  s.cfg.ChunkSize,
+		retry:      s.cfg.Retry,
+		limits:     s.cfg.Limits,
+		timeouts:   s.cfg.Timeouts,
+		log:        log,
+		retried:    s.retried,
 	})
 	if err != nil {
 		s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))

@@ -292,7 +292,7 @@ func (s *queryStream) fill(ctx context.Context) error {
 	var page []ledger.BatchRow
 	err := s.opt.retry.Do(ctx, "reading the batch", onRetry, func(int) error {
 		if s.reader == nil {
-			r, err := s.store.OpenBatch(ctx, s.batch, s.opt.run.UID, s.shard)
+			r, err := s.store.OpenBatch(ctx, s.batch, s.opt.run.UID, s.shard, s.opt.onExisting == ledger.Supersede)
 			if err != nil {
 				return err
 			}

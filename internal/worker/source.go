@@ -30,12 +30,14 @@ type Source interface {
 }
 
 type streamOptions struct {
-	run       ledger.Run // UID tells this run's rows from others' (HolderSameRun)
-	fetchSize int
-	retry     Backoff
-	limits    Limits
-	timeouts  v1alpha1.RunTimeouts
-	log       logr.Logger
+	run ledger.Run // UID tells this run's rows from others' (HolderSameRun)
+	// onExisting: a Supersede run claims keys held by another run again.
+	onExisting ledger.OnExisting
+	fetchSize  int
+	retry      Backoff
+	limits     Limits
+	timeouts   v1alpha1.RunTimeouts
+	log        logr.Logger
 	// retried, if set, is told about each retryable error of the stream's
 	// own reads.
 	retried func(error)
