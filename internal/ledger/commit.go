@@ -132,6 +132,7 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 	if err != nil {
 		return nil, fmt.Errorf("beginning transaction: %w", err)
 	}
+
 	// After a successful Commit this is a no-op; after a failure the server
 	// discards the transaction anyway when the connection goes.
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
@@ -147,6 +148,9 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 			return nil, fmt.Errorf("committing: %w: user code it left to run at COMMIT (a deferred trigger, a cursor WITH HOLD) wrote runledger's tables: %w", ErrEffectSandbox, err)
 		}
 		return nil, fmt.Errorf("committing: %w", err)
+	}
+	if opts.Lease != nil { // its BEGIN renewed the lease, for good now
+		opts.Lease.Renewed()
 	}
 	if begin.effect && !begin.pooled {
 		// A trigger the effect left to fire at COMMIT ran as the login: its

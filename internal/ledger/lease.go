@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,6 +49,20 @@ type ShardLease struct {
 	// kept a shard (pg_advisory_lock): a shard such a worker still runs is
 	// busy too.
 	key int64
+	// renewed is when a transaction of this process last renewed the lease
+	// (unix nanoseconds, the process's clock): Keep leaves it alone while
+	// chunks renew it, instead of waiting for a chunk in flight that holds
+	// its row.
+	renewed atomic.Int64
+}
+
+// Renewed records that a transaction of this process renewed the lease
+// (a chunk's, by sqlHold), now.
+func (l *ShardLease) Renewed() { l.renewed.Store(time.Now().UnixNano()) }
+
+// renewedWithin says whether a transaction renewed the lease in the last d.
+func (l *ShardLease) renewedWithin(d time.Duration) bool {
+	return time.Since(time.Unix(0, l.renewed.Load())) < d
 }
 
 // ShardLease returns the (not yet taken) lease of a run's shard, for this
@@ -137,6 +152,7 @@ func (l *ShardLease) Check(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("renewing the lease of shard %d: %w", l.shard, err)
 	}
+	l.Renewed()
 	return nil
 }
 
@@ -147,16 +163,20 @@ func (l *ShardLease) sqlHold() string {
 	return sqlHoldShardLease(l.runUID, l.shard, l.holder, LeaseTTL)
 }
 
-// Keep renews the lease every LeaseTTL/3 until stop is called or ctx ends;
-// lost is called once, with ErrShardBusy, if another process took it over
-// (the caller stops the shard). A renewal that fails otherwise is tried at
-// the next tick: a chunk's transaction checks the lease anyway.
+// Keep renews the lease every LeaseTTL/3 until stop is called or ctx ends,
+// unless a transaction of this process renewed it meanwhile (Renewed); lost
+// is called once, with ErrShardBusy, if another process took it over (the
+// caller stops the shard). A renewal that fails otherwise is tried at the
+// next tick: a chunk's transaction checks the lease anyway.
 func (l *ShardLease) Keep(ctx context.Context, lost func(error)) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		kwait.UntilWithContext(ctx, func(ctx context.Context) {
+			if l.renewedWithin(LeaseTTL / 3) {
+				return
+			}
 			if err := l.Check(ctx); errors.Is(err, ErrShardBusy) {
 				lost(err)
 				cancel()
