@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io/fs"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +14,6 @@ import (
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/ledger/ledgertest"
 	"github.com/runledger/runledger/internal/pgtest"
-	"github.com/runledger/runledger/migrations"
 )
 
 func TestMigrationWaitLine(t *testing.T) {
@@ -103,24 +100,8 @@ func TestMigrateSaysWhatItWaitsFor(t *testing.T) {
 	require.Empty(t, stdout.String(), "nothing applied while it waits")
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-done)
-	require.Equal(t, fmt.Sprintf("migrations applied: %d\n", migrationsAfter(t, 15)), stdout.String(), "00016 and every later one")
+	require.Equal(t, fmt.Sprintf("migrations applied: %d\n", ledgertest.MigrationsAfter(t, 15)), stdout.String(), "00016 and every later one")
 	line := strings.SplitN(stderr.String(), "\n", 2)[0]
 	require.Regexp(t, `^runledger migrate: waiting for 1 session\(s\) to end their transactions \(pid \d+ "v0.1.0 worker", transaction open for \d+`, line)
 	require.NotContains(t, stderr.String(), dsn, "no connection string")
-}
-
-// migrationsAfter is the number of migrations whose version is above v.
-func migrationsAfter(t *testing.T, v int) int {
-	t.Helper()
-	files, err := fs.Glob(migrations.FS, "*.sql")
-	require.NoError(t, err)
-	n := 0
-	for _, f := range files {
-		version, err := strconv.Atoi(f[:5])
-		require.NoError(t, err, f)
-		if version > v {
-			n++
-		}
-	}
-	return n
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/ledger/ledgertest"
 	"github.com/runledger/runledger/internal/pgtest"
 )
 
@@ -100,7 +101,7 @@ func TestMigrate_EarlierReleaseWaitingForTheLock(t *testing.T) {
 	}
 	r := <-done
 	require.NoError(t, r.err, "the migration applies")
-	require.Equal(t, migrationsAfter(t, 15), r.n, "00016 and every later one, each applied once")
+	require.Equal(t, ledgertest.MigrationsAfter(t, 15), r.n, "00016 and every later one, each applied once")
 	require.True(t, scalar[bool](t, pool, `SELECT bool_and(indisvalid) FROM pg_index WHERE indexrelid IN
 		('runledger.ledger_superseded_key_idx'::regclass, 'runledger.ledger_retired_key_idx'::regclass)`), "both indexes built and valid")
 	n, err := ledger.Migrate(ctx, pool)

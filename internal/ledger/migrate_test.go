@@ -2,8 +2,6 @@ package ledger_test
 
 import (
 	"context"
-	"io/fs"
-	"strconv"
 	"testing"
 	"time"
 
@@ -13,7 +11,6 @@ import (
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/ledger/ledgertest"
 	"github.com/runledger/runledger/internal/pgtest"
-	"github.com/runledger/runledger/migrations"
 )
 
 func schemaSnapshot(t *testing.T, dsn string) []string {
@@ -36,23 +33,7 @@ WHERE n.nspname = 'runledger' ORDER BY 1`)
 // migrationCount is how many migrations are embedded.
 func migrationCount(t *testing.T) int {
 	t.Helper()
-	return migrationsAfter(t, 0)
-}
-
-// migrationsAfter is the number of migrations whose version is above v.
-func migrationsAfter(t *testing.T, v int) int {
-	t.Helper()
-	files, err := fs.Glob(migrations.FS, "*.sql")
-	require.NoError(t, err)
-	n := 0
-	for _, f := range files {
-		version, err := strconv.Atoi(f[:5])
-		require.NoError(t, err, f)
-		if version > v {
-			n++
-		}
-	}
-	return n
+	return ledgertest.MigrationsAfter(t, 0)
 }
 
 func TestMigrate_TwiceAndConcurrently(t *testing.T) {

@@ -6,6 +6,8 @@ package ledgertest
 
 import (
 	"context"
+	"io/fs"
+	"strconv"
 	"testing"
 	"time"
 
@@ -47,4 +49,25 @@ func DownTo(t testing.TB, pool *pgxpool.Pool, version int64) *goose.Provider {
 		t.Fatalf("migrating down to %d: %v", version, err)
 	}
 	return p
+}
+
+// MigrationsAfter is the number of embedded migrations whose version is
+// above v: what a migrator applies to a ledger DownTo(v) left.
+func MigrationsAfter(t testing.TB, v int64) int {
+	t.Helper()
+	files, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range files {
+		version, err := strconv.ParseInt(f[:5], 10, 64)
+		if err != nil {
+			t.Fatalf("migration %s: %v", f, err)
+		}
+		if version > v {
+			n++
+		}
+	}
+	return n
 }
