@@ -424,9 +424,13 @@ func TestShardLeaseTakenOverMidRun(t *testing.T) {
 		if calls++; calls != 3 { // after the second chunk
 			return
 		}
-		mustExec(t, f.pool, `UPDATE runledger.shard_lease SET expires_at = now() - interval '1 second' WHERE run_uid = 'uid-taken'`)
+		// Expired, then taken: retried, since the first process's keeper
+		// may renew it in between (as a live process does).
 		successor = f.store.ShardLease("uid-taken", 0)
-		require.NoError(t, successor.Acquire(ctx, 0, nil))
+		require.Eventually(t, func() bool {
+			mustExec(t, f.pool, `UPDATE runledger.shard_lease SET expires_at = now() - interval '1 second' WHERE run_uid = 'uid-taken'`)
+			return successor.Acquire(ctx, 0, nil) == nil
+		}, 10*time.Second, 10*time.Millisecond)
 	}
 	rep := worker.RunShard(ctx, f.store, first)
 	require.ErrorIs(t, rep.Err, ledger.ErrShardBusy)
