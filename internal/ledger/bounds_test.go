@@ -165,7 +165,7 @@ func holdSupersede(t *testing.T, pool *pgxpool.Pool, it ledger.Item) (release fu
 	_, err = tx.Exec(ctx, `SELECT 1 FROM runledger.ledger WHERE entity = $1 AND occurrence = $2 AND state = 'committed' FOR UPDATE`, it.Entity, it.Occurrence)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	return func() { require.NoError(t, tx.Rollback(ctx)) }
+	return func() { assert.NoError(t, tx.Rollback(ctx), "the holder's transaction was still open") }
 }
 
 // TestCommitChunk_BoundsOutliveTheEffect: the session reset after the effect
