@@ -229,6 +229,15 @@ func isShardLeaseLost(err error) bool {
 	})
 }
 
+// isLockNotAvailable reports whether err is, anywhere in its chain, a wait
+// for a lock that outlived lock_timeout (55P03).
+func isLockNotAvailable(err error) bool {
+	return anyInChain(err, func(e error) bool {
+		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
+		return ok && pgErr.Code == sqlstateLockNotAvailable
+	})
+}
+
 // IsDeadlock reports whether err is, anywhere in its chain, PostgreSQL
 // aborting the statement to break a deadlock (40P01 deadlock_detected):
 // nothing of the aborted transaction was kept, so it may run again.

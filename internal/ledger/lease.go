@@ -105,8 +105,10 @@ func (l *ShardLease) Acquire(ctx context.Context, wait time.Duration, onBusy fun
 }
 
 // try takes the lease if it is free, expired or already this process's, in
-// one transaction: a chunk in flight of the holder holds the row, and the
-// take waits for it (the Store's lock bound).
+// one transaction. A chunk in flight of the holder holds the row (a lost
+// worker's, until the server drops its session): the take waits a second
+// for it at most and the lease is then busy, so that the caller says it
+// waits (Acquire's onBusy) and tries again.
 func (l *ShardLease) try(ctx context.Context) (bool, error) {
 	var free, taken bool
 	b := &pgx.Batch{}
@@ -114,6 +116,7 @@ func (l *ShardLease) try(ctx context.Context) (bool, error) {
 	for _, q := range l.store.sqlReadBoundList() {
 		b.Queue(q)
 	}
+	b.Queue(sqlLeaseLockWait)
 	b.Queue(sqlPinnedSearchPath)
 	b.Queue(sqlTryShardLocks, []int64{l.key}).QueryRow(func(r pgx.Row) error { return r.Scan(&free) })
 	b.Queue(sqlTakeShardLease, l.runUID, l.shard, l.holder, LeaseTTL.Milliseconds()).Query(func(rows pgx.Rows) error {
@@ -122,7 +125,11 @@ func (l *ShardLease) try(ctx context.Context) (bool, error) {
 		return rows.Err()
 	})
 	b.Queue(sqlCommit)
-	if err := l.store.pool.SendBatch(ctx, b).Close(); err != nil {
+	err := l.store.pool.SendBatch(ctx, b).Close()
+	if isLockNotAvailable(err) { // its own statements only: a holder's chunk in flight
+		return false, nil
+	}
+	if err != nil {
 		return false, fmt.Errorf("taking the lease of shard %d: %w", l.shard, err)
 	}
 	if taken && !free {

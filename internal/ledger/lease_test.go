@@ -81,9 +81,10 @@ func TestShardLease_TakenOver(t *testing.T) {
 }
 
 // TestShardLease_TakeOverWaitsForTheChunkInFlight: a chunk's transaction
-// renews and row-locks its lease; a process trying to take the lease waits
-// for that chunk to end (were the lease expired meanwhile, it could not be
-// taken under a chunk in flight), and is refused: the chunk renewed it.
+// renews and row-locks its lease; a process trying to take the lease meanwhile
+// waits a second at most for that chunk, then finds the lease busy and says
+// so (its status: waiting for the shard's lock), tries again, and is refused
+// once the chunk commits: the chunk renewed the lease.
 func TestShardLease_TakeOverWaitsForTheChunkInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -102,12 +103,17 @@ func TestShardLease_TakeOverWaitsForTheChunkInFlight(t *testing.T) {
 	}()
 	<-inCall
 	taken := make(chan error, 1)
+	busy := make(chan struct{})
 	b := s.ShardLease(run.UID, 0)
-	go func() { taken <- b.Acquire(ctx, 0, nil) }()
+	start := time.Now()
+	go func() { taken <- b.Acquire(ctx, 4*time.Second, func() { close(busy) }) }()
 	select {
+	case <-busy:
+		require.Less(t, time.Since(start), 3*time.Second, "busy after a bounded wait for the row")
 	case err := <-taken:
 		t.Fatalf("taken while the holder's chunk is in flight: %v", err)
-	case <-time.After(time.Second):
+	case <-time.After(10 * time.Second):
+		t.Fatal("the take waited for the chunk in flight without saying so")
 	}
 	close(release)
 	require.NoError(t, <-committed, "the holder's chunk commits")

@@ -1004,6 +1004,9 @@ VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')
 ON CONFLICT (run_uid, shard) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
 WHERE l.holder = excluded.holder OR l.expires_at <= now()
 RETURNING true`
+	// sqlLeaseLockWait bounds a take's wait for a chunk in flight that
+	// holds the lease's row: a busy lease, tried again a second later.
+	sqlLeaseLockWait = `SET LOCAL lock_timeout = '1s'`
 	// sqlReleaseShardLease gives holder $3's lease back.
 	sqlReleaseShardLease = `DELETE FROM ` + Schema + `.shard_lease WHERE run_uid = $1 AND shard = $2 AND holder = $3`
 )
