@@ -416,11 +416,7 @@ func (r *BatchReader) sort(ctx context.Context) error {
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("looking for the sorted copy of shard %d: %w", r.shard, err)
 	}
-	b := &pgx.Batch{}
-	b.Queue(sqlBeginWrite)
-	for _, q := range r.store.sqlReadBoundList() {
-		b.Queue(q)
-	}
+	b := r.store.begin(sqlBeginWrite)
 	b.Queue(sqlSortWorkMem)
 	b.Queue(sqlNoJIT)
 	b.Queue(sqlPinnedSearchPath)
@@ -462,11 +458,7 @@ func (r *BatchReader) fetch(ctx context.Context, pos int64, n int, lookup bool) 
 	out := make([]BatchRow, 0, n)
 	var h *BatchHeader
 	whole := false
-	b := &pgx.Batch{}
-	b.Queue(sqlBeginReadOnly)
-	for _, q := range r.store.sqlReadBoundList() {
-		b.Queue(q)
-	}
+	b := r.store.begin(sqlBeginReadOnly)
 	b.Queue(sqlNoSeqScan)
 	b.Queue(sqlNoBitmapScan)
 	b.Queue(sqlNoJIT)

@@ -72,11 +72,7 @@ func (s *Store) RecordVerdicts(ctx context.Context, p Pass, chunk int, failed []
 	// A bad row's key made storable may equal a settled key: it stays failed.
 	settled = slices.DeleteFunc(slices.Clone(settled), func(k Key) bool { _, ok := recorded[k]; return ok })
 	var gone, put int64
-	b := &pgx.Batch{}
-	b.Queue(sqlBeginWrite)
-	for _, q := range s.sqlReadBoundList() {
-		b.Queue(q)
-	}
+	b := s.begin(sqlBeginWrite)
 	b.Queue(sqlPinnedSearchPath)
 	if p.Lease != nil {
 		b.Queue(p.Lease.sqlHold())

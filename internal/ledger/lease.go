@@ -111,11 +111,7 @@ func (l *ShardLease) Acquire(ctx context.Context, wait time.Duration, onBusy fun
 // waits (Acquire's onBusy) and tries again.
 func (l *ShardLease) try(ctx context.Context) (bool, error) {
 	var free, taken bool
-	b := &pgx.Batch{}
-	b.Queue(sqlBeginWrite)
-	for _, q := range l.store.sqlReadBoundList() {
-		b.Queue(q)
-	}
+	b := l.store.begin(sqlBeginWrite)
 	b.Queue(sqlLeaseLockWait)
 	b.Queue(sqlPinnedSearchPath)
 	b.Queue(sqlTryShardLocks, []int64{l.key}).QueryRow(func(r pgx.Row) error { return r.Scan(&free) })
@@ -144,11 +140,7 @@ func (l *ShardLease) try(ctx context.Context) (bool, error) {
 // Check renews the lease now: ErrShardBusy if another process has taken it
 // over, or it is gone.
 func (l *ShardLease) Check(ctx context.Context) error {
-	b := &pgx.Batch{}
-	b.Queue(sqlBeginWrite)
-	for _, q := range l.store.sqlReadBoundList() {
-		b.Queue(q)
-	}
+	b := l.store.begin(sqlBeginWrite)
 	b.Queue(sqlPinnedSearchPath)
 	b.Queue(l.sqlHold())
 	b.Queue(sqlCommit)

@@ -268,6 +268,18 @@ func (s *Store) sqlReadBoundList() []string {
 	return sqlBoundList(s.readTimeout, s.lockTimeout, DefaultQueryTimeout, DefaultLockTimeout)
 }
 
+// begin starts a pipeline with a transaction's BEGIN (sqlBeginWrite or
+// sqlBeginReadOnly) and the Store's bounds, for its statements and COMMIT
+// to follow in the same round trip.
+func (s *Store) begin(begin string) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue(begin)
+	for _, q := range s.sqlReadBoundList() {
+		b.Queue(q)
+	}
+	return b
+}
+
 func (s *Store) sqlReadBounds() string {
 	return sqlBounds(s.readTimeout, s.lockTimeout, DefaultQueryTimeout, DefaultLockTimeout)
 }
@@ -369,11 +381,7 @@ func (s *Store) PreloadItems(ctx context.Context, runUID string, items []Item) (
 // preload runs a lookup in the preload's read-only transaction, in one
 // pipeline (see Preload).
 func (s *Store) preload(ctx context.Context, lookup string, args []any, read func(pgx.Rows) error) error {
-	b := &pgx.Batch{}
-	b.Queue(sqlBeginReadOnly)
-	for _, q := range s.sqlReadBoundList() {
-		b.Queue(q)
-	}
+	b := s.begin(sqlBeginReadOnly)
 	b.Queue(sqlNoSeqScan)
 	b.Queue(sqlNoBitmapScan)
 	b.Queue(sqlNoJIT)
