@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -510,4 +511,56 @@ INSERT INTO src (entity, occurrence) SELECT 'e' || i, 'o' FROM generate_series(1
 	rows, _, err := r.Fetch(ctx, 0, 5, true)
 	require.NoError(t, err)
 	require.Len(t, rows, 5)
+}
+
+// TestBatchReader_RowsAsTheQueryGaveThem: a fetch gives each row's key parts
+// and payload exactly as the query returned them, with or without lookups:
+// a NULL key part or payload as nil, an empty payload as empty (not none),
+// bytes beyond ASCII as they were; and each payload is its own (appending
+// to one never writes over the next).
+func TestBatchReader_RowsAsTheQueryGaveThem(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	mustExec(t, pool, `CREATE TABLE odd (i int, entity text, occurrence text, payload text);
+INSERT INTO odd VALUES (1, 'a', 'o', 'p1'), (2, NULL, 'o', 'p2'), (3, 'c', NULL, ''), (4, 'd', 'o', NULL),
+  (5, 'é€😀', 'ö', '{"x": "ü"}'), (6, 'f', 'o', repeat('y', 100000)), (7, '', '', 'p7')`)
+	s := ledger.NewStore(pool)
+	q := ledger.BatchQuery{SQL: `SELECT entity, occurrence, payload FROM odd ORDER BY i`, HasPayload: true, Shards: 1,
+		ShardOf: func(string, string) string { return "0" }}
+	run := runNamed("odd")
+	h, err := s.FixQueryBatch(context.Background(), run, q)
+	require.NoError(t, err)
+	str := func(s string) *string { return &s }
+	want := map[int64]ledger.BatchRow{
+		1: {Seq: 1, Entity: str("a"), Occurrence: str("o"), Payload: []byte("p1")},
+		2: {Seq: 2, Occurrence: str("o"), Payload: []byte("p2")},
+		3: {Seq: 3, Entity: str("c"), Payload: []byte{}},
+		4: {Seq: 4, Entity: str("d"), Occurrence: str("o")},
+		5: {Seq: 5, Entity: str("é€😀"), Occurrence: str("ö"), Payload: []byte(`{"x": "ü"}`)},
+		6: {Seq: 6, Entity: str("f"), Occurrence: str("o"), Payload: []byte(strings.Repeat("y", 100000))},
+		7: {Seq: 7, Entity: str(""), Occurrence: str(""), Payload: []byte("p7")},
+	}
+	r, err := s.OpenBatch(context.Background(), h, run.UID, 0, true)
+	require.NoError(t, err)
+	for _, lookup := range []bool{false, true} {
+		rows, _, err := r.Fetch(context.Background(), 0, 10, lookup)
+		require.NoError(t, err)
+		require.Len(t, rows, len(want))
+		for i, row := range rows {
+			w := want[row.Seq]
+			w.LookedUp = lookup
+			require.Equal(t, w, row, "row %d (lookup %v)", i, lookup)
+			if row.Payload == nil {
+				require.Nil(t, w.Payload, "seq %d: NULL, not empty", row.Seq)
+			} else {
+				require.NotNil(t, w.Payload, "seq %d: a payload, not NULL", row.Seq)
+			}
+		}
+		for i := range rows {
+			_ = append(rows[i].Payload, "!!!!"...)
+		}
+		for _, row := range rows {
+			require.Equal(t, want[row.Seq].Payload, row.Payload, "seq %d: an append to another row's payload wrote over it", row.Seq)
+		}
+	}
 }
