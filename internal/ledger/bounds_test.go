@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,15 +28,24 @@ func holdKeys(t *testing.T, pool *pgxpool.Pool, its []ledger.Item) (release func
 VALUES ($1, $2, 'committed', 'ns', 'stopped', 'uid-stopped', 0, 0)`, it.Entity, it.Occurrence)
 		require.NoError(t, err)
 	}
-	done := false
+	return rollbackOnce(t, tx)
+}
+
+// rollbackOnce returns release, which rolls tx back, and rolls it back at
+// the test's end if release was not called. Once, whoever comes first: a
+// release still waiting for the ROLLBACK's answer when the test ends (the
+// server released the locks, the test's claim went through and it ended)
+// would otherwise race the cleanup's on the one connection, which pgx then
+// closes ("conn closed").
+func rollbackOnce(t *testing.T, tx pgx.Tx) (release func()) {
+	var once sync.Once
 	// Called from a goroutine of the test too: assert, not require.
 	release = func() {
-		if !done {
-			done = true
-			assert.NoError(t, tx.Rollback(ctx), "the holder's transaction was still open")
-		}
+		once.Do(func() {
+			assert.NoError(t, tx.Rollback(context.Background()), "the holder's transaction was still open")
+		})
 	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	t.Cleanup(func() { once.Do(func() { _ = tx.Rollback(context.Background()) }) })
 	return release
 }
 
@@ -133,11 +143,14 @@ func TestCommitChunk_ClaimWaitIsBounded(t *testing.T) {
 			requireBoundedFailure(t, s, admin, runNamed("a"), chunk, opts, bound, "55P03", before)
 			require.Empty(t, p.sentKeys(), "the processor was not called")
 
+			released := make(chan struct{})
 			go func() {
+				defer close(released)
 				time.Sleep(time.Second)
 				release()
 			}()
 			res, tries := commitRetrying(t, s, runNamed("a"), chunk, opts)
+			<-released // its assertion belongs to this test
 			require.Greater(t, tries, 1, "retried while the holder stayed")
 			want := tally{completed: 10}
 			if tc.supersede {
@@ -164,8 +177,7 @@ func holdSupersede(t *testing.T, pool *pgxpool.Pool, it ledger.Item) (release fu
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `SELECT 1 FROM runledger.ledger WHERE entity = $1 AND occurrence = $2 AND state = 'committed' FOR UPDATE`, it.Entity, it.Occurrence)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	return func() { assert.NoError(t, tx.Rollback(ctx), "the holder's transaction was still open") }
+	return rollbackOnce(t, tx)
 }
 
 // TestCommitChunk_BoundsOutliveTheEffect: the session reset after the effect
