@@ -45,6 +45,7 @@ func TestConnectionBudget(t *testing.T) {
 			file := writeFile(t, "run.yaml", manifest(name, spec...))
 			app := "runledger run/billing/" + name
 			sampleCtx, stopSampling := context.WithCancel(context.Background())
+			t.Cleanup(stopSampling)
 			peak := sampleConnections(sampleCtx, d, app)
 			args := []string{"run", "-f", file, "--dsn", d.dsn, "--parallel", strconv.Itoa(flagParallel), "--output", "json"}
 			if tc.shard != "" {
