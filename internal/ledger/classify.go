@@ -55,6 +55,9 @@ const (
 	// role, role without LOGIN, no pg_hba.conf entry.
 	sqlstateClassInvalidAuthorization = "28"
 	sqlstateInvalidCatalogName        = "3D000" // no such database
+	// 08P01 protocol_violation: also how PgBouncer refuses a login it checks
+	// itself (pgbouncerRejection).
+	sqlstateProtocolViolation = "08P01"
 	// 42501: a missing privilege, or a row refused by a row-level security policy.
 	sqlstateInsufficientPrivilege = "42501"
 
@@ -252,7 +255,8 @@ func IsDeadlock(err error) bool {
 // connection for a reason that waiting will not change, and says which in
 // words for the user: the credentials (class 28: a wrong password, an unknown
 // role, a role that may not log in, no pg_hba.conf entry), a database that
-// does not exist (3D000), or, on the client's side, a server TLS certificate
+// does not exist (3D000), the same refusals from PgBouncer
+// (pgbouncerRejection), or, on the client's side, a server TLS certificate
 // that does not verify (a wrong CA in sslrootcert, another host's name). Retrying these only risks locking the account.
 func ConnectionRejected(err error) (why string, rejected bool) {
 	anyInChain(err, func(e error) bool {
@@ -263,6 +267,8 @@ func ConnectionRejected(err error) (why string, rejected bool) {
 			why = "the database server rejected the connection string's credentials (its user or password)"
 		case pgErr.Code == sqlstateInvalidCatalogName:
 			why = "the database named in the connection string does not exist"
+		default:
+			why = pgbouncerRejection(pgErr)
 		}
 		if !ok && isCertificateVerification(e) {
 			why = "the database server's TLS certificate did not verify (sslmode verify-ca or verify-full: check sslrootcert, the CA that signed the server's certificate, and the host name)"
@@ -270,6 +276,29 @@ func ConnectionRejected(err error) (why string, rejected bool) {
 		return why != ""
 	})
 	return why, why != ""
+}
+
+// pgbouncerRejection says why, when e is PgBouncer refusing a login it
+// checks itself: it answers the refusals PostgreSQL gives as 28P01 and 3D000
+// with FATAL 08P01 (protocol_violation), the class of a lost connection
+// (Debian's 1.18, for a wrong password or an unknown user: "password
+// authentication failed" under auth_type md5, "SASL authentication failed"
+// under scram-sha-256; for an unknown database: "no such database:
+// <name>"). Only those whole messages count, so that no
+// other 08P01 stops being retried; a pooler that uses PostgreSQL's codes is
+// read as PostgreSQL.
+func pgbouncerRejection(e *pgconn.PgError) string {
+	if e.Code != sqlstateProtocolViolation || e.Severity != "FATAL" {
+		return ""
+	}
+	msg := strings.ToLower(e.Message)
+	switch {
+	case msg == "password authentication failed", msg == "sasl authentication failed":
+		return "the connection pooler rejected the connection string's credentials (its user or password)"
+	case strings.HasPrefix(msg, "no such database: "):
+		return "the connection pooler knows no database of the name in the connection string"
+	}
+	return ""
 }
 
 // isCertificateVerification reports whether e is the client refusing the

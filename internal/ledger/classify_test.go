@@ -464,7 +464,12 @@ func TestRefusedStatement(t *testing.T) {
 func TestConnectionRejected_BuiltErrors(t *testing.T) {
 	t.Parallel()
 	pg := func(code string) error { return &pgconn.PgError{Code: code, Message: "m"} }
+	// PgBouncer's refusals, as Debian's 1.18 sends them (TestConnectionRejected_RealPgBouncer).
+	bouncer := func(severity, msg string) error {
+		return &pgconn.PgError{Code: "08P01", Severity: severity, Message: msg}
+	}
 	const creds, nodb = "rejected the connection string's credentials", "database named in the connection string does not exist"
+	const poolerNoDB = "the connection pooler knows no database of the name in the connection string"
 	tests := []struct {
 		name string
 		err  error
@@ -479,6 +484,12 @@ func TestConnectionRejected_BuiltErrors(t *testing.T) {
 		{"permission denied", pg("42501"), ""},
 		{"invalid schema", pg("3F000"), ""},
 		{"bare error", errors.New("password authentication failed"), ""},
+		{"PgBouncer, md5", wrap(bouncer("FATAL", "password authentication failed"), 2), creds},
+		{"PgBouncer, scram", bouncer("FATAL", "SASL authentication failed"), creds},
+		{"PgBouncer, no such database", bouncer("FATAL", "no such database: billing"), poolerNoDB},
+		{"PgBouncer, another protocol violation", bouncer("FATAL", "server conn crashed?"), ""},
+		{"08P01 not fatal", bouncer("ERROR", "password authentication failed"), ""},
+		{"08P01 with more words", bouncer("FATAL", "password authentication failed, and more"), ""},
 		{"nil", nil, ""},
 	}
 	for _, tt := range tests {
@@ -567,4 +578,44 @@ func TestClassifiers_RealConnectionsAndTimeouts(t *testing.T) {
 	require.Equal(t, "28P01", pgErr.Code, "a wrong password's SQLSTATE")
 	require.NotContains(t, tests[3].err.Error(), "not-the-password", "the error does not echo the password")
 	require.NoError(t, connect(ctx, pgtest.PasswordDSN(t, dsn, pgtest.PasswordUserPassword)), "the right password is accepted")
+}
+
+// TestConnectionRejected_RealPgBouncer: a real PgBouncer that checks
+// passwords itself (md5, scram-sha-256) refuses a wrong password and an
+// unknown database with FATAL 08P01, the class of a lost connection; those
+// refusals are rejections (never retried: exit code 2, not a retry until
+// --retry-timeout), while the right password gets through.
+func TestConnectionRejected_RealPgBouncer(t *testing.T) {
+	t.Parallel()
+	c := pgtest.Server(t)
+	for _, auth := range []string{"md5", "scram-sha-256"} {
+		t.Run(auth, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b, err := pgtest.StartPgBouncer(ctx, c, pgtest.BouncerPasswords(auth, map[string]string{"postgres": "right"}))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = b.Stop() })
+			dsn := func(password, db string) string {
+				return fmt.Sprintf("host=127.0.0.1 port=%d user=postgres password=%s dbname=%s sslmode=disable", b.Port(), password, db)
+			}
+			conn, err := pgconn.Connect(ctx, dsn("right", "postgres"))
+			require.NoError(t, err, "the right password gets through")
+			require.NoError(t, conn.Close(ctx))
+
+			for _, tc := range []struct{ dsn, why string }{
+				{dsn("wrong", "postgres"), "rejected the connection string's credentials"},
+				{dsn("right", "nosuchdb"), "knows no database of the name"},
+			} {
+				_, err := pgconn.Connect(ctx, tc.dsn)
+				require.Error(t, err)
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr)
+				require.Equal(t, "08P01", pgErr.Code, "PgBouncer's own refusal: %v", err)
+				why, rejected := ledger.ConnectionRejected(err)
+				require.True(t, rejected, "%v", err)
+				require.Contains(t, why, tc.why)
+				require.False(t, ledger.IsRetryable(err), "a rejection is never retried: %v", err)
+			}
+		})
+	}
 }

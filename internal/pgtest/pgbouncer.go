@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,11 +30,12 @@ const EnvPgBouncer = "PGBOUNCER"
 // pool_mode = transaction and ignore_startup_parameters =
 // extra_float_digits. It listens on loopback TCP only.
 type PgBouncer struct {
-	dir     string
-	port    int
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	logPath string
+	dir      string
+	port     int
+	password string // the superuser's, under BouncerPasswords
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	logPath  string
 }
 
 var (
@@ -74,10 +77,31 @@ func ThroughBouncer(t testing.TB, dsn string) string {
 	return strings.Join(append(out, "host=127.0.0.1", "port="+strconv.Itoa(b.port)), " ")
 }
 
+// BouncerOption changes what StartPgBouncer configures.
+type BouncerOption func(*bouncerConfig)
+
+type bouncerConfig struct {
+	authType string            // auth_type
+	users    map[string]string // auth_file's users and their passwords, in the clear
+}
+
+// BouncerPasswords makes the PgBouncer check passwords itself, as production
+// poolers do: auth_type (md5, scram-sha-256) against users, which must hold
+// the cluster's superuser ("postgres": readiness is checked as it), and only
+// the database postgres behind it (an unknown database is the pooler's
+// refusal, not the server's).
+func BouncerPasswords(authType string, users map[string]string) BouncerOption {
+	return func(c *bouncerConfig) { c.authType, c.users = authType, users }
+}
+
 // StartPgBouncer starts a PgBouncer in front of cluster c, on a free
-// loopback port. Every role of c may log in through it (auth_query as the
-// superuser, whom c trusts on its socket).
-func StartPgBouncer(ctx context.Context, c *Cluster) (_ *PgBouncer, err error) {
+// loopback port. Every role of c may log in through it without a password
+// (auth_type trust), unless BouncerPasswords says otherwise.
+func StartPgBouncer(ctx context.Context, c *Cluster, opts ...BouncerOption) (_ *PgBouncer, err error) {
+	cfg := bouncerConfig{authType: "trust"}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	bin := os.Getenv(EnvPgBouncer)
 	if bin == "" {
 		bin = "/usr/sbin/pgbouncer"
@@ -107,14 +131,26 @@ func StartPgBouncer(ctx context.Context, c *Cluster) (_ *PgBouncer, err error) {
 			return nil, fmt.Errorf("handing %s to the server user: %w", dir, err)
 		}
 	}
+	databases := "*"
+	users := fmt.Sprintf("%q \"\"\n", superuser)
+	if cfg.users != nil {
+		var ok bool
+		if b.password, ok = cfg.users[superuser]; !ok {
+			return nil, fmt.Errorf("pgtest: BouncerPasswords without a password for %s, as whom readiness is checked", superuser)
+		}
+		databases, users = "postgres", ""
+		for _, u := range slices.Sorted(maps.Keys(cfg.users)) {
+			users += fmt.Sprintf("%q %q\n", u, cfg.users[u])
+		}
+	}
 	ini := fmt.Sprintf(`[databases]
-* = host=%s port=%d
+%s = host=%s port=%d
 
 [pgbouncer]
 listen_addr = 127.0.0.1
 listen_port = %d
 unix_socket_dir =
-auth_type = trust
+auth_type = %s
 auth_file = %s
 auth_user = %s
 pool_mode = transaction
@@ -126,10 +162,10 @@ server_lifetime = 3600
 logfile = %s
 log_connections = 0
 log_disconnections = 0
-%s`, c.socketDir, c.port, b.port, filepath.Join(dir, "userlist.txt"), superuser, b.logPath, userLine)
+%s`, databases, c.socketDir, c.port, b.port, cfg.authType, filepath.Join(dir, "userlist.txt"), superuser, b.logPath, userLine)
 	files := map[string]string{
 		"pgbouncer.ini": ini,
-		"userlist.txt":  fmt.Sprintf("%q \"\"\n", superuser),
+		"userlist.txt":  users,
 	}
 	for name, content := range files {
 		p := filepath.Join(dir, name)
@@ -166,7 +202,7 @@ func freePort() (int, error) {
 
 func (b *PgBouncer) waitReady(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=postgres sslmode=disable", b.port, superuser)
+	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=postgres sslmode=disable password='%s'", b.port, superuser, b.password)
 	return wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
 		conn, err := pgconn.Connect(ctx, dsn)
 		if err == nil {

@@ -1,9 +1,11 @@
 package clitest
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -77,4 +79,34 @@ GRANT ALL ON invoices TO PUBLIC`)
 	prune := runCLI(t, "", "prune", "--older-than", "24h", "--dsn", dsn)
 	require.Equal(t, 0, prune.code, "stderr:\n%s", prune.stderr)
 	require.Contains(t, prune.stdout, "batches pruned: 3")
+}
+
+// TestRunRefusedByPgBouncer: behind a PgBouncer that checks passwords itself
+// (scram-sha-256, as production poolers do), a wrong password and an unknown
+// database are bad input, as they are directly: exit code 2 at once with a
+// message that says which, never retried until --retry-timeout. PgBouncer
+// refuses both as FATAL 08P01, the class of a lost connection, which used
+// to be retried for the whole --retry-timeout and then exit 1.
+func TestRunRefusedByPgBouncer(t *testing.T) {
+	t.Parallel()
+	b, err := pgtest.StartPgBouncer(context.Background(), pgtest.Server(t), pgtest.BouncerPasswords("scram-sha-256", map[string]string{"postgres": "right"}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Stop() })
+	file := writeFile(t, "run.yaml", manifest("refused", inlineItems([2]string{"acct-1", "2024-06"})))
+	for _, tc := range []struct{ name, password, db, want string }{
+		{"wrong password", "wrong", "postgres", "the connection pooler rejected the connection string's credentials (its user or password)"},
+		{"no such database", "right", "nosuchdb", "the connection pooler knows no database of the name in the connection string"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres password=%s dbname=%s", b.Port(), tc.password, tc.db)
+			start := time.Now()
+			r := runCLI(t, "", "run", "-f", file, "--dsn", dsn, "--output", "json", "--retry-timeout", "60s")
+			require.Equal(t, 2, r.code, "exit code 2 for bad input; stderr:\n%s", r.stderr)
+			require.Less(t, time.Since(start), 30*time.Second, "refused at once, not after --retry-timeout")
+			require.Contains(t, r.stderr, tc.want)
+			require.NotContains(t, r.stderr, "retrying", "never retried")
+			require.Contains(t, r.summary(t).Error, tc.want, "the JSON result carries the error")
+			noSecret(t, r)
+		})
+	}
 }
