@@ -264,17 +264,13 @@ func (s *Store) WithBounds(statement, lock time.Duration) *Store {
 	return &Store{pool: s.pool, readTimeout: statement, lockTimeout: lock}
 }
 
-func (s *Store) sqlReadBoundList() []string {
-	return sqlBoundList(s.readTimeout, s.lockTimeout, DefaultQueryTimeout, DefaultLockTimeout)
-}
-
 // begin starts a pipeline with a transaction's BEGIN (sqlBeginWrite or
 // sqlBeginReadOnly) and the Store's bounds, for its statements and COMMIT
 // to follow in the same round trip.
 func (s *Store) begin(begin string) *pgx.Batch {
 	b := &pgx.Batch{}
 	b.Queue(begin)
-	for _, q := range s.sqlReadBoundList() {
+	for _, q := range sqlBoundList(s.readTimeout, s.lockTimeout, DefaultQueryTimeout, DefaultLockTimeout) {
 		b.Queue(q)
 	}
 	return b
