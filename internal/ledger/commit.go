@@ -27,7 +27,9 @@ var errHolderVanished = errors.New("key conflicted with a committed row that no 
 // the newly claimed items. If a concurrent writer committed one of the keys
 // after that lookup, the business-key rule rejects the insert; the chunk is
 // then claimed again with INSERT ... ON CONFLICT DO NOTHING, whose arbiter is
-// that rule. If the transaction fails for a reason tied to some items (a
+// that rule. With opts.ExpectFresh the first statement is a plain INSERT
+// without the lookup (sqlInsertFresh); if the rule rejects it, the chunk is
+// claimed as above. If the transaction fails for a reason tied to some items (a
 // foreign key in the effect, a malformed payload, a check constraint), the bad
 // items are isolated by bisection under savepoints in another transaction: the
 // good items commit and each bad item is Failed with its own error.
@@ -65,8 +67,12 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		return process(ctx, tx, run, unique, res, opts.Processor)
 	}
 
+	first := lookupFirst
+	if opts.ExpectFresh && opts.OnExisting != Supersede {
+		first = insertFresh
+	}
 	res, err := s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
-		res, err := claim(ctx, tx, run, unique, opts, lookupFirst)
+		res, err := claim(ctx, tx, run, unique, opts, first)
 		return settle(tx, res, err)
 	})
 	if IsExpectedBusinessKeyConflict(err) {
@@ -230,12 +236,20 @@ const (
 	// arbitrate: sqlInsert (ON CONFLICT DO NOTHING, absorbing exactly the
 	// rule's conflicts), then sqlHolders for the keys it skipped.
 	arbitrate
+	// insertFresh: sqlInsertFresh, a plain insert of every key with no
+	// lookup (ChunkOptions.ExpectFresh). It fails with the expected
+	// business-key conflict if any key is held.
+	insertFresh
 )
 
 // claimStatement is the claim's statement: the fast path's look-up first or
 // the arbiter's plain ON CONFLICT, each with or without the effect's table.
 func claimStatement(mode claimMode, effect bool) string {
 	switch {
+	case mode == insertFresh && !effect:
+		return sqlInsertFresh
+	case mode == insertFresh:
+		return sqlInsertFreshEffect
 	case mode == lookupFirst && !effect:
 		return sqlClaim
 	case mode == lookupFirst:
@@ -387,6 +401,13 @@ func (c *claimer) round(ctx context.Context, mode claimMode) error {
 			c.run.Namespace, c.run.Name, c.run.UID, c.run.Shard, c.run.Attempt)
 		switch {
 		case err != nil: // reported below
+		case mode == insertFresh: // no rows: every key was inserted, or the statement failed
+			rows.Close()
+			if err = rows.Err(); err == nil {
+				for j := range sub {
+					c.claimedBy(todo.at(j))
+				}
+			}
 		case mode == lookupFirst: // rows: the skipped keys, with their holders
 			err = forEachSkipped(rows, len(sub), func(j int, holder string, changed bool) { c.held(todo.at(j), holder, changed) })
 			if err == nil { // the statement inserted every key it did not skip

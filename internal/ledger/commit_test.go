@@ -6,15 +6,18 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
 )
 
 func TestCommitChunk_RerunIsAlreadyHandled(t *testing.T) {
@@ -223,8 +226,20 @@ func TestCommitChunk_WriterBetweenEveryLookup(t *testing.T) {
 
 // TestCommitChunk_Race: 8 writers on 8 connections commit overlapping key sets
 // at once. The unique index alone arbitrates.
+// TestCommitChunk_Race: writers of overlapping keys, with and without
+// ExpectFresh (a guess that is wrong for every shared key another writer
+// got first).
 func TestCommitChunk_Race(t *testing.T) {
 	t.Parallel()
+	for _, fresh := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ExpectFresh=%v", fresh), func(t *testing.T) {
+			t.Parallel()
+			commitRace(t, ledger.ChunkOptions{ExpectFresh: fresh})
+		})
+	}
+}
+
+func commitRace(t *testing.T, opts ledger.ChunkOptions) {
 	pool := newPool(t)
 	s := ledger.NewStore(pool)
 	const writers, perWriter, shared, chunkSize = 8, 5000, 2500, 1000
@@ -243,7 +258,7 @@ func TestCommitChunk_Race(t *testing.T) {
 			its = append(its, items(fmt.Sprintf("own-%d", w), 0, perWriter-shared)...)
 			run := runNamed(fmt.Sprintf("writer-%d", w))
 			for from := 0; from < len(its); from += chunkSize {
-				c := count(commit(t, s, run, its[from:min(from+chunkSize, len(its))], ledger.ChunkOptions{}))
+				c := count(commit(t, s, run, its[from:min(from+chunkSize, len(its))], opts))
 				results[w].completed += c.completed
 				results[w].already += c.already
 				results[w].failed += c.failed
@@ -413,4 +428,130 @@ func TestCommitChunk_RejectsEmptyRunUID(t *testing.T) {
 	s := ledger.NewStore(newPool(t))
 	_, err := s.CommitChunk(context.Background(), ledger.Run{Name: "x"}, items("a", 0, 1), ledger.ChunkOptions{})
 	require.ErrorContains(t, err, "run UID is empty")
+}
+
+// TestCommitChunk_ExpectFreshIsOnlyAHint: a chunk sent with ExpectFresh
+// whose keys are held after all (by another run, with the same payload or
+// not; by the same run, as after a lost COMMIT; twice in the chunk), or
+// whose items are bad, gets exactly the verdicts, holders and rows of the
+// same chunk sent without it.
+func TestCommitChunk_ExpectFreshIsOnlyAHint(t *testing.T) {
+	t.Parallel()
+	type verdict struct {
+		outcome        ledger.Outcome
+		holder         ledger.Holder
+		holderUID      string
+		payloadChanged bool
+		errText        string
+	}
+	for _, tt := range []struct {
+		name  string
+		chunk func() []ledger.Item
+	}{
+		{"all fresh", func() []ledger.Item { return items("acct", 100, 140) }},
+		{"held by another run, same payloads", func() []ledger.Item { return items("acct", 0, 10) }},
+		{"held by another run, payloads changed", func() []ledger.Item {
+			c := items("acct", 0, 10)
+			for i := range c {
+				c[i].Payload = json.RawMessage(`{"amount": -1}`)
+			}
+			return c
+		}},
+		{"held by this run (a retry after a lost COMMIT)", func() []ledger.Item { return items("mine", 0, 10) }},
+		{"one held key last, after fresh ones", func() []ledger.Item { return append(items("acct", 100, 140), items("acct", 9, 10)...) }},
+		{"mixed, with repeats", func() []ledger.Item {
+			c := append(items("acct", 5, 15), items("mine", 5, 15)...)
+			return append(c, c[3], c[14], items("acct", 200, 210)[4])
+		}},
+		{"bad items among fresh ones", func() []ledger.Item {
+			c := items("acct", 300, 340)
+			c[7].Payload = json.RawMessage(`{"amount": `)
+			c[21].Entity = ""
+			return c
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := map[bool][]verdict{}
+			rows := map[bool][]string{}
+			for _, fresh := range []bool{false, true} {
+				pool := newPool(t)
+				s := ledger.NewStore(pool)
+				commit(t, s, runNamed("other"), items("acct", 0, 10), ledger.ChunkOptions{})
+				commit(t, s, runNamed("me"), items("mine", 0, 10), ledger.ChunkOptions{})
+				for _, r := range commit(t, s, runNamed("me"), tt.chunk(), ledger.ChunkOptions{ExpectFresh: fresh}) {
+					v := verdict{outcome: r.Outcome, holder: r.Holder, holderUID: r.HolderUID, payloadChanged: r.PayloadChanged}
+					if r.Err != nil {
+						v.errText = r.Err.Error()
+					}
+					got[fresh] = append(got[fresh], v)
+				}
+				keys, err := pool.Query(context.Background(), `SELECT entity || '/' || occurrence || '/' || run_uid || '/' || coalesce(payload::text, '')
+					FROM runledger.ledger WHERE state = 'committed' ORDER BY 1`)
+				require.NoError(t, err)
+				rows[fresh], err = pgx.CollectRows(keys, pgx.RowTo[string])
+				require.NoError(t, err)
+			}
+			require.Equal(t, got[false], got[true], "verdicts with ExpectFresh, item by item")
+			require.Equal(t, rows[false], rows[true], "the committed rows with ExpectFresh")
+		})
+	}
+}
+
+// statements records the SQL of every query a pool sends.
+type statements struct {
+	mu   sync.Mutex
+	sent []string
+}
+
+func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sent = append(s.sent, d.SQL)
+	return ctx
+}
+
+func (*statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// containing counts the statements sent that contain part, and forgets them all.
+func (s *statements) containing(part string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, q := range s.sent {
+		if strings.Contains(q, part) {
+			n++
+		}
+	}
+	s.sent = nil
+	return n
+}
+
+// TestCommitChunk_ExpectFreshLooksNothingUp: with ExpectFresh, a chunk of
+// fresh keys is one plain INSERT, no lookup of the rule's index before it;
+// a held key makes it fall back to the lookup.
+func TestCommitChunk_ExpectFreshLooksNothingUp(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
+	require.NoError(t, err)
+	trace := &statements{}
+	cfg.ConnConfig.Tracer = trace
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s := ledger.NewStore(pool)
+	const lookup = "LEFT JOIN LATERAL"
+
+	require.Equal(t, tally{completed: 50}, count(commit(t, s, runNamed("me"), items("acct", 0, 50), ledger.ChunkOptions{ExpectFresh: true})))
+	require.Zero(t, trace.containing(lookup), "a fresh chunk with ExpectFresh looks nothing up")
+
+	require.Equal(t, tally{completed: 50}, count(commit(t, s, runNamed("me"), items("acct", 50, 100), ledger.ChunkOptions{})))
+	require.Equal(t, 1, trace.containing(lookup), "without it, the claim looks the keys up")
+
+	require.Equal(t, tally{completed: 10, already: 10}, count(commit(t, s, runNamed("other"), items("acct", 90, 110), ledger.ChunkOptions{ExpectFresh: true})))
+	require.Equal(t, 1, trace.containing(lookup), "a held key: the insert is refused, and the claim looks up once")
+
+	require.Equal(t, tally{completed: 20, superseded: 10}, count(commit(t, s, runNamed("sup"), items("acct", 100, 120), ledger.ChunkOptions{ExpectFresh: true, OnExisting: ledger.Supersede})))
+	require.Positive(t, trace.containing("UPDATE "+ledger.Schema+".ledger"), "a Supersede run ignores the hint")
+	requireOneCommittedPerKey(t, pool, 120)
 }

@@ -232,7 +232,7 @@ func TestForging_Randomized(t *testing.T) {
 		}
 		r.processor = i%3 == 2
 		r.effect = !r.processor
-		installs := map[int]bool{}
+		installs, expects := map[int]bool{}, map[int]bool{}
 		for c := range 2 + rng.IntN(5) {
 			n := 1 + rng.IntN(30)
 			chunk := make([]ledger.Item, n)
@@ -244,10 +244,11 @@ func TestForging_Randomized(t *testing.T) {
 			}
 			r.chunks = append(r.chunks, chunk)
 			installs[c] = rng.IntN(3) == 0
+			expects[c] = rng.IntN(2) == 0
 		}
 		uid := r.uid
 		r.opts = func(c int) ledger.ChunkOptions {
-			o := ledger.ChunkOptions{OnExisting: mode, EffectTimeout: 20 * time.Second, LockTimeout: 10 * time.Second}
+			o := ledger.ChunkOptions{OnExisting: mode, EffectTimeout: 20 * time.Second, LockTimeout: 10 * time.Second, ExpectFresh: expects[c]}
 			if r.processor {
 				o.Processor = proc
 			} else {

@@ -90,6 +90,26 @@ ins AS (
 SELECT holder, array_agg(n), array_agg(n) FILTER (WHERE changed) FROM k WHERE holder IS NOT NULL GROUP BY holder`
 )
 
+// sqlInsertFresh is the claim of a chunk whose keys the caller expects
+// unheld (ChunkOptions.ExpectFresh): a plain INSERT, no lookup, nothing back.
+// Its own unique check is then the only probe of the rule's index per key,
+// where sqlClaim probes to look up and again to insert (docs/insert-path.md).
+// A key held after all makes the rule reject the statement
+// (IsExpectedBusinessKeyConflict) and the chunk is claimed again by
+// sqlClaim: the statement inserts every key or none, so a wrong guess costs
+// time, never a verdict.
+const (
+	sqlInsertFresh = insertInto + `
+    FROM ` + chunkKeys
+	sqlInsertFreshEffect = `
+WITH ins AS (
+    ` + sqlInsertFresh + `
+    RETURNING entity, occurrence, payload
+)
+INSERT INTO pg_temp.claimed (entity, occurrence, payload)
+SELECT entity, occurrence, payload FROM ins`
+)
+
 // sqlInsert is the arbiter path: the chunk's keys inserted with ON CONFLICT DO
 // NOTHING, returning the keys it inserted; a key it did not return is held by
 // a committed row already (see sqlHolders for whose). It serves when the fast

@@ -164,6 +164,12 @@ type ChunkOptions struct {
 	// *ProcessorError (retryable). The transaction stays open during the
 	// call: the Processor bounds it (its timeout).
 	Processor Processor
+	// ExpectFresh says the caller expects none of the keys committed (its
+	// own lookup or preload found none held): the chunk is inserted without
+	// looking its keys up first. A key held after all makes the rule reject
+	// that insert, and the chunk is claimed again the usual way, so a wrong
+	// guess costs a statement, never a verdict. Ignored by Supersede runs.
+	ExpectFresh bool
 	// Lease, if set, is the shard's: every transaction of the chunk renews
 	// it first and row-locks it, and fails with ErrShardBusy, committing
 	// nothing, when it is no longer this process's.

@@ -298,7 +298,7 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 	if err := s.preload(ctx, work, &g); err != nil {
 		return err
 	}
-	results, err := s.commit(ctx, work, g.toCommit(s.cfg.OnExisting))
+	results, err := s.commit(ctx, work, g.toCommit(s.cfg.OnExisting), g.expectFresh(s.cfg.OnExisting))
 	if err != nil {
 		return err
 	}
@@ -377,11 +377,26 @@ type firstCopies struct {
 	held      []ledger.Held
 	nheld     int
 	unchecked []int
+	// unsure counts the first copies found held by another run whose
+	// payload the lookup could not compare: the claim meets their rows.
+	unsure int
+}
+
+// expectFresh says whether the claim should expect none of the keys it is
+// sent held (ledger.ChunkOptions.ExpectFresh): every first copy sent was
+// looked up or preloaded and found unheld, or comes from a source that
+// stopped looking up after finding none held.
+func (g firstCopies) expectFresh(onExisting ledger.OnExisting) bool {
+	return g.unsure == 0 && onExisting != ledger.Supersede
 }
 
 // hold records what a lookup found of first copy i's key.
 func (g *firstCopies) hold(i int, h ledger.Held) {
-	if h.Holder == ledger.HolderNone || (h.Holder == ledger.HolderOtherRun && h.Payload == ledger.PayloadUnknown) {
+	if h.Holder == ledger.HolderNone {
+		return
+	}
+	if h.Holder == ledger.HolderOtherRun && h.Payload == ledger.PayloadUnknown {
+		g.unsure++
 		return
 	}
 	if g.held[i].Holder == ledger.HolderNone {
@@ -450,7 +465,9 @@ func (s *shardRun) preload(ctx, work context.Context, g *firstCopies) error {
 // commit commits items, with retries. Items a processor asked to retry are
 // sent again after the back-off; once the retries are spent, they, or the
 // items of calls that kept failing, are Failed with the processor's error.
-func (s *shardRun) commit(ctx, work context.Context, items []ledger.Item) (map[ledger.Key]ledger.Result, error) {
+// fresh (the lookups found none of items held) is the first try's
+// ExpectFresh: a retry may find rows its earlier try committed.
+func (s *shardRun) commit(ctx, work context.Context, items []ledger.Item, fresh bool) (map[ledger.Key]ledger.Result, error) {
 	results := make(map[ledger.Key]ledger.Result, len(items))
 	if len(items) == 0 {
 		return results, nil
@@ -459,9 +476,10 @@ func (s *shardRun) commit(ctx, work context.Context, items []ledger.Item) (map[l
 		return nil, context.Cause(ctx) // stop before starting a commit
 	}
 	pending := items
-	err := s.cfg.Retry.Do(ctx, "committing", s.onRetry("commit"), func(int) error {
+	err := s.cfg.Retry.Do(ctx, "committing", s.onRetry("commit"), func(attempt int) error {
 		res, err := s.store.CommitChunk(work, s.cfg.Run, pending, ledger.ChunkOptions{
 			Effect: s.cfg.Effect, Processor: s.cfg.Processor, OnExisting: s.cfg.OnExisting, Lease: s.lease,
+			ExpectFresh:   fresh && attempt == 1,
 			EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock, NetworkTimeout: s.cfg.Timeouts.Network,
 		})
 		if err != nil {

@@ -208,7 +208,8 @@ INSERT INTO notes VALUES (1, '{"amount": 1, "amount": 2}'), (2, '{"memo": "\ud80
 // TestQuerySource_HeldMidway: a batch whose first keys are fresh and whose
 // later keys another run committed (with one payload changed), then fresh
 // again: the shard stops looking keys up on its fetches after the first
-// fresh fetch, and the claim finds the held keys on its own; every count
+// fresh fetch, the claim that expects its keys fresh is refused by the
+// rule and finds the held keys on its own lookup; every count
 // is exact, every already handled key has the other run's committed row,
 // and no key is committed twice. The sorted copy is gone at the end.
 func TestQuerySource_HeldMidway(t *testing.T) {
