@@ -323,8 +323,20 @@ SELECT entity, occurrence, (payload->>'amount')::numeric FROM claimed`
 // TestCommitChunk_Effect: the effect runs once per newly claimed item, in the
 // same transaction; a foreign-key failure for some items leaves exactly those
 // Failed with their own error and commits the others with their effect.
+// TestCommitChunk_Effect: the effect runs over exactly the newly claimed
+// items, with and without ExpectFresh (the second run's guess is wrong for 7
+// of its 10 keys).
 func TestCommitChunk_Effect(t *testing.T) {
 	t.Parallel()
+	for _, fresh := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ExpectFresh=%v", fresh), func(t *testing.T) {
+			t.Parallel()
+			commitWithEffect(t, fresh)
+		})
+	}
+}
+
+func commitWithEffect(t *testing.T, fresh bool) {
 	pool := newPool(t)
 	s := ledger.NewStore(pool)
 	mustExec(t, pool, effectSchema)
@@ -336,7 +348,7 @@ func TestCommitChunk_Effect(t *testing.T) {
 			Payload: json.RawMessage(fmt.Sprintf(`{"amount": %d}`, 10*(i+1))),
 		})
 	}
-	opts := ledger.ChunkOptions{Effect: invoiceEffect}
+	opts := ledger.ChunkOptions{Effect: invoiceEffect, ExpectFresh: fresh}
 
 	res := commit(t, s, runNamed("run-a"), chunk, opts)
 	require.Equal(t, tally{completed: 7, failed: 3}, count(res))
