@@ -3,29 +3,31 @@ package ledger
 // Statements exported to the external test package, which checks their plans,
 // and the readers of their answers.
 var (
-	SQLClaim            = sqlClaim
-	SQLClaimEffect      = sqlClaimEffect
-	SQLInsert           = sqlInsert
-	SQLInsertEffect     = sqlInsertEffect
-	SQLCreateClaimed    = sqlCreateClaimed
-	SQLPinnedSearchPath = sqlPinnedSearchPath
-	SQLHolders          = sqlHolders
-	SQLHoldersPayload   = sqlHoldersPayload
-	SQLPreload          = sqlPreload
-	SQLSupersede        = sqlSupersede
-	SQLFixQueryBatch    = sqlFixQueryBatch
-	SQLSortShard        = sqlSortShard
-	SQLFetchSortedProbe = sqlFetchSortedProbe
-	SQLFetchSortedPlain = sqlFetchSortedPlain
-	SQLBatchWorkMem     = sqlBatchWorkMem
-	SQLIndexProbesOnly  = sqlIndexProbesOnly
-	SQLKeyRows          = sqlKeyRows
-	SQLKeyRetired       = sqlKeyRetired
-	SQLStaticHandled    = sqlStaticAlreadyHandled
-	ForEachSkipped      = forEachSkipped
-	ForEachKey          = forEachKey
-	IsStatementLevel    = isStatementLevel
-	MigrationLockKey    = migrationLockKey
+	SQLClaim             = sqlClaim
+	SQLClaimEffect       = sqlClaimEffect
+	SQLInsert            = sqlInsert
+	SQLInsertEffect      = sqlInsertEffect
+	SQLInsertFresh       = sqlInsertFresh
+	SQLInsertFreshEffect = sqlInsertFreshEffect
+	SQLCreateClaimed     = sqlCreateClaimed
+	SQLPinnedSearchPath  = sqlPinnedSearchPath
+	SQLHolders           = sqlHolders
+	SQLHoldersPayload    = sqlHoldersPayload
+	SQLPreload           = sqlPreload
+	SQLSupersede         = sqlSupersede
+	SQLFixQueryBatch     = sqlFixQueryBatch
+	SQLSortShard         = sqlSortShard
+	SQLFetchSortedProbe  = sqlFetchSortedProbe
+	SQLFetchSortedPlain  = sqlFetchSortedPlain
+	SQLBatchWorkMem      = sqlBatchWorkMem
+	SQLIndexProbesOnly   = sqlIndexProbesOnly
+	SQLKeyRows           = sqlKeyRows
+	SQLKeyRetired        = sqlKeyRetired
+	SQLStaticHandled     = sqlStaticAlreadyHandled
+	ForEachSkipped       = forEachSkipped
+	ForEachKey           = forEachKey
+	IsStatementLevel     = isStatementLevel
+	MigrationLockKey     = migrationLockKey
 )
 
 // ShardLockKey is the shard lock key of releases before the lease.

@@ -20,7 +20,8 @@ import (
 // without the effect's copy, the attribution of skipped keys and the
 // preload, supersede) probe the rule's index once per key, and the arbiter
 // path's insert reads the ledger only through its arbiter index, never by a
-// scan or a join over the table. A plan that scans the ledger per chunk costs
+// scan or a join over the table; the insert of a chunk expected fresh reads
+// nothing of it (its unique check aside). A plan that scans the ledger per chunk costs
 // as much as the table is large; one that scans it per key (chosen for an
 // empty ledger) is quadratic while concurrent writers fill it. The ledger as
 // the planner may see it: fresh (never analysed, empty or filled since),
@@ -44,15 +45,18 @@ func TestInsertPathPlansAreOChunk(t *testing.T) {
 		sql    string
 		args   []any
 		lookup bool // probes the rule's index per key
+		plain  bool // neither looks up nor arbitrates: the insert's own unique check only
 	}{
-		{"claim", ledger.SQLClaim, append([]any{entities, occurrences, payloads}, run...), true},
-		{"claim with effect", ledger.SQLClaimEffect, append([]any{entities, occurrences, payloads}, run...), true},
-		{"insert (arbiter)", ledger.SQLInsert, append([]any{entities, occurrences, payloads}, run...), false},
-		{"insert (arbiter) with effect", ledger.SQLInsertEffect, append([]any{entities, occurrences, payloads}, run...), false},
-		{"holders", ledger.SQLHolders, []any{entities, occurrences, "run-uid"}, true},
-		{"holders with payloads", ledger.SQLHoldersPayload, []any{entities, occurrences, payloads, "run-uid"}, true},
-		{"preload with payloads", ledger.SQLPreload, []any{entities, occurrences, payloads, "run-uid"}, true},
-		{"supersede", ledger.SQLSupersede, []any{entities, occurrences, "other-run"}, true},
+		{"claim", ledger.SQLClaim, append([]any{entities, occurrences, payloads}, run...), true, false},
+		{"claim with effect", ledger.SQLClaimEffect, append([]any{entities, occurrences, payloads}, run...), true, false},
+		{"insert (arbiter)", ledger.SQLInsert, append([]any{entities, occurrences, payloads}, run...), false, false},
+		{"insert (arbiter) with effect", ledger.SQLInsertEffect, append([]any{entities, occurrences, payloads}, run...), false, false},
+		{"insert (expected fresh)", ledger.SQLInsertFresh, append([]any{entities, occurrences, payloads}, run...), false, true},
+		{"insert (expected fresh) with effect", ledger.SQLInsertFreshEffect, append([]any{entities, occurrences, payloads}, run...), false, true},
+		{"holders", ledger.SQLHolders, []any{entities, occurrences, "run-uid"}, true, false},
+		{"holders with payloads", ledger.SQLHoldersPayload, []any{entities, occurrences, payloads, "run-uid"}, true, false},
+		{"preload with payloads", ledger.SQLPreload, []any{entities, occurrences, payloads, "run-uid"}, true, false},
+		{"supersede", ledger.SQLSupersede, []any{entities, occurrences, "other-run"}, true, false},
 	}
 	fill := func(from, to int, entity string) string {
 		return fmt.Sprintf(`INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
@@ -96,9 +100,14 @@ SELECT %s, 'occ-' || i, 'default', 'big', 'big-run', 0, 0 FROM generate_series(%
 						require.NotContains(t, plan, scan, "no scan of the ledger, no join over it:\n%s", plan)
 					}
 					probes := strings.Count(plan, "Index Scan using "+ledger.BusinessKeyIndex)
-					if st.lookup {
+					switch {
+					case st.lookup:
 						require.Positive(t, probes, "the lookup probes the rule's index per key:\n%s", plan)
-					} else {
+					case st.plain:
+						require.Zero(t, probes, "no lookup:\n%s", plan)
+						require.NotContains(t, plan, "Conflict Arbiter", "no arbiter: a held key fails the insert:\n%s", plan)
+						require.NotRegexp(t, `Scan (using \w+ )?on ledger `, plan, "the ledger is not read:\n%s", plan)
+					default:
 						require.Contains(t, plan, "Conflict Arbiter Indexes: "+ledger.BusinessKeyIndex, "the insert's arbiter is the rule:\n%s", plan)
 					}
 					// Every probe is by key (an Index Cond), never a walk of the whole index.
