@@ -42,7 +42,7 @@ func Open(ctx context.Context, dsn string, maxConns int32, opts ...Option) (*pgx
 	if err != nil {
 		return nil, fmt.Errorf("opening database pool: %w", redact.New(dsn).Error(err))
 	}
-	poolerProbes.Store(pool, probe)
+	rememberProbe(pool, probe)
 	return pool, nil
 }
 

@@ -43,3 +43,10 @@ func HashBytesExtendedForTest(k []byte, seed uint64) uint64 { return hashBytesEx
 
 // QuoteLiteralForTest exposes the literal quoting of fromRun's query.
 func QuoteLiteralForTest(s string) string { return quoteLiteral(s) }
+
+// PoolerProbes counts the pools whose probe is remembered.
+func PoolerProbes() int {
+	n := 0
+	poolerProbes.Range(func(any, any) bool { n++; return true })
+	return n
+}

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -175,4 +176,25 @@ func TestFixQueryBatchThroughPgBouncer_Concurrent(t *testing.T) {
 		require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('lock_timeout')`).Scan(&lockTimeout))
 		require.Equal(t, "0", lockTimeout, "a server connection kept a fixer's lock_timeout")
 	}
+}
+
+// TestPoolerProbesGoWithTheirPools: a pool's pooler probe is forgotten once
+// the pool is garbage, so a process opening pool after pool does not keep
+// them all. (Not parallel: it counts every pool of the process.)
+func TestPoolerProbesGoWithTheirPools(t *testing.T) {
+	ctx := context.Background()
+	before := ledger.PoolerProbes()
+	open := func() {
+		for range 20 {
+			pool, err := ledger.Open(ctx, "postgres://nobody@127.0.0.1:1/none?connect_timeout=1", 1)
+			require.NoError(t, err)
+			pool.Close()
+		}
+	}
+	open()
+	require.GreaterOrEqual(t, ledger.PoolerProbes(), before+20, "each open pool's probe is remembered")
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return ledger.PoolerProbes() <= before
+	}, 10*time.Second, 10*time.Millisecond, "the probes of pools that are gone are forgotten")
 }

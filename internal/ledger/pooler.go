@@ -3,8 +3,10 @@ package ledger
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"unicode/utf8"
+	"weak"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -73,14 +75,23 @@ func (p *poolerProbe) detect(ctx context.Context, cc *pgx.ConnConfig) (bool, err
 	return p.pooled, nil
 }
 
-// poolerProbes remembers each pool's probe, for BehindPooler.
-var poolerProbes sync.Map // *pgxpool.Pool -> *poolerProbe
+// poolerProbes remembers each pool's probe, for BehindPooler. A pool is
+// held weakly and its entry goes with it: a process that opens pools one
+// after another (the tests, a long-lived caller) does not keep them all.
+var poolerProbes sync.Map // weak.Pointer[pgxpool.Pool] -> *poolerProbe
+
+// rememberProbe files probe as pool's, until pool is garbage.
+func rememberProbe(pool *pgxpool.Pool, probe *poolerProbe) {
+	key := weak.Make(pool)
+	poolerProbes.Store(key, probe)
+	runtime.AddCleanup(pool, func(k weak.Pointer[pgxpool.Pool]) { poolerProbes.Delete(k) }, key)
+}
 
 // BehindPooler reports whether pool's connections reach PostgreSQL through
 // a pooler, as its first connection found (false before any connection, or
 // for a pool Open did not make).
 func BehindPooler(pool *pgxpool.Pool) bool {
-	p, ok := poolerProbes.Load(pool)
+	p, ok := poolerProbes.Load(weak.Make(pool))
 	if !ok {
 		return false
 	}
