@@ -242,8 +242,9 @@ const (
 	insertFresh
 )
 
-// claimStatement is the claim's statement: the fast path's look-up first or
-// the arbiter's plain ON CONFLICT, each with or without the effect's table.
+// claimStatement is the claim's statement: the plain insert of a chunk
+// expected fresh, the fast path's look-up first or the arbiter's plain ON
+// CONFLICT, each with or without the effect's table.
 func claimStatement(mode claimMode, effect bool) string {
 	switch {
 	case mode == insertFresh && !effect:
