@@ -198,13 +198,20 @@ func Get(t testing.TB) *Env {
 	return shared.env
 }
 
-// Main runs the tests, then stops the Env if a test started it; it exits
-// the process.
-func Main(m *testing.M) {
+// Main runs the tests, then stops the Env if a test started it and calls
+// each of stops (pgtest.Stop, for a package whose tests use PostgreSQL too);
+// it exits the process.
+func Main(m *testing.M, stops ...func() error) {
 	code := m.Run()
 	if shared.env != nil {
 		if err := shared.env.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "envtest:", err)
+		}
+	}
+	for _, stop := range stops {
+		if err := stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "after the tests:", err)
+			code = max(code, 1)
 		}
 	}
 	os.Exit(code)

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -40,25 +41,34 @@ func Main(m *testing.M, opts ...func(*Options)) {
 		o(&mainOpts)
 	}
 	code := m.Run()
+	if err := Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Stop stops what this process started (PgBouncer, the cluster, whose
+// files go with it) or drops its template database on a TEST_DATABASE_URL
+// server. A TestMain that is not Main's calls it after m.Run: a cluster
+// left running is killed when the test binary exits, and its files stay.
+func Stop() error {
+	var errs []error
 	if bouncer != nil {
 		if err := bouncer.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "pgtest: stopping pgbouncer: %v\n", err)
-			if code == 0 {
-				code = 1
-			}
+			errs = append(errs, fmt.Errorf("stopping pgbouncer: %w", err))
 		}
 	}
 	if server != nil {
 		if err := server.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "pgtest: stopping cluster: %v\n", err)
-			if code == 0 {
-				code = 1
-			}
+			errs = append(errs, fmt.Errorf("stopping cluster: %w", err))
 		}
 	} else if template != "" {
 		dropDatabase(template)
 	}
-	os.Exit(code)
+	return errors.Join(errs...)
 }
 
 // Durable starts the cluster with PostgreSQL's default durability. For
