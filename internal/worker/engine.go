@@ -298,7 +298,7 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 	if err := s.preload(ctx, work, &g); err != nil {
 		return err
 	}
-	results, err := s.commit(ctx, work, g.toCommit(s.cfg.OnExisting), g.expectFresh(s.cfg.OnExisting))
+	results, err := s.commit(ctx, work, g.toCommit(s.cfg.OnExisting), g.expectFresh())
 	if err != nil {
 		return err
 	}
@@ -383,12 +383,11 @@ type firstCopies struct {
 }
 
 // expectFresh says whether the claim should expect none of the keys it is
-// sent held (ledger.ChunkOptions.ExpectFresh): every first copy sent was
-// looked up or preloaded and found unheld, or comes from a source that
-// stopped looking up after finding none held.
-func (g firstCopies) expectFresh(onExisting ledger.OnExisting) bool {
-	return g.unsure == 0 && onExisting != ledger.Supersede
-}
+// sent held (ledger.ChunkOptions.ExpectFresh, which a Supersede run's claim
+// ignores): every first copy sent was looked up or preloaded and found
+// unheld, or comes from a source that stopped looking up after finding none
+// held.
+func (g firstCopies) expectFresh() bool { return g.unsure == 0 }
 
 // hold records what a lookup found of first copy i's key.
 func (g *firstCopies) hold(i int, h ledger.Held) {
