@@ -1,9 +1,11 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -376,6 +378,10 @@ func (s *Store) BatchShardSize(ctx context.Context, h *BatchHeader, shard int) (
 // outlives a fetch. Every sort gives the same positions, so a copy lost with
 // the unlogged tables (a crash) is sorted again and read on at the position
 // reached.
+//
+// A shard whose items already lie in key order in the batch (a query that
+// returned its rows in the rule's order) is not sorted: it is read where it
+// lies, by the same positions (the order is the same), and loses no copy.
 type BatchReader struct {
 	store  *Store
 	batch  *BatchHeader
@@ -385,7 +391,14 @@ type BatchReader struct {
 	// (for a Supersede run, which claims them again); otherwise a row the
 	// lookup settles comes without.
 	heldPayloads bool
+	// inPlace: the shard's blocks of the batch with each one's first
+	// position, in block order, when the shard is read where it lies; nil
+	// when it is read from its sorted copy.
+	inPlace []placedBlock
 }
+
+// placedBlock is a block of a shard read in place, and its first position.
+type placedBlock struct{ block, start int64 }
 
 // ErrSortedCopyLost: the shard's sorted copy vanished between two fetches (a
 // crash of the server empties unlogged tables, or another process of the
@@ -399,10 +412,88 @@ var ErrSortedCopyLost = errors.New("the shard's sorted copy of its batch is gone
 // its payload unless heldPayloads (a Supersede run claims such keys again).
 func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, shard int, heldPayloads bool) (*BatchReader, error) {
 	r := &BatchReader{store: s, batch: h, runUID: runUID, shard: shard, heldPayloads: heldPayloads}
-	if err := r.sort(ctx); err != nil {
+	if err := r.open(ctx); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// InPlace says whether the reader reads its shard where it lies in the
+// batch (it was in key order already), not from a sorted copy.
+func (r *BatchReader) InPlace() bool { return r.inPlace != nil }
+
+// open reads the shard in place if it lies in key order, else from its
+// sorted copy (sorting it unless a copy exists).
+func (r *BatchReader) open(ctx context.Context) error {
+	placed, err := r.inOrder(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the order of shard %d of the batch: %w", r.shard, err)
+	}
+	if placed != nil {
+		r.inPlace = placed
+		return nil
+	}
+	return r.sort(ctx)
+}
+
+// inOrder returns the shard's blocks with their first positions if its
+// items lie in key order in the batch (sqlBatchOrder), else nil.
+func (r *BatchReader) inOrder(ctx context.Context) ([]placedBlock, error) {
+	type edge struct {
+		key Key
+		seq int64
+	}
+	var placed []placedBlock
+	inOrder := true
+	var last *edge
+	var pos int64
+	b := r.store.begin(sqlBeginReadOnly)
+	b.Queue(sqlNoSeqScan)
+	b.Queue(sqlNoBitmapScan)
+	b.Queue(sqlNoJIT)
+	b.Queue(sqlPinnedSearchPath)
+	b.Queue(sqlBatchOrder, r.batch.ID, r.shard).Query(func(rows pgx.Rows) error {
+		var block, n, firstSeq, lastSeq int64
+		var firstO, firstE, lastO, lastE *string
+		var within bool
+		_, err := pgx.ForEachRow(rows, []any{&block, &n, &firstO, &firstE, &firstSeq, &lastO, &lastE, &lastSeq, &within}, func() error {
+			if !inOrder {
+				return nil
+			}
+			if !within || firstO == nil || firstE == nil || lastO == nil || lastE == nil {
+				inOrder = false
+				return nil
+			}
+			first := edge{Key{Entity: *firstE, Occurrence: *firstO}, firstSeq}
+			if last != nil && cmp.Or(compareKeys(last.key, first.key), cmp.Compare(last.seq, first.seq)) >= 0 {
+				inOrder = false
+				return nil
+			}
+			last = &edge{Key{Entity: *lastE, Occurrence: *lastO}, lastSeq}
+			placed = append(placed, placedBlock{block: block, start: pos})
+			pos += n
+			return nil
+		})
+		return err
+	})
+	b.Queue(sqlCommit)
+	if err := r.store.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	if !inOrder || placed == nil {
+		return nil, nil
+	}
+	return placed, nil
+}
+
+// span returns the blocks of a shard read in place that positions pos to
+// pos + n - 1 lie in, and each one's first position.
+func (r *BatchReader) span(pos int64, n int) (blocks, starts []int64) {
+	i := max(sort.Search(len(r.inPlace), func(i int) bool { return r.inPlace[i].start > pos })-1, 0)
+	for ; i < len(r.inPlace) && r.inPlace[i].start < pos+int64(n); i++ {
+		blocks, starts = append(blocks, r.inPlace[i].block), append(starts, r.inPlace[i].start)
+	}
+	return blocks, starts
 }
 
 // sort writes the shard's sorted copy if it has none (sqlSortShard); a copy
@@ -464,8 +555,15 @@ func (r *BatchReader) fetch(ctx context.Context, pos int64, n int, lookup bool) 
 	b.Queue(sqlNoJIT)
 	b.Queue(sqlPinnedSearchPath)
 	fetch, args := sqlFetchSortedPlain, []any{r.batch.ID, r.shard, pos, n}
+	if r.inPlace != nil {
+		blocks, starts := r.span(pos, n)
+		fetch, args = sqlFetchInPlacePlain, append(args, blocks, starts)
+	}
 	if lookup {
 		fetch, args = sqlFetchSortedProbe, append(args, r.runUID, r.heldPayloads)
+		if r.inPlace != nil {
+			fetch = sqlFetchInPlaceProbe
+		}
 	}
 	b.Queue(fetch, args...).Query(func(rows pgx.Rows) error {
 		var row BatchRow
@@ -485,11 +583,15 @@ func (r *BatchReader) fetch(ctx context.Context, pos int64, n int, lookup bool) 
 		})
 		return err
 	})
-	b.Queue(sqlSortedShard, r.batch.ID, r.shard).Query(func(rows pgx.Rows) error {
-		whole = rows.Next()
-		rows.Close()
-		return rows.Err()
-	})
+	if r.inPlace != nil {
+		whole = true // the batch's own blocks: no copy to lose
+	} else {
+		b.Queue(sqlSortedShard, r.batch.ID, r.shard).Query(func(rows pgx.Rows) error {
+			whole = rows.Next()
+			rows.Close()
+			return rows.Err()
+		})
+	}
 	b.Queue(sqlBatchHeader, r.runUID).QueryRow(func(row pgx.Row) error {
 		var err error
 		h, err = scanBatchHeader(row, r.runUID)

@@ -1,5 +1,7 @@
 package ledger
 
+import "context"
+
 // Statements exported to the external test package, which checks their plans,
 // and the readers of their answers.
 var (
@@ -19,6 +21,9 @@ var (
 	SQLSortShard         = sqlSortShard
 	SQLFetchSortedProbe  = sqlFetchSortedProbe
 	SQLFetchSortedPlain  = sqlFetchSortedPlain
+	SQLBatchOrder        = sqlBatchOrder
+	SQLFetchInPlaceProbe = sqlFetchInPlaceProbe
+	SQLFetchInPlacePlain = sqlFetchInPlacePlain
 	SQLBatchWorkMem      = sqlBatchWorkMem
 	SQLIndexProbesOnly   = sqlIndexProbesOnly
 	SQLKeyRows           = sqlKeyRows
@@ -49,4 +54,11 @@ func PoolerProbes() int {
 	n := 0
 	poolerProbes.Range(func(any, any) bool { n++; return true })
 	return n
+}
+
+// OpenSortedBatchForTest opens a reader of shard's sorted copy, sorting the
+// shard whatever its order (OpenBatch reads a shard in key order in place).
+func (s *Store) OpenSortedBatchForTest(ctx context.Context, h *BatchHeader, runUID string, shard int, heldPayloads bool) (*BatchReader, error) {
+	r := &BatchReader{store: s, batch: h, runUID: runUID, shard: shard, heldPayloads: heldPayloads}
+	return r, r.sort(ctx)
 }

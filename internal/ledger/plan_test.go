@@ -204,6 +204,22 @@ func TestBatchReader_SortsItsShardOnly(t *testing.T) {
 	plan = explain(t, ledger.SQLFetchSortedPlain, h.ID, 1, int64(2000), 1000)
 	require.NotContains(t, plan, "ledger", "no lookup:\n%s", plan)
 	require.Contains(t, plan, "(block >= ", "the blocks of the fetch's positions only:\n%s", plan)
+
+	// A shard read in place: its order read off its blocks, with no sort;
+	// a fetch reads the blocks of its positions, one range of the primary
+	// key, and probes per row as above.
+	plan = explain(t, ledger.SQLBatchOrder, h.ID, 1)
+	require.NotContains(t, plan, "Sort", "the blocks in the primary key's order, each one's items compared in place:\n%s", plan)
+	require.Contains(t, plan, "Index Cond: ((batch_id = '"+id+"'::bigint) AND (shard = 1))", "of the shard's blocks only:\n%s", plan)
+	blocks, starts := []int64{2, 4, 6}, []int64{300, 600, 900}
+	plan = explain(t, ledger.SQLFetchInPlaceProbe, h.ID, 1, int64(500), 1000, blocks, starts, "uid", false)
+	require.Equal(t, 1, strings.Count(plan, "Sort Key:"), "one sort, of the fetch's rows:\n%s", plan)
+	require.Contains(t, plan, "Index Cond: ((batch_id = '"+id+"'::bigint) AND (shard = 1) AND (block >= ", "the blocks of the fetch's positions only:\n%s", plan)
+	require.NotContains(t, plan, "Hash", "no block read but the fetch's:\n%s", plan)
+	require.Contains(t, plan, "Index Scan using "+ledger.BusinessKeyIndex, "probing the rule's index:\n%s", plan)
+	plan = explain(t, ledger.SQLFetchInPlacePlain, h.ID, 1, int64(500), 1000, blocks, starts)
+	require.NotContains(t, plan, "ledger", "no lookup:\n%s", plan)
+	require.Contains(t, plan, "(block >= ", "the blocks of the fetch's positions only:\n%s", plan)
 }
 
 // TestKeyReadsProbeIndexes: runledger key reads a key's rows, superseded ones

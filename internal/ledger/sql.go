@@ -754,13 +754,15 @@ WITH h AS (
 DELETE FROM ` + Schema + `.batch_sorted WHERE batch_id = $1 AND shard = $2`
 )
 
-// The sort and the fetches of a sorted copy. The fetches: the items of shard $2 of batch $1 at
-// positions $3 to $3 + $4 - 1, in order (the blocks those positions span,
-// one probe of the primary key's range). sqlFetchSortedProbe gives each the
-// run holding its key (the preload, one probe of the rule's index per row as
-// in sqlHolders) and, for another run's ($5 is the reading run), whether
-// the payloads match, as of the fetch; sqlFetchSortedPlain looks nothing up
-// (the claim will: see worker.queryStream, which picks one per fetch).
+// The sort, the order check and the fetches of a shard. The fetches: the
+// items of shard $2 of batch $1 at positions $3 to $3 + $4 - 1, in order
+// (the blocks those positions span, one probe of the primary key's range
+// each), from the sorted copy or, for a shard in key order already, from
+// the batch itself. The probe fetches give each the run holding its key
+// (the preload, one probe of the rule's index per row as in sqlHolders)
+// and, for another run's, whether the payloads match, as of the fetch; the
+// plain ones look nothing up (the claim will: see worker.queryStream, which
+// picks one per fetch).
 var (
 	sortedBlock = strconv.Itoa(batchSortedBlock)
 
@@ -794,31 +796,43 @@ INSERT INTO ` + Schema + `.batch_sorted_shard (batch_id, shard, items)
 SELECT $1, $2, coalesce(sum(n), 0) FROM blocks
 ON CONFLICT DO NOTHING`
 
-	//
-	// A row the lookup settles (the run's own key, or another run's with
-	// the same payload) comes without its payload unless $6 (a Supersede
-	// run claims such keys again): nothing reads it, and the payload is
-	// most of what an already handled batch's fetch sends.
-	sqlFetchSortedProbe = `
-SELECT f.seq, f.entity, f.occurrence,
-       CASE WHEN (f.holder = $5 OR NOT f.changed) AND NOT $6::boolean THEN NULL ELSE f.payload END,
-       f.holder, f.changed
-FROM (
-    SELECT b.pos, b.seq, b.entity, b.occurrence, b.payload, ` + heldFor("$5") + ` AS holder,
-           CASE WHEN ` + othersRow("$5") + ` THEN ` + sqlBatchPayloadSameText + ` END AS changed
-    FROM (` + sqlSortedRange + `) AS b
-    LEFT JOIN LATERAL (
-        SELECT l.run_uid, l.payload
-        FROM ` + Schema + `.ledger AS l
-        WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
-        LIMIT 1
-    ) AS h ON true` + ownRetired("$5", "b") + `
-) AS f
-ORDER BY f.pos`
-	sqlFetchSortedPlain = `
-SELECT b.seq, b.entity, b.occurrence, b.payload, NULL::text, NULL::boolean
-FROM (` + sqlSortedRange + `) AS b
-ORDER BY b.pos`
+	// sqlBatchOrder tells whether shard $2 of batch $1 is in key order
+	// where it lies (its blocks in block order, each block's items in the
+	// order of its arrays), as sqlSortShard would order it: per block, in
+	// block order, its item count, its first and last items' keys and seqs,
+	// and whether its items ascend strictly by (occurrence, entity, seq) in
+	// byte order; the reader compares each block's last item with the next
+	// block's first (BatchReader.open). A NULL key part counts as out of
+	// order. Each item is compared with the next one of its block, the
+	// arrays unnested side by side in the target list (streamed; unnest in
+	// FROM would store each block's pairs first, half as fast again), and a
+	// block stops at its first pair out of order. Each array is read once
+	// (|| '{}' returns it detoasted, in a subquery OFFSET 0 keeps: every
+	// reference to the column would decompress it again, which made the
+	// check twice as slow on a batch out of order).
+	sqlBatchOrder = `
+SELECT k.block, cardinality(a.s), a.o[1], a.e[1], a.s[1], a.o[cardinality(a.s)], a.e[cardinality(a.s)], a.s[cardinality(a.s)],
+       NOT EXISTS (
+           SELECT FROM (
+               SELECT unnest(a.o[:cardinality(a.s) - 1]) AS po, unnest(a.e[:cardinality(a.s) - 1]) AS pe, unnest(a.s[:cardinality(a.s) - 1]) AS ps,
+                      unnest(a.o[2:]) AS o, unnest(a.e[2:]) AS e, unnest(a.s[2:]) AS s
+           ) AS u
+           WHERE ((u.po COLLATE "C", u.pe COLLATE "C", u.ps) < (u.o COLLATE "C", u.e COLLATE "C", u.s)) IS NOT TRUE
+       )
+FROM ` + Schema + `.batch AS k
+CROSS JOIN LATERAL (
+    SELECT k.occurrences || '{}'::text[] AS o, k.entities || '{}'::text[] AS e, k.seqs || '{}'::bigint[] AS s
+    OFFSET 0
+) AS a
+WHERE k.batch_id = $1 AND k.shard = $2
+ORDER BY k.block`
+
+	// The fetches of a sorted copy, and of a shard read in place.
+	sqlFetchSortedProbe  = sqlFetchProbe(sqlSortedRange, "$5", "$6")
+	sqlFetchSortedPlain  = sqlFetchPlain(sqlSortedRange)
+	sqlFetchInPlaceProbe = sqlFetchProbe(sqlInPlaceRange, "$7", "$8")
+	sqlFetchInPlacePlain = sqlFetchPlain(sqlInPlaceRange)
+
 	sqlSortedRange = `
     SELECT u.pos, u.seq, u.entity, u.occurrence, u.payload
     FROM ` + Schema + `.batch_sorted AS k
@@ -828,7 +842,59 @@ ORDER BY b.pos`
       AND u.pos >= $3::bigint
     ORDER BY u.pos
     LIMIT $4::integer`
+
+	// sqlInPlaceRange reads positions $3 to $3 + $4 - 1 of a shard in key
+	// order where it lies: $5 are the shard's blocks those positions span
+	// (consecutive among its blocks), $6 each one's first position
+	// (BatchReader.inPlace); an item's position is its block's first plus
+	// its place in the block's arrays. The blocks are one range of the
+	// primary key, as a sorted copy's are. A block's first position is
+	// looked up once per block (OFFSET 0 keeps it out of the per-item
+	// expressions, where it made the fetch a third slower).
+	sqlInPlaceRange = `
+    SELECT p.start + u.ord - 1 AS pos, u.seq, u.entity, u.occurrence, u.payload
+    FROM ` + Schema + `.batch AS k
+    CROSS JOIN LATERAL (SELECT ($6::bigint[])[array_position($5::bigint[], k.block)] AS start OFFSET 0) AS p
+    CROSS JOIN LATERAL unnest(k.seqs, k.entities, k.occurrences, k.payloads) WITH ORDINALITY AS u(seq, entity, occurrence, payload, ord)
+    WHERE k.batch_id = $1 AND k.shard = $2
+      AND k.block BETWEEN ($5::bigint[])[1] AND ($5::bigint[])[cardinality($5::bigint[])]
+      AND p.start + u.ord - 1 BETWEEN $3::bigint AND $3::bigint + $4::integer - 1`
 )
+
+// sqlFetchProbe is a fetch of rng's rows (pos, seq, entity, occurrence,
+// payload) in position order, each with the run holding its key and, for
+// another run's, whether the payloads match. A row the lookup settles (the
+// run's own key, or another run's with the same payload) comes without its
+// payload unless heldPayloads (a Supersede run claims such keys again):
+// nothing reads it, and the payload is most of what an already handled
+// batch's fetch sends. run is the reading run's parameter.
+func sqlFetchProbe(rng, run, heldPayloads string) string {
+	return `
+SELECT f.seq, f.entity, f.occurrence,
+       CASE WHEN (f.holder = ` + run + ` OR NOT f.changed) AND NOT ` + heldPayloads + `::boolean THEN NULL ELSE f.payload END,
+       f.holder, f.changed
+FROM (
+    SELECT b.pos, b.seq, b.entity, b.occurrence, b.payload, ` + heldFor(run) + ` AS holder,
+           CASE WHEN ` + othersRow(run) + ` THEN ` + sqlBatchPayloadSameText + ` END AS changed
+    FROM (` + rng + `) AS b
+    LEFT JOIN LATERAL (
+        SELECT l.run_uid, l.payload
+        FROM ` + Schema + `.ledger AS l
+        WHERE l.entity = b.entity AND l.occurrence = b.occurrence AND l.state = 'committed'
+        LIMIT 1
+    ) AS h ON true` + ownRetired(run, "b") + `
+) AS f
+ORDER BY f.pos`
+}
+
+// sqlFetchPlain is a fetch of rng's rows in position order that looks
+// nothing up (the claim will).
+func sqlFetchPlain(rng string) string {
+	return `
+SELECT b.seq, b.entity, b.occurrence, b.payload, NULL::text, NULL::boolean
+FROM (` + rng + `) AS b
+ORDER BY b.pos`
+}
 
 // sqlBeforeBatchQuery prepares the materialising transaction: its work_mem,
 // the run's bounds on the query and the statements after it (sqlBounds),

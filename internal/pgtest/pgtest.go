@@ -243,6 +243,30 @@ func NewEmptyDatabase(t testing.TB) string {
 	return create(t, "TEMPLATE template0")
 }
 
+// NewICUDatabase is NewDatabase with ICU's collation of locale (say "en")
+// as the database's default instead of C: for what must not depend on the
+// database's collation. It is migrated from scratch (the template's
+// collation is C); its effects are not sandboxed.
+func NewICUDatabase(t testing.TB, locale string) string {
+	t.Helper()
+	ensure(t)
+	dsn := create(t, "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE '"+locale+"'")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatalf("opening pool: %v", err)
+	}
+	defer pool.Close()
+	if _, err := ledger.Migrate(ctx, pool); err != nil {
+		t.Fatalf("migrating a database collated by ICU's %s: %v", locale, err)
+	}
+	if ThroughPooler() {
+		return ThroughBouncer(t, dsn)
+	}
+	return dsn
+}
+
 // NewPool is NewDatabase plus a pool on it, closed when the test ends.
 func NewPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()

@@ -24,8 +24,9 @@ import (
 // (Check still describes it in a READ ONLY transaction.)
 //
 // A shard reads its rows through a ledger.BatchReader, which sorts them by
-// key once, in the shard's own statement, and reads them by position, a
-// fetch at a time (so it holds one fetch whatever the size of the batch),
+// key once, in the shard's own statement (unless they lie in key order in
+// the batch already: then it reads them where they lie), and reads them by
+// position, a fetch at a time (so it holds one fetch whatever the size of the batch),
 // in short transactions on any connection. While keys are found held, every
 // row comes with the run holding its key: a chunk needs no separate preload
 // round trip, and a batch that is already handled costs index probes and no
