@@ -123,7 +123,9 @@ func checkInPlace(t *testing.T, pool *pgxpool.Pool, rng *rand.Rand, rows []srcRo
 	s := ledger.NewStore(pool)
 	run := runNamed(fmt.Sprintf("in-place-%d", rng.Uint64()))
 	h, err := s.FixQueryBatch(ctx, run, ledger.BatchQuery{SQL: `SELECT entity, occurrence, payload FROM src ORDER BY id`, HasPayload: true, Shards: shards,
-		ShardOf: func(e, o string) string { return "(length(" + e + ") + length(" + o + ") + ascii(right(" + o + ", 1))) % " + fmt.Sprint(shards) }})
+		ShardOf: func(e, o string) string {
+			return "(length(" + e + ") + length(" + o + ") + ascii(right(" + o + ", 1))) % " + fmt.Sprint(shards)
+		}})
 	require.NoError(t, err)
 	var mine, others []ledger.Item
 	for _, r := range rows {
