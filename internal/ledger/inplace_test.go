@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -178,4 +179,35 @@ func dedupeItems(its []ledger.Item) []ledger.Item {
 		return strings.Compare(a.Occurrence+"\x00"+a.Entity, b.Occurrence+"\x00"+b.Entity)
 	})
 	return slices.CompactFunc(its, func(a, b ledger.Item) bool { return a.Key == b.Key })
+}
+
+// TestBatchReader_InPlaceSeesAPrune: a shard read in place learns of a
+// prune as one read from its copy does: the fetch's header says pruned, and
+// nothing is read from the deleted blocks.
+func TestBatchReader_InPlaceSeesAPrune(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	mustExec(t, pool, `CREATE TABLE src AS SELECT 'e' AS entity, 'o-' || lpad(i::text, 6, '0') AS occurrence, NULL::jsonb AS payload FROM generate_series(1, 5000) AS i`)
+	s := ledger.NewStore(pool)
+	run := runNamed("in-place-pruned")
+	h, err := s.FixQueryBatch(ctx, run, ledger.BatchQuery{SQL: `SELECT entity, occurrence FROM src ORDER BY occurrence`, Shards: 1,
+		ShardOf: func(string, string) string { return "0" }})
+	require.NoError(t, err)
+	r, err := s.OpenBatch(ctx, h, run.UID, 0, false)
+	require.NoError(t, err)
+	require.True(t, r.InPlace())
+	first, now, err := r.Fetch(ctx, 0, 100, true)
+	require.NoError(t, err)
+	require.Len(t, first, 100)
+	require.Nil(t, now.Pruned)
+
+	p, err := s.PruneBatches(ctx, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, p.Batches)
+	next, now, err := r.Fetch(ctx, 100, 100, true)
+	require.NoError(t, err)
+	require.NotNil(t, now.Pruned, "the header says pruned")
+	require.Empty(t, next, "nothing is left to read")
+	require.Zero(t, scalar[int](t, pool, `SELECT count(*)::int FROM runledger.batch_sorted_shard`), "and nothing was sorted")
 }
