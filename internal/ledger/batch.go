@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -567,15 +568,19 @@ func (r *BatchReader) fetch(ctx context.Context, pos int64, n int, lookup bool) 
 	}
 	b.Queue(fetch, args...).Query(func(rows pgx.Rows) error {
 		var row BatchRow
-		var uid []byte
-		var match *bool
-		_, err := pgx.ForEachRow(rows, []any{&row.Seq, &row.Entity, &row.Occurrence, &row.Payload, &uid, &match}, func() error {
+		var same, changed pgtype.Bool // not *bool: no allocation per row
+		_, err := pgx.ForEachRow(rows, []any{&row.Seq, &row.Entity, &row.Occurrence, &row.Payload, &same, &changed}, func() error {
 			row.LookedUp = lookup
-			if uid != nil {
-				row.Holder = holderOf(uid, r.runUID)
-			}
-			if row.Holder == HolderOtherRun {
-				row.PayloadMatch = payloadMatch(match)
+			switch {
+			case !same.Valid:
+			case same.Bool:
+				row.Holder = HolderSameRun
+			default:
+				row.Holder = HolderOtherRun
+				row.PayloadMatch = PayloadUnknown
+				if changed.Valid {
+					row.PayloadMatch = payloadMatch(&changed.Bool)
+				}
 			}
 			out = append(out, row)
 			row = BatchRow{}

@@ -862,8 +862,9 @@ ORDER BY k.block`
 )
 
 // sqlFetchProbe is a fetch of rng's rows (pos, seq, entity, occurrence,
-// payload) in position order, each with the run holding its key and, for
-// another run's, whether the payloads match. A row the lookup settles (the
+// payload) in position order, each with whether the reading run holds its
+// key (NULL: nobody does; the holder's id is not sent, a tenth of a settled
+// row's bytes) and, for another run's, whether the payloads match. A row the lookup settles (the
 // run's own key, or another run's with the same payload) comes without its
 // payload unless heldPayloads (a Supersede run claims such keys again):
 // nothing reads it, and the payload is most of what an already handled
@@ -872,7 +873,7 @@ func sqlFetchProbe(rng, run, heldPayloads string) string {
 	return `
 SELECT f.seq, f.entity, f.occurrence,
        CASE WHEN (f.holder = ` + run + ` OR NOT f.changed) AND NOT ` + heldPayloads + `::boolean THEN NULL ELSE f.payload END,
-       f.holder, f.changed
+       f.holder = ` + run + `, f.changed
 FROM (
     SELECT b.pos, b.seq, b.entity, b.occurrence, b.payload, ` + heldFor(run) + ` AS holder,
            CASE WHEN ` + othersRow(run) + ` THEN ` + sqlBatchPayloadSameText + ` END AS changed
@@ -891,7 +892,7 @@ ORDER BY f.pos`
 // nothing up (the claim will).
 func sqlFetchPlain(rng string) string {
 	return `
-SELECT b.seq, b.entity, b.occurrence, b.payload, NULL::text, NULL::boolean
+SELECT b.seq, b.entity, b.occurrence, b.payload, NULL::boolean, NULL::boolean
 FROM (` + rng + `) AS b
 ORDER BY b.pos`
 }
