@@ -863,7 +863,7 @@ ORDER BY k.block`
 
 // sqlFetchProbe is a fetch of rng's rows (pos, seq, entity, occurrence,
 // payload) in position order, each with whether the reading run holds its
-// key (NULL: nobody does; the holder's id is not sent, a tenth of a settled
+// key (NULL: nobody does; the holder's id is not sent, 40 bytes of a settled
 // row's bytes) and, for another run's, whether the payloads match. A row the lookup settles (the
 // run's own key, or another run's with the same payload) comes without its
 // payload unless heldPayloads (a Supersede run claims such keys again):
