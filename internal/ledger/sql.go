@@ -863,12 +863,13 @@ ORDER BY k.block`
 
 // sqlFetchProbe is a fetch of rng's rows (pos, seq, entity, occurrence,
 // payload) in position order, each with whether the reading run holds its
-// key (NULL: nobody does; the holder's id is not sent, 40 bytes of a settled
-// row's bytes) and, for another run's, whether the payloads match. A row the lookup settles (the
-// run's own key, or another run's with the same payload) comes without its
-// payload unless heldPayloads (a Supersede run claims such keys again):
-// nothing reads it, and the payload is most of what an already handled
-// batch's fetch sends. run is the reading run's parameter.
+// key (NULL: nobody does; not the holder's id, which was 40 bytes of
+// BenchmarkWorker's settled row's 100) and, for another run's, whether the
+// payloads match. A row the lookup settles (the run's own key, or another
+// run's with the same payload) comes without its payload unless
+// heldPayloads (a Supersede run claims such keys again): nothing reads it,
+// and the payload is most of what an already handled batch's fetch sends.
+// run is the reading run's parameter.
 func sqlFetchProbe(rng, run, heldPayloads string) string {
 	return `
 SELECT f.seq, f.entity, f.occurrence,
