@@ -802,7 +802,7 @@ ON CONFLICT DO NOTHING`
 	// block order, its item count, its first and last items' keys and seqs,
 	// and whether its items ascend strictly by (occurrence, entity, seq) in
 	// byte order; the reader compares each block's last item with the next
-	// block's first (BatchReader.open). A NULL key part counts as out of
+	// block's first (BatchReader.inOrder). A NULL key part counts as out of
 	// order. Each item is compared with the next one of its block, the
 	// arrays unnested side by side in the target list (streamed; unnest in
 	// FROM would store each block's pairs first, half as fast again), and a
