@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -140,8 +139,9 @@ func checkInPlace(t *testing.T, pool *pgxpool.Pool, rng *rand.Rand, rows []srcRo
 			others = append(others, it)
 		}
 	}
-	commit(t, s, run, dedupeItems(mine), ledger.ChunkOptions{})
-	commit(t, s, runNamed("another"), dedupeItems(others), ledger.ChunkOptions{})
+	// CommitChunk sorts a chunk and keeps the first copy of each key itself.
+	commit(t, s, run, mine, ledger.ChunkOptions{})
+	commit(t, s, runNamed("another"), others, ledger.ChunkOptions{})
 
 	placed := 0
 	for shard := range shards {
@@ -171,14 +171,6 @@ func checkInPlace(t *testing.T, pool *pgxpool.Pool, rng *rand.Rand, rows []srcRo
 	} else {
 		require.Less(t, placed, shards, "a shard out of order is sorted")
 	}
-}
-
-// dedupeItems keeps the first copy of each key, sorted.
-func dedupeItems(its []ledger.Item) []ledger.Item {
-	slices.SortStableFunc(its, func(a, b ledger.Item) int {
-		return strings.Compare(a.Occurrence+"\x00"+a.Entity, b.Occurrence+"\x00"+b.Entity)
-	})
-	return slices.CompactFunc(its, func(a, b ledger.Item) bool { return a.Key == b.Key })
 }
 
 // TestBatchReader_InPlaceSeesAPrune: a shard read in place learns of a
