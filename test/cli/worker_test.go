@@ -264,6 +264,17 @@ func TestWorkerInPod(t *testing.T) {
 			require.NoError(t, err, "the controller can parse it: %s", raw)
 			require.Equal(t, v1alpha1.ShardReport{Shard: int32(shard), ItemCounts: v1alpha1.ItemCounts{Total: e.Total, Completed: e.Completed}, Message: "done"}, rep)
 			require.Contains(t, r.stderr, `"msg":"shard finished"`, "JSON logs")
+			// The contract's final report: the shard's row on the board is
+			// done, with the final counts (the next reporter need not wait
+			// for it to go stale).
+			require.NotContains(t, r.stderr, "final progress not published", "shard %d", shard)
+			require.NotContains(t, r.stderr, "stop requested", "shard %d: no signal came", shard)
+			var done bool
+			var completed int64
+			require.NoError(t, d.pool.QueryRow(context.Background(),
+				`SELECT done, completed FROM runledger.shard_progress WHERE run_uid = $1 AND shard = $2`, string(run.UID), shard).Scan(&done, &completed))
+			require.True(t, done, "shard %d: its progress row is marked done at exit", shard)
+			require.Equal(t, e.Completed, completed, "shard %d: the row holds the final counts", shard)
 			sum.Add(e.ItemCounts)
 		}
 		require.Equal(t, v1alpha1.ItemCounts{Total: 300, Completed: 300}, sum)
@@ -350,6 +361,7 @@ func TestWorkerInPod(t *testing.T) {
 		committed := d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1`, uid)
 		require.Equal(t, committed, rep.Completed, "the termination message is exact")
 		require.Contains(t, rep.Message, "interrupted after")
+		require.Contains(t, r.stderr, "stop requested: taking no new chunk", "the signal is said")
 		e = k.report(t, big, 0, 0)
 		require.Equal(t, committed, e.Completed, "the final status report is exact")
 		require.EqualValues(t, 50000, e.Total)

@@ -113,14 +113,17 @@ func (o *workerOptions) run(cmd *cobra.Command) error {
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	go func() {
-		<-ctx.Done()
+	// Said on a signal only: unregistered before stop() ends a shard that
+	// finished by itself.
+	quiet := context.AfterFunc(ctx, func() {
 		if cmd.Context().Err() == nil {
 			log.Info("stop requested: taking no new chunk; the chunk in flight commits or rolls back", "drainTimeout", o.DrainTimeout.String())
 		}
-	}()
+	})
+	defer quiet()
 
 	s := &workerRun{opts: o, env: env, log: log, engineLog: engineLog}
+	defer s.closeStore() // after finish: the final report marks the shard's row done through it
 	rep, maxFailed, err := s.work(ctx, envErr)
 	rep.Err, _ = exitcode.ExplainRejection(rep.Err) // e.g. --skip-migrate: the shard connects first
 	code := exitcode.Worker(rep, err, maxFailed)    // before redaction, which may drop the errors' wrapping
@@ -169,6 +172,15 @@ type workerRun struct {
 	engineLog logr.Logger
 	reporter  *worker.StatusReporter
 	stopRep   func() // stops the periodic reports and waits for the last one
+	// closeDB closes the shard's database pool (nil before it is open).
+	closeDB func()
+}
+
+// closeStore closes the shard's database pool, once finish has used it.
+func (s *workerRun) closeStore() {
+	if s.closeDB != nil {
+		s.closeDB()
+	}
 }
 
 // finish writes the final status report and the termination message.
@@ -229,7 +241,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	if err != nil {
 		return worker.Report{}, maxFailed, exitcode.For(err)
 	}
-	defer closeStore()
+	s.closeDB = closeStore
 	// From now on the shard's progress goes through the database, one
 	// reporter per run writing it on its pod (the contract's "Reports").
 	s.reporter.SetBoard(store)
