@@ -3,10 +3,13 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -364,9 +367,14 @@ func (f *fixture) kubectl(args ...string) (string, error) {
 	return f.kubectlRun(ctx, append([]string{"-n", f.ns}, args...)...)
 }
 
-// dump logs what a user would look at to understand a failure.
+// dump writes what a user would look at to understand a failure (the runs,
+// pods, events, schedules, the workers' and the manager's logs) to a file
+// among the cluster's logs (RUNLEDGER_CLUSTER_LOGS; the temporary directory
+// without it) and logs only where: the test's failure message stays at the
+// tail of its output, which is the part a CI summary shows.
 func (f *fixture) dump() {
 	f.t.Helper()
+	var b strings.Builder
 	for _, args := range [][]string{
 		{"get", "processingruns", "-o", "wide"},
 		{"get", "pods", "-o", "wide"},
@@ -376,17 +384,25 @@ func (f *fixture) dump() {
 		{"get", "processingschedules", "-o", "yaml"},
 	} {
 		out, _ := f.kubectl(args...)
-		f.t.Logf("$ kubectl -n %s %s\n%s", f.ns, strings.Join(args, " "), out)
+		fmt.Fprintf(&b, "$ kubectl -n %s %s\n%s\n", f.ns, strings.Join(args, " "), out)
 	}
 	var pods corev1.PodList
 	if err := f.c.List(context.Background(), &pods, client.InNamespace(f.ns)); err == nil {
 		for _, p := range pods.Items {
 			out, _ := f.kubectl("logs", p.Name, "--tail=30")
-			f.t.Logf("$ kubectl -n %s logs %s --tail=30\n%s", f.ns, p.Name, out)
+			fmt.Fprintf(&b, "$ kubectl -n %s logs %s --tail=30\n%s\n", f.ns, p.Name, out)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, _ := f.kubectlRun(ctx, "-n", systemNamespace, "logs", "deployment/"+managerName, "--tail=60")
-	f.t.Logf("$ kubectl -n %s logs deployment/%s --tail=60\n%s", systemNamespace, managerName, out)
+	out, _ := f.kubectlRun(ctx, "-n", systemNamespace, "logs", "deployment/"+managerName, "--all-pods", "--prefix", "--tail=200")
+	fmt.Fprintf(&b, "$ kubectl -n %s logs deployment/%s --all-pods --prefix --tail=200\n%s\n", systemNamespace, managerName, out)
+
+	dir := cmp.Or(os.Getenv("RUNLEDGER_CLUSTER_LOGS"), os.TempDir())
+	path := filepath.Join(dir, "dump-"+strings.ReplaceAll(f.t.Name(), "/", "_")+"-"+f.ns+".txt")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		f.t.Logf("writing the dump to %s: %v; here it is:\n%s", path, err, b.String())
+		return
+	}
+	f.t.Logf("the runs, pods, events and logs of namespace %s are in %s", f.ns, path)
 }
