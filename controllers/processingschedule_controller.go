@@ -572,16 +572,23 @@ func (r *ScheduleReconciler) writeScheduleStatus(ctx context.Context, s *schedSc
 	if err := json.Unmarshal(raw, status); err != nil {
 		return fmt.Errorf("decode status: %w", err)
 	}
-	ac := acv1alpha1.ProcessingSchedule(s.sched.Name, s.sched.Namespace).WithUID(s.sched.UID).
-		WithResourceVersion(s.sched.ResourceVersion).WithStatus(status)
-	err = r.Client.Status().Apply(ctx, ac, client.FieldOwner(v1alpha1.ControllerFieldManager), client.ForceOwnership)
+	apply := func(resourceVersion string) error {
+		ac := acv1alpha1.ProcessingSchedule(s.sched.Name, s.sched.Namespace).WithUID(s.sched.UID).
+			WithResourceVersion(resourceVersion).WithStatus(status)
+		return r.Client.Status().Apply(ctx, ac, client.FieldOwner(v1alpha1.ControllerFieldManager), client.ForceOwnership)
+	}
+	err = apply(s.sched.ResourceVersion)
+	if apierrors.IsConflict(err) {
+		statusConflicts.Inc()
+		var retry bool
+		if retry, err = r.recordStartedTicks(ctx, s, &desired, apply); !retry && err == nil {
+			log.FromContext(ctx).V(1).Info("schedule status not written: the schedule changed since it was read")
+			s.requeue = cacheWaitRequeue
+			return nil
+		}
+	}
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil
-	case apierrors.IsConflict(err):
-		statusConflicts.Inc()
-		log.FromContext(ctx).V(1).Info("schedule status not written: the schedule changed since it was read")
-		s.requeue = cacheWaitRequeue
 		return nil
 	case err != nil:
 		return fmt.Errorf("apply status: %w", err)
@@ -595,6 +602,30 @@ func (r *ScheduleReconciler) writeScheduleStatus(ctx context.Context, s *schedSc
 		}
 	}
 	return nil
+}
+
+// recordStartedTicks writes, after the schedule changed under a pass that
+// started the runs of ticks (a user's edit between its read and its write),
+// the status that records them, on the schedule as it is now (apply with its
+// resourceVersion): the runs exist whatever changed, and a next pass that
+// found those ticks due again would report the runs as found again, or the
+// ticks as missed if the edit suspended the schedule. It does not when the
+// pass started no tick, or a later write already recorded its last tick
+// (retried is false then).
+func (r *ScheduleReconciler) recordStartedTicks(ctx context.Context, s *schedScope, desired *v1alpha1.ProcessingScheduleStatus,
+	apply func(resourceVersion string) error) (retried bool, err error) {
+	if len(s.created) == 0 || desired.LastScheduleTime == nil || r.APIReader == nil {
+		return false, nil
+	}
+	live := &v1alpha1.ProcessingSchedule{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(s.sched), live); err != nil {
+		return false, fmt.Errorf("get processingschedule to record started ticks: %w", err)
+	}
+	if live.UID != s.sched.UID || (live.Status.LastScheduleTime != nil && !live.Status.LastScheduleTime.Before(desired.LastScheduleTime)) {
+		return false, nil
+	}
+	log.FromContext(ctx).V(1).Info("the schedule changed during the pass that started runs: recording them on its latest version", "runs", s.created)
+	return true, apply(live.ResourceVersion)
 }
 
 // missedEvents records an Event per missed tick listed, and one for the

@@ -503,3 +503,91 @@ func TestScheduleTemplateStaysEditable(t *testing.T) {
 	run.Spec.Occurrence = "2026-11"
 	require.ErrorContains(t, env.Client.Update(ctx, run), "occurrence is immutable")
 }
+
+// TestScheduleEditDuringAPassThatStartedARun: the user suspends the schedule
+// between a pass's creation of a tick's run and its status write (the write
+// conflicts). The status still records the tick as started, on the edited
+// schedule; the next pass, suspended, neither lists the tick as missed (its
+// run exists) nor announces the run as found again.
+func TestScheduleEditDuringAPassThatStartedARun(t *testing.T) {
+	t.Parallel()
+	f := newScheduleFixture(t, "edited", nil)
+	ctx := context.Background()
+	cfg := rest.CopyConfig(f.env.Config)
+	cacheOpts := CacheOptions()
+	cacheOpts.DefaultNamespaces = map[string]cache.Config{f.ns: {}}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: f.env.Scheme, Cache: cacheOpts,
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0", Logger: testLogger(),
+	})
+	require.NoError(t, err)
+	// The reconciler's index, without its controller: the test runs the passes.
+	require.NoError(t, mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.ProcessingRun{}, runScheduleKey, indexRunSchedule))
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = mgr.Start(mctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	require.True(t, mgr.GetCache().WaitForCacheSync(ctx))
+
+	var edited sync.Once
+	c := &createHook{Client: mgr.GetClient(), after: func(obj client.Object) {
+		if _, ok := obj.(*v1alpha1.ProcessingRun); ok {
+			edited.Do(func() {
+				s := f.get(t)
+				s.Spec.Suspend = true
+				require.NoError(t, f.env.Client.Update(ctx, s), "the user's edit")
+			})
+		}
+	}}
+	r := &ScheduleReconciler{Client: c, APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("runledger-controller"),
+		Clock: f.clock, MaxRunsPerPass: DefaultMaxRunsPerPass, MaxTicksPerPass: DefaultMaxTicksPerPass}
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Namespace: f.ns, Name: f.name}}
+	f.clock.SetTime(f.hour.Add(time.Second))
+	_, err = r.Reconcile(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, []string{f.runName(f.hour)}, f.runNames(t))
+	s := f.get(t)
+	require.True(t, s.Spec.Suspend, "the edit landed during the pass")
+	require.NoError(t, lastScheduled(f.hour)(&s.Status), "the started tick is recorded on the edited schedule")
+
+	// The next pass sees the edit (and the run) in its cache.
+	waitFor(t, "the cache has the edit and the run", func() error {
+		cached := &v1alpha1.ProcessingSchedule{}
+		if err := mgr.GetClient().Get(ctx, req.NamespacedName, cached); err != nil {
+			return err
+		}
+		var runs v1alpha1.ProcessingRunList
+		if err := mgr.GetClient().List(ctx, &runs, client.InNamespace(f.ns)); err != nil {
+			return err
+		}
+		if !cached.Spec.Suspend || cached.Status.LastScheduleTime == nil || len(runs.Items) != 1 {
+			return fmt.Errorf("suspend %v, lastScheduleTime %v, %d runs", cached.Spec.Suspend, cached.Status.LastScheduleTime, len(runs.Items))
+		}
+		return nil
+	})
+	_, err = r.Reconcile(ctx, req)
+	require.NoError(t, err)
+	s = f.get(t)
+	require.NoError(t, lastScheduled(f.hour)(&s.Status))
+	require.Empty(t, s.Status.Missed, "the tick started a run: it was not missed")
+	require.Zero(t, s.Status.MissedTicks)
+	require.Equal(t, []string{f.runName(f.hour)}, f.runNames(t), "one run")
+	time.Sleep(time.Second) // the recorder sends its events asynchronously
+	require.Empty(t, scheduleEvents(t, f.env, f.ns, f.name, "Missed"), "no tick announced as missed")
+	require.Empty(t, scheduleEvents(t, f.env, f.ns, f.name, "RunExists"), "the run is not announced as found again")
+	require.Len(t, scheduleEvents(t, f.env, f.ns, f.name, "RunCreated"), 1)
+}
+
+// createHook is a client that calls after once a Create succeeded.
+type createHook struct {
+	client.Client
+	after func(client.Object)
+}
+
+func (c *createHook) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	err := c.Client.Create(ctx, obj, opts...)
+	if err == nil {
+		c.after(obj)
+	}
+	return err
+}
