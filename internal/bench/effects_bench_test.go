@@ -59,12 +59,11 @@ func BenchmarkWorkerEffects(b *testing.B) {
 		{name: "SQL effect, inserting", spec: "  effect: {sql: '" + insertingEffect + "'}\n"},
 		{name: "processor, minimal", spec: "  effect:\n    processor: {image: bench-processor}\n", args: []string{"--processor-url", url}},
 	}
-	// An untimed run first: the server's first run of a process (its
-	// pg_wal files created, not recycled; shared_buffers free) decayed in
+	// An untimed run first: the server's first run of a process decayed in
 	// six of seven cold starts (flatness 0.55-0.59), its later runs not
-	// (0.81-0.87): that was the fresh server warming, not the ledger's growth.
+	// (0.81-0.87): the fresh server warming (new pg_wal files or free
+	// shared_buffers, not pinned: docs/insert-path.md), not the ledger's growth.
 	warm := sourceDatabase(b, n)
-	effectTable(b, warm)
 	if r := runShards(b, bin, warm, "effect-warm-up", effectShards, ""); r.counts[1] != int64(n) {
 		b.Fatalf("warm-up: counts %v, want all %d completed", r.counts, n)
 	}
