@@ -226,9 +226,15 @@ func (r *ScheduleReconciler) decideTicks(_ context.Context, s *schedScope) error
 	for _, run := range s.active {
 		active = append(active, run.Spec.Occurrence)
 	}
+	var started []time.Time
+	for i := range s.runs {
+		if at, ok := schedule.StartedAt(&s.runs[i]); ok {
+			started = append(started, at)
+		}
+	}
 	s.plan = p.Decide(schedule.Input{
 		Last: lastWall(&s.sched.Status, p), Since: s.sched.CreationTimestamp.Time, Now: s.now,
-		Suspended: spec.Suspend, Active: active, Concurrency: spec.Concurrency(), CatchUp: spec.CatchUpPolicy(),
+		Suspended: spec.Suspend, Active: active, Started: started, Concurrency: spec.Concurrency(), CatchUp: spec.CatchUpPolicy(),
 		Deadline: spec.StartingDeadline(), MaxStart: r.MaxRunsPerPass, MaxScan: r.MaxTicksPerPass,
 	})
 	s.missed = s.plan.Missed

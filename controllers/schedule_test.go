@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -590,4 +592,83 @@ func (c *createHook) Create(ctx context.Context, obj client.Object, opts ...clie
 		c.after(obj)
 	}
 	return err
+}
+
+// lostStatus is a client whose status writes never land (the leader died
+// right after its pass created a run).
+type lostStatus struct{ client.Client }
+
+func (c lostStatus) Status() client.SubResourceWriter { return lostWriter{c.Client.Status()} }
+
+type lostWriter struct{ client.SubResourceWriter }
+
+func (lostWriter) Apply(context.Context, runtime.ApplyConfiguration, ...client.SubResourceApplyOption) error {
+	return errors.New("the leader died before its status write")
+}
+
+// TestScheduleStatusLostThenSuspended: a pass creates a tick's run and its
+// status write never lands (its leader died); the user then suspends the
+// schedule. The next leader's pass finds the tick's run (RunExists) and
+// records the tick as started: it is not listed as missed, for its run
+// exists and runs.
+func TestScheduleStatusLostThenSuspended(t *testing.T) {
+	t.Parallel()
+	f := newScheduleFixture(t, "lost", nil)
+	ctx := context.Background()
+	mgr, err := ctrl.NewManager(rest.CopyConfig(f.env.Config), ctrl.Options{
+		Scheme: f.env.Scheme, Cache: func() cache.Options {
+			o := CacheOptions()
+			o.DefaultNamespaces = map[string]cache.Config{f.ns: {}}
+			return o
+		}(),
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0", Logger: testLogger(),
+	})
+	require.NoError(t, err)
+	require.NoError(t, mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.ProcessingRun{}, runScheduleKey, indexRunSchedule))
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = mgr.Start(mctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	require.True(t, mgr.GetCache().WaitForCacheSync(ctx))
+	reconciler := func(c client.Client) *ScheduleReconciler {
+		return &ScheduleReconciler{Client: c, APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("runledger-controller"),
+			Clock: f.clock, MaxRunsPerPass: DefaultMaxRunsPerPass, MaxTicksPerPass: DefaultMaxTicksPerPass}
+	}
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Namespace: f.ns, Name: f.name}}
+
+	f.clock.SetTime(f.hour.Add(time.Second))
+	_, err = reconciler(lostStatus{mgr.GetClient()}).Reconcile(ctx, req)
+	require.ErrorContains(t, err, "the leader died")
+	require.Equal(t, []string{f.runName(f.hour)}, f.runNames(t))
+	s := f.get(t)
+	require.Nil(t, s.Status.LastScheduleTime, "the status write was lost")
+	s.Spec.Suspend = true
+	require.NoError(t, f.env.Client.Update(ctx, s))
+
+	waitFor(t, "the cache has the suspension and the run", func() error {
+		cached := &v1alpha1.ProcessingSchedule{}
+		if err := mgr.GetClient().Get(ctx, req.NamespacedName, cached); err != nil {
+			return err
+		}
+		var runs v1alpha1.ProcessingRunList
+		if err := mgr.GetClient().List(ctx, &runs, client.InNamespace(f.ns)); err != nil {
+			return err
+		}
+		if !cached.Spec.Suspend || len(runs.Items) != 1 {
+			return fmt.Errorf("suspend %v, %d runs", cached.Spec.Suspend, len(runs.Items))
+		}
+		return nil
+	})
+	f.clock.SetTime(f.hour.Add(20 * time.Second))
+	_, err = reconciler(mgr.GetClient()).Reconcile(ctx, req)
+	require.NoError(t, err)
+	s = f.get(t)
+	require.NoError(t, lastScheduled(f.hour)(&s.Status), "the tick is recorded")
+	require.Empty(t, s.Status.Missed, "the tick started its run: not missed")
+	require.Zero(t, s.Status.MissedTicks)
+	require.NotNil(t, s.Status.LastRun)
+	require.Equal(t, f.runName(f.hour), s.Status.LastRun.Name)
+	require.Equal(t, []string{f.runName(f.hour)}, f.runNames(t), "one run")
+	waitScheduleEvent(t, f, "RunExists", "Run "+f.runName(f.hour)+" ")
+	require.Empty(t, scheduleEvents(t, f.env, f.ns, f.name, "Missed"), "no tick announced as missed")
 }

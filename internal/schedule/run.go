@@ -57,3 +57,14 @@ func IsRunOf(run *v1alpha1.ProcessingRun, sched *v1alpha1.ProcessingSchedule, oc
 	owner := metav1.GetControllerOf(run)
 	return owner != nil && owner.UID == sched.UID && owner.Kind == "ProcessingSchedule" && run.Spec.Occurrence == occ
 }
+
+// StartedAt is the scheduled time of the tick that started run, when the
+// controller created it for a tick (AnnotationCreatedBy and
+// AnnotationScheduledTime, both the controller's, never the template's).
+func StartedAt(run *v1alpha1.ProcessingRun) (time.Time, bool) {
+	if run.Annotations[v1alpha1.AnnotationCreatedBy] != CreatedByController {
+		return time.Time{}, false
+	}
+	at, err := time.Parse(time.RFC3339, run.Annotations[v1alpha1.AnnotationScheduledTime])
+	return at, err == nil
+}

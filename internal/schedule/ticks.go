@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	_ "time/tzdata" // zones known whatever the image holds: a zone must never fall back to UTC silently
@@ -224,7 +225,14 @@ type Input struct {
 	// Active are the occurrences of the unfinished runs. A run of a due
 	// tick's own occurrence is that tick's run (a pass that did not see its
 	// own last write yet), not a concurrent one.
-	Active      []string
+	Active []string
+	// Started are the scheduled times of the runs the controller created
+	// (every one still there, finished or not). A due tick among them
+	// started its run in a pass whose status write was lost (a leader
+	// killed before it, an edit that made it conflict): it is started,
+	// whatever the suspension, the deadline, catchUp or concurrency say now,
+	// so that its run is found again rather than its tick called missed.
+	Started     []time.Time
 	Concurrency v1alpha1.ConcurrencyPolicy
 	CatchUp     v1alpha1.CatchUpPolicy
 	Deadline    time.Duration
@@ -274,10 +282,13 @@ func (s *Schedule) Decide(in Input) Plan {
 		from = s.WallOf(in.Since)
 	}
 	due, next, more := s.due(from, in.Now, in.MaxScan)
+	started := func(t Tick) bool { return slices.ContainsFunc(in.Started, t.Time.Equal) }
 	var p Plan
 	var cands []Tick
 	for _, t := range due {
 		switch {
+		case started(t):
+			cands = append(cands, t)
 		case in.Deadline > 0 && in.Now.Sub(t.Time) > in.Deadline:
 			p.miss(t, v1alpha1.MissedDeadlineExceeded)
 		case in.Suspended:
@@ -288,11 +299,11 @@ func (s *Schedule) Decide(in Input) Plan {
 	}
 	start := s.choose(cands, in, more)
 	for _, t := range cands {
-		if _, ok := start[t.Wall]; !ok {
+		if _, ok := start[t.Wall]; !ok && !started(t) {
 			p.miss(t, v1alpha1.MissedNotCaughtUp)
 			continue
 		}
-		if others(in.Active, t.Occurrence) > 0 && in.Concurrency == v1alpha1.ConcurrencyForbid {
+		if !started(t) && others(in.Active, t.Occurrence) > 0 && in.Concurrency == v1alpha1.ConcurrencyForbid {
 			p.miss(t, v1alpha1.MissedConcurrencyForbidden)
 			continue
 		}
