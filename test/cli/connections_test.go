@@ -35,7 +35,10 @@ func TestConnectionBudget(t *testing.T) {
 		parallel := tc.parallel
 		t.Run(strconv.Itoa(parallel), func(t *testing.T) {
 			name := fmt.Sprintf("budget-%d", parallel)
-			spec := []string{fmt.Sprintf(`batch: {query: "SELECT account AS entity, 'p%d' AS occurrence FROM usage"}`, parallel), "workers: 256", "chunkSize: 7"}
+			// The query holds the batch's fixing 0.2 s: behind a pooler the
+			// sampler sees a connection only while it is in a transaction, and
+			// a shard of 20 items, all of its transactions, took 0.07 s.
+			spec := []string{fmt.Sprintf(`batch: {query: "WITH hold AS MATERIALIZED (SELECT pg_sleep(0.2)) SELECT account AS entity, 'p%d' AS occurrence FROM usage, hold"}`, parallel), "workers: 256", "chunkSize: 7"}
 			flagParallel := parallel
 			if tc.maxConnections > 0 {
 				// Under spec.database (the line after its secretRef).
