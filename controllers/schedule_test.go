@@ -515,21 +515,8 @@ func TestScheduleEditDuringAPassThatStartedARun(t *testing.T) {
 	t.Parallel()
 	f := newScheduleFixture(t, "edited", nil)
 	ctx := context.Background()
-	cfg := rest.CopyConfig(f.env.Config)
-	cacheOpts := CacheOptions()
-	cacheOpts.DefaultNamespaces = map[string]cache.Config{f.ns: {}}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: f.env.Scheme, Cache: cacheOpts,
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0", Logger: testLogger(),
-	})
-	require.NoError(t, err)
-	// The reconciler's index, without its controller: the test runs the passes.
-	require.NoError(t, mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.ProcessingRun{}, runScheduleKey, indexRunSchedule))
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = mgr.Start(mctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	require.True(t, mgr.GetCache().WaitForCacheSync(ctx))
+	p := startPasses(t, f)
+	mgr, req := p.mgr, p.req
 
 	var edited sync.Once
 	c := &createHook{Client: mgr.GetClient(), after: func(obj client.Object) {
@@ -541,11 +528,9 @@ func TestScheduleEditDuringAPassThatStartedARun(t *testing.T) {
 			})
 		}
 	}}
-	r := &ScheduleReconciler{Client: c, APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("runledger-controller"),
-		Clock: f.clock, MaxRunsPerPass: DefaultMaxRunsPerPass, MaxTicksPerPass: DefaultMaxTicksPerPass}
-	req := ctrl.Request{NamespacedName: client.ObjectKey{Namespace: f.ns, Name: f.name}}
+	r := p.reconciler(c)
 	f.clock.SetTime(f.hour.Add(time.Second))
-	_, err = r.Reconcile(ctx, req)
+	_, err := r.Reconcile(ctx, req)
 	require.NoError(t, err)
 	require.Equal(t, []string{f.runName(f.hour)}, f.runNames(t))
 	s := f.get(t)
@@ -553,19 +538,8 @@ func TestScheduleEditDuringAPassThatStartedARun(t *testing.T) {
 	require.NoError(t, lastScheduled(f.hour)(&s.Status), "the started tick is recorded on the edited schedule")
 
 	// The next pass sees the edit (and the run) in its cache.
-	waitFor(t, "the cache has the edit and the run", func() error {
-		cached := &v1alpha1.ProcessingSchedule{}
-		if err := mgr.GetClient().Get(ctx, req.NamespacedName, cached); err != nil {
-			return err
-		}
-		var runs v1alpha1.ProcessingRunList
-		if err := mgr.GetClient().List(ctx, &runs, client.InNamespace(f.ns)); err != nil {
-			return err
-		}
-		if !cached.Spec.Suspend || cached.Status.LastScheduleTime == nil || len(runs.Items) != 1 {
-			return fmt.Errorf("suspend %v, lastScheduleTime %v, %d runs", cached.Spec.Suspend, cached.Status.LastScheduleTime, len(runs.Items))
-		}
-		return nil
+	p.waitCached(t, "the edit and the run", func(cached *v1alpha1.ProcessingSchedule, runs int) bool {
+		return cached.Spec.Suspend && cached.Status.LastScheduleTime != nil && runs == 1
 	})
 	_, err = r.Reconcile(ctx, req)
 	require.NoError(t, err)
@@ -578,6 +552,62 @@ func TestScheduleEditDuringAPassThatStartedARun(t *testing.T) {
 	require.Empty(t, scheduleEvents(t, f.env, f.ns, f.name, "Missed"), "no tick announced as missed")
 	require.Empty(t, scheduleEvents(t, f.env, f.ns, f.name, "RunExists"), "the run is not announced as found again")
 	require.Len(t, scheduleEvents(t, f.env, f.ns, f.name, "RunCreated"), 1)
+}
+
+// passes is a manager whose cache serves the schedule's namespace, with the
+// reconciler's run index but not its controller: a test runs the passes
+// itself, with the client it chooses.
+type passes struct {
+	f   *scheduleFixture
+	mgr ctrl.Manager
+	req ctrl.Request
+}
+
+func startPasses(t *testing.T, f *scheduleFixture) *passes {
+	t.Helper()
+	ctx := context.Background()
+	cacheOpts := CacheOptions()
+	cacheOpts.DefaultNamespaces = map[string]cache.Config{f.ns: {}}
+	mgr, err := ctrl.NewManager(rest.CopyConfig(f.env.Config), ctrl.Options{
+		Scheme: f.env.Scheme, Cache: cacheOpts,
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0", Logger: testLogger(),
+	})
+	require.NoError(t, err)
+	require.NoError(t, mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.ProcessingRun{}, runScheduleKey, indexRunSchedule))
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = mgr.Start(mctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	require.True(t, mgr.GetCache().WaitForCacheSync(ctx))
+	return &passes{f: f, mgr: mgr, req: ctrl.Request{NamespacedName: client.ObjectKey{Namespace: f.ns, Name: f.name}}}
+}
+
+// reconciler is the schedule reconciler over c, reading the manager's cache
+// for its index and the API server for its re-reads.
+func (p *passes) reconciler(c client.Client) *ScheduleReconciler {
+	return &ScheduleReconciler{Client: c, APIReader: p.mgr.GetAPIReader(), Recorder: p.mgr.GetEventRecorder("runledger-controller"),
+		Clock: p.f.clock, MaxRunsPerPass: DefaultMaxRunsPerPass, MaxTicksPerPass: DefaultMaxTicksPerPass}
+}
+
+// waitCached waits until the manager's cache holds a schedule and runs for
+// which ok is true: what the next pass will read.
+func (p *passes) waitCached(t *testing.T, what string, ok func(cached *v1alpha1.ProcessingSchedule, runs int) bool) {
+	t.Helper()
+	ctx := context.Background()
+	waitFor(t, "the cache has "+what, func() error {
+		cached := &v1alpha1.ProcessingSchedule{}
+		if err := p.mgr.GetClient().Get(ctx, p.req.NamespacedName, cached); err != nil {
+			return err
+		}
+		var runs v1alpha1.ProcessingRunList
+		if err := p.mgr.GetClient().List(ctx, &runs, client.InNamespace(p.f.ns)); err != nil {
+			return err
+		}
+		if !ok(cached, len(runs.Items)) {
+			return fmt.Errorf("suspend %v, lastScheduleTime %v, %d runs", cached.Spec.Suspend, cached.Status.LastScheduleTime, len(runs.Items))
+		}
+		return nil
+	})
 }
 
 // createHook is a client that calls after once a Create succeeded.
@@ -615,29 +645,11 @@ func TestScheduleStatusLostThenSuspended(t *testing.T) {
 	t.Parallel()
 	f := newScheduleFixture(t, "lost", nil)
 	ctx := context.Background()
-	mgr, err := ctrl.NewManager(rest.CopyConfig(f.env.Config), ctrl.Options{
-		Scheme: f.env.Scheme, Cache: func() cache.Options {
-			o := CacheOptions()
-			o.DefaultNamespaces = map[string]cache.Config{f.ns: {}}
-			return o
-		}(),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0", Logger: testLogger(),
-	})
-	require.NoError(t, err)
-	require.NoError(t, mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.ProcessingRun{}, runScheduleKey, indexRunSchedule))
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = mgr.Start(mctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	require.True(t, mgr.GetCache().WaitForCacheSync(ctx))
-	reconciler := func(c client.Client) *ScheduleReconciler {
-		return &ScheduleReconciler{Client: c, APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("runledger-controller"),
-			Clock: f.clock, MaxRunsPerPass: DefaultMaxRunsPerPass, MaxTicksPerPass: DefaultMaxTicksPerPass}
-	}
-	req := ctrl.Request{NamespacedName: client.ObjectKey{Namespace: f.ns, Name: f.name}}
+	p := startPasses(t, f)
+	mgr, req := p.mgr, p.req
 
 	f.clock.SetTime(f.hour.Add(time.Second))
-	_, err = reconciler(lostStatus{mgr.GetClient()}).Reconcile(ctx, req)
+	_, err := p.reconciler(lostStatus{mgr.GetClient()}).Reconcile(ctx, req)
 	require.ErrorContains(t, err, "the leader died")
 	require.Equal(t, []string{f.runName(f.hour)}, f.runNames(t))
 	s := f.get(t)
@@ -645,22 +657,11 @@ func TestScheduleStatusLostThenSuspended(t *testing.T) {
 	s.Spec.Suspend = true
 	require.NoError(t, f.env.Client.Update(ctx, s))
 
-	waitFor(t, "the cache has the suspension and the run", func() error {
-		cached := &v1alpha1.ProcessingSchedule{}
-		if err := mgr.GetClient().Get(ctx, req.NamespacedName, cached); err != nil {
-			return err
-		}
-		var runs v1alpha1.ProcessingRunList
-		if err := mgr.GetClient().List(ctx, &runs, client.InNamespace(f.ns)); err != nil {
-			return err
-		}
-		if !cached.Spec.Suspend || len(runs.Items) != 1 {
-			return fmt.Errorf("suspend %v, %d runs", cached.Spec.Suspend, len(runs.Items))
-		}
-		return nil
+	p.waitCached(t, "the suspension and the run", func(cached *v1alpha1.ProcessingSchedule, runs int) bool {
+		return cached.Spec.Suspend && runs == 1
 	})
 	f.clock.SetTime(f.hour.Add(20 * time.Second))
-	_, err = reconciler(mgr.GetClient()).Reconcile(ctx, req)
+	_, err = p.reconciler(mgr.GetClient()).Reconcile(ctx, req)
 	require.NoError(t, err)
 	s = f.get(t)
 	require.NoError(t, lastScheduled(f.hour)(&s.Status), "the tick is recorded")
