@@ -92,6 +92,9 @@ func (s *Store) DescribeBatchQuery(ctx context.Context, query string, shards int
 	if err := setOccurrence(ctx, tx, occurrence, BehindPooler(s.pool)); err != nil {
 		return nil, err
 	}
+	if _, err := tx.Exec(ctx, sqlUserPath(userSearchPath(s.pool))); err != nil {
+		return nil, fmt.Errorf("describing the batch query: %w", err)
+	}
 	desc, err := tx.Prepare(ctx, "", sqlDescribeQuery(query))
 	if err != nil {
 		return nil, err
@@ -147,8 +150,12 @@ type BatchRow struct {
 }
 
 // BatchHeader returns the header of run's batch, or nil if there is none.
-func (s *Store) BatchHeader(ctx context.Context, runUID string) (*BatchHeader, error) {
-	return batchHeader(ctx, s.pool, runUID)
+func (s *Store) BatchHeader(ctx context.Context, runUID string) (h *BatchHeader, err error) {
+	err = s.pinned(ctx, func(tx pgx.Tx) (err error) {
+		h, err = batchHeader(ctx, tx, runUID)
+		return err
+	})
+	return h, err
 }
 
 func batchHeader(ctx context.Context, db dbtx, runUID string) (*BatchHeader, error) {
@@ -191,7 +198,7 @@ func (e *ForeignWriteError) Error() string {
 // is, even one of another source or shard count, or a pruned one: the
 // caller decides. An error of the user's query is marked ErrBatchQuery.
 func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*BatchHeader, error) {
-	if h, err := batchHeader(ctx, s.pool, run.UID); err != nil || h != nil {
+	if h, err := s.BatchHeader(ctx, run.UID); err != nil || h != nil {
 		return h, err
 	}
 	if q.Occurrence == "" && ReadsOccurrence(q.SQL) {
@@ -212,9 +219,12 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 		}
 		conn.Release()
 	}()
-	h, err := materialise(ctx, conn.Conn(), run, q, BehindPooler(s.pool))
+	h, err := materialise(ctx, conn.Conn(), run, q, BehindPooler(s.pool), userSearchPath(s.pool))
 	if err == nil && h == nil {
-		h, err = batchHeader(ctx, conn, run.UID)
+		err = pinnedTx(ctx, conn, sqlBeginPinned, func(tx pgx.Tx) (err error) {
+			h, err = batchHeader(ctx, tx, run.UID)
+			return err
+		})
 	}
 	if err != nil {
 		return nil, err
@@ -230,8 +240,8 @@ func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 // that header (nil when it wrote the batch itself). pooled: conn reaches
 // PostgreSQL through a transaction pooler, whose server connection outlives
 // this session.
-func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, pooled bool) (*BatchHeader, error) {
-	tx, err := conn.Begin(ctx)
+func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, pooled bool, userPath string) (*BatchHeader, error) {
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginPinned})
 	if err != nil {
 		return nil, fmt.Errorf("beginning the batch's transaction: %w", err)
 	}
@@ -257,12 +267,12 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, poo
 	if err != nil {
 		return nil, err
 	}
-	if _, err := tx.Exec(ctx, sqlUserSearchPath); err != nil {
+	if _, err := tx.Exec(ctx, sqlUserPath(userPath)); err != nil {
 		return nil, fmt.Errorf("preparing the batch's query: %w", err)
 	}
 	var items int64
 	bounded, cancel := answerBy(ctx, q.Timeout, q.NetworkTimeout)
-	err = tx.QueryRow(bounded, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.shardOf()), run.UID, run.Namespace, run.Name, q.Shards, q.Digest).Scan(&items)
+	err = tx.QueryRow(bounded, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.shardOf()), run.UID, run.Namespace, run.Name, q.Shards, nilIfEmpty(q.Digest)).Scan(&items)
 	err = noAnswer(ctx, bounded, err)
 	cancel()
 	if err != nil {
@@ -346,14 +356,14 @@ func (s *Store) FixStaticBatch(ctx context.Context, run Run, shards int, items i
 	// Two statements: after waiting on a concurrent insert of the header, the
 	// insert's own snapshot would not see it; the SELECT's does. That wait is
 	// bounded (the Store's bounds).
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: `BEGIN; ` + s.sqlReadBounds()}, func(tx pgx.Tx) error {
+	err := pinnedTx(ctx, s.pool, sqlBeginPinned+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, sqlFixStaticBatch, run.UID, run.Namespace, run.Name, shards, items, digest)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("recording the batch of run %s: %w", run.UID, err)
 	}
-	h, err := batchHeader(ctx, s.pool, run.UID)
+	h, err := s.BatchHeader(ctx, run.UID)
 	if err == nil && h == nil {
 		err = fmt.Errorf("the batch header of run %s vanished after it was written", run.UID)
 	}
@@ -363,7 +373,7 @@ func (s *Store) FixStaticBatch(ctx context.Context, run Run, shards int, items i
 // BatchShardSize is the number of items of shard in the materialised batch h.
 func (s *Store) BatchShardSize(ctx context.Context, h *BatchHeader, shard int) (int64, error) {
 	var n int64
-	if err := s.pool.QueryRow(ctx, sqlBatchShardSize, h.ID, shard).Scan(&n); err != nil {
+	if err := s.pinned(ctx, func(tx pgx.Tx) error { return tx.QueryRow(ctx, sqlBatchShardSize, h.ID, shard).Scan(&n) }); err != nil {
 		return 0, fmt.Errorf("counting the rows of shard %d: %w", shard, err)
 	}
 	return n, nil
@@ -501,7 +511,7 @@ func (r *BatchReader) span(pos int64, n int) (blocks, starts []int64) {
 // another process wrote meanwhile is kept.
 func (r *BatchReader) sort(ctx context.Context) error {
 	var items int64
-	err := r.store.pool.QueryRow(ctx, sqlSortedShard, r.batch.ID, r.shard).Scan(&items)
+	err := r.store.pinned(ctx, func(tx pgx.Tx) error { return tx.QueryRow(ctx, sqlSortedShard, r.batch.ID, r.shard).Scan(&items) })
 	if err == nil {
 		return nil
 	}
@@ -612,7 +622,10 @@ func (r *BatchReader) fetch(ctx context.Context, pos int64, n int, lookup bool) 
 // Discard deletes the shard's sorted copy (its reader is done with it; a
 // later reader sorts again).
 func (r *BatchReader) Discard(ctx context.Context) error {
-	if _, err := r.store.pool.Exec(ctx, sqlDiscardSorted, r.batch.ID, r.shard); err != nil {
+	if err := r.store.pinned(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, sqlDiscardSorted, r.batch.ID, r.shard)
+		return err
+	}); err != nil {
 		return fmt.Errorf("deleting the sorted copy of shard %d: %w", r.shard, err)
 	}
 	return nil
@@ -657,14 +670,18 @@ func (s *Store) PruneBatches(ctx context.Context, cutoff time.Time) (Pruned, err
 		uid, namespace, name string
 		shards               int
 	}
-	list, err := s.pool.Query(ctx, sqlPruneCandidates, cutoff)
-	if err != nil {
-		return out, fmt.Errorf("listing batches created before %s: %w", cutoff.Format(time.RFC3339), err)
-	}
-	var c candidate
-	candidates, err := pgx.CollectRows(list, func(row pgx.CollectableRow) (candidate, error) {
-		err := row.Scan(&c.uid, &c.namespace, &c.name, &c.shards)
-		return c, err
+	var candidates []candidate
+	err := s.pinned(ctx, func(tx pgx.Tx) error {
+		list, err := tx.Query(ctx, sqlPruneCandidates, cutoff)
+		if err != nil {
+			return err
+		}
+		var c candidate
+		candidates, err = pgx.CollectRows(list, func(row pgx.CollectableRow) (candidate, error) {
+			err := row.Scan(&c.uid, &c.namespace, &c.name, &c.shards)
+			return c, err
+		})
+		return err
 	})
 	if err != nil {
 		return out, fmt.Errorf("listing batches created before %s: %w", cutoff.Format(time.RFC3339), err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -57,6 +58,7 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		}
 		opts.sandbox = sb
 		opts.pooled = BehindPooler(s.pool)
+		opts.userPath = userSearchPath(s.pool)
 	}
 	// settle runs the processor, if any, over what a claim claimed, in the
 	// claim's transaction.
@@ -524,7 +526,12 @@ func unresolved(items []Item, out []Result) (positions, []Item) {
 // again in the same transaction), whatever the effect set, and checks that
 // it left the session as it found it (sqlSandboxIntact).
 func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
-	if _, err := tx.Exec(ctx, sqlBeforeEffect); err != nil {
+	before, err := tx.Conn().PgConn().Exec(ctx, sqlBeforeEffect(opts.userPath)).ReadAll()
+	if err != nil {
+		return fmt.Errorf("preparing effect: %w", err)
+	}
+	statements, err := countResult(before[0])
+	if err != nil {
 		return fmt.Errorf("preparing effect: %w", err)
 	}
 	bounded, cancel := answerBy(ctx, opts.EffectTimeout, opts.NetworkTimeout)
@@ -547,7 +554,7 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 	}
 	// The simple protocol: the statements after an effect use none of the
 	// driver's prepared statements, which the effect may have replaced.
-	results, err := tx.Conn().PgConn().Exec(ctx, sqlAfterEffect(opts.sqlBounds())).ReadAll()
+	results, err := tx.Conn().PgConn().Exec(ctx, sqlAfterEffect(opts.sqlBounds(), opts.pooled, opts.sandbox.role)).ReadAll()
 	if err != nil {
 		return fmt.Errorf("restoring the session after the effect: %w", err)
 	}
@@ -571,7 +578,23 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 	if !intact.noHoldCursor {
 		return fmt.Errorf("running effect: %w: it declared a cursor WITH HOLD (PostgreSQL runs its query to the end at COMMIT, outside the sandbox, as the login); nothing of the chunk commits", ErrEffectSandbox)
 	}
+	if intact.driverStatements < statements {
+		// It DEALLOCATEd the driver's statements (none of its own replaces
+		// them: unprepared): the driver forgets them too, and prepares
+		// again what it sends next.
+		if err := tx.Conn().DeallocateAll(ctx); err != nil {
+			return fmt.Errorf("restoring the driver's statements the effect deallocated: %w", err)
+		}
+	}
 	return nil
+}
+
+// countResult reads a count(*), the one row of res.
+func countResult(res *pgconn.Result) (int64, error) {
+	if len(res.Rows) != 1 || len(res.Rows[0]) != 1 {
+		return 0, fmt.Errorf("counting the driver's statements: %d rows", len(res.Rows))
+	}
+	return strconv.ParseInt(string(res.Rows[0][0]), 10, 64)
 }
 
 // deallocateFromSQL deallocates, by name, the statements user code PREPAREd
@@ -611,27 +634,37 @@ func sessionIntact(ctx context.Context, conn *pgconn.PgConn, q string) (bool, er
 		return false, err
 	}
 	intact, err := intactResult(results)
-	return intact.claimed && intact.unprepared && intact.noHoldCursor, err
+	return intact.claimed && intact.unprepared && intact.noHoldCursor && intact.nothingLeft, err
 }
 
 // sandboxState is sqlSandboxIntact's row: what the effect left as it was.
 type sandboxState struct {
-	claimed      bool // the session's table claimed is the worker's own, of its shape
-	unprepared   bool // no statement PREPAREd from SQL
-	noHoldCursor bool // no cursor WITH HOLD
+	claimed          bool  // the session's table claimed is the worker's own, of its shape
+	unprepared       bool  // no statement PREPAREd from SQL
+	noHoldCursor     bool  // no cursor WITH HOLD
+	driverStatements int64 // the driver's prepared statements (sqlDriverStatements)
+	// nothingLeft (sqlSessionIntact only): no temporary object but
+	// claimed, no advisory lock, no listener.
+	nothingLeft bool
 }
 
-// intactResult reads sqlSandboxIntact's row, the last result of results.
+// intactResult reads sqlSandboxIntact's row (or sqlSessionIntact's, one
+// column more), the last result of results.
 func intactResult(results []*pgconn.Result) (sandboxState, error) {
 	if len(results) == 0 {
 		return sandboxState{}, errors.New("the sandbox check returned nothing")
 	}
 	last := results[len(results)-1]
-	if len(last.Rows) != 1 || len(last.Rows[0]) != 3 {
+	if len(last.Rows) != 1 || len(last.Rows[0]) < 4 || len(last.Rows[0]) > 5 {
 		return sandboxState{}, fmt.Errorf("the sandbox check returned %d rows", len(last.Rows))
 	}
 	row := last.Rows[0]
-	return sandboxState{claimed: string(row[0]) == "t", unprepared: string(row[1]) == "t", noHoldCursor: string(row[2]) == "t"}, nil
+	n, err := strconv.ParseInt(string(row[3]), 10, 64)
+	if err != nil {
+		return sandboxState{}, fmt.Errorf("the sandbox check's statement count: %w", err)
+	}
+	return sandboxState{claimed: string(row[0]) == "t", unprepared: string(row[1]) == "t", noHoldCursor: string(row[2]) == "t",
+		driverStatements: n, nothingLeft: len(row) == 4 || string(row[4]) == "t"}, nil
 }
 
 // ErrEffectSandbox: the effect tried to leave its sandbox, or the sandbox
@@ -659,12 +692,12 @@ func (s *Store) PrepareEffect(ctx context.Context, effect string) error {
 	if _, err := s.effectSandbox(ctx); err != nil {
 		return err
 	}
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginPinned})
 	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, sqlCreateClaimed); err != nil {
+	if _, err := tx.Exec(ctx, sqlCreateClaimed+`; `+sqlUserPath(userSearchPath(s.pool))); err != nil {
 		return fmt.Errorf("preparing table claimed: %w", err)
 	}
 	_, err = tx.Prepare(ctx, "", effect)

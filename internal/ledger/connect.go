@@ -25,10 +25,18 @@ func Open(ctx context.Context, dsn string, maxConns int32, opts ...Option) (*pgx
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
+	probe := &poolerProbe{}
+	if v, ok := cfg.ConnConfig.RuntimeParams[searchPathParam]; ok {
+		probe.dsnPath = &v
+	}
+	cfg.ConnConfig.RuntimeParams[searchPathParam] = pinnedSearchPath
 	for _, o := range opts {
 		o(cfg)
 	}
-	probe := &poolerProbe{}
+	probe.pinned = cfg.ConnConfig.RuntimeParams[searchPathParam] == pinnedSearchPath
+	if !probe.pinned && probe.dsnPath != nil { // KeepSearchPath
+		cfg.ConnConfig.RuntimeParams[searchPathParam] = *probe.dsnPath
+	}
 	next := cfg.BeforeConnect
 	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
 		if next != nil {
@@ -44,6 +52,33 @@ func Open(ctx context.Context, dsn string, maxConns int32, opts ...Option) (*pgx
 	}
 	rememberProbe(pool, probe)
 	return pool, nil
+}
+
+// The search_path every session of a pool Open makes starts with, as its
+// startup parameter: the session's reset value, so RESET ALL (after the
+// user's SQL: sqlResetSession) keeps it. Every statement of the ledger is
+// then parsed, prepared and planned naming only the catalog's functions,
+// operators and types (pg_temp, listed last, is searched after pg_catalog
+// for relations and types, never for functions and operators), whatever
+// the login's default says: a user's public.cardinality(bigint[]) or
+// public.pg_try_advisory_lock(double precision), a better match than the
+// catalog's polymorphic or bigint one, never answers for it. The user's SQL
+// runs under the path the session would have had (poolerProbe.userPath,
+// sqlUserPath). Behind a pooler, which refuses the parameter, each of the
+// ledger's transactions pins it first (sqlPinnedSearchPath), and its
+// statements are parsed in that transaction, in order (no named statement).
+const (
+	searchPathParam  = "search_path"
+	pinnedSearchPath = "pg_catalog, pg_temp"
+)
+
+// KeepSearchPath leaves the sessions' search_path as the server and the
+// connection string give it, for a pool that also runs SQL of the caller's
+// own that names its tables unqualified (the tests'): the ledger's
+// statements still pin theirs in each transaction, but a pipeline's are
+// prepared before its first statement runs. runledger never passes it.
+func KeepSearchPath() Option {
+	return func(cfg *pgxpool.Config) { delete(cfg.ConnConfig.RuntimeParams, searchPathParam) }
 }
 
 // parseError returns pgx's error for a DSN it cannot parse with the DSN

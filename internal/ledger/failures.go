@@ -49,7 +49,7 @@ type Pass struct {
 // pass: a pass that finds none has nothing to forget.
 func (s *Store) RunHasFailures(ctx context.Context, uid string) (bool, error) {
 	var has bool
-	if err := s.pool.QueryRow(ctx, sqlRunHasFailures, uid).Scan(&has); err != nil {
+	if err := s.pinned(ctx, func(tx pgx.Tx) error { return tx.QueryRow(ctx, sqlRunHasFailures, uid).Scan(&has) }); err != nil {
 		if IsConfigurationError(err) { // a login granted before 00010
 			return false, fmt.Errorf("looking up failure records of run %s (the login needs the privileges runledger migrate --grant-to gives, on runledger.item_failure too): %w", uid, err)
 		}

@@ -28,7 +28,7 @@ func FromRunQuery(namespace, name string) string { return sqlFromRunFailed(names
 func (s *Store) EarlierRun(ctx context.Context, namespace, name string) (string, error) {
 	var uid string
 	var pruned bool
-	err := s.pool.QueryRow(ctx, sqlEarlierRun, namespace, name).Scan(&uid, &pruned)
+	err := s.pinned(ctx, func(tx pgx.Tx) error { return tx.QueryRow(ctx, sqlEarlierRun, namespace, name).Scan(&uid, &pruned) })
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return "", fmt.Errorf("run %s/%s: %w (it never started, or it is in another namespace)", namespace, name, ErrNoEarlierRun)

@@ -2,7 +2,9 @@ package ledger_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -375,4 +377,59 @@ END $f$`)
 	require.ErrorContains(t, err, "PREPARE")
 	require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.batch_run`), "no batch")
 	require.Zero(t, scalar[int64](t, one, `SELECT count(*) FROM pg_prepared_statements WHERE from_sql`), "the session went")
+}
+
+// TestSandbox_EffectLeavesNothingOnTheSession: what an effect keeps on its
+// session beyond its transaction is gone before the ledger's next
+// statement, the next chunk's effect or another run meets it, whether the
+// chunk commits or not: a session-level advisory lock on the migration
+// lock's key (every worker that starts, of any run, would wait for it
+// without bound, and so would runledger migrate), a listener, temporary
+// objects of its own (the next chunk's effect would find a temporary table
+// before public's), and the driver's prepared statements (DEALLOCATE ALL:
+// the next statement by name would fail, after the chunk committed). On
+// the old code the lock was still held (Migrate waited until its deadline)
+// and the listener and the temporary table were still there.
+func TestSandbox_EffectLeavesNothingOnTheSession(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	worker, _ := workerRole(t, owner)
+	mustExec(t, owner, `CREATE TABLE sink (entity text, occurrence text); GRANT ALL ON sink TO PUBLIC`)
+	db := owner.Config().ConnConfig.Database
+	for _, leave := range []struct{ name, effect string }{
+		{"advisory lock", `SELECT pg_advisory_lock(4547329604037615713), pg_advisory_lock(7) FROM claimed LIMIT 1`},
+		{"listener", `LISTEN runledger_effect_leftover`},
+		{"temporary objects", `CREATE TEMP TABLE sink AS SELECT entity, occurrence FROM claimed`},
+		{"temporary view and type", `CREATE TEMP VIEW leftover AS SELECT 1 AS one`},
+		{"driver statements", `DEALLOCATE ALL`},
+	} {
+		t.Run(leave.name, func(t *testing.T) {
+			one := poolWith(t, worker, map[string]string{"pool_max_conns": "1"}) // every statement on the same session
+			s := ledger.NewStore(one)
+			run := runNamed("leaver-" + strings.ReplaceAll(leave.name, " ", "-"))
+			// A chunk first, so the driver has statements prepared on the session.
+			first := commit(t, s, run, items("warm-"+leave.name, 0, 3), ledger.ChunkOptions{Effect: `INSERT INTO public.sink SELECT entity, occurrence FROM claimed`})
+			require.Equal(t, tally{completed: 3}, count(first))
+			res := commit(t, s, run, items("leave-"+leave.name, 0, 3), ledger.ChunkOptions{Effect: leave.effect})
+			require.Equal(t, tally{completed: 3}, count(res), "%v", res)
+
+			require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database
+WHERE l.locktype = 'advisory' AND d.datname = $1`, db), "no session of the run holds an advisory lock")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := ledger.Migrate(ctx, owner)
+			require.NoError(t, err, "a migrator does not wait for a lock the effect took")
+			require.Zero(t, scalar[int64](t, one, `SELECT count(*) FROM pg_listening_channels()`), "the session listens on nothing")
+			require.Zero(t, scalar[int64](t, one, `SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema() AND relkind NOT IN ('t', 'i') AND relname <> 'claimed'`),
+				"the session holds no temporary object of the effect's")
+			// The next chunk, its effect and the ledger's statements after it
+			// on the same session: each committed once, the effect's writes in
+			// public.sink, not in a temporary table of the same name.
+			next := commit(t, s, run, items("next-"+leave.name, 0, 3), ledger.ChunkOptions{Effect: `INSERT INTO sink SELECT entity, occurrence FROM claimed`})
+			require.Equal(t, tally{completed: 3}, count(next), "%v", next)
+			require.EqualValues(t, 3, scalar[int64](t, owner, `SELECT count(*) FROM public.sink WHERE entity LIKE $1`, "next-"+leave.name+"%"))
+			_, err = s.RunHasFailures(context.Background(), run.UID)
+			require.NoError(t, err, "the ledger's next statement on the session")
+		})
+	}
 }

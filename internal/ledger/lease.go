@@ -190,5 +190,8 @@ func (l *ShardLease) Keep(ctx context.Context, lost func(error)) (stop func()) {
 func (l *ShardLease) Release() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = l.store.pool.Exec(ctx, sqlReleaseShardLease, l.runUID, l.shard, l.holder)
+	_ = l.store.pinned(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, sqlReleaseShardLease, l.runUID, l.shard, l.holder)
+		return err
+	})
 }

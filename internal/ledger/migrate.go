@@ -74,16 +74,20 @@ type MigrationBlocker struct {
 // what `runledger migrate` says while an index is built CONCURRENTLY,
 // which waits for every transaction older than the build.
 func MigrationBlockers(ctx context.Context, pool *pgxpool.Pool, applicationName string) ([]MigrationBlocker, error) {
-	rows, err := pool.Query(ctx, sqlMigrationBlockers, applicationName)
-	if err != nil {
-		return nil, fmt.Errorf("looking up what the migration waits for: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MigrationBlocker, error) {
-		var b MigrationBlocker
-		var secs float64
-		err := r.Scan(&b.PID, &b.ApplicationName, &secs)
-		b.OpenFor = time.Duration(secs * float64(time.Second))
-		return b, err
+	var out []MigrationBlocker
+	err := pinnedTx(ctx, pool, sqlBeginPinnedReadOnly, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlMigrationBlockers, applicationName)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (MigrationBlocker, error) {
+			var b MigrationBlocker
+			var secs float64
+			err := r.Scan(&b.PID, &b.ApplicationName, &secs)
+			b.OpenFor = time.Duration(secs * float64(time.Second))
+			return b, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("looking up what the migration waits for: %w", err)
@@ -177,6 +181,10 @@ func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool, session *sql.Con
 			return got, session.QueryRowContext(ctx, sqlMigrationLock, migrationLockKey).Scan(&got)
 		}); err != nil {
 			return nil, fmt.Errorf("taking migration lock: %w", err)
+		}
+		if _, err := session.ExecContext(ctx, sqlPinSession); err != nil {
+			_, _ = session.ExecContext(context.WithoutCancel(ctx), sqlMigrationUnlock, migrationLockKey)
+			return nil, fmt.Errorf("pinning the migration session's search_path: %w", err)
 		}
 		return &migrationLock{}, nil
 	}

@@ -22,6 +22,15 @@ type poolerProbe struct {
 	mu     sync.Mutex
 	known  bool
 	pooled bool
+	// pinned: the pool's sessions start with pinnedSearchPath (Open),
+	// straight to PostgreSQL; dsnPath is the connection string's own
+	// search_path, if it has one.
+	pinned  bool
+	dsnPath *string
+	// userPath is the search_path a session of the pool would have without
+	// the pin (its reset value, as the probe reads it): the one the user's
+	// SQL runs under.
+	userPath string
 }
 
 // beforeConnect is the pool's BeforeConnect: the first connection is
@@ -38,6 +47,7 @@ func (p *poolerProbe) beforeConnect(ctx context.Context, cc *pgx.ConnConfig) err
 		for _, name := range serverKeepalives {
 			delete(cc.RuntimeParams, name)
 		}
+		p.withoutPin(cc.RuntimeParams) // a pooler refuses it
 		// One round trip per statement, by the unnamed statement, its
 		// description cached on the client: what a transaction pooler
 		// routes (a mode the connection string chose is kept).
@@ -59,6 +69,7 @@ func (p *poolerProbe) detect(ctx context.Context, cc *pgx.ConnConfig) (bool, err
 	for _, name := range serverKeepalives { // a pooler refuses them
 		delete(probe.RuntimeParams, name)
 	}
+	p.withoutPin(probe.RuntimeParams) // the path the user's SQL gets
 	conn, err := pgconn.ConnectConfig(ctx, probe)
 	if err != nil {
 		return false, err
@@ -68,11 +79,39 @@ func (p *poolerProbe) detect(ctx context.Context, cc *pgx.ConnConfig) (bool, err
 	if err != nil {
 		return false, fmt.Errorf("asking the server for its backend's process ID: %w", err)
 	}
-	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 2 {
 		return false, fmt.Errorf("asking the server for its backend's process ID: unexpected answer")
 	}
 	p.known, p.pooled = true, string(res[0].Rows[0][0]) != fmt.Sprint(conn.PID())
+	p.userPath = string(res[0].Rows[0][1])
 	return p.pooled, nil
+}
+
+// withoutPin puts back in params the search_path the connection string
+// gave (or none), in place of the pin.
+func (p *poolerProbe) withoutPin(params map[string]string) {
+	if !p.pinned {
+		return
+	}
+	if p.dsnPath != nil {
+		params[searchPathParam] = *p.dsnPath
+		return
+	}
+	delete(params, searchPathParam)
+}
+
+// userSearchPath is the search_path the user's SQL runs under on pool's
+// sessions (poolerProbe.userPath): "" for a pool Open did not make, or
+// before its first connection.
+func userSearchPath(pool *pgxpool.Pool) string {
+	p, ok := poolerProbes.Load(weak.Make(pool))
+	if !ok {
+		return ""
+	}
+	probe := p.(*poolerProbe)
+	probe.mu.Lock()
+	defer probe.mu.Unlock()
+	return probe.userPath
 }
 
 // poolerProbes remembers each pool's probe, for BehindPooler. A pool is

@@ -35,8 +35,10 @@ type ShardProgress struct {
 func (s *Store) PublishProgress(ctx context.Context, uid string, p ShardProgress, liveFor time.Duration) (written bool, lowestOther int, err error) {
 	var n int64
 	var other *int32
-	err = s.pool.QueryRow(ctx, sqlPublishProgress, uid, p.Shard, p.Attempt, p.Total, p.Completed, p.AlreadyHandled, p.Failed,
-		p.PayloadChanged, v1alpha1.Truncate(p.Message, MaxProgressMessageBytes), p.Done, liveFor.Seconds()).Scan(&n, &other)
+	err = s.pinned(ctx, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, sqlPublishProgress, uid, p.Shard, p.Attempt, p.Total, p.Completed, p.AlreadyHandled, p.Failed,
+			p.PayloadChanged, v1alpha1.Truncate(p.Message, MaxProgressMessageBytes), p.Done, liveFor.Seconds()).Scan(&n, &other)
+	})
 	if err != nil {
 		if IsConfigurationError(err) { // a schema before 00015, or a login granted before it
 			return false, -1, fmt.Errorf("publishing the progress of shard %d of run %s (the login needs the privileges runledger migrate --grant-to gives, on runledger.shard_progress too): %w", p.Shard, uid, err)
@@ -51,16 +53,20 @@ func (s *Store) PublishProgress(ctx context.Context, uid string, p ShardProgress
 
 // RunProgress is every shard row of run uid, by shard.
 func (s *Store) RunProgress(ctx context.Context, uid string) ([]ShardProgress, error) {
-	rows, err := s.pool.Query(ctx, sqlRunProgress, uid)
-	if err != nil {
-		return nil, fmt.Errorf("reading the progress of run %s: %w", uid, err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ShardProgress, error) {
-		var p ShardProgress
-		var age float64
-		err := r.Scan(&p.Shard, &p.Attempt, &p.Total, &p.Completed, &p.AlreadyHandled, &p.Failed, &p.PayloadChanged, &p.Message, &p.Done, &age)
-		p.Age = time.Duration(age * float64(time.Second))
-		return p, err
+	var out []ShardProgress
+	err := s.pinned(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlRunProgress, uid)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ShardProgress, error) {
+			var p ShardProgress
+			var age float64
+			err := r.Scan(&p.Shard, &p.Attempt, &p.Total, &p.Completed, &p.AlreadyHandled, &p.Failed, &p.PayloadChanged, &p.Message, &p.Done, &age)
+			p.Age = time.Duration(age * float64(time.Second))
+			return p, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading the progress of run %s: %w", uid, err)

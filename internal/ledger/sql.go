@@ -27,7 +27,7 @@ const (
 	insertInto = `INSERT INTO ` + Schema + `.ledger
         (entity, occurrence, state, run_namespace, run_name, run_uid, shard, attempt, payload)
     SELECT k.entity, k.occurrence, 'committed', $4, $5, $6, $7, $8, k.payload::jsonb`
-	chunkKeys = `unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)`
+	chunkKeys = `ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[])) AS k(entity, occurrence, payload)`
 	// copyClaimed copies the newly inserted rows (CTE ins) into the session's
 	// temporary table "claimed", which the caller's effect reads.
 	copyClaimed = `,
@@ -69,7 +69,7 @@ var (
 WITH k AS (
     SELECT k.n, k.entity, k.occurrence, k.payload, ` + heldFor("$6") + ` AS holder,
            CASE WHEN ` + othersRow("$6") + ` THEN ` + sqlPayloadChanged + ` END AS changed
-    FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(entity, occurrence, payload, n)
+    FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[])) WITH ORDINALITY AS k(entity, occurrence, payload, n)
     LEFT JOIN LATERAL (
         SELECT l.run_uid, l.payload
         FROM ` + Schema + `.ledger AS l
@@ -87,7 +87,7 @@ ins AS (
 	// is the proof of "already handled" (or, $6, of "completed earlier by
 	// this run"), read in this very statement.
 	claimResult = `
-SELECT holder, array_agg(n), array_agg(n) FILTER (WHERE changed) FROM k WHERE holder IS NOT NULL GROUP BY holder`
+SELECT holder, pg_catalog.array_agg(n), pg_catalog.array_agg(n) FILTER (WHERE changed) FROM k WHERE holder IS NOT NULL GROUP BY holder`
 )
 
 // sqlInsertFresh is the claim of a chunk whose keys the caller expects
@@ -149,7 +149,7 @@ const (
 	sqlNoBitmapScan    = `SET LOCAL enable_bitmapscan = off`
 	sqlNoJIT           = `SET LOCAL jit = off`
 	sqlIndexProbesOnly = sqlNoSeqScan + `; ` + sqlNoBitmapScan + `; ` + sqlNoJIT
-	sqlPlannerDefaults = `SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL enable_bitmapscan TO DEFAULT; SET LOCAL jit TO DEFAULT; SET LOCAL search_path TO DEFAULT`
+	sqlPlannerDefaults = `SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL enable_bitmapscan TO DEFAULT; SET LOCAL jit TO DEFAULT`
 )
 
 // sqlPinnedSearchPath: the ledger's own statements resolve nothing in a
@@ -161,10 +161,26 @@ const (
 // session's own (sqlPlannerDefaults).
 const sqlPinnedSearchPath = `SET LOCAL search_path = pg_catalog, pg_temp`
 
+// sqlBeginPinned and sqlBeginPinnedReadOnly begin a transaction of the
+// ledger's own statements under sqlPinnedSearchPath, in one round trip:
+// the only way the ledger sends a statement outside a chunk's transaction
+// or a pipeline that pins the path itself (Store.pinned). A statement
+// outside a transaction would run under whatever path its session has: the
+// role's default, or, behind a pooler, what another client left on the
+// server connection.
+const (
+	sqlBeginPinned         = `BEGIN; ` + sqlPinnedSearchPath
+	sqlBeginPinnedReadOnly = `BEGIN READ ONLY; ` + sqlPinnedSearchPath
+)
+
 // sqlBeforeEffect runs right before the caller's effect: the session's own
-// planner setting (see sqlIndexProbesOnly). The run's bounds (sqlBounds) are
-// in force since the transaction began.
-const sqlBeforeEffect = sqlPlannerDefaults
+// planner setting (see sqlIndexProbesOnly) and the user's search_path
+// (sqlUserPath). The run's bounds (sqlBounds) are in force since the
+// transaction began. It first counts the driver's statements
+// (sqlDriverStatements), under the ledger's path still.
+func sqlBeforeEffect(userPath string) string {
+	return sqlDriverStatements + `; ` + sqlPlannerDefaults + `; ` + sqlUserPath(userPath)
+}
 
 // sqlBounds bounds every statement that follows it in the transaction
 // (transaction-local): each runs at most statement (statement_timeout) and
@@ -186,7 +202,7 @@ func sqlBound(name string, d, def time.Duration) string {
 	if d > 0 {
 		return `SET LOCAL ` + name + ` = ` + milliseconds(d)
 	}
-	return `SELECT set_config('` + name + `', '` + milliseconds(def) + `', true) WHERE current_setting('` + name + `') = '0'`
+	return `SELECT pg_catalog.set_config('` + name + `', '` + milliseconds(def) + `', true) WHERE pg_catalog.current_setting('` + name + `') = '0'`
 }
 
 // milliseconds is d as a setting's value, at least 1 (0 means no bound).
@@ -289,7 +305,31 @@ const sqlSandboxIntact = `SELECT
               FROM pg_catalog.pg_class AS c, pg_catalog.pg_roles AS r
               WHERE c.oid = pg_catalog.to_regclass('pg_temp.claimed') AND r.rolname = current_user), false),
     NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements AS s WHERE s.from_sql),
-    NOT EXISTS (SELECT FROM pg_catalog.pg_cursors AS k WHERE k.is_holdable)`
+    NOT EXISTS (SELECT FROM pg_catalog.pg_cursors AS k WHERE k.is_holdable),
+    (` + sqlDriverStatements + `)`
+
+// sqlDriverStatements counts the driver's prepared statements on the
+// session (by the protocol, not from SQL). Read before an effect and after
+// it (sqlSandboxIntact's last column), it tells whether the effect
+// DEALLOCATEd any: the driver would send the next chunk's statements by
+// names the server no longer knows, failing a run whose work committed.
+const sqlDriverStatements = `SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql`
+
+// sqlNoTempLeftovers says, after an effect's COMMIT (sqlSessionIntact),
+// whether the session's temporary schema holds nothing but "claimed" (its
+// row type, array type and TOAST table): no table, view, sequence, type,
+// domain, function or operator the effect created to outlive its
+// transaction, where the next chunk's effect, with the session's own
+// search_path, would meet it first. (Inside the transaction a table created
+// ON COMMIT DROP is still there: the check waits for COMMIT.)
+const sqlNoTempLeftovers = `
+    NOT EXISTS (SELECT FROM pg_catalog.pg_class AS c
+                    WHERE c.relnamespace = pg_catalog.pg_my_temp_schema() AND c.relkind NOT IN ('t', 'i') AND c.relname <> 'claimed')
+    AND NOT EXISTS (SELECT FROM pg_catalog.pg_type AS t
+                    WHERE t.typnamespace = pg_catalog.pg_my_temp_schema() AND t.typrelid = 0
+                      AND NOT EXISTS (SELECT FROM pg_catalog.pg_type AS e WHERE e.oid = t.typelem AND e.typrelid <> 0))
+    AND NOT EXISTS (SELECT FROM pg_catalog.pg_proc AS p WHERE p.pronamespace = pg_catalog.pg_my_temp_schema())
+    AND NOT EXISTS (SELECT FROM pg_catalog.pg_operator AS o WHERE o.oprnamespace = pg_catalog.pg_my_temp_schema())`
 
 // sqlPreparedFromSQL lists the statements PREPAREd from SQL on the session
 // (user code's; the driver's come by the protocol).
@@ -312,7 +352,16 @@ const sqlHoldCursors = `SELECT
 // ones processed again by a later run); a search_path, a role,
 // synchronous_commit. sqlResetSession undoes them all before the next
 // transaction.
-const sqlSessionIntact = sqlResetSession + `; ` + sqlPinnedSearchPath + `; ` + sqlSandboxIntact
+//
+// It also checks that the session holds no temporary object but "claimed"
+// (sqlNoTempLeftovers), no advisory lock (a transaction's are gone at
+// COMMIT: any left is a session's, which every run that takes the same key,
+// the migration lock's say, would wait for) and listens on no channel.
+// Anything left, and the connection is closed.
+const sqlSessionIntact = sqlResetSession + `; ` + sqlPinnedSearchPath + `; ` + sqlSandboxIntact + `,
+    ` + sqlNoTempLeftovers + `
+    AND NOT EXISTS (SELECT FROM pg_catalog.pg_locks AS l WHERE l.locktype = 'advisory' AND l.pid = pg_catalog.pg_backend_pid())
+    AND NOT EXISTS (SELECT FROM pg_catalog.pg_listening_channels() AS c)`
 
 // sqlResetSession undoes whatever session state the user's SQL (an effect, a
 // batch query) set, by SET, SET ROLE, SET SESSION AUTHORIZATION or
@@ -331,10 +380,28 @@ const sqlResetSession = `RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL`
 // fired with the effect's own (an effect that supersedes rows fails its
 // items): a later claim in the same transaction (isolate) supersedes before
 // it inserts. Its last statement is sqlSandboxIntact.
-func sqlAfterEffect(bounds string) string {
-	return sqlResetSession + `; ` + bounds + `; SET CONSTRAINTS ` + Schema + `.ledger_superseded_replaced DEFERRED; ` +
-		sqlIndexProbesOnly + `; ` + sqlPinnedSearchPath + `; ` + sqlSandboxIntact
+//
+// Before that it scrubs what a session keeps beyond the transaction and
+// the next transaction on the connection (another chunk, behind a pooler
+// another run's) would meet: the session's advisory locks (any the effect
+// took; the ledger's own are its transactions'), its listeners and, behind
+// a pooler, whose server connection outlives this session, its temporary
+// objects (DISCARD TEMP, then "claimed" again for the rest of the
+// transaction, granted to role). Straight to PostgreSQL the session's
+// temporary objects are checked after COMMIT instead (sqlSessionIntact):
+// one the effect made ON COMMIT DROP is still there now.
+func sqlAfterEffect(bounds string, pooled bool, role string) string {
+	q := sqlResetSession + `; ` + bounds + `; SET CONSTRAINTS ` + Schema + `.ledger_superseded_replaced DEFERRED; ` +
+		sqlIndexProbesOnly + `; ` + sqlPinnedSearchPath + `; ` + sqlScrubSession
+	if pooled {
+		q += `; DISCARD TEMP; CREATE TEMP TABLE claimed (` + claimedColumns + `) ON COMMIT DROP; ` + sqlGrantClaimed(role)
+	}
+	return q + `; ` + sqlSandboxIntact
 }
+
+// sqlScrubSession releases the session's advisory locks and stops its
+// listening (sqlAfterEffect).
+const sqlScrubSession = `SELECT pg_catalog.pg_advisory_unlock_all(); UNLISTEN *`
 
 // How the ledger's transactions begin, each in one round trip. A chunk's
 // transaction begins with its planner setting and the run's bounds
@@ -408,9 +475,9 @@ const (
 	sqlCreateClaimed   = `CREATE TEMP TABLE IF NOT EXISTS claimed (` + claimedColumns + `) ON COMMIT DELETE ROWS`
 	sqlCreateClaimedTx = `DROP TABLE IF EXISTS pg_temp.claimed; CREATE TEMP TABLE claimed (` + claimedColumns + `) ON COMMIT DROP`
 	claimedColumns     = `
-    entity     text  NOT NULL,
-    occurrence text  NOT NULL,
-    payload    jsonb
+    entity     pg_catalog.text  NOT NULL,
+    occurrence pg_catalog.text  NOT NULL,
+    payload    pg_catalog.jsonb
 `
 	sqlClearClaimed = `DELETE FROM pg_temp.claimed`
 )
@@ -439,7 +506,7 @@ const (
 const sqlSupersede = `
 WITH k AS (
     SELECT k.entity, k.occurrence, h.id, coalesce(h.run_uid = $3, false) OR r.one IS NOT NULL AS mine
-    FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
+    FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[])) AS k(entity, occurrence)
     LEFT JOIN LATERAL (
         SELECT c.id, c.run_uid
         FROM ` + Schema + `.ledger AS c
@@ -455,7 +522,7 @@ WITH k AS (
 ),
 up AS (
     UPDATE ` + Schema + `.ledger AS l
-    SET state = 'superseded', superseded_at = now()
+    SET state = 'superseded', superseded_at = pg_catalog.now()
     WHERE l.id = ANY (ARRAY(SELECT k.id FROM k WHERE k.id IS NOT NULL AND NOT k.mine))
       -- Not "state = 'committed'", the rule index's predicate: on a ledger
       -- the planner thinks small, that let it walk the whole rule index
@@ -490,7 +557,7 @@ const sqlTakeBack = `SELECT ` + Schema + `.ledger_take_back($1::text[], $2::text
 // cost as much as the insert itself.
 var sqlHolders = `
 SELECT k.entity, k.occurrence, ` + heldFor("$3") + `
-FROM unnest($1::text[], $2::text[]) AS k(entity, occurrence)
+FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[])) AS k(entity, occurrence)
 CROSS JOIN LATERAL (
     SELECT l.run_uid
     FROM ` + Schema + `.ledger AS l
@@ -518,7 +585,7 @@ SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$
 // sqlHolders' one probe of the rule's index per key, with the holding row's
 // payload, for keys given with their payloads ($1, $2, $3).
 const sqlHoldingRowsPayload = `
-FROM unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)
+FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[])) AS k(entity, occurrence, payload)
 CROSS JOIN LATERAL (
     SELECT l.run_uid, l.payload
     FROM ` + Schema + `.ledger AS l
@@ -587,11 +654,21 @@ const (
 	// A migrator polls for the lock (migrationLockPoll) rather than wait
 	// in one statement, whose snapshot a CREATE INDEX CONCURRENTLY of the
 	// migrator holding the lock would wait for: neither would end.
-	sqlMigrationLock     = `SELECT pg_try_advisory_lock($1)`
-	sqlMigrationXactLock = `SELECT pg_try_advisory_xact_lock($1)`
-	sqlMigrationUnlock   = `SELECT pg_advisory_unlock($1)`
-	sqlSchemaExists      = `SELECT to_regnamespace($1) IS NOT NULL`
+	// Qualified and typed: they run on goose's session before its path
+	// is pinned (sqlPinSession), and an untyped parameter would let
+	// PostgreSQL prefer a public.pg_try_advisory_lock(double precision) or
+	// (text) over the catalog's bigint one.
+	sqlMigrationLock     = `SELECT pg_catalog.pg_try_advisory_lock($1::bigint)`
+	sqlMigrationXactLock = `SELECT pg_catalog.pg_try_advisory_xact_lock($1::bigint)`
+	sqlMigrationUnlock   = `SELECT pg_catalog.pg_advisory_unlock($1::bigint)`
+	sqlSchemaExists      = `SELECT pg_catalog.to_regnamespace($1::text) IS NOT NULL`
 	sqlCreateSchema      = `CREATE SCHEMA IF NOT EXISTS ` + Schema
+	// sqlPinSession pins the path of goose's session, straight to
+	// PostgreSQL, for the migrations and goose's own statements (which
+	// name pg_tables unqualified: pg_temp would be searched first). Behind
+	// a pooler each migration's transaction may have another server
+	// connection; there only the catalog's exact signatures are in them.
+	sqlPinSession = `SET search_path = pg_catalog, pg_temp`
 )
 
 // sqlMigrationBlockers: the sessions that a migrator (a session named $1)
@@ -600,11 +677,11 @@ const (
 // (then NULL: no age).
 const sqlMigrationBlockers = `
 SELECT DISTINCT b.pid, coalesce(b.application_name, ''),
-       coalesce(extract(epoch FROM clock_timestamp() - b.xact_start), -1)::float8 AS open_for
+       coalesce(extract(epoch FROM pg_catalog.clock_timestamp() - b.xact_start), -1)::float8 AS open_for
 FROM pg_stat_activity w
-CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS k(pid)
+CROSS JOIN LATERAL pg_catalog.unnest(pg_catalog.pg_blocking_pids(w.pid)) AS k(pid)
 JOIN pg_stat_activity b ON b.pid = k.pid
-WHERE w.application_name = $1 AND w.wait_event_type = 'Lock' AND w.pid <> pg_backend_pid()
+WHERE w.application_name = $1 AND w.wait_event_type = 'Lock' AND w.pid <> pg_catalog.pg_backend_pid()
 ORDER BY open_for DESC, b.pid`
 
 // A run's batch (migrations/00002_batch.sql): what a query source returned,
@@ -623,7 +700,7 @@ const (
 	// upgrade still wait for each other).
 	// The wait is bounded (sqlBatchLockWait): a materialiser may hold the
 	// lock for as long as its query runs, no longer.
-	sqlLockBatch = `SELECT pg_advisory_xact_lock(hashtextextended('runledger.batch/' || $1, 0))`
+	sqlLockBatch = `SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('runledger.batch/' || $1, 0))`
 
 	sqlBatchHeader = `
 SELECT id, source, shards, items, coalesce(digest, ''), created_at, pruned_at
@@ -666,7 +743,7 @@ ON CONFLICT (run_uid) DO NOTHING`
 
 	// sqlBatchShardSize counts a shard's items: its blocks' seqs (the
 	// primary key's range of the shard).
-	sqlBatchShardSize = `SELECT coalesce(sum(cardinality(seqs)), 0) FROM ` + Schema + `.batch WHERE batch_id = $1 AND shard = $2`
+	sqlBatchShardSize = `SELECT coalesce(pg_catalog.sum(pg_catalog.cardinality(seqs)), 0) FROM ` + Schema + `.batch WHERE batch_id = $1 AND shard = $2`
 
 	// sqlPruneCandidates lists the runs whose batch was created before $1
 	// and is not pruned yet, oldest first, with their shard counts.
@@ -679,7 +756,7 @@ ORDER BY created_at, run_uid`
 	// locks $1 (shardLockKey's) that no session holds, and says whether it
 	// got them all: no worker of a release before the lease runs those
 	// shards, nor starts before the transaction ends.
-	sqlTryShardLocks = `SELECT coalesce(bool_and(pg_try_advisory_xact_lock(k)), true) FROM unnest($1::bigint[]) AS k`
+	sqlTryShardLocks = `SELECT coalesce(pg_catalog.bool_and(pg_catalog.pg_try_advisory_xact_lock(k)), true) FROM pg_catalog.unnest($1::bigint[]) AS k`
 
 	// sqlTakeRunLeases takes, for the pruning transaction, the lease of
 	// every one of run $1's $2 shards that is free or expired, and answers
@@ -689,12 +766,12 @@ ORDER BY created_at, run_uid`
 	sqlTakeRunLeases = `
 WITH taken AS (
     INSERT INTO ` + Schema + `.shard_lease AS l (run_uid, shard, holder, expires_at)
-    SELECT $1, s, 'runledger prune', now() FROM generate_series(0, $2::integer - 1) AS s
+    SELECT $1, s, 'runledger prune', pg_catalog.now() FROM pg_catalog.generate_series(0, $2::integer - 1) AS s
     ON CONFLICT (run_uid, shard) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
-    WHERE l.expires_at <= now()
+    WHERE l.expires_at <= pg_catalog.now()
     RETURNING 1
 )
-SELECT $2::integer - count(*)::integer FROM taken`
+SELECT $2::integer - pg_catalog.count(*)::integer FROM taken`
 
 	// sqlPruneBatch deletes the blocks of run $1's batch and its shards'
 	// sorted copies and leases, the run's failure records and its shards'
@@ -704,12 +781,12 @@ SELECT $2::integer - count(*)::integer FROM taken`
 	// failure records deleted.
 	sqlPruneBatch = `
 WITH old AS (
-    UPDATE ` + Schema + `.batch_run SET pruned_at = now()
+    UPDATE ` + Schema + `.batch_run SET pruned_at = pg_catalog.now()
     WHERE run_uid = $1 AND pruned_at IS NULL
     RETURNING id
 ), gone AS (
     DELETE FROM ` + Schema + `.batch AS b USING old WHERE b.batch_id = old.id
-    RETURNING cardinality(b.seqs) AS items
+    RETURNING pg_catalog.cardinality(b.seqs) AS items
 ), failures AS (
     DELETE FROM ` + Schema + `.item_failure AS f WHERE f.run_uid = $1 AND EXISTS (SELECT FROM old)
     RETURNING 1
@@ -723,7 +800,7 @@ WITH old AS (
     DELETE FROM ` + Schema + `.shard_lease AS l WHERE l.run_uid = $1 AND EXISTS (SELECT FROM old)
 )
 
-SELECT (SELECT count(*) FROM old), (SELECT coalesce(sum(items), 0) FROM gone), (SELECT count(*) FROM failures)`
+SELECT (SELECT pg_catalog.count(*) FROM old), (SELECT coalesce(pg_catalog.sum(items), 0) FROM gone), (SELECT pg_catalog.count(*) FROM failures)`
 )
 
 // A shard's reader (migrations/00017_batch_sorted.sql): its items sorted
@@ -779,21 +856,21 @@ var (
 	sqlSortShard = `
 WITH blocks AS (
     INSERT INTO ` + Schema + `.batch_sorted (batch_id, shard, block, positions, seqs, entities, occurrences, payloads)
-    SELECT $1, $2, (s.pos / ` + sortedBlock + `)::integer, array_agg(s.pos), array_agg(s.seq), array_agg(s.entity), array_agg(s.occurrence), array_agg(s.payload)
+    SELECT $1, $2, (s.pos / ` + sortedBlock + `)::integer, pg_catalog.array_agg(s.pos), pg_catalog.array_agg(s.seq), pg_catalog.array_agg(s.entity), pg_catalog.array_agg(s.occurrence), pg_catalog.array_agg(s.payload)
     FROM (
         SELECT u.seq, u.entity, u.occurrence, u.payload,
-               row_number() OVER (ORDER BY u.occurrence COLLATE "C" NULLS FIRST, u.entity COLLATE "C" NULLS FIRST, u.seq) - 1 AS pos
+               pg_catalog.row_number() OVER (ORDER BY u.occurrence COLLATE "C" NULLS FIRST, u.entity COLLATE "C" NULLS FIRST, u.seq) - 1 AS pos
         FROM ` + Schema + `.batch AS k
-        CROSS JOIN LATERAL unnest(k.seqs, k.entities, k.occurrences, k.payloads) AS u(seq, entity, occurrence, payload)
+        CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(k.seqs), pg_catalog.unnest(k.entities), pg_catalog.unnest(k.occurrences), pg_catalog.unnest(k.payloads)) AS u(seq, entity, occurrence, payload)
         WHERE k.batch_id = $1 AND k.shard = $2
         OFFSET 0
     ) AS s
     GROUP BY s.pos / ` + sortedBlock + `
     ON CONFLICT DO NOTHING
-    RETURNING cardinality(positions) AS n
+    RETURNING pg_catalog.cardinality(positions) AS n
 )
 INSERT INTO ` + Schema + `.batch_sorted_shard (batch_id, shard, items)
-SELECT $1, $2, coalesce(sum(n), 0) FROM blocks
+SELECT $1, $2, coalesce(pg_catalog.sum(n), 0) FROM blocks
 ON CONFLICT DO NOTHING`
 
 	// sqlBatchOrder tells whether shard $2 of batch $1 is in key order
@@ -811,11 +888,11 @@ ON CONFLICT DO NOTHING`
 	// reference to the column would decompress it again, which made the
 	// check twice as slow on a batch out of order).
 	sqlBatchOrder = `
-SELECT k.block, cardinality(a.s), a.o[1], a.e[1], a.s[1], a.o[cardinality(a.s)], a.e[cardinality(a.s)], a.s[cardinality(a.s)],
+SELECT k.block, pg_catalog.cardinality(a.s), a.o[1], a.e[1], a.s[1], a.o[pg_catalog.cardinality(a.s)], a.e[pg_catalog.cardinality(a.s)], a.s[pg_catalog.cardinality(a.s)],
        NOT EXISTS (
            SELECT FROM (
-               SELECT unnest(a.o[:cardinality(a.s) - 1]) AS po, unnest(a.e[:cardinality(a.s) - 1]) AS pe, unnest(a.s[:cardinality(a.s) - 1]) AS ps,
-                      unnest(a.o[2:]) AS o, unnest(a.e[2:]) AS e, unnest(a.s[2:]) AS s
+               SELECT pg_catalog.unnest(a.o[:pg_catalog.cardinality(a.s) - 1]) AS po, pg_catalog.unnest(a.e[:pg_catalog.cardinality(a.s) - 1]) AS pe, pg_catalog.unnest(a.s[:pg_catalog.cardinality(a.s) - 1]) AS ps,
+                      pg_catalog.unnest(a.o[2:]) AS o, pg_catalog.unnest(a.e[2:]) AS e, pg_catalog.unnest(a.s[2:]) AS s
            ) AS u
            WHERE ((u.po COLLATE "C", u.pe COLLATE "C", u.ps) < (u.o COLLATE "C", u.e COLLATE "C", u.s)) IS NOT TRUE
        )
@@ -836,7 +913,7 @@ ORDER BY k.block`
 	sqlSortedRange = `
     SELECT u.pos, u.seq, u.entity, u.occurrence, u.payload
     FROM ` + Schema + `.batch_sorted AS k
-    CROSS JOIN LATERAL unnest(k.positions, k.seqs, k.entities, k.occurrences, k.payloads) AS u(pos, seq, entity, occurrence, payload)
+    CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(k.positions), pg_catalog.unnest(k.seqs), pg_catalog.unnest(k.entities), pg_catalog.unnest(k.occurrences), pg_catalog.unnest(k.payloads)) AS u(pos, seq, entity, occurrence, payload)
     WHERE k.batch_id = $1 AND k.shard = $2
       AND k.block BETWEEN ($3::bigint / ` + sortedBlock + `)::integer AND (($3::bigint + $4::integer - 1) / ` + sortedBlock + `)::integer
       AND u.pos >= $3::bigint
@@ -854,10 +931,10 @@ ORDER BY k.block`
 	sqlInPlaceRange = `
     SELECT p.start + u.ord - 1 AS pos, u.seq, u.entity, u.occurrence, u.payload
     FROM ` + Schema + `.batch AS k
-    CROSS JOIN LATERAL (SELECT ($6::bigint[])[array_position($5::bigint[], k.block)] AS start OFFSET 0) AS p
-    CROSS JOIN LATERAL unnest(k.seqs, k.entities, k.occurrences, k.payloads) WITH ORDINALITY AS u(seq, entity, occurrence, payload, ord)
+    CROSS JOIN LATERAL (SELECT ($6::bigint[])[pg_catalog.array_position($5::bigint[], k.block)] AS start OFFSET 0) AS p
+    CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(k.seqs), pg_catalog.unnest(k.entities), pg_catalog.unnest(k.occurrences), pg_catalog.unnest(k.payloads)) WITH ORDINALITY AS u(seq, entity, occurrence, payload, ord)
     WHERE k.batch_id = $1 AND k.shard = $2
-      AND k.block BETWEEN ($5::bigint[])[1] AND ($5::bigint[])[cardinality($5::bigint[])]
+      AND k.block BETWEEN ($5::bigint[])[1] AND ($5::bigint[])[pg_catalog.cardinality($5::bigint[])]
       AND p.start + u.ord - 1 BETWEEN $3::bigint AND $3::bigint + $4::integer - 1`
 )
 
@@ -901,7 +978,7 @@ ORDER BY b.pos`
 // sqlBeforeBatchQuery prepares the materialising transaction: its work_mem,
 // the run's bounds on the query and the statements after it (sqlBounds),
 // and the ledger's search_path for its own statements before the query
-// (sqlUserSearchPath gives the query the session's).
+// (sqlUserPath gives the query the user's).
 func sqlBeforeBatchQuery(bounds string) string {
 	return sqlBatchWorkMem + `; ` + bounds + `; ` + sqlKeyFormats + `; ` + sqlPinnedSearchPath
 }
@@ -916,9 +993,17 @@ func sqlBeforeBatchQuery(bounds string) string {
 // session's (a timestamptz key is refused: QuerySource.Check).
 const sqlKeyFormats = `SET LOCAL extra_float_digits = 1; SET LOCAL DateStyle = 'ISO'; SET LOCAL IntervalStyle = 'postgres'; SET LOCAL bytea_output = 'hex'`
 
-// sqlUserSearchPath gives the user's SQL the session's own search_path, so
-// that its names resolve as its author wrote them.
-const sqlUserSearchPath = `SET LOCAL search_path TO DEFAULT`
+// sqlUserPath gives the user's SQL, for the rest of the transaction, the
+// search_path the session would have had without the ledger's pin
+// (userSearchPath: the connection string's, the role's, the database's or
+// the server's), so that its names resolve as its author wrote them. ""
+// (a pool Open did not make): the session's own reset value.
+func sqlUserPath(path string) string {
+	if path == "" {
+		return `SET LOCAL search_path TO DEFAULT`
+	}
+	return `SELECT pg_catalog.set_config('search_path', ` + quoteLiteral(path) + `, true)`
+}
 
 // sqlAfterBatchQuery resets the session after the user's query
 // (sqlResetSession), sets the run's bounds again for the rest of the
@@ -939,7 +1024,7 @@ func sqlBatchLockWait(query, lock time.Duration) string {
 // sqlBeginPrune begins a run's prune, bounded like a batch's query (the
 // session's bounds, or the defaults).
 func sqlBeginPrune() string {
-	return `BEGIN; ` + sqlBounds(0, 0, DefaultQueryTimeout, DefaultLockTimeout)
+	return sqlBeginPinned + `; ` + sqlBounds(0, 0, DefaultQueryTimeout, DefaultLockTimeout)
 }
 
 // sqlPruneSuperseded deletes the superseded ledger rows retired before $1:
@@ -947,18 +1032,25 @@ func sqlBeginPrune() string {
 // (the append-only trigger); committed rows are never deleted.
 const sqlPruneSuperseded = `DELETE FROM ` + Schema + `.ledger WHERE state = 'superseded' AND superseded_at < $1`
 
+// sqlFixQueryBatch and sqlBatchRows hold the user's query and run, as one
+// statement, under the user's search_path (sqlUserPath), as the query
+// was written for: every name of theirs around it is qualified, functions,
+// operators (OPERATOR(pg_catalog.x)), types and collations, so that nothing
+// the user's schemas hold stands in for the catalog's
+// (TestBatchStatementsNameOnlyTheCatalog).
+//
 // sqlFixQueryBatch writes the header and, only if this statement wrote it,
 // the query's items packed in blocks (sqlBatchRows): a second materialiser
 // blocks on the header's primary key until the first commits, then writes
 // nothing (and if the first rolled back, it writes the batch itself). It
 // returns the number of items it wrote, which goes into the header it wrote
 // (sqlSetBatchItems) in the same transaction; 0 if it wrote no header.
-// $1 run uid, $2 namespace, $3 name, $4 shards, $5 the query's digest (empty: none, NULL).
+// $1 run uid, $2 namespace, $3 name, $4 shards, $5 the query's digest (NULL: none).
 func sqlFixQueryBatch(query string, hasPayload bool, shards int, shardOf func(entity, occurrence string) string) string {
 	return `
 WITH hdr AS (
     INSERT INTO ` + Schema + `.batch_run (run_uid, run_namespace, run_name, source, shards, items, digest)
-    VALUES ($1, $2, $3, 'query', $4, 0, nullif($5, ''))
+    VALUES ($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text, 'query', $4::integer, 0, $5::pg_catalog.text)
     ON CONFLICT (run_uid) DO NOTHING
     RETURNING id
 ), ins AS (
@@ -966,9 +1058,9 @@ WITH hdr AS (
     SELECT hdr.id, r.* FROM hdr CROSS JOIN (
 ` + sqlBatchRows(query, hasPayload, shards, shardOf) + `
     ) AS r
-    RETURNING cardinality(seqs) AS items
+    RETURNING pg_catalog.cardinality(seqs) AS items
 )
-SELECT coalesce(sum(items), 0) FROM ins`
+SELECT coalesce(pg_catalog.sum(items), 0::bigint) FROM ins`
 }
 
 // sqlSetBatchItems records the item count of the batch just written.
@@ -999,19 +1091,21 @@ const (
 // docs/insert-path.md, as for bounding a block by a running byte count).
 // Column names are prefixed rl_ so as not to collide with the user's.
 func sqlBatchRows(query string, hasPayload bool, shards int, shardOf func(entity, occurrence string) string) string {
-	payload := "NULL::text"
+	payload := "NULL::pg_catalog.text"
 	if hasPayload {
-		payload = "q.payload::text"
+		payload = "q.payload::pg_catalog.text"
 	}
-	n := strconv.Itoa(max(shards, 1))
-	return `SELECT b.rl_k % ` + n + `, b.rl_k / ` + n + `, array_agg(b.rl_n), array_agg(b.rl_e), array_agg(b.rl_o), array_agg(b.rl_p)
+	n := strconv.Itoa(max(shards, 1)) + `::bigint`
+	add, mul, div := ` OPERATOR(pg_catalog.+) `, ` OPERATOR(pg_catalog.*) `, ` OPERATOR(pg_catalog./) `
+	size := func(col string) string { return `coalesce(pg_catalog.octet_length(` + col + `), 0)` }
+	return `SELECT b.rl_k OPERATOR(pg_catalog.%) ` + n + `, b.rl_k` + div + n + `, pg_catalog.array_agg(b.rl_n), pg_catalog.array_agg(b.rl_e), pg_catalog.array_agg(b.rl_o), pg_catalog.array_agg(b.rl_p)
 FROM (
-    SELECT CASE WHEN coalesce(octet_length(r.rl_e), 0) + coalesce(octet_length(r.rl_o), 0) + coalesce(octet_length(r.rl_p), 0) > ` + strconv.Itoa(batchItemBytes) + `
-                THEN 2 * r.rl_n + 1 ELSE 2 * (r.rl_n / ` + strconv.Itoa(batchBlockSeqs) + `) END * ` + n + `
-               + coalesce(` + shardOf("r.rl_e", "r.rl_o") + `, 0) AS rl_k,
+    SELECT CASE WHEN ` + size("r.rl_e") + add + size("r.rl_o") + add + size("r.rl_p") + ` OPERATOR(pg_catalog.>) ` + strconv.Itoa(batchItemBytes) + `
+                THEN 2::bigint` + mul + `r.rl_n` + add + `1::bigint ELSE 2::bigint` + mul + `(r.rl_n` + div + strconv.Itoa(batchBlockSeqs) + `::bigint) END` + mul + n + `
+               ` + add + `coalesce(` + shardOf("r.rl_e", "r.rl_o") + `, 0::bigint) AS rl_k,
            r.rl_n, r.rl_e, r.rl_o, r.rl_p
     FROM (
-        SELECT q.entity::text AS rl_e, q.occurrence::text AS rl_o, ` + payload + ` AS rl_p, row_number() OVER () AS rl_n
+        SELECT q.entity::pg_catalog.text AS rl_e, q.occurrence::pg_catalog.text AS rl_o, ` + payload + ` AS rl_p, pg_catalog.row_number() OVER () AS rl_n
         FROM (
 ` + query + `
         ) AS q
@@ -1068,7 +1162,7 @@ GRANT TEMPORARY ON DATABASE ` + db + ` TO ` + role
 }
 
 // sqlCurrentDatabase names the database to grant TEMP on.
-const sqlCurrentDatabase = `SELECT current_database()`
+const sqlCurrentDatabase = `SELECT pg_catalog.current_database()`
 
 // sqlShardOf is ShardOf as a PostgreSQL expression over two text expressions
 // (entity, occurrence) for n shards; NULL when either is NULL.
@@ -1076,7 +1170,7 @@ func sqlShardOf(entity, occurrence string, n int) string {
 	if n <= 1 {
 		return "0"
 	}
-	return fmt.Sprintf(`((hashtextextended(%s COLLATE "C", hashtextextended(%s COLLATE "C", %d)) & 9223372036854775807) %% %d)`,
+	return fmt.Sprintf(`((pg_catalog.hashtextextended(%s COLLATE pg_catalog."C", pg_catalog.hashtextextended(%s COLLATE pg_catalog."C", '%d'::bigint)) OPERATOR(pg_catalog.&) 9223372036854775807::bigint) OPERATOR(pg_catalog.%%) %d::bigint)`,
 		entity, occurrence, int64(shardSeed), n)
 }
 
@@ -1088,9 +1182,9 @@ const (
 	// take waits for it.
 	sqlTakeShardLease = `
 INSERT INTO ` + Schema + `.shard_lease AS l (run_uid, shard, holder, expires_at)
-VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')
+VALUES ($1, $2, $3, pg_catalog.now() + $4 * interval '1 millisecond')
 ON CONFLICT (run_uid, shard) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
-WHERE l.holder = excluded.holder OR l.expires_at <= now()
+WHERE l.holder = excluded.holder OR l.expires_at <= pg_catalog.now()
 RETURNING true`
 	// sqlLeaseLockWait bounds a take's wait for a chunk in flight that
 	// holds the lease's row: a busy lease, tried again a second later.
@@ -1108,7 +1202,10 @@ func sqlHoldShardLease(runUID string, shard int, holder string, ttl time.Duratio
 }
 
 // sqlBackendPID is the server backend's own process ID (poolerProbe).
-const sqlBackendPID = `SELECT pg_catalog.pg_backend_pid()`
+// With it the search_path a session of the pool would have without the pin
+// (its reset value: the connection string's, the role's or database's, or
+// the server's).
+const sqlBackendPID = `SELECT pg_catalog.pg_backend_pid(), (SELECT s.reset_val FROM pg_catalog.pg_settings AS s WHERE s.name = 'search_path')`
 
 // sqlDescribeQuery wraps the user's query to describe its columns without
 // running it.
@@ -1119,8 +1216,8 @@ func sqlDescribeQuery(query string) string { return "SELECT * FROM (\n" + query 
 // runs the query: a value, never text pasted into the user's SQL.
 const (
 	sqlOccurrenceSetting = "runledger.occurrence"
-	sqlSetOccurrence     = `SELECT set_config('` + sqlOccurrenceSetting + `', $1, true)`
-	sqlOccurrenceDefined = `SELECT current_setting('` + sqlOccurrenceSetting + `', true) IS NOT NULL`
+	sqlSetOccurrence     = `SELECT pg_catalog.set_config('` + sqlOccurrenceSetting + `', $1, true)`
+	sqlOccurrenceDefined = `SELECT pg_catalog.current_setting('` + sqlOccurrenceSetting + `', true) IS NOT NULL`
 )
 
 // Failure records (migrations/00010, failures.go). sqlRecordVerdicts writes
@@ -1136,14 +1233,14 @@ const (
 const sqlRecordVerdicts = `
 WITH gone AS (
     DELETE FROM ` + Schema + `.item_failure AS f
-    USING unnest($14::text[], $15::text[]) AS k(entity, occurrence)
+    USING ROWS FROM (pg_catalog.unnest($14::text[]), pg_catalog.unnest($15::text[])) AS k(entity, occurrence)
     WHERE f.run_uid = $1 AND f.entity = k.entity AND f.occurrence = k.occurrence AND f.pass <> $6
     RETURNING 1
 ), put AS (
     INSERT INTO ` + Schema + `.item_failure AS f
         (run_uid, entity, occurrence, run_namespace, run_name, shard, attempt, pass, chunk, items, payload_digest, class, error, payload)
     SELECT $1, k.entity, k.occurrence, $2, $3, $4, $5, $6, $7, k.items, k.digest, k.class, k.error, k.payload
-    FROM unnest($8::text[], $9::text[], $10::integer[], $11::text[], $12::text[], $13::text[], $16::text[])
+    FROM ROWS FROM (pg_catalog.unnest($8::text[]), pg_catalog.unnest($9::text[]), pg_catalog.unnest($10::integer[]), pg_catalog.unnest($11::text[]), pg_catalog.unnest($12::text[]), pg_catalog.unnest($13::text[]), pg_catalog.unnest($16::text[]))
         AS k(entity, occurrence, items, digest, class, error, payload)
     ON CONFLICT (run_uid, entity, occurrence) DO UPDATE SET
         run_namespace = EXCLUDED.run_namespace, run_name = EXCLUDED.run_name,
@@ -1158,7 +1255,7 @@ WITH gone AS (
     WHERE f.pass <> EXCLUDED.pass OR f.chunk <> EXCLUDED.chunk
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM put)`
+SELECT (SELECT pg_catalog.count(*) FROM gone), (SELECT pg_catalog.count(*) FROM put)`
 
 // failureRecordColumns are the columns sqlRecordVerdicts replaces: all but
 // the key (run_uid, entity, occurrence).
@@ -1195,7 +1292,7 @@ ORDER BY entity COLLATE "C", occurrence COLLATE "C"`
 	sqlRunAlreadyHandled = sqlAlreadyHandledSelect + `
     FROM ` + Schema + `.batch_run AS r
     JOIN ` + Schema + `.batch AS b ON b.batch_id = r.id
-    CROSS JOIN LATERAL unnest(b.entities, b.occurrences, b.payloads) AS i(entity, occurrence, payload)
+    CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(b.entities), pg_catalog.unnest(b.occurrences), pg_catalog.unnest(b.payloads)) AS i(entity, occurrence, payload)
     WHERE r.run_uid = $1 AND i.entity IS NOT NULL AND i.occurrence IS NOT NULL` + sqlAlreadyHandledRest
 
 	// sqlStaticAlreadyHandled is sqlRunAlreadyHandled for run $1's static
@@ -1204,7 +1301,7 @@ ORDER BY entity COLLATE "C", occurrence COLLATE "C"`
 	// text, NULL for none) by a caller that checked them against the batch's
 	// digest.
 	sqlStaticAlreadyHandled = sqlAlreadyHandledSelect + `
-    FROM unnest($2::text[], $3::text[], $4::text[]) AS i(entity, occurrence, payload)` + sqlAlreadyHandledRest
+    FROM ROWS FROM (pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[])) AS i(entity, occurrence, payload)` + sqlAlreadyHandledRest
 
 	// sqlAlreadyHandledSelect and sqlAlreadyHandledRest surround a batch's
 	// items i(entity, occurrence, payload): their distinct keys whose
@@ -1218,12 +1315,12 @@ ORDER BY entity COLLATE "C", occurrence COLLATE "C"`
 	sqlAlreadyHandledSelect = `
 SELECT k.entity, k.occurrence, h.run_namespace, h.run_name, h.run_uid, h.shard, h.attempt, h.created_at,
        EXISTS (
-           SELECT FROM unnest(k.payloads) AS b(payload)
+           SELECT FROM pg_catalog.unnest(k.payloads) AS b(payload)
            WHERE coalesce(` + sqlBatchPayloadSameText + `,
                           nullif(h.payload, 'null'::jsonb) IS DISTINCT FROM nullif(b.payload::jsonb, 'null'::jsonb))
        )
 FROM (
-    SELECT i.entity, i.occurrence, array_agg(DISTINCT i.payload) AS payloads`
+    SELECT i.entity, i.occurrence, pg_catalog.array_agg(DISTINCT i.payload) AS payloads`
 	sqlAlreadyHandledRest = `
     GROUP BY i.entity, i.occurrence
 ) AS k
@@ -1319,7 +1416,7 @@ const (
 WITH mine AS (
     INSERT INTO ` + Schema + `.shard_progress AS p
         (run_uid, shard, attempt, total, completed, already_handled, failed, payload_changed, message, done, updated_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now())
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, pg_catalog.now())
     ON CONFLICT (run_uid, shard) DO UPDATE SET
         attempt = EXCLUDED.attempt, total = EXCLUDED.total, completed = EXCLUDED.completed,
         already_handled = EXCLUDED.already_handled, failed = EXCLUDED.failed,
@@ -1328,10 +1425,10 @@ WITH mine AS (
     WHERE p.attempt <= EXCLUDED.attempt
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM mine),
+SELECT (SELECT pg_catalog.count(*) FROM mine),
        (SELECT s.shard FROM ` + Schema + `.shard_progress AS s
         WHERE s.run_uid = $1 AND s.shard <> $2 AND NOT s.done
-          AND s.updated_at > now() - make_interval(secs => $11)
+          AND s.updated_at > pg_catalog.now() - pg_catalog.make_interval(secs => $11)
         ORDER BY s.shard LIMIT 1)`
 
 	// progressColumns are the columns sqlPublishProgress replaces: all but
@@ -1342,6 +1439,6 @@ SELECT (SELECT count(*) FROM mine),
 	// by the database's clock.
 	sqlRunProgress = `
 SELECT shard, attempt, total, completed, already_handled, failed, payload_changed, message, done,
-       extract(epoch FROM now() - updated_at)::float8
+       extract(epoch FROM pg_catalog.now() - updated_at)::float8
 FROM ` + Schema + `.shard_progress WHERE run_uid = $1 ORDER BY shard`
 )

@@ -175,8 +175,9 @@ type ChunkOptions struct {
 	// nothing, when it is no longer this process's.
 	Lease *ShardLease
 
-	sandbox *sandbox // set by CommitChunk for an effect
-	pooled  bool     // set by CommitChunk: behind a transaction pooler
+	sandbox  *sandbox // set by CommitChunk for an effect
+	pooled   bool     // set by CommitChunk: behind a transaction pooler
+	userPath string   // set by CommitChunk: the user's search_path (sqlUserPath)
 }
 
 // sqlBounds is the chunk's bounds as SQL (sqlBounds).
@@ -228,7 +229,9 @@ func (s *Store) effectSandbox(ctx context.Context) (*sandbox, error) {
 	var sb sandbox
 	var name string
 	var definer, super, owner, memberOfWorker, schemaPrivilege bool
-	err := s.pool.QueryRow(ctx, sqlEffectSandbox).Scan(&sb.fn, &sb.owner, &name, &definer, &super, &owner, &memberOfWorker, &schemaPrivilege)
+	err := s.pinned(ctx, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, sqlEffectSandbox).Scan(&sb.fn, &sb.owner, &name, &definer, &super, &owner, &memberOfWorker, &schemaPrivilege)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w (runledger.run_effect does not exist: the schema predates migration 00007)", ErrNoEffectSandbox)
 	}
@@ -284,6 +287,22 @@ func (s *Store) begin(begin string) *pgx.Batch {
 
 func (s *Store) sqlReadBounds() string {
 	return sqlBounds(s.readTimeout, s.lockTimeout, DefaultQueryTimeout, DefaultLockTimeout)
+}
+
+// pinned runs fn in a transaction of its own, begun with the ledger's
+// search_path (sqlBeginPinned, in the BEGIN's round trip), and commits it:
+// every statement of the ledger outside a chunk or a pipeline goes through
+// it, so that no name in it resolves through a schema user code can write.
+func (s *Store) pinned(ctx context.Context, fn func(pgx.Tx) error) error {
+	return pinnedTx(ctx, s.pool, sqlBeginPinned, fn)
+}
+
+// pinnedTx is pinned on any pool or connection, with begin (sqlBeginPinned
+// or sqlBeginPinnedReadOnly, with more of the transaction's settings).
+func pinnedTx(ctx context.Context, db interface {
+	BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+}, begin string, fn func(pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, db, pgx.TxOptions{BeginQuery: begin}, fn)
 }
 
 // Preload returns, for the given keys, those already committed and by whom
@@ -426,9 +445,21 @@ func holderOf(uid []byte, runUID string) Holder {
 // owner role: for anyone else the append-only trigger refuses (and a worker
 // login has no DELETE privilege at all).
 func (s *Store) PruneSuperseded(ctx context.Context, cutoff time.Time) (int64, error) {
-	tag, err := s.pool.Exec(ctx, sqlPruneSuperseded, cutoff)
+	var tag pgconn.CommandTag
+	err := s.pinned(ctx, func(tx pgx.Tx) (err error) {
+		tag, err = tx.Exec(ctx, sqlPruneSuperseded, cutoff)
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("pruning ledger rows superseded before %s: %w", cutoff.Format(time.RFC3339), err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// nilIfEmpty is s, or NULL for "".
+func nilIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }

@@ -29,14 +29,18 @@ type RunRecord struct {
 // FindRuns returns the runs named namespace/name, the latest first (a run
 // deleted and created again under its name is another run, of another uid).
 func (s *Store) FindRuns(ctx context.Context, namespace, name string) ([]RunRecord, error) {
-	rows, err := s.pool.Query(ctx, sqlFindRuns, namespace, name)
-	if err != nil {
-		return nil, fmt.Errorf("looking up run %s/%s: %w", namespace, name, err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RunRecord, error) {
-		var r RunRecord
-		err := row.Scan(&r.UID, &r.Namespace, &r.Name, &r.Source, &r.Shards, &r.Items, &r.Digest, &r.Created, &r.Pruned)
-		return r, err
+	var out []RunRecord
+	err := pinnedTx(ctx, s.pool, sqlBeginPinnedReadOnly, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlFindRuns, namespace, name)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (RunRecord, error) {
+			var r RunRecord
+			err := row.Scan(&r.UID, &r.Namespace, &r.Name, &r.Source, &r.Shards, &r.Items, &r.Digest, &r.Created, &r.Pruned)
+			return r, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("looking up run %s/%s: %w", namespace, name, err)
@@ -157,10 +161,7 @@ func (s *Store) alreadyHandled(ctx context.Context, run RunRecord, batch []Item,
 // eachItem runs q for uid (then args) in a read-only transaction under the Store's
 // bounds and calls fn with each row scanned by scan.
 func (s *Store) eachItem(ctx context.Context, q, uid string, scan func(pgx.Rows, *ItemVerdict) error, fn func(ItemVerdict) error, args ...any) error {
-	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, s.sqlReadBounds()); err != nil {
-			return err
-		}
+	return pinnedTx(ctx, s.pool, sqlBeginPinnedReadOnly+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, q, append([]any{uid}, args...)...)
 		if err != nil {
 			return err
@@ -218,10 +219,7 @@ type KeyHistory struct {
 // runs), under the Store's bounds.
 func (s *Store) Key(ctx context.Context, key Key) (KeyHistory, error) {
 	var h KeyHistory
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, s.sqlReadBounds()); err != nil {
-			return err
-		}
+	err := pinnedTx(ctx, s.pool, sqlBeginPinnedReadOnly+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, sqlKeyRows, key.Entity, key.Occurrence)
 		if err != nil {
 			return err

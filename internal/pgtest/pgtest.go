@@ -274,10 +274,12 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 }
 
 // Pool opens a pool on dsn as the workers do (ledger.Open: behind a pooler
-// it prepares no named statement), closed when the test ends.
+// it prepares no named statement), closed when the test ends. Its sessions
+// keep their default search_path (ledger.KeepSearchPath): the tests' own
+// SQL on it names their tables unqualified.
 func Pool(t testing.TB, dsn string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := ledger.Open(context.Background(), dsn, 16)
+	pool, err := ledger.Open(context.Background(), dsn, 16, ledger.KeepSearchPath())
 	if err != nil {
 		t.Fatalf("opening pool: %v", err)
 	}

@@ -1,6 +1,7 @@
 package clitest
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -38,4 +39,25 @@ CREATE TABLE notes (entity text, occurrence text, who text)`)
 	require.Equal(t, 0, r.code, r.stderr)
 	require.EqualValues(t, 2, d.committed(t))
 	require.EqualValues(t, 2, d.int(t, `SELECT count(*) FROM notes WHERE who = 'runledger_effect'`), "the effect ran as the effect role")
+}
+
+// TestRunEffectThatDeallocatesStillReports: an effect that DEALLOCATEs ALL
+// (the driver's prepared statements with its own) on the worker's session
+// does not turn a run whose chunks committed into a failed one: the worker
+// prepares its statements again, every item commits once, and the run
+// reports exactly that. On the old code the run exited 1 after committing
+// (the next statement by name: prepared statement does not exist).
+func TestRunEffectThatDeallocatesStillReports(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	var keys [][2]string
+	for i := range 20 {
+		keys = append(keys, [2]string{fmt.Sprintf("acct-%02d", i), "2024-06"})
+	}
+	run := writeFile(t, "run.yaml", manifest("dealloc", inlineItems(keys...), "chunkSize: 5", "workers: 1",
+		`effect: {sql: "DEALLOCATE ALL"}`))
+	r := runCLI(t, "", "run", "-f", run, "--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	require.Equal(t, counts{Total: 20, Completed: 20}, r.summary(t).counts())
+	require.EqualValues(t, 20, d.committed(t))
 }
