@@ -431,8 +431,8 @@ const (
 	// (retryable: true) until the retries were spent.
 	ClassProcessorRetriesExhausted = "processor-retries-exhausted"
 	// ClassProcessorUnavailable: every call for the item failed as a whole
-	// (no answer, a non-2xx status, a malformed answer) until the retries
-	// were spent.
+	// (no answer, a status other than 200, a redirect, a malformed answer)
+	// until the retries were spent.
 	ClassProcessorUnavailable = "processor-unavailable"
 	// ClassEffectSandbox: the effect tried to leave its sandbox
 	// (ErrEffectSandbox); every item of its chunk failed.

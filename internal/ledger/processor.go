@@ -41,8 +41,8 @@ type Verdict struct {
 }
 
 // ProcessorError is a processor call that failed as a whole (refused
-// connection, timeout, a non-2xx status, a malformed answer, a wrong number
-// of results). It is transient: IsRetryable says so, and nothing of the
+// connection, timeout, a status other than 200, a redirect, a malformed
+// answer or one past its size limit, a wrong number of results). It is transient: IsRetryable says so, and nothing of the
 // chunk was committed.
 type ProcessorError struct{ Err error }
 

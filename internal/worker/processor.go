@@ -24,8 +24,13 @@ import (
 // item (its own per item, or a failed call's: a status line and body).
 const MaxProcessorErrorBytes = 512
 
-// maxProcessorResponseBytes bounds what is read of a processor's answer.
+// maxProcessorResponseBytes bounds a processor's answer: one that does not
+// end within it is no answer (docs/processors.md).
 const maxProcessorResponseBytes = 16 << 20
+
+// maxProcessorErrorBodyBytes bounds what is read of a failed call's body: it
+// is shown cut to MaxProcessorErrorBytes anyway.
+const maxProcessorErrorBodyBytes = 64 << 10
 
 // IdempotencyKey is the key a processor gets for an item: it names the
 // logical work, not the run that asks for it. It is the hex SHA-256 (64
@@ -57,14 +62,21 @@ type HTTPProcessor struct {
 func NewHTTPProcessor(rawURL string, timeout time.Duration) *HTTPProcessor {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.Proxy = nil // the processor is the pod's own sidecar, or the user's on a laptop
-	return &HTTPProcessor{URL: rawURL, Timeout: timeout, client: &http.Client{Transport: t}}
+	client := &http.Client{Transport: t, CheckRedirect: noRedirects}
+	return &HTTPProcessor{URL: rawURL, Timeout: timeout, client: client}
 }
+
+// noRedirects hands a redirect back to Process, which fails the call: a
+// followed 303 is a body-less GET whose answer would commit items no
+// processor received, and a 307 would send them to a server not configured.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 var _ ledger.Processor = (*HTTPProcessor)(nil)
 
 // Process sends items and returns the processor's verdicts. Every answer but
-// a 2xx with one result per item is an error (the ledger makes it a
-// transient *ledger.ProcessorError).
+// a 200, not redirected, whose body is one JSON value with one result per
+// item, ending within maxProcessorResponseBytes, is an error (the ledger
+// makes it a transient *ledger.ProcessorError: nothing of the call commits).
 func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []ledger.Claim) ([]ledger.Verdict, error) {
 	req := processor.Request{
 		Run:     processor.Run{Namespace: run.Namespace, Name: run.Name, UID: run.UID},
@@ -94,18 +106,16 @@ func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []led
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	resp, err := p.client.Do(hreq)
-	if err == nil {
-		defer func() { _ = resp.Body.Close() }()
-		body, err = io.ReadAll(io.LimitReader(resp.Body, maxProcessorResponseBytes))
-	}
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("POST %s: no answer within the timeout of %s: %w", shown, p.Timeout, err)
-		}
-		return nil, fmt.Errorf("POST %s: %w", shown, err)
+		return nil, p.callError(ctx, shown, err)
 	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return nil, fmt.Errorf("POST %s: %s: %s", shown, resp.Status, cut(string(bytes.TrimSpace(body))))
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("POST %s: %w", shown, answerStatusError(resp))
+	}
+	body, err = readAnswer(resp)
+	if err != nil {
+		return nil, p.callError(ctx, shown, err)
 	}
 	var out struct {
 		Results *[]processor.Result `json:"results"`
@@ -126,6 +136,58 @@ func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []led
 		verdicts[i] = ledger.Verdict{OK: r.OK, Retryable: !r.OK && r.Retryable, Error: cut(r.Error)}
 	}
 	return verdicts, nil
+}
+
+// callError is the error of a call that got no answer, or not all of it.
+func (p *HTTPProcessor) callError(ctx context.Context, shown string, err error) error {
+	if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("POST %s: no answer within the timeout of %s: %w", shown, p.Timeout, err)
+	}
+	return fmt.Errorf("POST %s: %w", shown, err)
+}
+
+// answerStatusError describes an answer whose status is not 200. A redirect
+// names the host it points to and nothing else of it: its path, query and
+// body may hold a token, its user information a password.
+func answerStatusError(resp *http.Response) error {
+	switch {
+	case resp.StatusCode >= 300 && resp.StatusCode < 400:
+		loc, err := resp.Location() // a relative one resolved against the processor's URL
+		switch {
+		case errors.Is(err, http.ErrNoLocation):
+			return fmt.Errorf("%s: a redirect without a Location, not followed", resp.Status)
+		case err != nil:
+			return fmt.Errorf("%s: a redirect to a Location that does not parse, not followed", resp.Status)
+		case loc.Host == "":
+			return fmt.Errorf("%s: a redirect to a Location without a host, not followed", resp.Status)
+		}
+		return fmt.Errorf("%s: a redirect to host %s, not followed", resp.Status, cut(loc.Host))
+	case resp.StatusCode >= 400 && resp.StatusCode < 600:
+		// The processor's own error text, best effort: the status says enough.
+		text, _ := io.ReadAll(io.LimitReader(resp.Body, maxProcessorErrorBodyBytes))
+		return fmt.Errorf("%s: %s", resp.Status, cut(string(bytes.TrimSpace(text))))
+	}
+	// Another 2xx (its results, if any, are no answer), or a status no
+	// processor sends: its body is not read (a 101's is the connection).
+	return fmt.Errorf("%s, not 200 OK", resp.Status)
+}
+
+// readAnswer reads a 200's body to its end, which must come within
+// maxProcessorResponseBytes: a read that stopped at the limit would take what
+// came before it for the whole answer.
+func readAnswer(resp *http.Response) ([]byte, error) {
+	const limitMiB = maxProcessorResponseBytes >> 20
+	if resp.ContentLength > maxProcessorResponseBytes {
+		return nil, fmt.Errorf("malformed answer: its Content-Length of %d bytes is over the limit of %d MiB", resp.ContentLength, limitMiB)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxProcessorResponseBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading the answer: %w", err)
+	}
+	if len(body) > maxProcessorResponseBytes {
+		return nil, fmt.Errorf("malformed answer: it does not end within the limit of %d MiB", limitMiB)
+	}
+	return body, nil
 }
 
 // cut bounds a processor's text to MaxProcessorErrorBytes, marking the cut.

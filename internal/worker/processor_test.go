@@ -7,8 +7,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -347,7 +349,11 @@ func TestHTTPProcessor_URLPasswordNeverInErrors(t *testing.T) {
 	defer failing.Close()
 	refused := httptest.NewServer(http.NotFoundHandler())
 	refused.Close()
-	for name, base := range map[string]string{"500": failing.URL, "refused": refused.URL} {
+	redirecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "http://proc:s3cret-word@127.0.0.1:1/process?token=s3cret-word", http.StatusSeeOther)
+	}))
+	defer redirecting.Close()
+	for name, base := range map[string]string{"500": failing.URL, "refused": refused.URL, "303": redirecting.URL} {
 		t.Run(name, func(t *testing.T) {
 			url := strings.Replace(base, "http://", "http://proc:s3cret-word@", 1) + "/process"
 			p := worker.NewHTTPProcessor(url, 2*time.Second)
@@ -355,6 +361,173 @@ func TestHTTPProcessor_URLPasswordNeverInErrors(t *testing.T) {
 			require.Error(t, err)
 			require.NotContains(t, err.Error(), "s3cret-word")
 			require.Contains(t, err.Error(), "proc:xxxxx@", "the URL is still named")
+		})
+	}
+}
+
+// allOK is a canned answer accepting three items, whoever asked.
+const allOK = `{"results": [{"ok": true}, {"ok": true}, {"ok": true}]}`
+
+// requireCallFailed: the three items of a call that failed as a whole every
+// time are Failed, none committed, after every attempt of the back-off, each
+// with an error holding want and none of secrets.
+func requireCallFailed(t *testing.T, f *fixture, reports []worker.Report, sum v1alpha1.ItemCounts, calls int32, srvURL string, want []string, secrets ...string) {
+	t.Helper()
+	require.Equal(t, v1alpha1.ItemCounts{Total: 3, Failed: 3}, sum, "%+v", reports[0].Failures)
+	require.Zero(t, f.committed(t), "nothing of the call commits")
+	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE entity = 'acct'`), "nor stays claimed")
+	require.EqualValues(t, fastRetry.MaxAttempts, calls, "a failed call: retried with back-off")
+	require.Len(t, reports[0].Failures, 3)
+	for _, fl := range reports[0].Failures {
+		require.Contains(t, fl.Error, "calling the processor: POST "+srvURL)
+		for _, w := range want {
+			require.Contains(t, fl.Error, w)
+		}
+		for _, s := range secrets {
+			require.NotContains(t, fl.Error, s)
+		}
+		require.Equal(t, ledger.ClassProcessorUnavailable, fl.Class)
+	}
+}
+
+// TestProcessor_RedirectNotFollowed (issue #43.4): a processor that answers
+// with a redirect fails the call, whatever the redirect's kind: the worker
+// follows none, so no GET (a 303's) nor a POST to another server answers for
+// the items, and nothing commits. The error names the status and the
+// Location's host, never its credentials, path or query.
+func TestProcessor_RedirectNotFollowed(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		code     int
+		relative bool // Location a path on the processor's own server
+	}{
+		{"301", http.StatusMovedPermanently, false},
+		{"302", http.StatusFound, false},
+		{"303", http.StatusSeeOther, false},
+		{"307", http.StatusTemporaryRedirect, false},
+		{"308", http.StatusPermanentRedirect, false},
+		{"303 to a path of its own", http.StatusSeeOther, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			// elsewhere answers all ok to any method: a GET, body-less, too.
+			var followed atomic.Int32
+			elsewhere := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				followed.Add(1)
+				_, _ = io.Copy(io.Discard, r.Body)
+				_, _ = io.WriteString(w, allOK)
+			})
+			other := httptest.NewServer(elsewhere)
+			defer other.Close()
+			var calls atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/elsewhere" {
+					elsewhere(w, r)
+					return
+				}
+				calls.Add(1)
+				_, _ = io.Copy(io.Discard, r.Body)
+				loc := strings.Replace(other.URL, "http://", "http://loc-user:loc-s3cret@", 1) + "/process?token=qs-s3cret"
+				if tt.relative {
+					loc = "/elsewhere?token=qs-s3cret"
+				}
+				http.Redirect(w, r, loc, tt.code)
+			}))
+			defer srv.Close()
+			host := strings.TrimPrefix(other.URL, "http://")
+			if tt.relative {
+				host = strings.TrimPrefix(srv.URL, "http://")
+			}
+
+			reports, sum := runShards(t, f, processorConfig("uid-redirect", srv.URL+"/process", occItems("1", "2", "3"), 5*time.Second))
+			requireCallFailed(t, f, reports, sum, calls.Load(), srv.URL+"/process",
+				[]string{fmt.Sprintf("%d %s", tt.code, http.StatusText(tt.code)), "redirect", host},
+				"s3cret", "loc-user", "/elsewhere")
+			require.Zero(t, followed.Load(), "the redirect is not followed")
+		})
+	}
+}
+
+// TestProcessor_OnlyStatus200Commits (issue #43.4): the contract's answer is
+// 200; another 2xx, even with a body of results accepting every item, fails
+// the call and commits nothing. A 200 commits.
+func TestProcessor_OnlyStatus200Commits(t *testing.T) {
+	t.Parallel()
+	for _, code := range []int{http.StatusOK, http.StatusCreated, http.StatusAccepted, http.StatusNonAuthoritativeInfo,
+		http.StatusNoContent, http.StatusResetContent, http.StatusPartialContent} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			var calls atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(code)
+				_, _ = io.WriteString(w, allOK) // dropped by the server for a 204
+			}))
+			defer srv.Close()
+			reports, sum := runShards(t, f, processorConfig("uid-status", srv.URL, occItems("1", "2", "3"), 5*time.Second))
+			if code == http.StatusOK {
+				require.Equal(t, v1alpha1.ItemCounts{Total: 3, Completed: 3}, sum)
+				require.EqualValues(t, 3, f.committed(t))
+				require.EqualValues(t, 1, calls.Load())
+				return
+			}
+			requireCallFailed(t, f, reports, sum, calls.Load(), srv.URL,
+				[]string{fmt.Sprintf("%d %s, not 200 OK", code, http.StatusText(code))})
+		})
+	}
+}
+
+// TestProcessor_AnswerEndsWithinTheLimit (issue #43.4): an answer is read
+// whole, up to its end, within 16 MiB (docs/processors.md), or not at all.
+// One that goes on past the limit fails the call, even when what comes
+// before the limit is a valid answer accepting every item; one that ends
+// within it is checked whole: one JSON value, then only white space.
+func TestProcessor_AnswerEndsWithinTheLimit(t *testing.T) {
+	t.Parallel()
+	const limit = 16 << 20 // the contract's, docs/processors.md
+	refuseAll := `{"results": [{"ok": false, "error": "no"}, {"ok": false, "error": "no"}, {"ok": false, "error": "no"}]}`
+	tests := []struct {
+		name          string
+		body          string
+		contentLength bool // sent with a Content-Length, else chunked
+		want          string
+	}{
+		{"all ok, 17 MiB of blanks, a refusal", allOK + strings.Repeat(" ", 17<<20) + refuseAll, false, "the limit of 16 MiB"},
+		{"the same with a Content-Length", allOK + strings.Repeat(" ", 17<<20) + refuseAll, true, "the limit of 16 MiB"},
+		{"all ok, blanks to one byte past the limit", allOK + strings.Repeat(" ", limit+1-len(allOK)), false, "the limit of 16 MiB"},
+		{"the same with a Content-Length", allOK + strings.Repeat("\n", limit+1-len(allOK)), true, "the limit of 16 MiB"},
+		{"all ok, a few blanks, a refusal", allOK + "   " + refuseAll, false, "malformed answer: the JSON text holds more than one JSON value"},
+		{"all ok, blanks to the limit", allOK + strings.Repeat(" ", limit-len(allOK)), false, ""},
+		{"the same with a Content-Length", allOK + strings.Repeat("\t", limit-len(allOK)), true, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			var calls atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				if tt.contentLength {
+					w.Header().Set("Content-Length", strconv.Itoa(len(tt.body)))
+				}
+				_, _ = io.WriteString(w, tt.body)
+			}))
+			defer srv.Close()
+			reports, sum := runShards(t, f, processorConfig("uid-limit", srv.URL, occItems("1", "2", "3"), 30*time.Second))
+			if tt.want == "" {
+				require.Equal(t, v1alpha1.ItemCounts{Total: 3, Completed: 3}, sum, "%+v", reports[0].Failures)
+				require.EqualValues(t, 3, f.committed(t))
+				return
+			}
+			requireCallFailed(t, f, reports, sum, calls.Load(), srv.URL, []string{tt.want})
 		})
 	}
 }

@@ -3,10 +3,12 @@
 //
 // The worker calls POST http://127.0.0.1:<port><path> with a Request (JSON)
 // holding the items its chunk's transaction has just claimed, and expects
-// 200 with a Response holding one Result per item, in the same order. A key
-// commits only once its Result is ok; any other answer (a non-2xx status, a
-// timeout, a malformed body, a wrong number of results) commits nothing of
-// the call, and its items are tried again with back-off, then Failed.
+// 200 with a Response holding one Result per item, in the same order, its
+// body ending within 16 MiB. A key commits only once its Result is ok; any
+// other answer (another status, another 2xx and a redirect included: the
+// worker follows none; a timeout, a malformed body or one past 16 MiB, a
+// wrong number of results) commits nothing of the call, and its items are
+// tried again with back-off, then Failed.
 //
 // Delivery is at least once, commit exactly once: only a crash or a timeout
 // between an ok and the commit sends an item again, with the same Item.Key,
