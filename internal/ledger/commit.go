@@ -554,7 +554,7 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 	}
 	// The simple protocol: the statements after an effect use none of the
 	// driver's prepared statements, which the effect may have replaced.
-	results, err := tx.Conn().PgConn().Exec(ctx, sqlAfterEffect(opts.sqlBounds(), opts.pooled, opts.sandbox.role)).ReadAll()
+	results, err := tx.Conn().PgConn().Exec(ctx, sqlAfterEffect(opts.sqlBounds())).ReadAll()
 	if err != nil {
 		return fmt.Errorf("restoring the session after the effect: %w", err)
 	}
@@ -577,6 +577,13 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 	}
 	if !intact.noHoldCursor {
 		return fmt.Errorf("running effect: %w: it declared a cursor WITH HOLD (PostgreSQL runs its query to the end at COMMIT, outside the sandbox, as the login); nothing of the chunk commits", ErrEffectSandbox)
+	}
+	if !intact.noTempLeftovers {
+		if _, err := tx.Conn().PgConn().Exec(ctx, sqlDiscardTemp(opts.pooled, opts.sandbox.role)).ReadAll(); err != nil {
+			// A temporary table with trigger events pending: a constraint
+			// trigger re-deferred to COMMIT, where it would run as the login.
+			return fmt.Errorf("running effect: %w: its temporary objects cannot be dropped (a trigger left to fire at COMMIT, outside the sandbox?); nothing of the chunk commits: %w", ErrEffectSandbox, err)
+		}
 	}
 	if intact.driverStatements < statements {
 		// It DEALLOCATEd the driver's statements (none of its own replaces
@@ -634,7 +641,7 @@ func sessionIntact(ctx context.Context, conn *pgconn.PgConn, q string) (bool, er
 		return false, err
 	}
 	intact, err := intactResult(results)
-	return intact.claimed && intact.unprepared && intact.noHoldCursor && intact.nothingLeft, err
+	return intact.claimed && intact.unprepared && intact.noHoldCursor && intact.noTempLeftovers && intact.nothingLeft, err
 }
 
 // sandboxState is sqlSandboxIntact's row: what the effect left as it was.
@@ -643,8 +650,8 @@ type sandboxState struct {
 	unprepared       bool  // no statement PREPAREd from SQL
 	noHoldCursor     bool  // no cursor WITH HOLD
 	driverStatements int64 // the driver's prepared statements (sqlDriverStatements)
-	// nothingLeft (sqlSessionIntact only): no temporary object but
-	// claimed, no advisory lock, no listener.
+	noTempLeftovers  bool  // no temporary object but claimed (sqlNoTempLeftovers)
+	// nothingLeft (sqlSessionIntact only): no advisory lock, no listener.
 	nothingLeft bool
 }
 
@@ -655,7 +662,7 @@ func intactResult(results []*pgconn.Result) (sandboxState, error) {
 		return sandboxState{}, errors.New("the sandbox check returned nothing")
 	}
 	last := results[len(results)-1]
-	if len(last.Rows) != 1 || len(last.Rows[0]) < 4 || len(last.Rows[0]) > 5 {
+	if len(last.Rows) != 1 || len(last.Rows[0]) < 5 || len(last.Rows[0]) > 6 {
 		return sandboxState{}, fmt.Errorf("the sandbox check returned %d rows", len(last.Rows))
 	}
 	row := last.Rows[0]
@@ -664,7 +671,7 @@ func intactResult(results []*pgconn.Result) (sandboxState, error) {
 		return sandboxState{}, fmt.Errorf("the sandbox check's statement count: %w", err)
 	}
 	return sandboxState{claimed: string(row[0]) == "t", unprepared: string(row[1]) == "t", noHoldCursor: string(row[2]) == "t",
-		driverStatements: n, nothingLeft: len(row) == 4 || string(row[4]) == "t"}, nil
+		driverStatements: n, noTempLeftovers: string(row[4]) == "t", nothingLeft: len(row) == 5 || string(row[5]) == "t"}, nil
 }
 
 // ErrEffectSandbox: the effect tried to leave its sandbox, or the sandbox

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
 )
 
 // forgeSeedEnv replays TestForging_Randomized: the seed it printed.
@@ -48,7 +50,7 @@ const forgeSchema = `
 CREATE TABLE public.forge_keys (point text, entity text, occurrence text, code text, PRIMARY KEY (point, entity, occurrence));
 CREATE SEQUENCE public.forge_retry;
 CREATE TABLE public.forge_retry_budget (n bigint);
-CREATE FUNCTION public.forge(p text, e text, o text) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION public.forge(p text, e text, o text) RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     c text;
 BEGIN
@@ -68,7 +70,7 @@ BEGIN
         COLUMN = 'entity', DATATYPE = 'text';
 END
 $$;
-CREATE FUNCTION public.forge_row() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION public.forge_row() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM public.forge(TG_ARGV[0], NEW.entity, NEW.occurrence);
     RETURN NEW;
@@ -83,14 +85,32 @@ GRANT ALL ON public.forge_keys, public.effects, public.forge_retry_budget TO PUB
 GRANT ALL ON SEQUENCE public.forge_retry TO PUBLIC;
 GRANT EXECUTE ON FUNCTION public.forge(text, text, text), public.forge_row() TO PUBLIC`
 
+// forgeLeftovers are what an effect may leave on its session after it
+// (#43): a session's advisory locks, a listener, a temporary table that the
+// next effect's unqualified "effects" would find before public's, the
+// driver's prepared statements deallocated, and domains and views in
+// pg_temp named like the catalog's types and relations (planted once per
+// session by plant_temp_traps, pgtest.TempTrapsSQL).
+var forgeLeftovers = []string{
+	`SELECT pg_catalog.pg_try_advisory_lock(pg_catalog.hashtext(entity)) FROM claimed`,
+	`LISTEN forge_leftover`,
+	`CREATE TEMP TABLE IF NOT EXISTS effects (run pg_catalog.text, entity pg_catalog.text, occurrence pg_catalog.text)`,
+	`DEALLOCATE ALL`,
+	`SELECT public.plant_temp_traps()`,
+}
+
 // forgeEffect is a chunk's effect for run: it raises at the effect point,
 // writes effects (its triggers raise at the trigger and deferred points),
 // and, if install, installs on "claimed" a trigger raising at the claimed
 // point in the next chunks of this session (the insert path may refuse that;
-// either way the invariant must hold).
-func forgeEffect(run string, install bool) string {
+// either way the invariant must hold). Then it leaves what leave says on
+// the session (forgeLeftovers).
+func forgeEffect(run string, install bool, leave []string) string {
 	q := `SELECT public.forge('effect', entity, occurrence) FROM claimed;
-INSERT INTO public.effects SELECT '` + run + `', entity, occurrence FROM claimed`
+INSERT INTO effects SELECT '` + run + `', entity, occurrence FROM claimed`
+	for _, l := range leave {
+		q += ";\n" + l
+	}
 	if install {
 		q = `DO $i$ BEGIN
     IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'pg_temp.claimed'::regclass AND tgname = 'claimed_forge') THEN
@@ -195,6 +215,15 @@ func TestForging_Randomized(t *testing.T) {
 	ctx := context.Background()
 	mustExec(t, owner, forgeSchema)
 	mustExec(t, owner, `INSERT INTO public.forge_retry_budget VALUES (40)`)
+	// What user code plants for runledger's statements to meet (#43): an
+	// overload of every function and operator its SQL names, in public,
+	// for every type it passes; domains and views in pg_temp, by effects.
+	mustExec(t, owner, pgtest.TempTrapsSQL())
+	require.Greater(t, pgtest.PlantPublicTraps(t, owner, pgtest.SQLCallNames(t, "../..")), int64(1000))
+	// The store's sessions are runledger's own, as a worker opens them.
+	pinned, perr := ledger.Open(ctx, owner.Config().ConnString(), 16)
+	require.NoError(t, perr)
+	t.Cleanup(pinned.Close)
 
 	// The key space, and what raises where.
 	const nKeys = 240
@@ -232,7 +261,7 @@ func TestForging_Randomized(t *testing.T) {
 		}
 		r.processor = i%3 == 2
 		r.effect = !r.processor
-		installs, expects := map[int]bool{}, map[int]bool{}
+		installs, expects, leaves := map[int]bool{}, map[int]bool{}, map[int][]string{}
 		for c := range 2 + rng.IntN(5) {
 			n := 1 + rng.IntN(30)
 			chunk := make([]ledger.Item, n)
@@ -245,6 +274,11 @@ func TestForging_Randomized(t *testing.T) {
 			r.chunks = append(r.chunks, chunk)
 			installs[c] = rng.IntN(3) == 0
 			expects[c] = rng.IntN(2) == 0
+			for _, l := range forgeLeftovers {
+				if rng.IntN(4) == 0 {
+					leaves[c] = append(leaves[c], l)
+				}
+			}
 		}
 		uid := r.uid
 		r.opts = func(c int) ledger.ChunkOptions {
@@ -252,7 +286,7 @@ func TestForging_Randomized(t *testing.T) {
 			if r.processor {
 				o.Processor = proc
 			} else {
-				o.Effect = forgeEffect(uid, installs[c])
+				o.Effect = forgeEffect(uid, installs[c], leaves[c])
 			}
 			return o
 		}
@@ -261,7 +295,7 @@ func TestForging_Randomized(t *testing.T) {
 	}
 	t.Logf("%d poisoned (point, key) pairs", poisoned)
 
-	s := ledger.NewStore(owner)
+	s := ledger.NewStore(pinned)
 	var mu sync.Mutex
 	var verdicts []forgeVerdict
 	var problems []string
@@ -271,6 +305,9 @@ func TestForging_Randomized(t *testing.T) {
 			at := time.Now()
 			mu.Lock()
 			for i, v := range res {
+				if v.Err != nil && strings.Contains(v.Err.Error(), pgtest.Trapped) {
+					problems = append(problems, fmt.Sprintf("%s: %s: a planted object was called: %v", r.uid, v.Key, v.Err))
+				}
 				verdicts = append(verdicts, forgeVerdict{run: r.uid, key: chunk[i].Key, outcome: v.Outcome, err: v.Err,
 					sameChunk: v.Holder == ledger.HolderSameChunk, holder: v.HolderUID, at: at})
 				if v.Outcome == ledger.AlreadyHandled && v.Holder == ledger.HolderSameChunk {

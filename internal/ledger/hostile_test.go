@@ -152,9 +152,14 @@ func TestSandbox_HoldableCursorDoesNotRunAsLogin(t *testing.T) {
 	owner := newPool(t)
 	worker, _ := workerRole(t, owner)
 	const declare = `DECLARE forging CURSOR WITH HOLD FOR SELECT pg_temp.forge()`
-	for _, tt := range []struct{ name, effect string }{
-		{"declared by the effect", forgeFn + declare},
-		{"declared at COMMIT by a trigger it re-deferred", atCommitAsLogin("", `EXECUTE '`+declare+`'`)},
+	// A trigger re-deferred to COMMIT on a temporary table of the effect's
+	// is refused before COMMIT (#43): the temporary objects an effect
+	// leaves are dropped right after it, and a table with trigger events
+	// pending cannot be.
+	const pendingAtCommit = "a trigger left to fire at COMMIT"
+	for _, tt := range []struct{ name, effect, want string }{
+		{"declared by the effect", forgeFn + declare, "WITH HOLD"},
+		{"declared at COMMIT by a trigger it re-deferred", atCommitAsLogin("", `EXECUTE '`+declare+`'`), pendingAtCommit},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			mustExec(t, owner, `SET session_replication_role = replica; DELETE FROM runledger.ledger; RESET session_replication_role`)
@@ -162,7 +167,7 @@ func TestSandbox_HoldableCursorDoesNotRunAsLogin(t *testing.T) {
 			s := ledger.NewStore(one)
 			res := commit(t, s, runNamed("forger"), items("mal", 0, 4), ledger.ChunkOptions{Effect: tt.effect})
 			require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'invented'`), "nothing forged")
-			requireNotForged(t, owner, s, res, "WITH HOLD")
+			requireNotForged(t, owner, s, res, tt.want)
 		})
 	}
 	t.Run("erasing failure records at COMMIT", func(t *testing.T) {
@@ -176,7 +181,7 @@ VALUES ('earlier', 'acct', 'o', 'default', 'earlier', 0, 0, 'p', 0, 1, 'input', 
 		require.EqualValues(t, 1, scalar[int64](t, owner, `SELECT count(*) FROM runledger.item_failure`), "the failure record stays")
 		require.Equal(t, tally{failed: 4}, count(res))
 		for _, r := range res {
-			require.ErrorContains(t, r.Err, "while the transaction commits refused")
+			require.ErrorContains(t, r.Err, pendingAtCommit)
 		}
 	})
 	t.Run("declared by a batch query's function", func(t *testing.T) {

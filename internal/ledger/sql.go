@@ -217,7 +217,10 @@ func milliseconds(d time.Duration) string { return strconv.FormatInt(max(d.Milli
 // ($1, sqlEffectSandbox): SECURITY DEFINER, owned by the effect role ($2),
 // no SET clause; it returns no row otherwise. The effect's text is in the
 // statement, dollar-quoted with a tag it does not contain, so that
-// pg_stat_activity shows what runs; it is the same for every chunk.
+// pg_stat_activity shows what runs; it is the same for every chunk. It is
+// parsed under the user's search_path (sqlBeforeEffect), where an earlier
+// effect of the transaction may have left a domain pg_temp.oid: every name
+// of its own is qualified (TestUserPathStatementsNameOnlyTheCatalog).
 func sqlRunEffect(effect string) string {
 	n := 0
 	for strings.Contains(effect, effectTag(n)) {
@@ -225,7 +228,8 @@ func sqlRunEffect(effect string) string {
 	}
 	return `SELECT ` + Schema + `.run_effect(` + effectTag(n) + effect + effectTag(n) + `)
 FROM pg_catalog.pg_proc AS p
-WHERE p.oid = $1::oid AND p.prosecdef AND p.proconfig IS NULL AND p.proowner = $2::oid`
+WHERE p.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid AND p.prosecdef AND p.proconfig IS NULL
+  AND p.proowner OPERATOR(pg_catalog.=) $2::pg_catalog.oid`
 }
 
 func effectTag(n int) string { return "$runledger_effect" + strconv.Itoa(n) + "$" }
@@ -306,7 +310,7 @@ const sqlSandboxIntact = `SELECT
               WHERE c.oid = pg_catalog.to_regclass('pg_temp.claimed') AND r.rolname = current_user), false),
     NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements AS s WHERE s.from_sql),
     NOT EXISTS (SELECT FROM pg_catalog.pg_cursors AS k WHERE k.is_holdable),
-    (` + sqlDriverStatements + `)`
+    (` + sqlDriverStatements + `),` + sqlNoTempLeftovers
 
 // sqlDriverStatements counts the driver's prepared statements on the
 // session (by the protocol, not from SQL). Read before an effect and after
@@ -315,13 +319,15 @@ const sqlSandboxIntact = `SELECT
 // names the server no longer knows, failing a run whose work committed.
 const sqlDriverStatements = `SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql`
 
-// sqlNoTempLeftovers says, after an effect's COMMIT (sqlSessionIntact),
-// whether the session's temporary schema holds nothing but "claimed" (its
-// row type, array type and TOAST table): no table, view, sequence, type,
-// domain, function or operator the effect created to outlive its
-// transaction, where the next chunk's effect, with the session's own
-// search_path, would meet it first. (Inside the transaction a table created
-// ON COMMIT DROP is still there: the check waits for COMMIT.)
+// sqlNoTempLeftovers says whether the session's temporary schema holds
+// nothing but "claimed" (its row type, array type and TOAST table): no
+// table, view, sequence, type, domain, function or operator the effect
+// created, where the transaction's next effect (isolate runs it again, on
+// the items of another part of the chunk) or the next chunk's, with the
+// user's search_path, would meet it first: an unqualified table name of
+// theirs would write into the effect's temporary table, committed with the
+// items and gone with the session. Anything there, and the temporary
+// objects go (sqlDiscardTemp).
 const sqlNoTempLeftovers = `
     NOT EXISTS (SELECT FROM pg_catalog.pg_class AS c
                     WHERE c.relnamespace = pg_catalog.pg_my_temp_schema() AND c.relkind NOT IN ('t', 'i') AND c.relname <> 'claimed')
@@ -354,13 +360,13 @@ const sqlHoldCursors = `SELECT
 // transaction.
 //
 // It also checks that the session holds no temporary object but "claimed"
-// (sqlNoTempLeftovers), no advisory lock (a transaction's are gone at
-// COMMIT: any left is a session's, which every run that takes the same key,
-// the migration lock's say, would wait for) and listens on no channel.
-// Anything left, and the connection is closed.
+// (sqlNoTempLeftovers: a trigger left to fire at COMMIT may have made one),
+// no advisory lock (a transaction's are gone at COMMIT: any left is a
+// session's, which every run that takes the same key, the migration lock's
+// say, would wait for) and listens on no channel. Anything left, and the
+// connection is closed.
 const sqlSessionIntact = sqlResetSession + `; ` + sqlPinnedSearchPath + `; ` + sqlSandboxIntact + `,
-    ` + sqlNoTempLeftovers + `
-    AND NOT EXISTS (SELECT FROM pg_catalog.pg_locks AS l WHERE l.locktype = 'advisory' AND l.pid = pg_catalog.pg_backend_pid())
+    NOT EXISTS (SELECT FROM pg_catalog.pg_locks AS l WHERE l.locktype = 'advisory' AND l.pid = pg_catalog.pg_backend_pid())
     AND NOT EXISTS (SELECT FROM pg_catalog.pg_listening_channels() AS c)`
 
 // sqlResetSession undoes whatever session state the user's SQL (an effect, a
@@ -381,22 +387,28 @@ const sqlResetSession = `RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL`
 // items): a later claim in the same transaction (isolate) supersedes before
 // it inserts. Its last statement is sqlSandboxIntact.
 //
-// Before that it scrubs what a session keeps beyond the transaction and
+// Before that it scrubs what a session keeps beyond the transaction, which
 // the next transaction on the connection (another chunk, behind a pooler
 // another run's) would meet: the session's advisory locks (any the effect
-// took; the ledger's own are its transactions'), its listeners and, behind
-// a pooler, whose server connection outlives this session, its temporary
-// objects (DISCARD TEMP, then "claimed" again for the rest of the
-// transaction, granted to role). Straight to PostgreSQL the session's
-// temporary objects are checked after COMMIT instead (sqlSessionIntact):
-// one the effect made ON COMMIT DROP is still there now.
-func sqlAfterEffect(bounds string, pooled bool, role string) string {
-	q := sqlResetSession + `; ` + bounds + `; SET CONSTRAINTS ` + Schema + `.ledger_superseded_replaced DEFERRED; ` +
-		sqlIndexProbesOnly + `; ` + sqlPinnedSearchPath + `; ` + sqlScrubSession
+// took; the ledger's own are its transactions') and its listeners. Its
+// temporary objects, if sqlSandboxIntact finds any, go next
+// (sqlDiscardTemp).
+func sqlAfterEffect(bounds string) string {
+	return sqlResetSession + `; ` + bounds + `; SET CONSTRAINTS ` + Schema + `.ledger_superseded_replaced DEFERRED; ` +
+		sqlIndexProbesOnly + `; ` + sqlPinnedSearchPath + `; ` + sqlScrubSession + `; ` + sqlSandboxIntact
+}
+
+// sqlDiscardTemp drops every temporary object of the session, those the
+// effect left with the rest, and makes "claimed" again for the rest of the
+// transaction (the session's, straight to PostgreSQL; the transaction's,
+// behind a pooler), granted to role (quoted): one more round trip, only
+// after an effect that left temporary objects (sqlNoTempLeftovers).
+func sqlDiscardTemp(pooled bool, role string) string {
+	create := sqlCreateClaimed
 	if pooled {
-		q += `; DISCARD TEMP; CREATE TEMP TABLE claimed (` + claimedColumns + `) ON COMMIT DROP; ` + sqlGrantClaimed(role)
+		create = sqlCreateClaimedTx
 	}
-	return q + `; ` + sqlSandboxIntact
+	return `DISCARD TEMP; ` + create + `; ` + sqlGrantClaimed(role)
 }
 
 // sqlScrubSession releases the session's advisory locks and stops its
@@ -1037,7 +1049,7 @@ const sqlPruneSuperseded = `DELETE FROM ` + Schema + `.ledger WHERE state = 'sup
 // was written for: every name of theirs around it is qualified, functions,
 // operators (OPERATOR(pg_catalog.x)), types and collations, so that nothing
 // the user's schemas hold stands in for the catalog's
-// (TestBatchStatementsNameOnlyTheCatalog).
+// (TestUserPathStatementsNameOnlyTheCatalog).
 //
 // sqlFixQueryBatch writes the header and, only if this statement wrote it,
 // the query's items packed in blocks (sqlBatchRows): a second materialiser

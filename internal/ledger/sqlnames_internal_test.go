@@ -51,13 +51,17 @@ func unqualifiedNames(sql string) []string {
 	return out
 }
 
-// TestBatchStatementsNameOnlyTheCatalog: the statements that run with the
-// user's query inside them, under the user's search_path, name every
-// function, operator, type and collation of theirs by its schema, so that
-// an object a user planted in public (an exact-type public.array_agg, a
-// bigint % integer operator, a domain named text) never stands in for the
-// catalog's. On the old code it listed array_agg, %, ::text and "C".
-func TestBatchStatementsNameOnlyTheCatalog(t *testing.T) {
+// TestUserPathStatementsNameOnlyTheCatalog: the statements that run with
+// the user's SQL inside them, under the user's search_path (the batch's,
+// around its query; the effect's, around the effect), name every function,
+// operator, type and collation of theirs by its schema, so that an object a
+// user planted in public (an exact-type public.array_agg, a bigint %
+// integer operator) or in pg_temp (a domain named text or oid) never stands
+// in for the catalog's. On the old code it listed array_agg, %, ::text and
+// "C" for the batch's, and ::oid and = for the effect's.
+func TestUserPathStatementsNameOnlyTheCatalog(t *testing.T) {
+	effect := sqlRunEffect(userQueryMarker)
+	require.Empty(t, unqualifiedNames(strings.Replace(effect, userQueryMarker, " ", 1)), "sqlRunEffect:\n%s", effect)
 	for _, hasPayload := range []bool{false, true} {
 		for _, shards := range []int{1, 4} {
 			q := BatchQuery{SQL: userQueryMarker, HasPayload: hasPayload, Shards: shards}
