@@ -34,6 +34,36 @@ type BatchHeader struct {
 	Digest  string // sha256 of a static source's items, of a query source's text ("": fixed before it was recorded)
 	Created time.Time
 	Pruned  *time.Time // set once `runledger prune` deleted the rows
+	// Namespace and Name: the run whose first shard fixed the batch, the
+	// one run the ledger knows by its uid (CheckRun).
+	Namespace, Name string
+}
+
+// RunIdentityError: a run's uid is another run's in the ledger database
+// (the namespace/name its batch header recorded when its first shard
+// started), as for a copy of a run's manifest that kept its metadata.uid.
+// Bad input: retrying cannot change it.
+type RunIdentityError struct {
+	UID      string
+	Recorded RunRef // the run the ledger knows by UID
+	Given    RunRef // the run that claimed UID
+}
+
+func (e *RunIdentityError) Error() string {
+	return fmt.Sprintf("run %s/%s has uid %s, which the ledger database records as run %s/%s (its batch was fixed under that namespace and name): "+
+		"processing it would count that run's work as this one's and never run this one's effect. A manifest copied with its metadata.uid? "+
+		"Remove metadata.uid from the copy (runledger run then derives a uid from its namespace and name), or give it a uid of its own",
+		e.Given.Namespace, e.Given.Name, e.UID, e.Recorded.Namespace, e.Recorded.Name)
+}
+
+// CheckRun says whether h, the batch header of run's uid, is run's own: nil
+// if so (or if there is no header), else a *RunIdentityError naming both.
+func (h *BatchHeader) CheckRun(run Run) error {
+	if h == nil || (h.Namespace == run.Namespace && h.Name == run.Name) {
+		return nil
+	}
+	return &RunIdentityError{UID: run.UID, Recorded: RunRef{Namespace: h.Namespace, Name: h.Name, UID: run.UID},
+		Given: RunRef{Namespace: run.Namespace, Name: run.Name, UID: run.UID}}
 }
 
 // BatchQuery is a query source to materialise: the user's query (with the
@@ -165,7 +195,7 @@ func batchHeader(ctx context.Context, db dbtx, runUID string) (*BatchHeader, err
 // scanBatchHeader reads sqlBatchHeader's answer: nil if there is no header.
 func scanBatchHeader(row pgx.Row, runUID string) (*BatchHeader, error) {
 	var h BatchHeader
-	err := row.Scan(&h.ID, &h.Source, &h.Shards, &h.Items, &h.Digest, &h.Created, &h.Pruned)
+	err := row.Scan(&h.ID, &h.Source, &h.Shards, &h.Items, &h.Digest, &h.Created, &h.Pruned, &h.Namespace, &h.Name)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -196,8 +226,21 @@ func (e *ForeignWriteError) Error() string {
 // feeds the insert), so a transaction in which it wrote anything else is
 // rolled back (*ForeignWriteError). An existing header is returned as it
 // is, even one of another source or shard count, or a pruned one: the
-// caller decides. An error of the user's query is marked ErrBatchQuery.
+// caller decides; one of another run (namespace/name) is a
+// *RunIdentityError, whoever wrote it first. An error of the user's query
+// is marked ErrBatchQuery.
 func (s *Store) FixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*BatchHeader, error) {
+	h, err := s.fixQueryBatch(ctx, run, q)
+	if err == nil {
+		err = h.CheckRun(run)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func (s *Store) fixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*BatchHeader, error) {
 	if h, err := s.BatchHeader(ctx, run.UID); err != nil || h != nil {
 		return h, err
 	}
@@ -351,7 +394,8 @@ func foreignWrite(before, after map[int64]ForeignWriteError) *ForeignWriteError 
 }
 
 // FixStaticBatch records the size and digest of run's static batch if the
-// run has no header yet, and returns the header the run has.
+// run has no header yet, and returns the header the run has: a
+// *RunIdentityError if it is another run's (namespace/name).
 func (s *Store) FixStaticBatch(ctx context.Context, run Run, shards int, items int64, digest string) (*BatchHeader, error) {
 	// Two statements: after waiting on a concurrent insert of the header, the
 	// insert's own snapshot would not see it; the SELECT's does. That wait is
@@ -367,7 +411,13 @@ func (s *Store) FixStaticBatch(ctx context.Context, run Run, shards int, items i
 	if err == nil && h == nil {
 		err = fmt.Errorf("the batch header of run %s vanished after it was written", run.UID)
 	}
-	return h, err
+	if err == nil {
+		err = h.CheckRun(run)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // BatchShardSize is the number of items of shard in the materialised batch h.

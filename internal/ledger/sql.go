@@ -715,8 +715,8 @@ const (
 	sqlLockBatch = `SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('runledger.batch/' || $1, 0))`
 
 	sqlBatchHeader = `
-SELECT id, source, shards, items, coalesce(digest, ''), created_at, pruned_at
-FROM ` + Schema + `.batch_run WHERE run_uid = $1`
+SELECT id, source, shards, items, coalesce(digest, ''), created_at, pruned_at, run_namespace, run_name
+FROM ` + Schema + `.batch_run WHERE run_uid = $1::text`
 
 	// sqlBatchWorkMem gives the user's query (its own ORDER BY, a hash
 	// join) and the packing's hash table room to stay in memory, for the

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"time"
@@ -35,6 +36,27 @@ func batchMismatch(run ledger.Run, h *ledger.BatchHeader, source string, shards 
 		return &InputError{Where: where, Msg: "has changed since the run started: its items (the ConfigMap or file) differ from those its first shard read; restore them, or give the run a new name to process the new items"}
 	}
 	return nil
+}
+
+// identityError is err as bad input when it says that the run's uid is
+// another run's in the ledger (*ledger.RunIdentityError), else err.
+func identityError(err error) error {
+	if idErr := (*ledger.RunIdentityError)(nil); errors.As(err, &idErr) {
+		return &InputError{Msg: idErr.Error()}
+	}
+	return err
+}
+
+// checkRunIdentity fails at once when the ledger knows run's uid as another
+// run's: a shard of the copy would otherwise first wait for the lease that
+// run's shard may hold. The batch's fix checks again (a header written
+// meanwhile).
+func checkRunIdentity(ctx context.Context, store *ledger.Store, run ledger.Run) error {
+	h, err := store.BatchHeader(ctx, run.UID)
+	if err != nil {
+		return err
+	}
+	return identityError(h.CheckRun(run))
 }
 
 // queryDigest is the sha256 of a query source's text (as NewQuerySource
@@ -70,7 +92,7 @@ func field(h hash.Hash, b []byte) {
 // size and digest of a static batch in the run's header.
 func fixStaticBatch(ctx context.Context, store *ledger.Store, opt streamOptions, shards int, items []ledger.Item) error {
 	digest := ItemsDigest(items)
-	return opt.retry.Do(ctx, "recording the batch", nil, func(int) error {
+	return identityError(opt.retry.Do(ctx, "recording the batch", nil, func(int) error {
 		h, err := store.FixStaticBatch(ctx, opt.run, shards, int64(len(items)), digest)
 		if err != nil {
 			return err
@@ -79,5 +101,5 @@ func fixStaticBatch(ctx context.Context, store *ledger.Store, opt streamOptions,
 			return bad
 		}
 		return nil
-	})
+	}))
 }

@@ -2,10 +2,12 @@ package worker_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/api/v1alpha1"
@@ -298,4 +300,92 @@ func TestQueryBatchFixedWithoutDigestIsAccepted(t *testing.T) {
 	require.NoError(t, rep.Err)
 	require.True(t, rep.Done)
 	require.Equal(t, v1alpha1.ItemCounts{Total: 50, Completed: 50}, rep.ItemCounts, "the batch as it was fixed")
+}
+
+// TestCopiedRunIdentityFailsClearly is issue #43.5 in the worker (a pod's
+// shard as `runledger run`'s): a run of another namespace/name with the uid
+// of a run the ledger knows (a manifest copied with its metadata.uid) fails
+// every shard as bad input naming both runs, and commits nothing, for a
+// static and a query source; its shards and the first run's, all started
+// together on a fresh uid, leave one run the uid's: its shards all pass,
+// the other's all fail so.
+func TestCopiedRunIdentityFailsClearly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, todoTable)
+	for _, kind := range []string{"static", "query"} {
+		t.Run(kind, func(t *testing.T) {
+			source := func() worker.Source {
+				if kind == "static" {
+					return worker.NewStaticSource("items", keyItems(kind, 100))
+				}
+				src := worker.NewQuerySource(todoQuery)
+				require.NoError(t, src.Check(context.Background(), f.store))
+				return src
+			}
+			uid := "uid-copied-" + kind
+			cfg := worker.ShardConfig{Run: run(uid), Shards: 2, Source: source(), Retry: fastRetry, LockWait: 30 * time.Second}
+			_, sum := runShards(t, f, cfg)
+			require.EqualValues(t, map[string]int64{"static": 100, "query": 200}[kind], sum.Completed)
+			committed, writes := f.committed(t), f.ledgerWrites(t)
+
+			copied := cfg
+			copied.Run = ledger.Run{Namespace: "accounts", Name: "july-copy", UID: uid}
+			copied.Source = source()
+			for shard := range 2 {
+				copied.Run.Shard = shard
+				rep := worker.RunShard(context.Background(), f.store, copied)
+				requireCopiedRun(t, rep, "default/run-"+uid, uid)
+			}
+			require.Equal(t, committed, f.committed(t), "nothing more committed")
+			require.Equal(t, writes, f.ledgerWrites(t), "nothing written to the ledger")
+
+			// Both runs' shards at once, on a fresh uid.
+			uid += "-together"
+			first, second := cfg, copied
+			first.Run, second.Run.UID = run(uid), uid
+			reports := make([]worker.Report, 4)
+			var wg sync.WaitGroup
+			for i := range reports {
+				c := first
+				if i >= 2 {
+					c = second
+				}
+				c.Run.Shard = i % 2
+				c.Source = source()
+				wg.Go(func() { reports[i] = worker.RunShard(context.Background(), f.store, c) })
+			}
+			wg.Wait()
+			owner := queryString(t, f.pool, `SELECT run_namespace || '/' || run_name FROM runledger.batch_run WHERE run_uid = $1`, uid)
+			for i, rep := range reports {
+				name := first.Run.Namespace + "/" + first.Run.Name
+				if i >= 2 {
+					name = second.Run.Namespace + "/" + second.Run.Name
+				}
+				if name == owner {
+					require.NoError(t, rep.Err, "shard %d of %s, the uid's run", i%2, name)
+					require.True(t, rep.Done)
+				} else {
+					requireCopiedRun(t, rep, owner, uid)
+				}
+			}
+			require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND run_namespace || '/' || run_name <> $2`, uid, owner))
+		})
+	}
+}
+
+func requireCopiedRun(t *testing.T, rep worker.Report, recorded, uid string) {
+	t.Helper()
+	require.Error(t, rep.Err, "shard %d of a run whose uid %s is %s's", rep.Shard, uid, recorded)
+	require.True(t, worker.IsInputError(rep.Err), "bad input: %v", rep.Err)
+	require.ErrorContains(t, rep.Err, recorded)
+	require.ErrorContains(t, rep.Err, uid)
+	require.Zero(t, rep.Processed())
+}
+
+func queryString(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) string {
+	t.Helper()
+	var s string
+	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&s), "querying %s", sql)
+	return s
 }

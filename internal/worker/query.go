@@ -195,6 +195,7 @@ func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shar
 		s.rows, err = store.BatchShardSize(ctx, h, shard)
 		return err
 	})
+	err = identityError(err)
 	if w := (*ledger.ForeignWriteError)(nil); errors.As(err, &w) {
 		return nil, &InputError{Where: q.field(), Msg: "writes: " + w.Error() + "; a batch query must only read, and nothing it did was kept"}
 	}

@@ -178,11 +178,15 @@ func (p *Plan) UseProcessorURL(url string) error {
 }
 
 // Check verifies on the database what can be verified before anything is
-// committed: the query parses, is read-only and returns the right columns;
-// the effect parses against the database's tables. Problems are
+// committed: the run's uid is not another run's; the query parses, is
+// read-only and returns the right columns; the effect parses against the
+// database's tables. Problems are
 // *InputError; retryable errors are retried with policy.
 func (p *Plan) Check(ctx context.Context, store *ledger.Store, policy Backoff, onRetry func(attempt int, wait time.Duration, err error)) error {
 	return policy.Do(ctx, "checking the batch and effect on the database", onRetry, func(int) error {
+		if err := checkRunIdentity(ctx, store, p.Run); err != nil {
+			return err
+		}
 		if q, ok := p.Source.(*QuerySource); ok {
 			if err := q.Check(ctx, store); err != nil {
 				return err

@@ -235,6 +235,29 @@ func TestWorkerInPod(t *testing.T) {
 		require.EqualValues(t, 10, d.committed(t), "nothing committed twice")
 	})
 
+	// Issue #43.5 in a pod: the ledger knows the run's uid as another run's
+	// (a manifest copied with it, run locally first): the worker's shard is
+	// bad input, naming both runs, and commits nothing.
+	t.Run("uid of another run", func(t *testing.T) {
+		t.Parallel()
+		d := newDB(t)
+		run := k.createRun(t, "uid-taken", 1, inlineBatch(5))
+		local := strings.Replace(manifest("elsewhere", inlineItems([2]string{"acct-1", "2024-06"})),
+			"  namespace: billing\n", "  namespace: billing\n  uid: "+string(run.UID)+"\n", 1)
+		r := runCLI(t, "", "run", "-f", writeFile(t, "local.yaml", local), "--dsn", d.dsn, "--output", "json")
+		require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+		writes := d.ledgerWrites(t)
+
+		tl := filepath.Join(t.TempDir(), "t")
+		r = runWorker(t, k, bin, d, run, 0, 0, "--termination-log", tl)
+		require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
+		for _, out := range []string{r.stderr, k.report(t, run, 0, 0).Message} {
+			require.Contains(t, out, "run default/uid-taken has uid "+string(run.UID)+", which the ledger database records as run billing/elsewhere")
+		}
+		require.Equal(t, writes, d.ledgerWrites(t), "nothing written to the ledger")
+		require.EqualValues(t, 1, d.committed(t))
+	})
+
 	// `runledger worker` as the controller starts it: two shard processes of a
 	// run, then one of a ConfigMap run, then bad configurations.
 	t.Run("worker processes", func(t *testing.T) {
