@@ -233,3 +233,40 @@ func TestProcessor_TakeBackAfterIsolation(t *testing.T) {
 	require.Equal(t, 1, countRows(t, owner, "acct", "1", "committed"))
 	require.Equal(t, 1, countRows(t, owner, "acct", "5", "committed"))
 }
+
+// TestProcessor_SupersedeTakenBackRetiresNothing is issue #43.6 on the
+// ledger: the retired-key record a Supersede writes follows its take-back.
+// A refused key's earlier holder is restored and recorded retired from
+// nothing; an accepted key's holder is recorded; a record this transaction
+// did not write (here one left by hand, as an earlier release may have) is
+// kept, and the verdicts of the earlier run still count the keys its own.
+func TestProcessor_SupersedeTakenBackRetiresNothing(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	worker, _ := workerRole(t, owner)
+	s := ledger.NewStore(worker)
+	chunk := keyed("1", "2-fail", "3-retry", "4-fail")
+	require.Equal(t, tally{completed: 4}, count(commit(t, s, runNamed("old"), chunk, ledger.ChunkOptions{})))
+	mustExec(t, owner, `INSERT INTO runledger.ledger_retired (run_uid, occurrence, entity) VALUES ('old', '4-fail', 'acct')`)
+
+	res := commit(t, s, runNamed("new"), chunk, ledger.ChunkOptions{Processor: &funcProcessor{}, OnExisting: ledger.Supersede})
+	require.Equal(t, tally{completed: 1, superseded: 1, failed: 3}, count(res))
+	retired := scalar[string](t, owner, `SELECT string_agg(run_uid || ':' || entity || '/' || occurrence, ' ' ORDER BY occurrence) FROM runledger.ledger_retired`)
+	require.Equal(t, "old:acct/1 old:acct/4-fail", retired, "only the accepted key's holder was retired; the record from before stays")
+
+	h, err := s.Key(context.Background(), ledger.Key{Entity: "acct", Occurrence: "2-fail"})
+	require.NoError(t, err)
+	require.Len(t, h.Rows, 1)
+	require.Equal(t, "old", h.Rows[0].Run.UID)
+	require.Equal(t, "committed", h.Rows[0].State)
+	require.Empty(t, h.Retired, "key shows only what happened")
+
+	// The earlier run's keys are still its own: completed, nothing claimed.
+	res = commit(t, s, runNamed("old"), chunk, ledger.ChunkOptions{Processor: &funcProcessor{}})
+	require.Equal(t, tally{completed: 4, sameRun: 4}, count(res))
+	// A refused key is the Supersede run's to claim again (no processor now):
+	// then its holder is retired, and recorded.
+	res = commit(t, s, runNamed("new"), keyed("2-fail"), ledger.ChunkOptions{OnExisting: ledger.Supersede})
+	require.Equal(t, tally{completed: 1, superseded: 1}, count(res))
+	require.EqualValues(t, 1, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger_retired WHERE run_uid = 'old' AND occurrence = '2-fail'`))
+}
