@@ -551,8 +551,10 @@ SELECT entity, occurrence, NULL FROM k WHERE mine`
 // sqlTakeBack takes back, inside the claiming transaction, the claims of the
 // keys a processor did not accept ($1 entities, $2 occurrences): the rows
 // this transaction inserted for them are deleted, and the rows it superseded
-// for them ($3 ids) are committed again. Only the transaction's own rows:
-// migrations/00004_take_back.sql. It returns the rows deleted.
+// for them ($3 ids) are committed again, and their retired-key records go
+// (00019: the record this transaction wrote when it superseded them). Only
+// the transaction's own rows: migrations/00004_take_back.sql. It returns
+// the rows deleted.
 const sqlTakeBack = `SELECT ` + Schema + `.ledger_take_back($1::text[], $2::text[], $3::bigint[])`
 
 // sqlHolders says which committed rows hold the given keys, and whose they
