@@ -46,7 +46,9 @@ The run's identity is its metadata.uid, or when it has none (a manifest that
 was never applied) a UUID derived from its namespace and name: running the
 same manifest again, after an interruption or a kill, counts what the earlier
 invocation committed as completed, and the totals come out as one
-uninterrupted run's would.
+uninterrupted run's would. A uid the ledger records for another namespace or
+name (a manifest copied with kubectl get -o yaml keeps metadata.uid) is bad
+input: remove metadata.uid from the copy.
 
 One process at a time runs a given shard of a given run (a lease in the
 database, given back at the end, also on SIGINT/SIGTERM; one a killed process
