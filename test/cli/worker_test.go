@@ -241,8 +241,9 @@ func TestWorkerInPod(t *testing.T) {
 	t.Run("uid of another run", func(t *testing.T) {
 		t.Parallel()
 		d := newDB(t)
-		run := k.createRun(t, "uid-taken", 1, inlineBatch(5))
-		local := strings.Replace(manifest("elsewhere", inlineItems([2]string{"acct-1", "2024-06"})),
+		run := k.createRun(t, "uid-taken", 1, inlineBatch(1))
+		// The same batch: nothing but the uid tells the runs apart.
+		local := strings.Replace(manifest("elsewhere", "batch:", `  items: [{entity: acct-0, occurrence: "2024-06", payload: {amount: 0}}]`),
 			"  namespace: billing\n", "  namespace: billing\n  uid: "+string(run.UID)+"\n", 1)
 		r := runCLI(t, "", "run", "-f", writeFile(t, "local.yaml", local), "--dsn", d.dsn, "--output", "json")
 		require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
