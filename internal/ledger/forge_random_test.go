@@ -405,6 +405,16 @@ func TestForging_Randomized(t *testing.T) {
 			}
 		}
 	}
+	// A key's history is what happened (#43.6): every run recorded as
+	// retired from a key has a row of that key that was superseded (nothing
+	// is pruned here); a processor's refusal under Supersede gives the
+	// record back with the row.
+	phantom := scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger_retired AS r
+WHERE NOT EXISTS (SELECT FROM runledger.ledger AS l
+                  WHERE l.run_uid = r.run_uid AND l.entity = r.entity AND l.occurrence = r.occurrence AND l.state = 'superseded')`)
+	if phantom > 0 {
+		problems = append(problems, fmt.Sprintf("%d retired-key records with no superseded row of their run", phantom))
+	}
 	dups := scalar[int64](t, owner, `SELECT count(*) FROM (SELECT 1 FROM runledger.ledger WHERE state = 'committed' GROUP BY entity, occurrence HAVING count(*) > 1) d`)
 	if dups > 0 {
 		problems = append(problems, fmt.Sprintf("%d keys have two committed rows", dups))
