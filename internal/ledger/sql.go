@@ -290,7 +290,10 @@ func sqlGrantClaimed(role string) string { return `GRANT SELECT ON pg_temp.claim
 //     then run as the worker). Not transactional: the connection is closed;
 //   - no cursor is declared WITH HOLD: PostgreSQL runs the rest of its query
 //     at COMMIT, outside the sandbox and any trigger, as the login (the
-//     ledger refuses writes at COMMIT too: migrations/00013).
+//     ledger refuses writes at COMMIT too: migrations/00013);
+//   - how many of the driver's statements are left (sqlDriverStatements);
+//   - whether the session holds no temporary object but "claimed"
+//     (sqlNoTempLeftovers).
 //
 // It runs under sqlPinnedSearchPath (after COMMIT too: sqlSessionIntact), so
 // that no operator of the session's path answers for the catalog's.
@@ -320,22 +323,18 @@ const sqlSandboxIntact = `SELECT
 const sqlDriverStatements = `SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql`
 
 // sqlNoTempLeftovers says whether the session's temporary schema holds
-// nothing but "claimed" (its row type, array type and TOAST table): no
-// table, view, sequence, type, domain, function or operator the effect
-// created, where the transaction's next effect (isolate runs it again, on
+// nothing but "claimed": no table, view, sequence, type, domain, function
+// or operator the effect created (each records its dependency on the
+// schema: one probe of pg_depend's index, not a scan of four catalogs), where the transaction's next effect (isolate runs it again, on
 // the items of another part of the chunk) or the next chunk's, with the
 // user's search_path, would meet it first: an unqualified table name of
 // theirs would write into the effect's temporary table, committed with the
 // items and gone with the session. Anything there, and the temporary
 // objects go (sqlDiscardTemp).
 const sqlNoTempLeftovers = `
-    NOT EXISTS (SELECT FROM pg_catalog.pg_class AS c
-                    WHERE c.relnamespace = pg_catalog.pg_my_temp_schema() AND c.relkind NOT IN ('t', 'i') AND c.relname <> 'claimed')
-    AND NOT EXISTS (SELECT FROM pg_catalog.pg_type AS t
-                    WHERE t.typnamespace = pg_catalog.pg_my_temp_schema() AND t.typrelid = 0
-                      AND NOT EXISTS (SELECT FROM pg_catalog.pg_type AS e WHERE e.oid = t.typelem AND e.typrelid <> 0))
-    AND NOT EXISTS (SELECT FROM pg_catalog.pg_proc AS p WHERE p.pronamespace = pg_catalog.pg_my_temp_schema())
-    AND NOT EXISTS (SELECT FROM pg_catalog.pg_operator AS o WHERE o.oprnamespace = pg_catalog.pg_my_temp_schema())`
+    NOT EXISTS (SELECT FROM pg_catalog.pg_depend AS d
+                WHERE d.refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass AND d.refobjid = pg_catalog.pg_my_temp_schema()
+                  AND (d.classid, d.objid) IS DISTINCT FROM ('pg_catalog.pg_class'::pg_catalog.regclass, pg_catalog.to_regclass('pg_temp.claimed')))`
 
 // sqlPreparedFromSQL lists the statements PREPAREd from SQL on the session
 // (user code's; the driver's come by the protocol).
