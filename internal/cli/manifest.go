@@ -8,12 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"os"
-	"strconv"
 	"strings"
 
-	yamlv3 "go.yaml.in/yaml/v3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -127,16 +124,14 @@ func readManifest(path string, stdin io.Reader) (*manifest, error) {
 		if len(bytes.TrimSpace(stripComments(raw))) == 0 {
 			continue
 		}
-		// Strict: a key given twice is refused (yaml.YAMLToJSON keeps the
-		// last), invalid UTF-8 and lone surrogate escapes are the parser's.
-		if _, err := yaml.YAMLToJSON(raw); err != nil {
+		// kubectl apply's conversion (YAML 1.1; invalid UTF-8 and lone
+		// surrogate escapes are its parser's errors), and asWritten refuses
+		// what it would not keep as written: a key given twice among them.
+		j, err := yaml.YAMLToJSON(raw)
+		if err != nil {
 			return nil, fmt.Errorf("%s: document %d is not a Kubernetes object: %w", m.source, doc, err)
 		}
-		j, err := yaml.YAMLToJSONStrict(raw)
-		if err != nil {
-			return nil, fmt.Errorf("%s: document %d: %w", m.source, doc, err)
-		}
-		if err := exactNumbers(raw); err != nil {
+		if err := asWritten(raw); err != nil {
 			return nil, fmt.Errorf("%s: document %d: %w", m.source, doc, err)
 		}
 		var tm metav1.TypeMeta
@@ -219,57 +214,4 @@ func stripComments(b []byte) []byte {
 		}
 	}
 	return out
-}
-
-// exactNumbers refuses a number of the document (a payload's, say) that
-// its conversion to JSON would not keep as written: an integer beyond 64
-// bits or a decimal with more digits than a float64 holds is rounded to the
-// nearest float64, one beyond its range becomes a string. A trailing zero or
-// another spelling of the same value is kept (it is the same JSON value).
-func exactNumbers(raw []byte) error {
-	var root yamlv3.Node
-	if err := yamlv3.Unmarshal(raw, &root); err != nil {
-		return nil //nolint:nilerr // the strict conversion before this one reports what does not parse
-	}
-	var walk func(n *yamlv3.Node) error
-	walk = func(n *yamlv3.Node) error {
-		if n.Kind == yamlv3.ScalarNode && !keepsAsJSON(n) {
-			return fmt.Errorf("line %d: the number %s would not be kept as written (JSON holds it as a 64-bit integer or float, rounded); quote it to pass it as a string", n.Line, n.Value)
-		}
-		for _, c := range n.Content {
-			if err := walk(c); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	return walk(&root)
-}
-
-// keepsAsJSON reports whether the YAML scalar n, if a number (or a plain
-// scalar that spells one beyond a float64's range, which the conversion
-// makes a string), becomes a JSON number of the same value.
-func keepsAsJSON(n *yamlv3.Node) bool {
-	clean := strings.ReplaceAll(strings.TrimPrefix(n.Value, "+"), "_", "")
-	switch {
-	case n.Tag == "!!str" && n.Style == 0:
-		_, err := strconv.ParseFloat(clean, 64)
-		return !errors.Is(err, strconv.ErrRange)
-	case n.Tag == "!!int":
-		_, err := strconv.ParseInt(clean, 0, 64)
-		return err == nil
-	case n.Tag != "!!float":
-		return true
-	}
-	switch strings.ToLower(strings.TrimLeft(clean, "-")) {
-	case ".inf", ".nan":
-		return true // not JSON at all: the conversion refuses it itself
-	}
-	f, err := strconv.ParseFloat(clean, 64)
-	if err != nil {
-		return false
-	}
-	written, ok := new(big.Rat).SetString(clean)
-	kept, ok2 := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64))
-	return ok && ok2 && written.Cmp(kept) == 0
 }

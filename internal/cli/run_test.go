@@ -81,10 +81,6 @@ status:
 	require.Equal(t, "stdin", m.source)
 }
 
-// TestReadManifestRefusesRewrites is issue #20.5 for manifests: a key given
-// twice (in the run, its items, a ConfigMap's data), a lone surrogate escape
-// or invalid UTF-8 is refused with the document and the key named, never
-// read one way or another.
 // TestReadManifestKeepsNumbers: the numbers JSON keeps (an int64 beyond
 // 2^53, a float64's shortest spelling, a trailing zero) reach the payload as
 // their values.
@@ -99,16 +95,20 @@ func TestReadManifestKeepsNumbers(t *testing.T) {
 	require.JSONEq(t, `{"big": 9007199254740993, "min": -9223372036854775808, "f": 0.30000000000000004, "t": 1.1, "e": 1e300, "h": 31}`, string(m.run.Spec.Batch.Items[0].Payload.Raw))
 }
 
+// TestReadManifestRefusesRewrites is issue #20.5 for manifests: a key given
+// twice (in the run, its items, a ConfigMap's data), a lone surrogate escape
+// or invalid UTF-8 is refused with the document and the key named, never
+// read one way or another.
 func TestReadManifestRefusesRewrites(t *testing.T) {
 	t.Parallel()
 	const head = "apiVersion: processing.runledger.dev/v1alpha1\nkind: ProcessingRun\nmetadata: {name: june}\nspec:\n  database: {secretRef: {name: db, key: dsn}}\n"
 	cm := "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: june}\ndata:\n  items.jsonl: |\n    {\"entity\": \"a\", \"occurrence\": \"b\"}\n"
 	for name, tt := range map[string]struct{ doc, want string }{
-		"spec key twice":    {head + "  batch: {query: SELECT 1}\n  workers: 2\n  workers: 5\n", `line 8: key "workers" already set in map`},
+		"spec key twice":    {head + "  batch: {query: SELECT 1}\n  workers: 2\n  workers: 5\n", `line 8, spec: the key "workers" is given twice (first at line 7)`},
 		"item key twice":    {head + "  batch:\n    items:\n    - {entity: a, occurrence: b, entity: c}\n", `"entity"`},
 		"payload key twice": {head + "  batch:\n    items:\n    - entity: a\n      occurrence: b\n      payload: {amount: 1, amount: 2}\n", `"amount"`},
 		"ConfigMap data key twice": {head + "  batch: {configMapRef: {name: june, key: items.jsonl}}\n" + cm + "  items.jsonl: |\n    {\"entity\": \"x\", \"occurrence\": \"y\"}\n",
-			`document 2: yaml: unmarshal errors`},
+			`document 2: line 7, data: the key "items.jsonl" is given twice (first at line 5)`},
 		"kind twice":             {head + "  batch: {query: SELECT 1}\nkind: ProcessingRun\n", `"kind"`},
 		"lone surrogate in YAML": {head + "  batch:\n    items:\n    - {entity: \"a\\ud800\", occurrence: b}\n", "document 1"},
 		"lone surrogate in JSON": {`{"apiVersion": "processing.runledger.dev/v1alpha1", "kind": "ProcessingRun", "metadata": {"name": "j"}, "spec": {"database": {"secretRef": {"name": "d", "key": "k"}}, "batch": {"items": [{"entity": "a\ud800", "occurrence": "b"}]}}}`, "document 1"},
@@ -117,7 +117,7 @@ func TestReadManifestRefusesRewrites(t *testing.T) {
 		// A number JSON would not keep as written: rounded to a float64, or
 		// turned into a string.
 		"payload integer beyond 64 bits": {head + "  batch:\n    items:\n    - {entity: a, occurrence: b, payload: {id: 12345678901234567891}}\n",
-			"line 8: the number 12345678901234567891 "},
+			"line 8, spec.batch.items[0].payload.id: the number 12345678901234567891 "},
 		"payload float with more digits than it keeps": {head + "  batch:\n    items:\n    - {entity: a, occurrence: b, payload: {x: 0.1000000000000000055511151231257827}}\n",
 			"the number 0.1000000000000000055511151231257827 "},
 		"payload float beyond float64": {head + "  batch:\n    items:\n    - {entity: a, occurrence: b, payload: {x: 1e400}}\n", "the number 1e400 "},

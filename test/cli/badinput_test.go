@@ -63,7 +63,15 @@ func TestRunBadInput(t *testing.T) {
 		{name: "invalid UTF-8 in a key part", manifest: cmRun, jsonl: "{\"entity\":\"acct-\xff\",\"occurrence\":\"b\"}\n{\"entity\":\"acct-\xfe\",\"occurrence\":\"b\"}",
 			want: `line 2: field "entity" holds invalid UTF-8`},
 		{name: "field given twice", manifest: cmRun, jsonl: `{"entity":"a","occurrence":"b","entity":"c"}`, want: `line 1: field "entity" is given twice`},
-		{name: "manifest key given twice", manifest: manifest("twice", "batch:", "  items:", "  - {entity: a, occurrence: b, entity: c}"), want: `key "entity" already set in map`},
+		{name: "manifest key given twice", manifest: manifest("twice", "batch:", "  items:", "  - {entity: a, occurrence: b, entity: c}"), want: `line 11, spec.batch.items[0]: the key "entity" is given twice (first at line 11)`},
+		// Issue #43.7: what YAML 1.1 (kubectl's reader) would rewrite.
+		{name: "YAML 1.1 key, octal and boolean in a payload", manifest: manifest("yaml11", "batch:", "  items:", "  - {entity: a, occurrence: b, payload: {n: 16, o: 010, flag: yes}}"),
+			want: "3 problems:\n" +
+				`  line 11, spec.batch.items[0].payload: the key n becomes "false" in YAML 1.1 (as kubectl reads it); write "n" to keep it as written` + "\n" +
+				`  line 11, spec.batch.items[0].payload.o: 010 is 8 in YAML 1.1 (as kubectl reads it) but 10 in YAML 1.2; write "010" for the string or 8 or 10 for the number` + "\n" +
+				`  line 11, spec.batch.items[0].payload.flag: yes is true in YAML 1.1 (as kubectl reads it) but "yes" in YAML 1.2; write "yes" for the string or true for the boolean`},
+		{name: "YAML 1.1 boolean as an entity", manifest: manifest("yaml11", "batch:", "  items:", "  - {entity: on, occurrence: b}"),
+			want: `line 11, spec.batch.items[0].entity: on is true in YAML 1.1 (as kubectl reads it) but "on" in YAML 1.2; write "on" for the string or true for the boolean`},
 		{name: "empty JSON Lines", manifest: cmRun, jsonl: "\n\n", want: "holds no items"},
 		{name: "missing ConfigMap", manifest: cmRun, want: "spec.batch.configMapRef: no ConfigMap june in"},
 		{name: "ConfigMap without the key", manifest: cmRun + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: june}\ndata: {other: x}\n", want: `has no key "items.jsonl"`},

@@ -31,6 +31,26 @@ func TestRunInlineItems(t *testing.T) {
 	require.Contains(t, r.stdout, "total 4, completed 3, already handled 1, failed 0", "the same run again counts its own rows as completed")
 }
 
+// TestRunMergeKeys is issue #43.7: a YAML merge key whose merged keys a
+// later key overrides is read as kubectl reads it, and the run commits
+// those payloads.
+func TestRunMergeKeys(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	file := writeFile(t, "run.yaml", manifest("merged", "batch:", "  items:",
+		"  - &first {entity: acct-1, occurrence: 2024-06, payload: &base {currency: EUR, amount: 1}}",
+		"  - <<: *first",
+		"    entity: acct-2",
+		"    payload: {<<: *base, amount: 2}",
+	))
+	r := runCLI(t, "", "run", "-f", file, "--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, r.code, "exit code; stderr:\n%s", r.stderr)
+	require.Equal(t, counts{Total: 2, Completed: 2}, r.summary(t).counts())
+	for entity, payload := range map[string]string{"acct-1": `{"currency": "EUR", "amount": 1}`, "acct-2": `{"currency": "EUR", "amount": 2}`} {
+		require.EqualValues(t, 1, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE entity = $1 AND occurrence = '2024-06' AND payload = $2::jsonb`, entity, payload), entity)
+	}
+}
+
 func TestRunConfigMapSource(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
