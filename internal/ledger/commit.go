@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -36,8 +37,11 @@ var errHolderVanished = errors.New("key conflicted with a committed row that no 
 // good items commit and each bad item is Failed with its own error.
 //
 // A key repeated within items is one logical occurrence: it is committed once
-// and its repeats are AlreadyHandled with HolderSameChunk (or Failed like their
-// first copy, if that failed).
+// (its first copy) and its repeats are AlreadyHandled with HolderSameChunk (or
+// Failed like their first copy, if that failed). When another run holds it
+// (and opts.OnExisting is not Supersede), every copy's payload is compared
+// with the holding row's: the first copy's PayloadChanged says whether any
+// differs, whichever copy came first.
 //
 // A non-nil error means the chunk's fate is unknown or nothing of it was
 // committed: a retryable condition (IsRetryable; retry the same chunk, rows
@@ -51,6 +55,10 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		return nil, nil
 	}
 	unique, indexOf := dedupe(items)
+	var copies []*string
+	if opts.OnExisting != Supersede { // a Supersede run compares no payload
+		copies = laterCopies(items, unique, indexOf)
+	}
 	if opts.Effect != "" {
 		sb, err := s.effectSandbox(ctx)
 		if err != nil {
@@ -74,7 +82,7 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		first = insertFresh
 	}
 	res, err := s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
-		res, err := claim(ctx, tx, run, unique, opts, first)
+		res, err := claim(ctx, tx, run, unique, copies, opts, first)
 		return settle(tx, res, err)
 	})
 	if IsExpectedBusinessKeyConflict(err) {
@@ -84,7 +92,7 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		// statement), then the arbiter, which always ends.
 		for _, mode := range []claimMode{lookupFirst, arbitrate} {
 			res, err = s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
-				res, err := claim(ctx, tx, run, unique, opts, mode)
+				res, err := claim(ctx, tx, run, unique, copies, opts, mode)
 				return settle(tx, res, err)
 			})
 			if !IsExpectedBusinessKeyConflict(err) {
@@ -99,7 +107,7 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		if isStatementLevel(err) || len(unique) == 1 || errors.Is(err, ErrEffectSandbox) {
 			res = failAll(unique, err)
 		} else if res, err = s.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
-			res, err := isolate(ctx, tx, run, unique, opts)
+			res, err := isolate(ctx, tx, run, unique, copies, opts)
 			return settle(tx, res, err)
 		}); errors.Is(err, ErrEffectSandbox) {
 			res = failAll(unique, err)
@@ -181,11 +189,12 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 // readable by the effect role.
 const claimedGranted = "runledger.claimedGranted"
 
-// isolate claims items under savepoints, halving every failing group until
-// each failure is pinned to a single item (or to a statement-level error that
-// every item shares). The returned error is only for conditions that condemn
-// the whole transaction (retryable, cancelled).
-func isolate(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOptions) ([]Result, error) {
+// isolate claims items (copies: their later copies', laterCopies) under
+// savepoints, halving every failing group until each failure is pinned to a
+// single item (or to a statement-level error that every item shares). The
+// returned error is only for conditions that condemn the whole transaction
+// (retryable, cancelled).
+func isolate(ctx context.Context, tx pgx.Tx, run Run, items []Item, copies []*string, opts ChunkOptions) ([]Result, error) {
 	out := make([]Result, len(items))
 	var walk func(lo, hi int, knownBad bool) error
 	walk = func(lo, hi int, knownBad bool) error {
@@ -195,7 +204,7 @@ func isolate(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOp
 			if err != nil {
 				return fmt.Errorf("creating savepoint: %w", err)
 			}
-			res, err := claim(ctx, sp, run, part, opts, arbitrate)
+			res, err := claim(ctx, sp, run, part, copiesIn(copies, lo, hi), opts, arbitrate)
 			if err == nil {
 				if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
 					return fmt.Errorf("releasing savepoint: %w", err)
@@ -268,17 +277,17 @@ func claimStatement(mode claimMode, effect bool) string {
 // a concurrent Supersede run committed between its supersede and its insert.
 const supersedeRounds = 4
 
-// claim runs the insert path for items (keys distinct and sorted) on tx:
-// supersede (if asked), insert, attribution of the keys it did not claim, then
-// the effect.
+// claim runs the insert path for items (keys distinct and sorted; copies:
+// their later copies' payloads, laterCopies) on tx: supersede (if asked),
+// insert, attribution of the keys it did not claim, then the effect.
 //
 // A Supersede run's round can find a key held by another run's committed row
 // that its supersede did not see: a concurrent Supersede run retired the row
 // it found and committed its own meanwhile (READ COMMITTED re-checks the row
 // it waited for, not the one that replaced it). Such keys go round again, in
 // the same transaction, whose next statements see the new row.
-func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, opts ChunkOptions, mode claimMode) ([]Result, error) {
-	c := &claimer{tx: tx, run: run, items: items, opts: opts, out: make([]Result, len(items))}
+func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, copies []*string, opts ChunkOptions, mode claimMode) ([]Result, error) {
+	c := &claimer{tx: tx, run: run, items: items, copies: copies, opts: opts, out: make([]Result, len(items))}
 	for i, it := range items {
 		c.out[i].Key = it.Key
 	}
@@ -321,6 +330,7 @@ type claimer struct {
 	tx            pgx.Tx
 	run           Run
 	items         []Item
+	copies        []*string // items' later copies (laterCopies), nil: none
 	opts          ChunkOptions
 	out           []Result // Outcome 0: not resolved yet
 	supersededRow []int64  // Supersede: the row superseded for item i, if any
@@ -399,9 +409,12 @@ func (c *claimer) round(ctx context.Context, mode claimMode) error {
 	var err error
 	if len(sub) > 0 {
 		entities, occurrences, payloads := columns(sub)
+		args := []any{entities, occurrences, payloads, c.run.Namespace, c.run.Name, c.run.UID, c.run.Shard, c.run.Attempt}
+		if mode == lookupFirst { // the only claim that compares payloads
+			args = append(args, c.copiesOf(todo, len(sub)))
+		}
 		var rows pgx.Rows
-		rows, err = c.tx.Query(ctx, insert, entities, occurrences, payloads,
-			c.run.Namespace, c.run.Name, c.run.UID, c.run.Shard, c.run.Attempt)
+		rows, err = c.tx.Query(ctx, insert, args...)
 		switch {
 		case err != nil: // reported below
 		case mode == insertFresh: // no rows: every key was inserted, or the statement failed
@@ -428,18 +441,19 @@ func (c *claimer) round(ctx context.Context, mode claimMode) error {
 		return fmt.Errorf("inserting into ledger: %w", err)
 	}
 
-	if _, skipped := unresolved(c.items, c.out); len(skipped) > 0 {
-		if err := c.attribute(ctx, skipped); err != nil {
+	if at, skipped := unresolved(c.items, c.out); len(skipped) > 0 {
+		if err := c.attribute(ctx, at, skipped); err != nil {
 			return fmt.Errorf("attributing skipped keys: %w", err)
 		}
 	}
 	return nil
 }
 
-// attribute finds the holders of the keys the arbiter's insert skipped; a
-// Skip run also learns whose payload differs (sqlHoldersPayload), a
-// Supersede run supersedes them in its next round instead.
-func (c *claimer) attribute(ctx context.Context, skipped []Item) error {
+// attribute finds the holders of the keys the arbiter's insert skipped (at
+// their positions in c.items); a Skip run also learns whose payload differs
+// (sqlHoldersPayload), a Supersede run supersedes them in its next round
+// instead.
+func (c *claimer) attribute(ctx context.Context, at positions, skipped []Item) error {
 	var rows pgx.Rows
 	var err error
 	if c.opts.OnExisting == Supersede {
@@ -450,7 +464,7 @@ func (c *claimer) attribute(ctx context.Context, skipped []Item) error {
 		rows, err = queryHolders(ctx, c.tx, sqlHolders, keys, c.run.UID)
 	} else {
 		entities, occurrences, payloads := columns(skipped)
-		if rows, err = c.tx.Query(ctx, sqlHoldersPayload, entities, occurrences, payloads, c.run.UID); err != nil {
+		if rows, err = c.tx.Query(ctx, sqlHoldersPayload, entities, occurrences, payloads, c.run.UID, c.copiesOf(at, len(skipped))); err != nil {
 			err = fmt.Errorf("looking up committed keys: %w", err)
 		}
 	}
@@ -483,6 +497,27 @@ func payloadChangedColumn(rest [][]byte) (bool, error) {
 		return false, nil
 	}
 	return false, fmt.Errorf("reading holders: payload comparison %q is no boolean", rest[1])
+}
+
+// copiesOf returns the later copies (c.copies) of the n items at positions
+// at: nil when no item has any.
+func (c *claimer) copiesOf(at positions, n int) []*string {
+	if c.copies == nil || at == nil {
+		return c.copies
+	}
+	out := make([]*string, n)
+	for j := range out {
+		out[j] = c.copies[at.at(j)]
+	}
+	return out
+}
+
+// copiesIn is copies[lo:hi], or nil when there are none.
+func copiesIn(copies []*string, lo, hi int) []*string {
+	if copies == nil {
+		return nil
+	}
+	return copies[lo:hi]
 }
 
 // positions maps the positions of a sub-list of items back to items; nil is
@@ -865,6 +900,68 @@ func dedupe(items []Item) (unique []Item, indexOf []int) {
 		indexOf[i] = len(unique) - 1
 	}
 	return unique, indexOf
+}
+
+// laterCopies returns, for each of unique's items (dedupe's, of items), the
+// payloads of its key's later copies in items that differ from its own
+// bytes, each once, as the text of a PostgreSQL text[] (sqlCopiesChanged);
+// nil for an item without such copies, and nil altogether when no item has
+// any (items distinct, or repeats with the same payload: the usual case).
+func laterCopies(items, unique []Item, indexOf []int) []*string {
+	if indexOf == nil {
+		return nil
+	}
+	var out []*string
+	var lists [][]byte
+	type seen struct {
+		j       int
+		payload string
+		none    bool
+	}
+	first := make([]bool, len(unique))
+	var had map[seen]bool
+	for i, j := range indexOf {
+		p, u := items[i].Payload, unique[j].Payload
+		if !first[j] {
+			first[j] = true // dedupe keeps the first copy by position
+			continue
+		}
+		if (p == nil) == (u == nil) && bytes.Equal(p, u) {
+			continue
+		}
+		k := seen{j: j, payload: string(p), none: p == nil}
+		if had[k] {
+			continue
+		}
+		if out == nil {
+			out, lists, had = make([]*string, len(unique)), make([][]byte, len(unique)), map[seen]bool{}
+		}
+		had[k] = true
+		lists[j] = appendArrayElement(append(lists[j], ','), p)
+	}
+	for j, l := range lists {
+		if l != nil {
+			s := "{" + string(l[1:]) + "}"
+			out[j] = &s
+		}
+	}
+	return out
+}
+
+// appendArrayElement appends p as an element of a PostgreSQL array's text:
+// NULL for no payload, else quoted, its quotes and backslashes escaped.
+func appendArrayElement(b, p []byte) []byte {
+	if p == nil {
+		return append(b, "NULL"...)
+	}
+	b = append(b, '"')
+	for _, c := range p {
+		if c == '"' || c == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, c)
+	}
+	return append(b, '"')
 }
 
 func isStrictlySorted(items []Item) bool {

@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -143,4 +144,107 @@ func TestPreloadItems_PayloadMatch(t *testing.T) {
 	require.NotContains(t, held, given[n+1].Key, "nobody holds a fresh key")
 	require.Equal(t, ledger.Held{Holder: ledger.HolderOtherRun, Payload: ledger.PayloadUnknown}, held[given[n+2].Key],
 		"a payload jsonb cannot hold is left to the claim")
+}
+
+// copyCases: the copies of one key in a chunk, in order, against a
+// committed row {"v": 1} of another run, and whether the key's payload
+// changed: some copy's differs as a jsonb value, whichever it is.
+var copyCases = []struct {
+	name      string
+	committed string   // {"v": 1} unless given
+	copies    []string // "" is no payload
+	changed   bool
+}{
+	{name: "the same, then another value", copies: []string{`{"v": 1}`, `{"v": 2}`}, changed: true},
+	{name: "another value, then the same", copies: []string{`{"v": 2}`, `{"v": 1}`}, changed: true},
+	{name: "spelled otherwise, then another value", copies: []string{`{"v":1}`, `{ "v" : 1.0 }`, `{"v":2}`}, changed: true},
+	{name: "the same, then none", copies: []string{`{"v": 1}`, ``}, changed: true},
+	{name: "none, then the same", copies: []string{``, `{"v":1}`}, changed: true},
+	{name: "the same, spelled three ways", copies: []string{`{"v":1}`, `{"v": 1}`, `{ "v" : 1e0 }`}},
+	{name: "the same twice", copies: []string{`{"v": 1}`, `{"v": 1}`}},
+	{name: "quotes and backslashes, the same", committed: `{"s": "a\"b\\c{,}"}`, copies: []string{`{"s": "a\"b\\c{,}"}`, `{"s":"a\"b\\c{,}"}`, `{ "s" : "a\u0022b\\c{,}" }`}},
+	{name: "quotes and backslashes, then another", committed: `{"s": "a\"b\\c"}`, copies: []string{`{"s": "a\"b\\c"}`, `{"s":"a\"b\\c", "t": "\""}`}, changed: true},
+}
+
+// TestCommitChunk_PayloadChangedLaterCopy: a key given several times in a
+// chunk, which another run holds, is marked PayloadChanged (on its first
+// copy, which carries the key's verdict) when any copy's payload differs
+// from the committed row's, not only the first copy's; its repeats are
+// already handled by the chunk. On the fast path and on the arbiter's;
+// nothing is written. A Supersede run compares nothing.
+func TestCommitChunk_PayloadChangedLaterCopy(t *testing.T) {
+	t.Parallel()
+	for _, path := range []string{"fast path", "arbiter (isolating a bad item)"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			pool := newPool(t)
+			s := ledger.NewStore(pool)
+			var committed, given []ledger.Item
+			first := map[int]int{} // case -> position of its first copy in given
+			for i, c := range copyCases {
+				committed = append(committed, payloadItem(i, cmp.Or(c.committed, `{"v": 1}`)))
+				first[i] = len(given)
+				for _, p := range c.copies {
+					given = append(given, payloadItem(i, p))
+				}
+			}
+			// A fresh key with two payloads: the first copy is committed, the other not compared.
+			fresh := len(given)
+			given = append(given, payloadItem(80, `{"v": 1}`), payloadItem(80, `{"v": 2}`))
+			if path != "fast path" {
+				given = append(given, payloadItem(99, `{"s": "\u0000"}`))
+			}
+			commit(t, s, runNamed("holder"), committed, ledger.ChunkOptions{})
+			writes := scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger`)
+			res := commit(t, s, runNamed("other"), given, ledger.ChunkOptions{})
+			for i, c := range copyCases {
+				r := res[first[i]]
+				require.Equal(t, ledger.AlreadyHandled, r.Outcome, c.name)
+				require.Equal(t, "holder", r.HolderUID, c.name)
+				require.Equal(t, c.changed, r.PayloadChanged, "%s: %q", c.name, c.copies)
+				for j := 1; j < len(c.copies); j++ {
+					require.Equal(t, ledger.AlreadyHandled, res[first[i]+j].Outcome, c.name)
+					require.Equal(t, ledger.HolderSameChunk, res[first[i]+j].Holder, c.name)
+				}
+			}
+			require.Equal(t, ledger.Completed, res[fresh].Outcome)
+			require.False(t, res[fresh].PayloadChanged)
+			require.Equal(t, ledger.HolderSameChunk, res[fresh+1].Holder)
+			require.EqualValues(t, writes+1, scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger`), "only the fresh key is written")
+			require.EqualValues(t, 1, scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger WHERE occurrence = 'occ-80' AND payload = '{"v": 1}'`),
+				"the fresh key's first copy is committed")
+
+			res = commit(t, s, runNamed("superseder"), given, ledger.ChunkOptions{OnExisting: ledger.Supersede})
+			for i, c := range copyCases {
+				require.Equal(t, ledger.Completed, res[first[i]].Outcome, c.name)
+				require.False(t, res[first[i]].PayloadChanged, "%s: a Supersede run compares nothing", c.name)
+			}
+		})
+	}
+}
+
+// TestPreloadItems_PayloadMatchCopies: the preload of a key given several
+// times answers for all its copies: PayloadDiffers when one copy's text
+// tells it differs, PayloadSame only when every copy's tells it is the same,
+// PayloadUnknown otherwise.
+func TestPreloadItems_PayloadMatchCopies(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	var committed []ledger.Item
+	for i := range 5 {
+		committed = append(committed, payloadItem(i, `{"v": 1}`))
+	}
+	commit(t, s, runNamed("holder"), committed, ledger.ChunkOptions{})
+	held, err := s.PreloadItems(context.Background(), "self", []ledger.Item{
+		payloadItem(0, `{"v": 1}`), payloadItem(0, ``), // the same text, then none
+		payloadItem(1, ``), payloadItem(1, `{"v": 1}`), // none, then the same text
+		payloadItem(2, `{"v": 1}`), payloadItem(2, `{"v":2}`), // the same text, then text that cannot tell
+		payloadItem(3, `{"v":2}`), payloadItem(3, `{"v": 1}`), // text that cannot tell, then the same
+		payloadItem(4, `{"v": 1}`), payloadItem(4, `{"v": 1}`), // the same text twice
+	})
+	require.NoError(t, err)
+	for i, want := range []ledger.PayloadMatch{ledger.PayloadDiffers, ledger.PayloadDiffers, ledger.PayloadUnknown, ledger.PayloadUnknown, ledger.PayloadSame} {
+		require.Equal(t, ledger.Held{Holder: ledger.HolderOtherRun, Payload: want}, held[payloadItem(i, "").Key], "key %d", i)
+	}
 }

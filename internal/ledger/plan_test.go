@@ -34,10 +34,16 @@ func TestInsertPathPlansAreOChunk(t *testing.T) {
 	t.Parallel()
 	// A chunk's worth of keys: half held in the populated ledger, half not.
 	var entities, occurrences, payloads []string
+	var copies []*string // a key's later copies, now and then
 	for i := 1; i <= 12000; i += 2 {
 		entities = append(entities, fmt.Sprintf("acct-%d", i%1000))
 		occurrences = append(occurrences, fmt.Sprintf("occ-%d", i*5))
 		payloads = append(payloads, `{"amount": 1}`)
+		var c *string
+		if i%7 == 0 {
+			c = new(`{"{\"amount\": 2}",NULL}`)
+		}
+		copies = append(copies, c)
 	}
 	run := []any{"default", "run", "run-uid", 0, 0}
 	statements := []struct {
@@ -47,14 +53,14 @@ func TestInsertPathPlansAreOChunk(t *testing.T) {
 		lookup bool // probes the rule's index per key
 		plain  bool // neither looks up nor arbitrates: the insert's own unique check only
 	}{
-		{"claim", ledger.SQLClaim, append([]any{entities, occurrences, payloads}, run...), true, false},
-		{"claim with effect", ledger.SQLClaimEffect, append([]any{entities, occurrences, payloads}, run...), true, false},
+		{"claim", ledger.SQLClaim, append(append([]any{entities, occurrences, payloads}, run...), copies), true, false},
+		{"claim with effect", ledger.SQLClaimEffect, append(append([]any{entities, occurrences, payloads}, run...), copies), true, false},
 		{"insert (arbiter)", ledger.SQLInsert, append([]any{entities, occurrences, payloads}, run...), false, false},
 		{"insert (arbiter) with effect", ledger.SQLInsertEffect, append([]any{entities, occurrences, payloads}, run...), false, false},
 		{"insert (expected fresh)", ledger.SQLInsertFresh, append([]any{entities, occurrences, payloads}, run...), false, true},
 		{"insert (expected fresh) with effect", ledger.SQLInsertFreshEffect, append([]any{entities, occurrences, payloads}, run...), false, true},
 		{"holders", ledger.SQLHolders, []any{entities, occurrences, "run-uid"}, true, false},
-		{"holders with payloads", ledger.SQLHoldersPayload, []any{entities, occurrences, payloads, "run-uid"}, true, false},
+		{"holders with payloads", ledger.SQLHoldersPayload, []any{entities, occurrences, payloads, "run-uid", copies}, true, false},
 		{"preload with payloads", ledger.SQLPreload, []any{entities, occurrences, payloads, "run-uid"}, true, false},
 		{"supersede", ledger.SQLSupersede, []any{entities, occurrences, "other-run"}, true, false},
 	}

@@ -55,7 +55,9 @@ copied AS (
 //
 // The answer is kept small on purpose: the positions of the skipped keys,
 // grouped by the run that holds them (measured against the alternatives in
-// docs/insert-path.md).
+// docs/insert-path.md). $9 are the keys' later copies (sqlCopiesChanged),
+// compared in the same CASE as the first. (ROWS FROM: the multi-array
+// unnest is that, and PostgreSQL only expands it unqualified.)
 var (
 	sqlClaim = claimWith + claimInsert + `
 )` + claimResult
@@ -68,8 +70,9 @@ var (
 	claimWith = `
 WITH k AS (
     SELECT k.n, k.entity, k.occurrence, k.payload, ` + heldFor("$6") + ` AS holder,
-           CASE WHEN ` + othersRow("$6") + ` THEN ` + sqlPayloadChanged + ` END AS changed
-    FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[])) WITH ORDINALITY AS k(entity, occurrence, payload, n)
+           CASE WHEN ` + othersRow("$6") + ` THEN ` + sqlPayloadChanged + ` OR ` + sqlCopiesChanged + ` END AS changed
+    FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($9::text[]))
+        WITH ORDINALITY AS k(entity, occurrence, payload, copies, n)
     LEFT JOIN LATERAL (
         SELECT l.run_uid, l.payload
         FROM ` + Schema + `.ledger AS l
@@ -579,12 +582,14 @@ CROSS JOIN LATERAL (
 ) AS h` + ownRetired("$3", "k")
 
 // sqlHoldersPayload is sqlHolders for the keys a Skip run's arbiter insert
-// skipped ($3 their payloads, $4 the run's uid), with whether the payload
-// of the holding row of another run differs (sqlPayloadChanged; NULL for
-// the run's own rows). The insert cast every payload already.
+// skipped ($3 their payloads, $5 their later copies' as sqlClaim's $9, $4
+// the run's uid), with whether the payload of the holding row of another
+// run differs from any copy's (sqlPayloadChanged, sqlCopiesChanged; NULL for
+// the run's own rows). The insert cast every first copy's payload already.
 var sqlHoldersPayload = `
-SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlPayloadChanged + ` END` +
-	sqlHoldingRowsPayload + ownRetired("$4", "k")
+SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlPayloadChanged + ` OR ` + sqlCopiesChanged + ` END` +
+	holdingRowsPayload(`ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($5::text[]))
+    AS k(entity, occurrence, payload, copies)`) + ownRetired("$4", "k")
 
 // sqlPreload is sqlHolders for the preload of run $4's items ($3 their
 // payloads), with what their text says of the holding row's payload
@@ -592,19 +597,21 @@ SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$
 // item is validated by the database, so it casts nothing.
 var sqlPreload = `
 SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlPayloadSameText + ` END` +
-	sqlHoldingRowsPayload + ownRetired("$4", "k")
+	holdingRowsPayload(`unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)`) + ownRetired("$4", "k")
 
-// sqlHoldingRowsPayload is the FROM of sqlHoldersPayload and sqlPreload:
+// holdingRowsPayload is the FROM of sqlHoldersPayload and sqlPreload:
 // sqlHolders' one probe of the rule's index per key, with the holding row's
-// payload, for keys given with their payloads ($1, $2, $3).
-const sqlHoldingRowsPayload = `
-FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[])) AS k(entity, occurrence, payload)
+// payload, for keys given with their payloads (keys, as k).
+func holdingRowsPayload(keys string) string {
+	return `
+FROM ` + keys + `
 CROSS JOIN LATERAL (
     SELECT l.run_uid, l.payload
     FROM ` + Schema + `.ledger AS l
     WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
     LIMIT 1
 ) AS h`
+}
 
 // A key a run committed itself is the run's own work, done, whoever's row
 // holds it now: another run's Supersede may have retired the run's row
@@ -644,6 +651,15 @@ func othersRow(run string) string { return `h.run_uid <> ` + run + ` AND m.own I
 // (a payload jsonb cannot hold: 22P02, 22P05), and the item is isolated and
 // fails.
 const sqlPayloadChanged = `nullif(h.payload, 'null'::jsonb) IS DISTINCT FROM nullif(k.payload::jsonb, 'null'::jsonb)`
+
+// sqlCopiesChanged is sqlPayloadChanged for the item's later copies in the
+// chunk (k.copies: the text of a text[] of the payloads other than the
+// item's, NULL payloads none; NULL: no such copy, the usual case, which
+// costs a test), so that a key's verdict does not depend on which of its
+// copies came first. A copy's cast fails like the item's.
+const sqlCopiesChanged = `CASE WHEN k.copies IS NULL THEN false ELSE EXISTS (
+               SELECT FROM pg_catalog.unnest(k.copies::text[]) AS c(payload)
+               WHERE nullif(h.payload, 'null'::jsonb) IS DISTINCT FROM nullif(c.payload::jsonb, 'null'::jsonb)) END`
 
 // sqlPayloadSameText is what a lookup can say of k.payload against h.payload
 // without casting it (a cast error would fail the whole lookup, where the

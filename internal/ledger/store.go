@@ -122,8 +122,8 @@ type Result struct {
 	// Superseded: claiming this item retired another run's committed row.
 	Superseded bool
 	// PayloadChanged (AlreadyHandled by another run only): the committed
-	// row's payload differs from the item's, as jsonb values (sql.go,
-	// sqlPayloadChanged).
+	// row's payload differs from the item's, or from a later copy's of its
+	// key in the chunk, as jsonb values (sql.go, sqlPayloadChanged).
 	PayloadChanged bool
 	// Err is set when Outcome is Failed.
 	Err error
@@ -362,6 +362,18 @@ func payloadMatch(changed *bool) PayloadMatch {
 	return PayloadSame
 }
 
+// MergeMatch is what two copies' matches say of their key: it differs if
+// one does, is the same only if both are.
+func MergeMatch(a, b PayloadMatch) PayloadMatch {
+	switch {
+	case a == PayloadDiffers || b == PayloadDiffers:
+		return PayloadDiffers
+	case a == PayloadUnknown || b == PayloadUnknown:
+		return PayloadUnknown
+	}
+	return PayloadSame
+}
+
 // Held is what the preload found of an item's key: who holds its committed
 // row and, for another run's row, what it could tell of the payload.
 type Held struct {
@@ -372,7 +384,8 @@ type Held struct {
 // PreloadItems is Preload for items, with what the text of each item's
 // payload says of the committed row's of another run (PayloadMatch; never a
 // cast: an item the database cannot read as jsonb is for the claim to
-// fail). Same round trip, same cost per key.
+// fail). Same round trip, same cost per key. A key given more than once is
+// answered for all its copies (MergeMatch).
 func (s *Store) PreloadItems(ctx context.Context, runUID string, items []Item) (map[Key]Held, error) {
 	out := make(map[Key]Held)
 	if len(items) == 0 {
@@ -387,6 +400,9 @@ func (s *Store) PreloadItems(ctx context.Context, runUID string, items []Item) (
 			h := Held{Holder: holderOf(uid, runUID)}
 			if h.Holder == HolderOtherRun {
 				h.Payload = payloadMatch(match)
+			}
+			if prev, ok := out[k]; ok { // a copy: one statement, one snapshot, so the same holder
+				h.Payload = MergeMatch(prev.Payload, h.Payload)
 			}
 			out[k] = h
 			return nil
