@@ -177,6 +177,10 @@ type BatchRow struct {
 	// PayloadMatch: for HolderOtherRun, what the payload's text says of the
 	// committed row's.
 	PayloadMatch PayloadMatch
+	// PayloadOmitted: the lookup settled the row (the run's own key, or
+	// another run's with the same payload) and the fetch left its payload
+	// out (OpenBatch's heldPayloads): Payload is nil whatever it was.
+	PayloadOmitted bool
 }
 
 // BatchHeader returns the header of run's batch, or nil if there is none.
@@ -449,8 +453,9 @@ type BatchReader struct {
 	runUID string
 	shard  int
 	// heldPayloads: rows a lookup found held come with their payloads too
-	// (for a Supersede run, which claims them again); otherwise a row the
-	// lookup settles comes without.
+	// (for a Supersede run, which claims them again, and a Fail run, whose
+	// failure record of a key a later copy fails keeps its first copy's);
+	// otherwise a row the lookup settles comes without.
 	heldPayloads bool
 	// inPlace: the shard's blocks of the batch with each one's first
 	// position, in block order, when the shard is read where it lies; nil
@@ -470,7 +475,7 @@ var ErrSortedCopyLost = errors.New("the shard's sorted copy of its batch is gone
 // runUID (the run whose batch h is), sorting the shard's items first unless
 // a whole copy of them exists already. A row a fetch's lookup settles (held
 // by the run itself, or by another run with the same payload) comes without
-// its payload unless heldPayloads (a Supersede run claims such keys again).
+// its payload (BatchRow.PayloadOmitted) unless heldPayloads.
 func (s *Store) OpenBatch(ctx context.Context, h *BatchHeader, runUID string, shard int, heldPayloads bool) (*BatchReader, error) {
 	r := &BatchReader{store: s, batch: h, runUID: runUID, shard: shard, heldPayloads: heldPayloads}
 	if err := r.open(ctx); err != nil {
@@ -642,6 +647,8 @@ func (r *BatchReader) fetch(ctx context.Context, pos int64, n int, lookup bool) 
 					row.PayloadMatch = payloadMatch(&changed.Bool)
 				}
 			}
+			// As sqlFetchProbe leaves it out.
+			row.PayloadOmitted = lookup && !r.heldPayloads && (row.Holder == HolderSameRun || row.PayloadMatch == PayloadSame)
 			out = append(out, row)
 			row = BatchRow{}
 			return nil

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -88,9 +89,10 @@ func (c ShardConfig) withDefaults() ShardConfig {
 //   - completed: committed by this run, now or by an earlier attempt of it
 //     (the ledger tells this run's rows apart by Run.UID);
 //   - alreadyHandled: committed by another run, or a repeat, within the
-//     batch, of a key counted once already; payloadChanged counts those of
-//     the first kind whose payload differs from the committed row's (failed
-//     instead with cfg.FailOnPayloadChange);
+//     batch, of a key counted once already; payloadChanged counts the keys
+//     of the first kind the payload of one of whose copies differs from the
+//     committed row's, once each (their copies failed instead with
+//     cfg.FailOnPayloadChange);
 //   - failed: the item could not be committed (its error is kept), or the
 //     row could not become an item.
 //
@@ -126,6 +128,18 @@ type carried struct {
 	ok     bool
 	key    ledger.Key
 	failed *Failure // nil: the key was committed (by someone)
+	// pending: the key's copies so far, not counted yet (tallyChunk).
+	pending *pending
+}
+
+// pending is a chunk's last group whose key another run holds: it is counted
+// with the chunk that ends it, since later copies in the next chunk still
+// count in its verdict.
+type pending struct {
+	key     ledger.Key
+	first   ledger.Item // as firstCopies.firsts: the failure record's payload
+	copies  int64
+	changed bool // a copy's payload differs (onPayloadChange: Report)
 }
 
 func (s *shardRun) log() logr.Logger {
@@ -165,14 +179,14 @@ func (s *shardRun) run(ctx context.Context) {
 		return
 	}
 	st, err := s.cfg.Source.open(ctx, s.store, s.cfg.Run.Shard, s.cfg.Shards, streamOptions{
-		run:        s.cfg.Run,
-		onExisting: s.cfg.OnExisting,
-		fetchSize:  s.cfg.ChunkSize,
-		retry:      s.cfg.Retry,
-		limits:     s.cfg.Limits,
-		timeouts:   s.cfg.Timeouts,
-		log:        log,
-		retried:    s.retried,
+		run:          s.cfg.Run,
+		heldPayloads: s.cfg.OnExisting == ledger.Supersede || s.cfg.FailOnPayloadChange,
+		fetchSize:    s.cfg.ChunkSize,
+		retry:        s.cfg.Retry,
+		limits:       s.cfg.Limits,
+		timeouts:     s.cfg.Timeouts,
+		log:          log,
+		retried:      s.retried,
 	})
 	if err != nil {
 		s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
@@ -203,11 +217,17 @@ func (s *shardRun) run(ctx context.Context) {
 			s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
 			return
 		}
+		s.chunk = chunkNo
 		if len(chunk) == 0 {
+			if s.carry.pending != nil {
+				if err := s.process(ctx, nil); err != nil {
+					s.fail(ctx, fmt.Errorf("processing chunk %d: %w", chunkNo, err))
+					return
+				}
+			}
 			s.done(ctx)
 			return
 		}
-		s.chunk = chunkNo
 		if err := s.process(ctx, chunk); err != nil {
 			s.fail(ctx, fmt.Errorf("processing chunk %d: %w", chunkNo, err))
 			return
@@ -279,6 +299,9 @@ type tally struct {
 	counts   v1alpha1.ItemCounts
 	failures []Failure
 	carry    carried
+	// flushed: the previous chunk's pending key, counted by this chunk
+	// although none of its copies is in it.
+	flushed *ledger.Key
 }
 
 func (t *tally) completed()      { t.counts.Completed++ }
@@ -289,12 +312,13 @@ func (t *tally) failed(f Failure) {
 	t.failures = append(t.failures, f)
 }
 
-// process settles one chunk: its first copies grouped, the preload, the
-// commit with its retries, and the tally of the outcomes.
+// process settles one chunk: its copies grouped by key, the preload, the
+// commit with its retries, and the tally of the outcomes. An empty chunk
+// ends the batch: it counts the last group if it waited (carried.pending).
 func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 	work, stop := s.drainContext(ctx)
 	defer stop()
-	g := groupFirstCopies(chunk)
+	g := groupFirstCopies(chunk, s.carry.pending != nil)
 	if err := s.preload(ctx, work, &g); err != nil {
 		return err
 	}
@@ -329,8 +353,15 @@ func (s *shardRun) record(ctx, work context.Context, chunk []entry, t tally) err
 	}
 	var settled []ledger.Key
 	if s.forget {
+		if k := t.flushed; k != nil && !isFailed[*k] {
+			settled = append(settled, *k)
+		}
 		for _, e := range chunk {
-			if k := e.item.Key; e.bad == nil && !isFailed[k] && (len(settled) == 0 || settled[len(settled)-1] != k) {
+			k := e.item.Key
+			if p := t.carry.pending; e.bad != nil || isFailed[k] || p != nil && p.key == k { // a pending key is the chunk's that counts it
+				continue
+			}
+			if len(settled) == 0 || settled[len(settled)-1] != k {
 				settled = append(settled, k)
 			}
 		}
@@ -360,26 +391,39 @@ func (s *shardRun) drainContext(ctx context.Context) (context.Context, func()) {
 	return work, func() { stopDrain(); cancel() }
 }
 
-// firstCopies is a chunk grouped by key: the first copy of each key, in
-// order; later copies follow their first.
+// firstCopies is a chunk grouped by key: a group per key, in order, each
+// its first copy and the later copies that follow it (a key's copies are
+// adjacent). Every copy of a key counts in its verdict: the lookups of all
+// of them, and the claim, or the preload, compares every payload they did
+// not settle.
 type firstCopies struct {
+	// firsts[i] is group i's item as the claim is sent it: its key and its
+	// first copy's payload or, when the fetch left that out (the lookup
+	// found it the same as the holding row's), its first other copy's.
 	firsts []ledger.Item
-	// firstIdx maps an entry of the chunk to its first copy in firsts, or
-	// -1 (a bad entry, or a repeat of the previous chunk's last key).
+	// copies[i] are group i's later copies whose payload the claim (or the
+	// preload) compares besides firsts[i]'s: those the lookups did not
+	// settle, other than firsts[i]'s bytes. nil: none in the chunk.
+	copies [][]ledger.Item
+	// firstIdx maps an entry of the chunk to its group in firsts, or -1 (a
+	// bad entry, or a repeat of the previous chunk's last key).
 	firstIdx []int
-	// held[i] is what is known of firsts[i]'s committed row: by whom and,
-	// for another run's row, whether the payload differs (HolderNone: not
+	// held[i] is what is known of group i's committed row: by whom and,
+	// for another run's row, whether a payload differs (HolderNone: not
 	// known committed; by index, not a map by key: a chunk of an already
 	// handled batch is all held, and hashing every key was a sixth of a
-	// shard's CPU); unchecked are the indexes of the first copies the
-	// source did not check. A key another run holds whose payload the lookup
-	// could not compare is not held: the claim compares it.
+	// shard's CPU); unchecked are the indexes of the groups the source did
+	// not check. A key another run holds whose payloads the lookups could
+	// not compare is not held: the claim compares them.
 	held      []ledger.Held
 	nheld     int
 	unchecked []int
-	// unsure counts the first copies found held by another run whose
-	// payload the lookup could not compare: the claim meets their rows.
+	// unsure counts the groups found held by another run whose payloads
+	// the lookup could not compare: the claim meets their rows.
 	unsure int
+	// cont: group 0 is the chunk's leading repeats of the previous chunk's
+	// last key, whose copies are not counted yet (carried.pending).
+	cont bool
 }
 
 // expectFresh says whether the claim should expect none of the keys it is
@@ -389,7 +433,7 @@ type firstCopies struct {
 // held.
 func (g firstCopies) expectFresh() bool { return g.unsure == 0 }
 
-// hold records what a lookup found of first copy i's key.
+// hold records what a lookup found of group i's key.
 func (g *firstCopies) hold(i int, h ledger.Held) {
 	if h.Holder == ledger.HolderNone {
 		return
@@ -404,51 +448,138 @@ func (g *firstCopies) hold(i int, h ledger.Held) {
 	g.held[i] = h
 }
 
-func groupFirstCopies(chunk []entry) firstCopies {
+// lookups is what the entries of one group say of its key.
+type lookups struct {
+	all     bool        // every entry was looked up (checked)
+	agree   bool        // and all found the same holder
+	h       ledger.Held // the first checked entry's, payloads merged (ledger.MergeMatch)
+	checked bool        // some entry was looked up
+	static  bool        // the source asks the preload (neither checked nor direct)
+	hasItem bool        // firsts[i] has a payload the fetch did not leave out
+}
+
+func (l *lookups) add(e entry) {
+	switch {
+	case e.checked:
+		h := ledger.Held{Holder: e.holder, Payload: e.payload}
+		switch {
+		case !l.checked:
+			l.h, l.agree = h, true
+		case h.Holder != l.h.Holder:
+			l.agree = false
+		default:
+			l.h.Payload = ledger.MergeMatch(l.h.Payload, h.Payload)
+		}
+		l.checked = true
+	case !e.direct:
+		l.static, l.all = true, false
+	default:
+		l.all = false
+	}
+}
+
+// close settles what group i's lookups say: a payload that differs settles
+// it (already handled, changed); lookups of every copy that agree settle it
+// as they say; anything else is for the preload (a static source) or the
+// claim.
+func (g *firstCopies) close(i int, l lookups) {
+	switch {
+	case l.static:
+		g.unchecked = append(g.unchecked, i)
+	case l.checked && l.h.Holder == ledger.HolderOtherRun && l.h.Payload == ledger.PayloadDiffers:
+		g.hold(i, l.h)
+	case l.all && l.agree:
+		g.hold(i, l.h)
+	case l.checked && (l.h.Holder != ledger.HolderNone || !l.agree):
+		g.unsure++ // held when looked up: the claim will find it so
+	}
+}
+
+// groupFirstCopies groups chunk by key; continues: leading repeats continue
+// the previous chunk's last group, not counted yet (carried.pending), and
+// are a group of their own (cont), compared like any other.
+func groupFirstCopies(chunk []entry, continues bool) firstCopies {
 	g := firstCopies{held: make([]ledger.Held, 0, len(chunk)), firstIdx: make([]int, len(chunk)), firsts: make([]ledger.Item, 0, len(chunk))}
 	last := -1
+	var l lookups
 	for i, e := range chunk {
 		g.firstIdx[i] = -1
 		switch {
 		case e.bad != nil:
-		case !e.repeat:
+		case !e.repeat || (last < 0 && continues):
+			if last >= 0 {
+				g.close(last, l)
+			}
+			g.cont = g.cont || e.repeat
 			last = len(g.firsts)
 			g.firsts = append(g.firsts, e.item)
 			g.held = append(g.held, ledger.Held{})
 			g.firstIdx[i] = last
-			switch {
-			case e.checked:
-				g.hold(last, ledger.Held{Holder: e.holder, Payload: e.payload})
-			case !e.direct:
-				g.unchecked = append(g.unchecked, last)
-			}
+			l = lookups{all: true, hasItem: !e.omitted}
+			l.add(e)
 		case last >= 0:
 			g.firstIdx[i] = last
+			l.add(e)
+			g.addCopy(last, &l, e)
 		}
+	}
+	if last >= 0 {
+		g.close(last, l)
 	}
 	return g
 }
 
-// toCommit are the first copies the preload did not settle.
+// addCopy keeps a later copy of group i for the claim to compare, unless
+// the fetch left its payload out (the lookup found it the same) or it is
+// firsts[i]'s, byte for byte; the first one the fetch did not leave out
+// stands for a first copy it did.
+func (g *firstCopies) addCopy(i int, l *lookups, e entry) {
+	switch p := e.item.Payload; {
+	case e.omitted:
+	case !l.hasItem:
+		g.firsts[i].Payload, l.hasItem = p, true
+	case (p == nil) == (g.firsts[i].Payload == nil) && bytes.Equal(p, g.firsts[i].Payload):
+	default:
+		if g.copies == nil {
+			g.copies = make([][]ledger.Item, cap(g.firsts)) // the chunk's length: no group index reaches it
+		}
+		g.copies[i] = append(g.copies[i], e.item)
+	}
+}
+
+// withCopies is group i's item and its copies to compare.
+func (g firstCopies) withCopies(out []ledger.Item, i int) []ledger.Item {
+	out = append(out, g.firsts[i])
+	if g.copies != nil {
+		out = append(out, g.copies[i]...)
+	}
+	return out
+}
+
+// toCommit are the groups the preload did not settle, each with its copies
+// to compare (a Supersede run compares none: its first copy only).
 func (g firstCopies) toCommit(onExisting ledger.OnExisting) []ledger.Item {
 	out := make([]ledger.Item, 0, max(0, len(g.firsts)-g.nheld))
 	for i, it := range g.firsts {
-		if h := g.held[i].Holder; h == ledger.HolderNone || (h == ledger.HolderOtherRun && onExisting == ledger.Supersede) {
+		switch h := g.held[i].Holder; {
+		case onExisting == ledger.Supersede && h != ledger.HolderSameRun:
 			out = append(out, it)
+		case h == ledger.HolderNone:
+			out = g.withCopies(out, i)
 		}
 	}
 	return out
 }
 
-// preload asks which unchecked first copies are committed already, and by
-// whom.
+// preload asks which unchecked groups' keys are committed already, and by
+// whom, with what the text of every copy's payload says.
 func (s *shardRun) preload(ctx, work context.Context, g *firstCopies) error {
 	if len(g.unchecked) == 0 {
 		return nil
 	}
-	items := make([]ledger.Item, len(g.unchecked))
-	for j, i := range g.unchecked {
-		items[j] = g.firsts[i]
+	items := make([]ledger.Item, 0, len(g.unchecked))
+	for _, i := range g.unchecked {
+		items = g.withCopies(items, i)
 	}
 	return s.cfg.Retry.Do(ctx, "preloading committed keys", s.onRetry("preload"), func(int) error {
 		h, err := s.store.PreloadItems(work, s.cfg.Run.UID, items)
@@ -490,7 +621,9 @@ func (s *shardRun) commit(ctx, work context.Context, items []ledger.Item, fresh 
 		var again []ledger.Item
 		var why error
 		for i, r := range res {
-			results[r.Key] = r
+			if r.Holder != ledger.HolderSameChunk { // a copy sent to compare its payload: its first carries the key's result
+				results[r.Key] = r
+			}
 			if r.Outcome == ledger.Failed && errors.Is(r.Err, ledger.ErrRetryItem) {
 				again, why = append(again, pending[i]), r.Err
 			}
@@ -532,15 +665,15 @@ func claimFoundHeld(results map[ledger.Key]ledger.Result) bool {
 	return false
 }
 
-// verdict is the outcome of a first copy.
+// verdict is the outcome of a group: its key's.
 type verdict struct {
 	outcome        ledger.Outcome
 	payloadChanged bool     // already handled by another run, with another payload
 	failure        *Failure // outcome Failed
 }
 
-// verdictOf is the outcome of first copy it: from the commit, or from the
-// lookup that found its key held (it was not sent).
+// verdictOf is the outcome of group i: from the commit, or from the lookup
+// that found its key held (it was not sent).
 func (s *shardRun) verdictOf(i int, g firstCopies, results map[ledger.Key]ledger.Result) verdict {
 	it, held := g.firsts[i], g.held[i]
 	var v verdict
@@ -556,50 +689,131 @@ func (s *shardRun) verdictOf(i int, g firstCopies, results map[ledger.Key]ledger
 	default:
 		v = verdict{outcome: r.Outcome, payloadChanged: r.Outcome == ledger.AlreadyHandled && r.PayloadChanged}
 	}
-	if v.payloadChanged && s.cfg.FailOnPayloadChange {
+	return s.onPayloadChange(v, it)
+}
+
+// onPayloadChange fails v, already handled with another payload, under
+// spec.onPayloadChange: Fail.
+func (s *shardRun) onPayloadChange(v verdict, it ledger.Item) verdict {
+	if v.payloadChanged && s.cfg.FailOnPayloadChange && v.outcome == ledger.AlreadyHandled {
 		v.outcome, v.failure = ledger.Failed, &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: ErrPayloadChanged.Error(),
 			Class: ledger.ClassPayloadChanged, payload: it.Payload}
 	}
 	return v
 }
 
-// tallyChunk counts the chunk's outcomes, in the chunk's order.
+// defers says whether a chunk's last group, of verdict v, waits for the
+// next chunk to be counted: another run holds its key, so its copies there
+// may still change its verdict (a payload that differs, one the claim
+// cannot cast). A Supersede run compares no payload.
+func (s *shardRun) defers(v verdict) bool {
+	return v.outcome == ledger.AlreadyHandled && s.cfg.OnExisting != ledger.Supersede
+}
+
+// tallyChunk counts the chunk's outcomes, in the chunk's order; a group
+// continued from the previous chunk (g.cont) and one the next chunk may
+// continue are counted whole, with the chunk that ends them. An empty
+// chunk ends the batch.
 func (s *shardRun) tallyChunk(chunk []entry, g firstCopies, results map[ledger.Key]ledger.Result) (tally, error) {
 	t := tally{carry: s.carry}
 	verdicts := make([]verdict, len(g.firsts))
 	for i := range g.firsts {
 		verdicts[i] = s.verdictOf(i, g, results)
 	}
+	p := t.carry.pending
+	switch {
+	case p == nil:
+	case g.cont: // the chunk goes on with its copies: the key's verdict is theirs there and here
+		verdicts[0] = s.merge(*p, verdicts[0])
+	case len(g.firsts) > 0 || len(chunk) == 0: // another key follows, or the batch ended: its verdict stands
+		t.countGroup(p.first, p.copies, verdict{outcome: ledger.AlreadyHandled, payloadChanged: p.changed})
+		t.flushed, t.carry.pending = &p.key, nil
+	}
+	tail := len(g.firsts) - 1
+	deferTail := tail >= 0 && s.defers(verdicts[tail])
+	whole := [2]int64{} // entries of group 0 (continued) and of the tail (deferred)
 	for i, e := range chunk {
+		gi := g.firstIdx[i]
 		switch {
 		case e.bad != nil:
 			t.failed(Failure{Entity: e.item.Entity, Occurrence: e.item.Occurrence, Error: e.bad.Error(),
 				Class: ledger.ClassInput, payload: e.item.Payload})
-		case e.repeat && g.firstIdx[i] < 0:
-			// A repeat of the last key of the previous chunk.
-			if !t.carry.ok || t.carry.key != e.item.Key {
+		case gi < 0:
+			// A repeat of the last key of the previous chunk, counted there.
+			if !t.carry.ok || t.carry.key != e.item.Key || t.carry.pending != nil {
 				return tally{}, fmt.Errorf("internal error: repeat of %s without its first copy", e.item.Key)
 			}
 			s.countRepeat(&t, e.item, t.carry.failed)
-		case e.repeat:
-			s.countRepeat(&t, e.item, verdicts[g.firstIdx[i]].failure)
+		case gi == tail && deferTail:
+			whole[1]++
+		case gi == 0 && g.cont:
+			whole[0]++
+		case !e.repeat:
+			t.count(verdicts[gi])
 		default:
-			v := verdicts[g.firstIdx[i]]
-			switch v.outcome {
-			case ledger.Completed:
-				t.completed()
-			case ledger.AlreadyHandled:
-				t.alreadyHandled()
-			default:
-				t.failed(*v.failure)
-			}
-			if v.payloadChanged {
-				t.counts.PayloadChanged++
-			}
-			t.carry = carried{ok: true, key: e.item.Key, failed: v.failure}
+			s.countRepeat(&t, e.item, verdicts[gi].failure)
 		}
 	}
+	if g.cont && !(deferTail && tail == 0) {
+		t.countGroup(p.first, p.copies+whole[0], verdicts[0])
+	}
+	// The carry: the chunk's last key, waiting or counted.
+	switch {
+	case deferTail && g.cont && tail == 0:
+		t.carry.pending = &pending{key: p.key, first: p.first, copies: p.copies + whole[1], changed: verdicts[0].payloadChanged}
+	case deferTail:
+		k := g.firsts[tail].Key
+		t.carry = carried{ok: true, key: k, pending: &pending{key: k, first: g.firsts[tail], copies: whole[1], changed: verdicts[tail].payloadChanged}}
+	case tail >= 0:
+		t.carry = carried{ok: true, key: g.firsts[tail].Key, failed: verdicts[tail].failure}
+	}
 	return t, nil
+}
+
+// merge is the verdict of a key whose copies p, counted nowhere yet, another
+// run held, and whose later copies' group has verdict v: v, changed if p's
+// payloads were.
+func (s *shardRun) merge(p pending, v verdict) verdict {
+	if v.outcome == ledger.AlreadyHandled {
+		v.payloadChanged = v.payloadChanged || p.changed
+	}
+	return s.onPayloadChange(v, p.first)
+}
+
+// count counts a group's first copy, of verdict v.
+func (t *tally) count(v verdict) {
+	switch v.outcome {
+	case ledger.Completed:
+		t.completed()
+	case ledger.AlreadyHandled:
+		t.alreadyHandled()
+	default:
+		t.failed(*v.failure)
+	}
+	if v.payloadChanged {
+		t.counts.PayloadChanged++
+	}
+}
+
+// countGroup counts n copies of a key whose first copy is first, of verdict
+// v, at once.
+func (t *tally) countGroup(first ledger.Item, n int64, v verdict) {
+	if n == 0 {
+		return
+	}
+	if v.failure != nil {
+		f := *v.failure
+		f.Entity, f.Occurrence, f.payload = first.Entity, first.Occurrence, first.Payload
+		v.failure = &f
+	}
+	t.count(v)
+	for range n - 1 {
+		if v.failure == nil {
+			t.alreadyHandled()
+			continue
+		}
+		t.failed(repeatOf(ledger.Item{Key: first.Key}, v.failure)) // its payload is not kept: the record keeps the first copy's
+	}
 }
 
 // settle adds a settled chunk's tally to the shard's report.
@@ -642,8 +856,14 @@ func (s *shardRun) countRepeat(t *tally, it ledger.Item, first *Failure) {
 		t.alreadyHandled()
 		return
 	}
-	t.failed(Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: "repeat of a failed item: " + first.Error,
-		Class: first.Class, payload: it.Payload})
+	t.failed(repeatOf(it, first))
+}
+
+// repeatOf is the failure of it, a later copy of a key whose first copy
+// failed with first.
+func repeatOf(it ledger.Item, first *Failure) Failure {
+	return Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: "repeat of a failed item: " + first.Error,
+		Class: first.Class, payload: it.Payload}
 }
 
 func (s *shardRun) onRetry(what string) func(int, time.Duration, error) {

@@ -194,3 +194,227 @@ func TestPayloadChangedQuerySource(t *testing.T) {
 	require.Equal(t, v1alpha1.ItemCounts{Total: 500, AlreadyHandled: 500, PayloadChanged: 500}, sum, "no payload against a value")
 	require.EqualValues(t, 500, f.committed(t))
 }
+
+// laterCopies is a batch whose keys k-1 to k-6 another run holds with
+// {"v": 1}, several of them given more than once, with a payload that
+// changed in some copy other than the first; and a fresh key given twice
+// with two payloads (its first copy is committed, not compared). Entities
+// in key order, so that a query batch reads them as listed.
+var laterCopies = []struct {
+	entity string
+	copies []string // "" is no payload
+}{
+	{"a-fresh", []string{`{"v": 1}`, `{"v": 2}`}},
+	{"k-1", []string{`{"v": 1}`, `{"v": 2}`}},                         // the issue's case: the same, then another value
+	{"k-2", []string{`{"v": 2}`, `{"v": 1}`}},                         // reversed
+	{"k-3", []string{`{"v":1}`, `{ "v" : 1.0 }`, ``}},                 // the same spelled otherwise, then none
+	{"k-4", []string{`{"v": 1}`, `{"v":1}`}},                          // the same twice
+	{"k-5", []string{`{"v":1}`}},                                      // once
+	{"k-6", []string{`{"v": 1}`, `{"v": 1}`, `{"v": 1}`, `{"v": 3}`}}, // a change after more copies than a small chunk
+}
+
+// laterCopiesChanged are laterCopies' keys whose payload changed in some
+// copy, and changedCopies how many copies they have.
+var laterCopiesChanged, laterCopiesChangedCopies = []string{"k-1", "k-2", "k-3", "k-6"}, int64(11)
+
+// payloadChangedListed lists what `runledger items --payload-changed`
+// lists for the run: its already handled items marked payloadChanged and its
+// failed ones of class payload-changed (batch: a static run's items).
+func payloadChangedListed(t *testing.T, f *fixture, uid string, batch []ledger.Item) []string {
+	t.Helper()
+	ctx := context.Background()
+	runs, err := f.store.FindRuns(ctx, "default", "run-"+uid)
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	var out []string
+	require.NoError(t, f.store.RunItemsOf(ctx, runs[0], batch, []ledger.Outcome{ledger.Failed, ledger.AlreadyHandled}, func(v ledger.ItemVerdict) error {
+		if v.PayloadChanged || v.Outcome == ledger.Failed && v.Class == ledger.ClassPayloadChanged {
+			out = append(out, v.Entity)
+		}
+		return nil
+	}))
+	slices.Sort(out)
+	return out
+}
+
+// TestPayloadChangedLaterCopy (#43): every copy of a key in a batch is
+// compared with the payload of the row another run committed for it, not
+// only the first: a key whose payload changed in any copy is counted once in
+// payloadChanged, and under onPayloadChange: Fail all its copies fail,
+// whichever copy changed, wherever the chunks split its copies; the counts
+// agree with `runledger items --payload-changed`. Inline items and query
+// batches (a jsonb payload, which the batch's cursor compares, and a text
+// one, which the claim compares). A Supersede run compares nothing: it
+// commits each key's first copy.
+func TestPayloadChangedLaterCopy(t *testing.T) {
+	t.Parallel()
+	for _, source := range []string{"static", "query jsonb", "query text"} {
+		t.Run(source, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			var held []ledger.Item
+			for _, k := range laterCopies[1:] {
+				held = append(held, ledger.Item{Key: ledger.Key{Entity: k.entity, Occurrence: "2024-06"}, Payload: json.RawMessage(`{"v": 1}`)})
+			}
+			_, sum := runShards(t, f, worker.ShardConfig{Run: run("uid-holder"), Source: worker.NewStaticSource("holder", held)})
+			require.EqualValues(t, len(held), sum.Completed)
+			mustExec(t, f.pool, `CREATE TABLE copies (batch text, ord int, entity text, pt text)`)
+
+			// batchOf is laterCopies for run uid, its fresh key its own.
+			batchOf := func(uid string) (worker.Source, []ledger.Item) {
+				var items []ledger.Item
+				for _, k := range laterCopies {
+					e := k.entity
+					if e == "a-fresh" {
+						e += "-" + uid
+					}
+					for _, p := range k.copies {
+						it := ledger.Item{Key: ledger.Key{Entity: e, Occurrence: "2024-06"}}
+						if p != "" {
+							it.Payload = json.RawMessage(p)
+						}
+						items = append(items, it)
+					}
+				}
+				if source == "static" {
+					return worker.NewStaticSource("items", items), items
+				}
+				for i, it := range items {
+					mustExec(t, f.pool, `INSERT INTO copies VALUES ($1, $2, $3, $4)`, uid, i, it.Entity, nullable(it.Payload))
+				}
+				col := "pt::jsonb"
+				if source == "query text" {
+					col = "pt"
+				}
+				src := worker.NewQuerySource(`SELECT entity, '2024-06' AS occurrence, ` + col + ` AS payload FROM copies WHERE batch = '` + uid + `' ORDER BY ord`)
+				require.NoError(t, src.Check(context.Background(), f.store))
+				return src, nil
+			}
+
+			total := int64(0)
+			for _, k := range laterCopies {
+				total += int64(len(k.copies))
+			}
+			changedN := int64(len(laterCopiesChanged))
+			for _, chunk := range []int{1, 2, 3, 100} {
+				for _, failOn := range []bool{false, true} {
+					uid := fmt.Sprintf("uid-%d-%v", chunk, failOn)
+					t.Run(fmt.Sprintf("chunks of %d, Fail %v", chunk, failOn), func(t *testing.T) {
+						src, items := batchOf(uid)
+						cfg := worker.ShardConfig{Run: run(uid), Source: src, ChunkSize: chunk, FailOnPayloadChange: failOn, MaxFailedItems: -1}
+						reports, sum := runShards(t, f, cfg)
+						want := v1alpha1.ItemCounts{Total: total, Completed: 1, AlreadyHandled: total - 1, PayloadChanged: changedN}
+						if failOn {
+							want.AlreadyHandled, want.Failed = total-1-laterCopiesChangedCopies, laterCopiesChangedCopies
+						}
+						require.Equal(t, want, sum)
+						require.Equal(t, laterCopiesChanged, payloadChangedListed(t, f, uid, items), "as many as payloadChanged counts")
+						if failOn {
+							recs := requireRecordsMatch(t, f, uid, reports)
+							for _, k := range laterCopies {
+								rec, ok := recs[ledger.Key{Entity: k.entity, Occurrence: "2024-06"}]
+								if !ok {
+									continue
+								}
+								first := k.copies[0] // as the batch holds it: a jsonb column's text is jsonb's
+								if source == "query jsonb" {
+									require.NoError(t, f.pool.QueryRow(context.Background(), `SELECT $1::jsonb::text`, first).Scan(&first))
+								}
+								require.Equal(t, digest(first), rec.Digest, "%s: the record keeps the first copy's payload", k.entity)
+							}
+							var keys []string
+							for _, fl := range failedKeys(reports) {
+								if len(keys) == 0 || keys[len(keys)-1] != fl {
+									keys = append(keys, fl)
+								}
+							}
+							require.Equal(t, laterCopiesChanged, keys, "exactly the changed keys fail")
+						}
+					})
+				}
+			}
+			require.EqualValues(t, len(held)+8, f.committed(t), "the holder's keys and each run's fresh key")
+
+			uid := "uid-supersede"
+			src, items := batchOf(uid)
+			_, sum = runShards(t, f, worker.ShardConfig{Run: run(uid), Source: src, ChunkSize: 2, OnExisting: ledger.Supersede, FailOnPayloadChange: true})
+			require.Equal(t, v1alpha1.ItemCounts{Total: total, Completed: int64(len(laterCopies)), AlreadyHandled: total - int64(len(laterCopies))}, sum,
+				"a Supersede run commits each key's first copy, compares nothing")
+			require.Empty(t, payloadChangedListed(t, f, uid, items))
+			require.EqualValues(t, 1, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE entity = 'k-2' AND state = 'committed' AND run_uid = $1 AND payload = '{"v": 2}'`, uid),
+				"k-2's first copy")
+		})
+	}
+}
+
+func nullable(p []byte) any {
+	if p == nil {
+		return nil
+	}
+	return string(p)
+}
+
+// TestPayloadChangedLaterCopyUncastable: a key another run holds whose
+// later copy's payload jsonb cannot hold fails whole, as when that copy
+// comes first: the claim cannot compare it. Wherever the chunks split its
+// copies, in inline items and a query's text column.
+func TestPayloadChangedLaterCopyUncastable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	held := []ledger.Item{{Key: ledger.Key{Entity: "k-1", Occurrence: "2024-06"}, Payload: json.RawMessage(`{"v": 1}`)}}
+	runShards(t, f, worker.ShardConfig{Run: run("uid-holder"), Source: worker.NewStaticSource("holder", held)})
+	mustExec(t, f.pool, `CREATE TABLE copies (batch text, ord int, entity text, pt text)`)
+	for _, order := range [][]string{{`{"v": 1}`, `{"s": "\u0000"}`}, {`{"s": "\u0000"}`, `{"v": 1}`}} {
+		for _, source := range []string{"static", "query"} {
+			for _, chunk := range []int{1, 100} {
+				uid := fmt.Sprintf("uid-%s-%d-%s", source, chunk, order[0][2:3])
+				var src worker.Source = worker.NewStaticSource("items", []ledger.Item{
+					{Key: held[0].Key, Payload: json.RawMessage(order[0])}, {Key: held[0].Key, Payload: json.RawMessage(order[1])}})
+				if source == "query" {
+					mustExec(t, f.pool, `INSERT INTO copies VALUES ($1, 0, 'k-1', $2), ($1, 1, 'k-1', $3)`, uid, order[0], order[1])
+					q := worker.NewQuerySource(`SELECT entity, '2024-06' AS occurrence, pt AS payload FROM copies WHERE batch = '` + uid + `' ORDER BY ord`)
+					require.NoError(t, q.Check(context.Background(), f.store))
+					src = q
+				}
+				reports, sum := runShards(t, f, worker.ShardConfig{Run: run(uid), Source: src, ChunkSize: chunk, MaxFailedItems: -1})
+				require.Equal(t, v1alpha1.ItemCounts{Total: 2, Failed: 2}, sum, uid)
+				recs := requireRecordsMatch(t, f, uid, reports)
+				require.Equal(t, "22P05", recs[held[0].Key].Class, uid)
+			}
+		}
+	}
+}
+
+// TestPayloadChangedLaterCopyRerun: a rerun of a Fail run whose key another
+// run took over since with its payload: the key that failed is already
+// handled now, and its failure record goes, wherever the chunks split its
+// copies.
+func TestPayloadChangedLaterCopyRerun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	key := ledger.Key{Entity: "k-1", Occurrence: "2024-06"}
+	runShards(t, f, worker.ShardConfig{Run: run("uid-holder"), Source: worker.NewStaticSource("holder", []ledger.Item{{Key: key, Payload: json.RawMessage(`{"v": 1}`)}})})
+	for _, chunk := range []int{1, 2, 100} {
+		uid := fmt.Sprintf("uid-%d", chunk)
+		items := []ledger.Item{
+			{Key: ledger.Key{Entity: "a-" + uid, Occurrence: "2024-06"}}, // fresh, before
+			{Key: key, Payload: json.RawMessage(`{"v": 2}`)}, {Key: key, Payload: json.RawMessage(`{"v":2}`)}, {Key: key, Payload: json.RawMessage(`{"v": 2}`)},
+		}
+		cfg := worker.ShardConfig{Run: run(uid), Source: worker.NewStaticSource("items", items), ChunkSize: chunk, FailOnPayloadChange: true, MaxFailedItems: -1}
+		reports, sum := runShards(t, f, cfg)
+		require.Equal(t, v1alpha1.ItemCounts{Total: 4, Completed: 1, Failed: 3, PayloadChanged: 1}, sum, uid)
+		requireRecordsMatch(t, f, uid, reports)
+
+		// Another run takes the key over with the payload of this run's copies.
+		runShards(t, f, worker.ShardConfig{Run: run("uid-taker-" + uid), Source: worker.NewStaticSource("taker", []ledger.Item{{Key: key, Payload: json.RawMessage(`{"v": 2}`)}}),
+			OnExisting: ledger.Supersede})
+		reports, sum = runShards(t, f, cfg)
+		require.Equal(t, v1alpha1.ItemCounts{Total: 4, Completed: 1, AlreadyHandled: 3}, sum, uid)
+		require.Empty(t, failureRecords(t, f, uid), "%s: the key is already handled now: its record goes", uid)
+		requireRecordsMatch(t, f, uid, reports)
+
+		// And back, for the next chunk size.
+		runShards(t, f, worker.ShardConfig{Run: run("uid-back-" + uid), Source: worker.NewStaticSource("back", []ledger.Item{{Key: key, Payload: json.RawMessage(`{"v": 1}`)}}),
+			OnExisting: ledger.Supersede})
+	}
+}

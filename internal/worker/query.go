@@ -294,7 +294,7 @@ func (s *queryStream) fill(ctx context.Context) error {
 	var page []ledger.BatchRow
 	err := s.opt.retry.Do(ctx, "reading the batch", onRetry, func(int) error {
 		if s.reader == nil {
-			r, err := s.store.OpenBatch(ctx, s.batch, s.opt.run.UID, s.shard, s.opt.onExisting == ledger.Supersede)
+			r, err := s.store.OpenBatch(ctx, s.batch, s.opt.run.UID, s.shard, s.opt.heldPayloads)
 			if err != nil {
 				return err
 			}
@@ -318,7 +318,7 @@ func (s *queryStream) fill(ctx context.Context) error {
 	held := false
 	for _, r := range page {
 		en := s.rowEntry(r.Entity, r.Occurrence, r.Payload, r.Seq)
-		en.checked, en.holder, en.payload = r.LookedUp, r.Holder, r.PayloadMatch
+		en.checked, en.holder, en.payload, en.omitted = r.LookedUp, r.Holder, r.PayloadMatch, r.PayloadOmitted
 		en.direct = !r.LookedUp
 		held = held || r.Holder != ledger.HolderNone
 		buf = append(buf, en)

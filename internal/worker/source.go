@@ -31,13 +31,15 @@ type Source interface {
 
 type streamOptions struct {
 	run ledger.Run // UID tells this run's rows from others' (HolderSameRun)
-	// onExisting: a Supersede run claims keys held by another run again.
-	onExisting ledger.OnExisting
-	fetchSize  int
-	retry      Backoff
-	limits     Limits
-	timeouts   v1alpha1.RunTimeouts
-	log        logr.Logger
+	// heldPayloads: a row a lookup settles keeps its payload (a Supersede
+	// run claims it again; a Fail run's failure record of a key keeps its
+	// first copy's, which a later copy's change may fail).
+	heldPayloads bool
+	fetchSize    int
+	retry        Backoff
+	limits       Limits
+	timeouts     v1alpha1.RunTimeouts
+	log          logr.Logger
 	// retried, if set, is told about each retryable error of the stream's
 	// own reads.
 	retried func(error)
@@ -58,6 +60,9 @@ type entry struct {
 	checked bool
 	holder  ledger.Holder
 	payload ledger.PayloadMatch // for HolderOtherRun
+	// omitted: the lookup settled the row and its payload was left out
+	// (item.Payload is nil whatever it was).
+	omitted bool
 	// direct: the source looked the key up on purpose not (none of its
 	// recent keys was held): no preload either, the claim finds the holder.
 	direct bool
