@@ -171,3 +171,59 @@ func TestItemsPayloadChanged(t *testing.T) {
 	require.EqualValues(t, 20, d.committed(t))
 	require.EqualValues(t, 20, d.int(t, `SELECT count(*) FROM invoices`), "the effect ran once per item")
 }
+
+// TestRunPayloadChangedLaterCopy (#43): with another run holding k1
+// {"v": 1}, a run listing k1 {"v": 1} then k1 {"v": 2}, or the other way
+// round, has k1's payload changed: under onPayloadChange: Fail both copies
+// fail (exit 1 over maxFailedItems 0) and payloadChanged is 1, as
+// `runledger items --payload-changed` lists k1; under Report both are
+// already handled, payloadChanged 1. A ConfigMap's items and a query's rows.
+func TestRunPayloadChangedLaterCopy(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	const cm = "batch: {configMapRef: {name: items, key: items.jsonl}}"
+	k1 := func(v int) string {
+		return fmt.Sprintf(`{"entity": "k1", "occurrence": "2024-06", "payload": {"v": %d}}`, v)
+	}
+	r := runCLI(t, "", "run", "-f", writeFile(t, "a.yaml", manifest("a", cm)), "--from-file", writeFile(t, "a.jsonl", k1(1)), "--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+
+	for _, c := range []struct {
+		name, batch, from string
+		spec              []string
+		code              int
+		want              counts
+		verdict           string
+	}{
+		{name: "fail", batch: cm, from: k1(1) + "\n" + k1(2), spec: []string{"onPayloadChange: Fail"}, code: 1, want: counts{Total: 2, Failed: 2}, verdict: "Failed"},
+		{name: "fail-reversed", batch: cm, from: k1(2) + "\n" + k1(1), spec: []string{"onPayloadChange: Fail"}, code: 1, want: counts{Total: 2, Failed: 2}, verdict: "Failed"},
+		{name: "report", batch: cm, from: k1(1) + "\n" + k1(2), code: 0, want: counts{Total: 2, AlreadyHandled: 2}, verdict: "AlreadyHandled"},
+		{name: "query-fail", batch: `batch: {query: "SELECT 'k1' AS entity, '2024-06' AS occurrence, p::jsonb AS payload FROM (VALUES (1, '{\"v\": 1}'), (2, '{\"v\": 2}')) AS r(n, p) ORDER BY n"}`,
+			spec: []string{"onPayloadChange: Fail"}, code: 1, want: counts{Total: 2, Failed: 2}, verdict: "Failed"},
+		{name: "query-report", batch: `batch: {query: "SELECT 'k1' AS entity, '2024-06' AS occurrence, p::jsonb AS payload FROM (VALUES (1, '{\"v\": 1}'), (2, '{\"v\": 2}')) AS r(n, p) ORDER BY n"}`,
+			code: 0, want: counts{Total: 2, AlreadyHandled: 2}, verdict: "AlreadyHandled"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			run := writeFile(t, "run.yaml", manifest(c.name, append([]string{c.batch}, c.spec...)...))
+			args := []string{"-f", run}
+			if c.from != "" {
+				args = append(args, "--from-file", writeFile(t, "items.jsonl", c.from))
+			}
+			r := runCLI(t, "", append(append([]string{"run"}, args...), "--dsn", d.dsn, "--output", "json")...)
+			require.Equal(t, c.code, r.code, "stderr:\n%s", r.stderr)
+			s := r.summary(t)
+			require.Equal(t, c.want, s.counts())
+			require.EqualValues(t, 1, s.PayloadChanged)
+
+			if c.from == "" {
+				args = nil // a query's batch is kept in the ledger database
+			}
+			res := runCLI(t, "", append([]string{"items", c.name, "-n", "billing", "--payload-changed", "--output", "json", "--dsn", d.dsn}, args...)...)
+			listed := decodeItems(t, res)
+			require.Len(t, listed, 1, "as many as payloadChanged counts")
+			require.Equal(t, "k1", listed[0].Entity)
+			require.Equal(t, c.verdict, listed[0].Verdict)
+		})
+	}
+	require.EqualValues(t, 1, d.committed(t), "run a's row only")
+}
