@@ -418,3 +418,73 @@ func TestPayloadChangedLaterCopyRerun(t *testing.T) {
 			OnExisting: ledger.Supersede})
 	}
 }
+
+// TestPayloadChangedLaterCopyRandomized: batches whose keys another run
+// holds, each given one to four times in random order, any copy's payload
+// changed or spelled otherwise at random, over random shards and chunk
+// sizes, as inline items and as a query's rows: a key counts in
+// payloadChanged when any of its copies changed, under Fail all its copies
+// fail, and the counts agree with what `runledger items --payload-changed`
+// lists and with the failure records.
+func TestPayloadChangedLaterCopyRandomized(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	rng := rand.New(rand.NewPCG(43, 3))
+	const n = 300
+	base := keyItems("acct", n) // {"amount": i}
+	runShards(t, f, worker.ShardConfig{Run: run("uid-base"), Shards: 2, Source: worker.NewStaticSource("base", base), ChunkSize: 50})
+	mustExec(t, f.pool, `CREATE TABLE copies (batch text, ord int, entity text, occurrence text, pt text)`)
+
+	for round := range 12 {
+		var batch []ledger.Item
+		var changed []string
+		var changedCopies int64
+		for i, it := range base {
+			if rng.IntN(3) == 0 {
+				continue // not in this batch
+			}
+			keyChanged := false
+			copies := 1 + rng.IntN(4)
+			for c := range copies {
+				cp := it
+				switch rng.IntN(6) {
+				case 0:
+					cp.Payload, keyChanged = json.RawMessage(fmt.Sprintf(`{"amount": %d, "copy": %d}`, i, c)), true
+				case 1:
+					cp.Payload = json.RawMessage(fmt.Sprintf(`{ "amount":%d.0 }`, i))
+				}
+				batch = append(batch, cp)
+			}
+			if keyChanged {
+				changed, changedCopies = append(changed, it.Entity), changedCopies+int64(copies)
+			}
+		}
+		slices.Sort(changed)
+		rng.Shuffle(len(batch), func(i, j int) { batch[i], batch[j] = batch[j], batch[i] })
+		total := int64(len(batch))
+		shards, chunk := 1+rng.IntN(3), 1+rng.IntN(40)
+		failOn := round%2 == 1
+		uid := fmt.Sprintf("uid-round-%d", round)
+		var src worker.Source = worker.NewStaticSource("batch", batch)
+		listed, kind := batch, "inline items"
+		if round%4 >= 2 {
+			for i, it := range batch {
+				mustExec(t, f.pool, `INSERT INTO copies VALUES ($1, $2, $3, $4, $5)`, uid, i, it.Entity, it.Occurrence, string(it.Payload))
+			}
+			q := worker.NewQuerySource(`SELECT entity, occurrence, pt AS payload FROM copies WHERE batch = '` + uid + `' ORDER BY ord`)
+			require.NoError(t, q.Check(context.Background(), f.store))
+			src, listed, kind = q, nil, "a query"
+		}
+		cfg := worker.ShardConfig{Run: run(uid), Shards: shards, ChunkSize: chunk, Source: src, FailOnPayloadChange: failOn, MaxFailedItems: -1}
+		reports, sum := runShards(t, f, cfg)
+		msg := fmt.Sprintf("round %d (%s, %d shards, chunks of %d, fail %v)", round, kind, shards, chunk, failOn)
+		want := v1alpha1.ItemCounts{Total: total, AlreadyHandled: total, PayloadChanged: int64(len(changed))}
+		if failOn {
+			want.AlreadyHandled, want.Failed = total-changedCopies, changedCopies
+		}
+		require.Equal(t, want, sum, msg)
+		require.Equal(t, changed, payloadChangedListed(t, f, uid, listed), msg)
+		requireRecordsMatch(t, f, uid, reports)
+	}
+	require.EqualValues(t, n, f.committed(t))
+}
