@@ -254,14 +254,19 @@ const (
 )
 
 // claimStatement is the claim's statement: the plain insert of a chunk
-// expected fresh, the fast path's look-up first or the arbiter's plain ON
-// CONFLICT, each with or without the effect's table.
-func claimStatement(mode claimMode, effect bool) string {
+// expected fresh, the fast path's look-up first (comparing the keys' later
+// copies too when there are any) or the arbiter's plain ON CONFLICT, each
+// with or without the effect's table.
+func claimStatement(mode claimMode, effect, copies bool) string {
 	switch {
 	case mode == insertFresh && !effect:
 		return sqlInsertFresh
 	case mode == insertFresh:
 		return sqlInsertFreshEffect
+	case mode == lookupFirst && copies && !effect:
+		return sqlClaimCopies
+	case mode == lookupFirst && copies:
+		return sqlClaimCopiesEffect
 	case mode == lookupFirst && !effect:
 		return sqlClaim
 	case mode == lookupFirst:
@@ -405,13 +410,14 @@ func (c *claimer) round(ctx context.Context, mode claimMode) error {
 	// The insert is sent the keys still open (a Supersede run's own keys are
 	// settled above); todo maps its positions back to items.
 	todo, sub := unresolved(c.items, c.out)
-	insert := claimStatement(mode, c.opts.Effect != "")
+	copies := c.copiesOf(todo, len(sub))
+	insert := claimStatement(mode, c.opts.Effect != "", copies != nil)
 	var err error
 	if len(sub) > 0 {
 		entities, occurrences, payloads := columns(sub)
 		args := []any{entities, occurrences, payloads, c.run.Namespace, c.run.Name, c.run.UID, c.run.Shard, c.run.Attempt}
-		if mode == lookupFirst { // the only claim that compares payloads
-			args = append(args, c.copiesOf(todo, len(sub)))
+		if mode == lookupFirst && copies != nil {
+			args = append(args, copies)
 		}
 		var rows pgx.Rows
 		rows, err = c.tx.Query(ctx, insert, args...)
@@ -464,7 +470,12 @@ func (c *claimer) attribute(ctx context.Context, at positions, skipped []Item) e
 		rows, err = queryHolders(ctx, c.tx, sqlHolders, keys, c.run.UID)
 	} else {
 		entities, occurrences, payloads := columns(skipped)
-		if rows, err = c.tx.Query(ctx, sqlHoldersPayload, entities, occurrences, payloads, c.run.UID, c.copiesOf(at, len(skipped))); err != nil {
+		args := []any{entities, occurrences, payloads, c.run.UID}
+		q := sqlHoldersPayload
+		if copies := c.copiesOf(at, len(skipped)); copies != nil {
+			q, args = sqlHoldersPayloadCopies, append(args, copies)
+		}
+		if rows, err = c.tx.Query(ctx, q, args...); err != nil {
 			err = fmt.Errorf("looking up committed keys: %w", err)
 		}
 	}
@@ -500,14 +511,19 @@ func payloadChangedColumn(rest [][]byte) (bool, error) {
 }
 
 // copiesOf returns the later copies (c.copies) of the n items at positions
-// at: nil when no item has any.
+// at: nil when none of them has any.
 func (c *claimer) copiesOf(at positions, n int) []*string {
 	if c.copies == nil || at == nil {
 		return c.copies
 	}
-	out := make([]*string, n)
-	for j := range out {
-		out[j] = c.copies[at.at(j)]
+	var out []*string
+	for j := range n {
+		if p := c.copies[at.at(j)]; p != nil {
+			if out == nil {
+				out = make([]*string, n)
+			}
+			out[j] = p
+		}
 	}
 	return out
 }

@@ -7,6 +7,8 @@ import "context"
 var (
 	SQLClaim             = sqlClaim
 	SQLClaimEffect       = sqlClaimEffect
+	SQLClaimCopies       = sqlClaimCopies
+	SQLClaimCopiesEffect = sqlClaimCopiesEffect
 	SQLInsert            = sqlInsert
 	SQLInsertEffect      = sqlInsertEffect
 	SQLInsertFresh       = sqlInsertFresh
@@ -15,6 +17,7 @@ var (
 	SQLPinnedSearchPath  = sqlPinnedSearchPath
 	SQLHolders           = sqlHolders
 	SQLHoldersPayload    = sqlHoldersPayload
+	SQLHoldersCopies     = sqlHoldersPayloadCopies
 	SQLPreload           = sqlPreload
 	SQLSupersede         = sqlSupersede
 	SQLFixQueryBatch     = sqlFixQueryBatch

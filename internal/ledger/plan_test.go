@@ -53,14 +53,17 @@ func TestInsertPathPlansAreOChunk(t *testing.T) {
 		lookup bool // probes the rule's index per key
 		plain  bool // neither looks up nor arbitrates: the insert's own unique check only
 	}{
-		{"claim", ledger.SQLClaim, append(append([]any{entities, occurrences, payloads}, run...), copies), true, false},
-		{"claim with effect", ledger.SQLClaimEffect, append(append([]any{entities, occurrences, payloads}, run...), copies), true, false},
+		{"claim", ledger.SQLClaim, append([]any{entities, occurrences, payloads}, run...), true, false},
+		{"claim with effect", ledger.SQLClaimEffect, append([]any{entities, occurrences, payloads}, run...), true, false},
+		{"claim comparing copies", ledger.SQLClaimCopies, append(append([]any{entities, occurrences, payloads}, run...), copies), true, false},
+		{"claim comparing copies with effect", ledger.SQLClaimCopiesEffect, append(append([]any{entities, occurrences, payloads}, run...), copies), true, false},
 		{"insert (arbiter)", ledger.SQLInsert, append([]any{entities, occurrences, payloads}, run...), false, false},
 		{"insert (arbiter) with effect", ledger.SQLInsertEffect, append([]any{entities, occurrences, payloads}, run...), false, false},
 		{"insert (expected fresh)", ledger.SQLInsertFresh, append([]any{entities, occurrences, payloads}, run...), false, true},
 		{"insert (expected fresh) with effect", ledger.SQLInsertFreshEffect, append([]any{entities, occurrences, payloads}, run...), false, true},
 		{"holders", ledger.SQLHolders, []any{entities, occurrences, "run-uid"}, true, false},
-		{"holders with payloads", ledger.SQLHoldersPayload, []any{entities, occurrences, payloads, "run-uid", copies}, true, false},
+		{"holders with payloads", ledger.SQLHoldersPayload, []any{entities, occurrences, payloads, "run-uid"}, true, false},
+		{"holders with payloads and copies", ledger.SQLHoldersCopies, []any{entities, occurrences, payloads, "run-uid", copies}, true, false},
 		{"preload with payloads", ledger.SQLPreload, []any{entities, occurrences, payloads, "run-uid"}, true, false},
 		{"supersede", ledger.SQLSupersede, []any{entities, occurrences, "other-run"}, true, false},
 	}

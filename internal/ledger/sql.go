@@ -55,31 +55,23 @@ copied AS (
 //
 // The answer is kept small on purpose: the positions of the skipped keys,
 // grouped by the run that holds them (measured against the alternatives in
-// docs/insert-path.md). $9 are the keys' later copies (sqlCopiesChanged),
-// compared in the same CASE as the first. (ROWS FROM: the multi-array
-// unnest is that, and PostgreSQL only expands it unqualified.)
+// docs/insert-path.md).
 var (
-	sqlClaim = claimWith + claimInsert + `
+	sqlClaim = claimWith(false) + claimInsert + `
 )` + claimResult
 	// With the effect, the inserted rows are also copied into "claimed". (A
 	// data-modifying WITH query runs to completion whether or not the main
 	// query reads it; sqlClaim's insert has no RETURNING.)
-	sqlClaimEffect = claimWith + claimInsert + `
+	sqlClaimEffect = claimWith(false) + claimInsert + `
     RETURNING entity, occurrence, payload
 )` + copyClaimed + claimResult
-	claimWith = `
-WITH k AS (
-    SELECT k.n, k.entity, k.occurrence, k.payload, ` + heldFor("$6") + ` AS holder,
-           CASE WHEN ` + othersRow("$6") + ` THEN ` + sqlPayloadChanged + ` OR ` + sqlCopiesChanged + ` END AS changed
-    FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($9::text[]))
-        WITH ORDINALITY AS k(entity, occurrence, payload, copies, n)
-    LEFT JOIN LATERAL (
-        SELECT l.run_uid, l.payload
-        FROM ` + Schema + `.ledger AS l
-        WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
-        LIMIT 1
-    ) AS h ON true` + ownRetired("$6", "k") + `
-),`
+	// sqlClaimCopies and sqlClaimCopiesEffect also compare the keys' later
+	// copies in the chunk ($9, sqlCopiesChanged).
+	sqlClaimCopies = claimWith(true) + claimInsert + `
+)` + claimResult
+	sqlClaimCopiesEffect = claimWith(true) + claimInsert + `
+    RETURNING entity, occurrence, payload
+)` + copyClaimed + claimResult
 	claimInsert = `
 ins AS (
     ` + insertInto + `
@@ -92,6 +84,32 @@ ins AS (
 	claimResult = `
 SELECT holder, pg_catalog.array_agg(n), pg_catalog.array_agg(n) FILTER (WHERE changed) FROM k WHERE holder IS NOT NULL GROUP BY holder`
 )
+
+// claimWith is the claim's lookup of the chunk's keys, k; with copies, it
+// compares their later copies too ($9) in the CASE that compares the first,
+// a statement of its own so that a chunk without any (nearly every one)
+// pays nothing for them. (ROWS FROM: the multi-array unnest is that, which
+// PostgreSQL expands only unqualified.)
+func claimWith(copies bool) string {
+	keys, changed := `unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(entity, occurrence, payload, n)`, sqlPayloadChanged
+	if copies {
+		keys = `ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($9::text[]))
+        WITH ORDINALITY AS k(entity, occurrence, payload, copies, n)`
+		changed += ` OR ` + sqlCopiesChanged
+	}
+	return `
+WITH k AS (
+    SELECT k.n, k.entity, k.occurrence, k.payload, ` + heldFor("$6") + ` AS holder,
+           CASE WHEN ` + othersRow("$6") + ` THEN ` + changed + ` END AS changed
+    FROM ` + keys + `
+    LEFT JOIN LATERAL (
+        SELECT l.run_uid, l.payload
+        FROM ` + Schema + `.ledger AS l
+        WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
+        LIMIT 1
+    ) AS h ON true` + ownRetired("$6", "k") + `
+),`
+}
 
 // sqlInsertFresh is the claim of a chunk whose keys the caller expects
 // unheld (ChunkOptions.ExpectFresh): a plain INSERT, no lookup, nothing back.
@@ -582,14 +600,20 @@ CROSS JOIN LATERAL (
 ) AS h` + ownRetired("$3", "k")
 
 // sqlHoldersPayload is sqlHolders for the keys a Skip run's arbiter insert
-// skipped ($3 their payloads, $5 their later copies' as sqlClaim's $9, $4
-// the run's uid), with whether the payload of the holding row of another
-// run differs from any copy's (sqlPayloadChanged, sqlCopiesChanged; NULL for
-// the run's own rows). The insert cast every first copy's payload already.
-var sqlHoldersPayload = `
+// skipped ($3 their payloads, $4 the run's uid), with whether the payload
+// of the holding row of another run differs (sqlPayloadChanged; NULL for
+// the run's own rows). The insert cast every payload already.
+// sqlHoldersPayloadCopies compares the keys' later copies too ($5, as
+// sqlClaimCopies' $9), which the insert did not cast.
+var (
+	sqlHoldersPayload = `
+SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlPayloadChanged + ` END` +
+		holdingRowsPayload(`unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)`) + ownRetired("$4", "k")
+	sqlHoldersPayloadCopies = `
 SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlPayloadChanged + ` OR ` + sqlCopiesChanged + ` END` +
-	holdingRowsPayload(`ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($5::text[]))
+		holdingRowsPayload(`ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($5::text[]))
     AS k(entity, occurrence, payload, copies)`) + ownRetired("$4", "k")
+)
 
 // sqlPreload is sqlHolders for the preload of run $4's items ($3 their
 // payloads), with what their text says of the holding row's payload
@@ -654,9 +678,9 @@ const sqlPayloadChanged = `nullif(h.payload, 'null'::jsonb) IS DISTINCT FROM nul
 
 // sqlCopiesChanged is sqlPayloadChanged for the item's later copies in the
 // chunk (k.copies: the text of a text[] of the payloads other than the
-// item's, NULL payloads none; NULL: no such copy, the usual case, which
-// costs a test), so that a key's verdict does not depend on which of its
-// copies came first. A copy's cast fails like the item's.
+// item's, NULL payloads none; NULL: no such copy), so that a key's verdict
+// does not depend on which of its copies came first. A copy's cast fails
+// like the item's.
 const sqlCopiesChanged = `CASE WHEN k.copies IS NULL THEN false ELSE EXISTS (
                SELECT FROM pg_catalog.unnest(k.copies::text[]) AS c(payload)
                WHERE nullif(h.payload, 'null'::jsonb) IS DISTINCT FROM nullif(c.payload::jsonb, 'null'::jsonb)) END`
