@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -170,11 +172,11 @@ var copyCases = []struct {
 // chunk, which another run holds, is marked PayloadChanged (on its first
 // copy, which carries the key's verdict) when any copy's payload differs
 // from the committed row's, not only the first copy's; its repeats are
-// already handled by the chunk. On the fast path and on the arbiter's;
-// nothing is written. A Supersede run compares nothing.
+// already handled by the chunk. On the fast path (with an effect too) and
+// on the arbiter's; nothing is written. A Supersede run compares nothing.
 func TestCommitChunk_PayloadChangedLaterCopy(t *testing.T) {
 	t.Parallel()
-	for _, path := range []string{"fast path", "arbiter (isolating a bad item)"} {
+	for _, path := range []string{"fast path", "fast path with an effect", "arbiter (isolating a bad item)"} {
 		t.Run(path, func(t *testing.T) {
 			t.Parallel()
 			pool := newPool(t)
@@ -191,12 +193,16 @@ func TestCommitChunk_PayloadChangedLaterCopy(t *testing.T) {
 			// A fresh key with two payloads: the first copy is committed, the other not compared.
 			fresh := len(given)
 			given = append(given, payloadItem(80, `{"v": 1}`), payloadItem(80, `{"v": 2}`))
-			if path != "fast path" {
+			var opts ledger.ChunkOptions
+			switch path {
+			case "fast path with an effect":
+				opts.Effect = `SELECT 1`
+			case "arbiter (isolating a bad item)":
 				given = append(given, payloadItem(99, `{"s": "\u0000"}`))
 			}
 			commit(t, s, runNamed("holder"), committed, ledger.ChunkOptions{})
 			writes := scalar[int64](t, pool, `SELECT count(*) FROM runledger.ledger`)
-			res := commit(t, s, runNamed("other"), given, ledger.ChunkOptions{})
+			res := commit(t, s, runNamed("other"), given, opts)
 			for i, c := range copyCases {
 				r := res[first[i]]
 				require.Equal(t, ledger.AlreadyHandled, r.Outcome, c.name)
@@ -246,5 +252,48 @@ func TestPreloadItems_PayloadMatchCopies(t *testing.T) {
 	require.NoError(t, err)
 	for i, want := range []ledger.PayloadMatch{ledger.PayloadDiffers, ledger.PayloadDiffers, ledger.PayloadUnknown, ledger.PayloadUnknown, ledger.PayloadSame} {
 		require.Equal(t, ledger.Held{Holder: ledger.HolderOtherRun, Payload: want}, held[payloadItem(i, "").Key], "key %d", i)
+	}
+}
+
+// TestCommitChunk_LaterCopiesOnTheFastPath: a chunk whose held keys come
+// with later copies to compare is claimed by the fast path's one statement,
+// with or without an effect, as a chunk without copies is: as many round
+// trips, no isolating (the arbiter's path would answer the same verdicts,
+// in many more).
+func TestCommitChunk_LaterCopiesOnTheFastPath(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, writes := onePool(t)
+	s := ledger.NewStore(pool)
+	held := items("acct", 0, 100)
+	_, err := s.CommitChunk(ctx, runNamed("holder"), held, ledger.ChunkOptions{})
+	require.NoError(t, err)
+	for _, effect := range []string{"", `SELECT 1`} {
+		chunk := func(i int, copies bool) []ledger.Item {
+			out := slices.Clone(held)
+			out = append(out, items("fresh-"+strconv.Itoa(i), 0, 3)...) // the effect runs: a claim of some keys
+			if copies {
+				for _, it := range held[:50] {
+					it.Payload = json.RawMessage(`{"amount": -1}`)
+					out = append(out, it)
+				}
+			}
+			return out
+		}
+		trips := func(i int, copies bool) (int64, []ledger.Result) {
+			before := writes.Load()
+			res, err := s.CommitChunk(ctx, runNamed(fmt.Sprintf("run-%d-%v", i, effect != "")), chunk(i, copies), ledger.ChunkOptions{Effect: effect})
+			require.NoError(t, err)
+			return writes.Load() - before, res
+		}
+		trips(0, false) // the statements prepared
+		trips(1, true)
+		plain, _ := trips(2, false)
+		withCopies, res := trips(3, true)
+		require.Equal(t, plain, withCopies, "effect %q: the same round trips", effect)
+		for i := range held {
+			require.Equal(t, ledger.AlreadyHandled, res[i].Outcome)
+			require.Equal(t, i < 50, res[i].PayloadChanged, "key %d", i)
+		}
 	}
 }
