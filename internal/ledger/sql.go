@@ -91,7 +91,7 @@ SELECT holder, pg_catalog.array_agg(n), pg_catalog.array_agg(n) FILTER (WHERE ch
 // pays nothing for them. (ROWS FROM: the multi-array unnest is that, which
 // PostgreSQL expands only unqualified.)
 func claimWith(copies bool) string {
-	keys, changed := `unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(entity, occurrence, payload, n)`, sqlPayloadChanged
+	keys, changed := `ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[])) WITH ORDINALITY AS k(entity, occurrence, payload, n)`, sqlPayloadChanged
 	if copies {
 		keys = `ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($9::text[]))
         WITH ORDINALITY AS k(entity, occurrence, payload, copies, n)`
@@ -608,7 +608,7 @@ CROSS JOIN LATERAL (
 var (
 	sqlHoldersPayload = `
 SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlPayloadChanged + ` END` +
-		holdingRowsPayload(`unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)`) + ownRetired("$4", "k")
+		holdingRowsPayload(`ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[])) AS k(entity, occurrence, payload)`) + ownRetired("$4", "k")
 	sqlHoldersPayloadCopies = `
 SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlPayloadChanged + ` OR ` + sqlCopiesChanged + ` END` +
 		holdingRowsPayload(`ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($5::text[]))
@@ -621,7 +621,7 @@ SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$
 // item is validated by the database, so it casts nothing.
 var sqlPreload = `
 SELECT k.entity, k.occurrence, ` + heldFor("$4") + `, CASE WHEN ` + othersRow("$4") + ` THEN ` + sqlPayloadSameText + ` END` +
-	holdingRowsPayload(`unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload)`) + ownRetired("$4", "k")
+	holdingRowsPayload(`ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[])) AS k(entity, occurrence, payload)`) + ownRetired("$4", "k")
 
 // holdingRowsPayload is the FROM of sqlHoldersPayload and sqlPreload:
 // sqlHolders' one probe of the rule's index per key, with the holding row's
