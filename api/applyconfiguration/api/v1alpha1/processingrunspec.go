@@ -40,8 +40,10 @@ type ProcessingRunSpecApplyConfiguration struct {
 	// as failed instead (nothing is written either way). Payloads are
 	// compared as PostgreSQL compares jsonb values: key order, white space
 	// and the spelling of a number (1.0, 1, 1e0) do not matter; no payload
-	// and a JSON null are the same, and differ from any other value. A
-	// repeat of a key within the batch is not compared (its first copy is).
+	// and a JSON null are the same, and differ from any other value. Every
+	// copy of a key within the batch is compared: the key's payload changed
+	// if any copy's differs, whichever comes first (counted once; with
+	// Fail, every copy fails).
 	OnPayloadChange *apiv1alpha1.OnPayloadChangePolicy `json:"onPayloadChange,omitempty"`
 	// workers is the number of shards, one worker pod each. Every item
 	// belongs to exactly one shard (a stable hash of its business key).
