@@ -61,7 +61,9 @@ func newMigrateCommand() *cobra.Command {
 			}
 			defer pool.Close()
 			stopWatch := watchMigration(cmd.Context(), pool, ownerApplicationName(cmd), cmd.ErrOrStderr())
-			n, err := ledger.Migrate(cmd.Context(), pool)
+			n, err := ledger.Migrate(cmd.Context(), pool, func(holders []ledger.MigrationBlocker) {
+				fmt.Fprintln(cmd.ErrOrStderr(), "runledger migrate: "+migrationLockLine(holders))
+			})
 			stopWatch()
 			if err != nil {
 				return exitcode.Redact(exitcode.For(err), secrets)
@@ -124,6 +126,16 @@ func watchMigration(ctx context.Context, pool *pgxpool.Pool, name string, w io.W
 	return func() { cancel(); wg.Wait() }
 }
 
+// migrationLockLine says who holds the migration lock a migrator waits for.
+func migrationLockLine(holders []ledger.MigrationBlocker) string {
+	parts := make([]string, len(holders))
+	for i, h := range holders {
+		parts[i] = h.String()
+	}
+	return "waiting for the ledger's migration lock, held by " + strings.Join(parts, "; ") +
+		" (another migrator applying migrations, or a session that took its key)"
+}
+
 // migrationWaitLine is what a waiting migration says: the sessions it
 // waits for (five at most), their transactions' age where it may see it.
 func migrationWaitLine(blockers []ledger.MigrationBlocker) string {
@@ -134,11 +146,7 @@ func migrationWaitLine(blockers []ledger.MigrationBlocker) string {
 			parts = append(parts, fmt.Sprintf("and %d more", len(blockers)-shown))
 			break
 		}
-		p := fmt.Sprintf("pid %d %q", b.PID, b.ApplicationName)
-		if b.OpenFor >= 0 {
-			p += ", transaction open for " + b.OpenFor.Round(time.Second).String()
-		}
-		parts = append(parts, p)
+		parts = append(parts, b.String())
 	}
 	return fmt.Sprintf("runledger migrate: waiting for %d session(s) to end their transactions (%s): "+
 		"a migration builds an index CONCURRENTLY, which waits for every transaction older than the build; "+

@@ -36,10 +36,19 @@ const versionTable = Schema + ".goose_db_version"
 // lock in one statement, whose snapshot an index built CONCURRENTLY under
 // the lock waits for (the build is the one aborted; its migration drops
 // what it left and builds again).
-func Migrate(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+//
+// While it waits for the migration lock, every MigrationLockReport it
+// calls onWait, if given, with the sessions that hold it (another
+// migrator, or user code that took its key): a worker starting during an
+// upgrade says what it waits for.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, onWait ...func([]MigrationBlocker)) (int, error) {
 	applied := 0
+	w := lockWait{pool: pool}
+	if len(onWait) > 0 {
+		w.report = onWait[0]
+	}
 	for try := 1; ; try++ {
-		n, err := migrateOnce(ctx, pool)
+		n, err := migrateOnce(ctx, w)
 		applied += n
 		if !IsDeadlock(err) || try == migrateDeadlockTries {
 			return applied, err
@@ -69,6 +78,17 @@ type MigrationBlocker struct {
 	OpenFor time.Duration
 }
 
+// String names the session as a waiting migrator reports it: its pid,
+// application_name and, where the login may see it, how long its
+// transaction has been open.
+func (b MigrationBlocker) String() string {
+	s := fmt.Sprintf("pid %d %q", b.PID, b.ApplicationName)
+	if b.OpenFor >= 0 {
+		s += ", transaction open for " + b.OpenFor.Round(time.Second).String()
+	}
+	return s
+}
+
 // MigrationBlockers returns the sessions that the migrators named
 // applicationName (ApplicationName) wait for, if they wait for a lock:
 // what `runledger migrate` says while an index is built CONCURRENTLY,
@@ -96,8 +116,9 @@ func MigrationBlockers(ctx context.Context, pool *pgxpool.Pool, applicationName 
 }
 
 // migrateOnce applies the migrations under the migration lock.
-func migrateOnce(ctx context.Context, pool *pgxpool.Pool) (int, error) {
-	if err := ensureSchema(ctx, pool); err != nil {
+func migrateOnce(ctx context.Context, w lockWait) (int, error) {
+	pool := w.pool
+	if err := ensureSchema(ctx, w); err != nil {
 		return 0, err
 	}
 	// goose locks, creates its version table and applies the SQL migrations
@@ -107,7 +128,7 @@ func migrateOnce(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
 		goose.WithTableName(versionTable),
 		goose.WithDisableGlobalRegistry(true),
-		goose.WithSessionLocker(&migrationLocker{pool: pool}),
+		goose.WithSessionLocker(&migrationLocker{wait: w}),
 	)
 	if err != nil {
 		return 0, fmt.Errorf("loading migrations: %w", err)
@@ -128,8 +149,8 @@ func migrateOnce(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 // ensureSchema creates the schema if it is missing, under the migration lock,
 // and gives the connection back: goose looks for its version table in the
 // schema before it takes any lock (Provider.Up calls HasPending first).
-func ensureSchema(ctx context.Context, pool *pgxpool.Pool) (err error) {
-	l, err := takeMigrationLock(ctx, pool, nil)
+func ensureSchema(ctx context.Context, w lockWait) (err error) {
+	l, err := takeMigrationLock(ctx, w, nil)
 	if err != nil {
 		return err
 	}
@@ -173,11 +194,12 @@ type migrationLock struct {
 
 // takeMigrationLock takes the lock; session, when not nil, is goose's
 // connection, the session lock's straight to PostgreSQL.
-func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool, session *sql.Conn) (*migrationLock, error) {
+func takeMigrationLock(ctx context.Context, w lockWait, session *sql.Conn) (*migrationLock, error) {
+	pool := w.pool
 	// ensureSchema's connection came first: the pool knows what it reaches
 	// by goose's.
 	if session != nil && !BehindPooler(pool) {
-		if err := pollMigrationLock(ctx, func(ctx context.Context) (got bool, err error) {
+		if err := w.poll(ctx, func(ctx context.Context) (got bool, err error) {
 			return got, session.QueryRowContext(ctx, sqlMigrationLock, migrationLockKey).Scan(&got)
 		}); err != nil {
 			return nil, fmt.Errorf("taking migration lock: %w", err)
@@ -193,7 +215,7 @@ func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool, session *sql.Con
 		return nil, fmt.Errorf("acquiring connection for migration lock: %w", err)
 	}
 	if !BehindPooler(pool) {
-		if err := pollMigrationLock(ctx, func(ctx context.Context) (got bool, err error) {
+		if err := w.poll(ctx, func(ctx context.Context) (got bool, err error) {
 			return got, conn.QueryRow(ctx, sqlMigrationLock, migrationLockKey).Scan(&got)
 		}); err != nil {
 			conn.Release()
@@ -203,7 +225,7 @@ func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool, session *sql.Con
 	}
 	tx, err := conn.Begin(ctx)
 	if err == nil {
-		err = pollMigrationLock(ctx, func(ctx context.Context) (got bool, err error) {
+		err = w.poll(ctx, func(ctx context.Context) (got bool, err error) {
 			return got, tx.QueryRow(ctx, sqlMigrationXactLock, pgx.QueryExecModeSimpleProtocol, migrationLockKey).Scan(&got)
 		})
 	}
@@ -218,12 +240,61 @@ func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool, session *sql.Con
 // migrationLockPoll is how often a migrator tries the lock another holds.
 const migrationLockPoll = 100 * time.Millisecond
 
-// pollMigrationLock tries the lock until it gets it or ctx ends: between
-// tries the waiting session holds no snapshot (sqlMigrationLock).
-func pollMigrationLock(ctx context.Context, try func(context.Context) (bool, error)) error {
+// MigrationLockReport is how often a migrator waiting for the migration
+// lock says who holds it (Migrate's onWait).
+var MigrationLockReport = 10 * time.Second
+
+// lockWait is how a migrator waits for the migration lock: on pool, saying
+// every MigrationLockReport who holds it (report, if any).
+type lockWait struct {
+	pool   *pgxpool.Pool
+	report func([]MigrationBlocker)
+}
+
+// poll tries the lock until it gets it or ctx ends: between tries the
+// waiting session holds no snapshot (sqlMigrationLock).
+func (w lockWait) poll(ctx context.Context, try func(context.Context) (bool, error)) error {
+	next := time.Now().Add(MigrationLockReport)
 	return kwait.PollUntilContextCancel(ctx, migrationLockPoll, true, func(ctx context.Context) (bool, error) {
-		return try(ctx)
+		got, err := try(ctx)
+		if err == nil && !got && w.report != nil && time.Now().After(next) {
+			next = time.Now().Add(MigrationLockReport)
+			look, cancel := context.WithTimeout(ctx, MigrationLockReport/2)
+			// Advice, not the migration: quiet when it cannot look (no
+			// connection free in a pool the migration holds).
+			if holders, lerr := MigrationLockHolders(look, w.pool); lerr == nil && len(holders) > 0 {
+				w.report(holders)
+			}
+			cancel()
+		}
+		return got, err
 	})
+}
+
+// MigrationLockHolders returns the sessions that hold the migration lock
+// (migrationLockKey): a migrator applying the migrations, or user code
+// that took its key.
+func MigrationLockHolders(ctx context.Context, pool *pgxpool.Pool) ([]MigrationBlocker, error) {
+	var out []MigrationBlocker
+	key := uint64(migrationLockKey)
+	err := pinnedTx(ctx, pool, sqlBeginPinnedReadOnly, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlMigrationLockHolders, uint32(key>>32), uint32(key))
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (MigrationBlocker, error) {
+			var b MigrationBlocker
+			var secs float64
+			err := r.Scan(&b.PID, &b.ApplicationName, &secs)
+			b.OpenFor = time.Duration(secs * float64(time.Second))
+			return b, err
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("looking up who holds the migration lock: %w", err)
+	}
+	return out, nil
 }
 
 // release releases the lock taken by takeMigrationLock; session is goose's
@@ -254,14 +325,14 @@ func (l *migrationLock) release(ctx context.Context) error { return l.releaseOn(
 // connection goose migrates with. It tries the lock every 100 ms for as long
 // as ctx allows (goose's own Postgres locker tries every five seconds).
 type migrationLocker struct {
-	pool *pgxpool.Pool
+	wait lockWait
 	held *migrationLock
 }
 
 var _ lock.SessionLocker = (*migrationLocker)(nil)
 
 func (m *migrationLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
-	l, err := takeMigrationLock(ctx, m.pool, conn)
+	l, err := takeMigrationLock(ctx, m.wait, conn)
 	if err != nil {
 		return err
 	}

@@ -724,6 +724,20 @@ const (
 	sqlPinSession = `SET search_path = pg_catalog, pg_temp`
 )
 
+// sqlMigrationLockHolders: the sessions of this database that hold the
+// migration lock, a bigint key: its high ($1) and low ($2) 32 bits, objsubid
+// 1 (PostgreSQL's pg_locks), with how long their transaction has been open
+// (-1: not visible to this login).
+const sqlMigrationLockHolders = `
+SELECT l.pid, coalesce(a.application_name, ''),
+       coalesce(extract(epoch FROM pg_catalog.clock_timestamp() - a.xact_start), -1)::float8
+FROM pg_catalog.pg_locks AS l
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.classid = $1::pg_catalog.oid AND l.objid = $2::pg_catalog.oid
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = pg_catalog.current_database())
+ORDER BY l.pid`
+
 // sqlMigrationBlockers: the sessions that a migrator (a session named $1)
 // waiting for a lock waits for, longest-open transaction first. Another
 // login's transaction start is visible only to members of pg_read_all_stats

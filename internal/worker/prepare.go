@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,7 +55,13 @@ func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store,
 	}
 	if !cfg.SkipMigrate {
 		if err := cfg.Retry.Do(ctx, "migrating the ledger", onRetry("migrate"), func(int) error {
-			_, err := ledger.Migrate(ctx, pool)
+			_, err := ledger.Migrate(ctx, pool, func(holders []ledger.MigrationBlocker) {
+				names := make([]string, len(holders))
+				for i, h := range holders {
+					names[i] = h.String()
+				}
+				cfg.Log.Info("waiting for the ledger's migration lock", "heldBy", strings.Join(names, "; "))
+			})
 			return err
 		}); err != nil {
 			pool.Close()

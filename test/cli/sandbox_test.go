@@ -1,10 +1,14 @@
 package clitest
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/pgtest"
 )
 
 // TestRunRefusesAnEffectWithoutTheSandbox: on a ledger whose effect sandbox
@@ -60,4 +64,29 @@ func TestRunEffectThatDeallocatesStillReports(t *testing.T) {
 	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 	require.Equal(t, counts{Total: 20, Completed: 20}, r.summary(t).counts())
 	require.EqualValues(t, 20, d.committed(t))
+}
+
+// TestRunSaysWhoHoldsTheMigrationLock: a run that starts while a session
+// holds the ledger's migration lock (another migrator, or user code that
+// took its key) waits for it and says, every 10 s, which session holds it,
+// then runs once it is free. On the old code it waited without a word.
+func TestRunSaysWhoHoldsTheMigrationLock(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "holds a session-level advisory lock on a session of its own")
+	d := newDB(t)
+	conn, err := d.pool.Acquire(context.Background())
+	require.NoError(t, err)
+	defer conn.Release()
+	var pid int32
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT pg_backend_pid() FROM (SELECT pg_advisory_lock(4547329604037615713)) AS l`).Scan(&pid))
+	released := time.AfterFunc(12*time.Second, func() {
+		_, _ = conn.Exec(context.Background(), `SELECT pg_advisory_unlock(4547329604037615713)`)
+	})
+	defer released.Stop()
+	run := writeFile(t, "run.yaml", manifest("waits", inlineItems([2]string{"acct-1", "2024-06"})))
+	r := runCLI(t, "", "run", "-f", run, "--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.Contains(t, r.stderr, "waiting for the ledger's migration lock")
+	require.Contains(t, r.stderr, fmt.Sprintf("pid %d", pid))
+	require.Equal(t, counts{Total: 1, Completed: 1}, r.summary(t).counts())
 }
