@@ -94,9 +94,19 @@ func (b MigrationBlocker) String() string {
 // what `runledger migrate` says while an index is built CONCURRENTLY,
 // which waits for every transaction older than the build.
 func MigrationBlockers(ctx context.Context, pool *pgxpool.Pool, applicationName string) ([]MigrationBlocker, error) {
+	out, err := sessions(ctx, pool, sqlMigrationBlockers, applicationName)
+	if err != nil {
+		return nil, fmt.Errorf("looking up what the migration waits for: %w", err)
+	}
+	return out, nil
+}
+
+// sessions reads q's rows of (pid, application_name, seconds open) as
+// MigrationBlockers.
+func sessions(ctx context.Context, pool *pgxpool.Pool, q string, args ...any) ([]MigrationBlocker, error) {
 	var out []MigrationBlocker
 	err := pinnedTx(ctx, pool, sqlBeginPinnedReadOnly, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlMigrationBlockers, applicationName)
+		rows, err := tx.Query(ctx, q, args...)
 		if err != nil {
 			return err
 		}
@@ -109,10 +119,7 @@ func MigrationBlockers(ctx context.Context, pool *pgxpool.Pool, applicationName 
 		})
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("looking up what the migration waits for: %w", err)
-	}
-	return out, nil
+	return out, err
 }
 
 // migrateOnce applies the migrations under the migration lock.
@@ -275,22 +282,8 @@ func (w lockWait) poll(ctx context.Context, try func(context.Context) (bool, err
 // (migrationLockKey): a migrator applying the migrations, or user code
 // that took its key.
 func MigrationLockHolders(ctx context.Context, pool *pgxpool.Pool) ([]MigrationBlocker, error) {
-	var out []MigrationBlocker
 	key := uint64(migrationLockKey)
-	err := pinnedTx(ctx, pool, sqlBeginPinnedReadOnly, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlMigrationLockHolders, uint32(key>>32), uint32(key))
-		if err != nil {
-			return err
-		}
-		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (MigrationBlocker, error) {
-			var b MigrationBlocker
-			var secs float64
-			err := r.Scan(&b.PID, &b.ApplicationName, &secs)
-			b.OpenFor = time.Duration(secs * float64(time.Second))
-			return b, err
-		})
-		return err
-	})
+	out, err := sessions(ctx, pool, sqlMigrationLockHolders, uint32(key>>32), uint32(key))
 	if err != nil {
 		return nil, fmt.Errorf("looking up who holds the migration lock: %w", err)
 	}
