@@ -12,6 +12,7 @@
 //
 // KUBEBUILDER_ASSETS (set by `make test`) names the binaries' directory;
 // without it, hack/k8s-bins.sh is asked for it (and builds them once).
+// Under go test -short, Get skips the test (testtier.Needs).
 package envtestutil
 
 import (
@@ -45,6 +46,7 @@ import (
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/testtier"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -107,6 +109,9 @@ func kueueCRDs() ([]string, error) {
 // assetsDir is KUBEBUILDER_ASSETS, or what hack/k8s-bins.sh prints.
 func assetsDir() (string, error) {
 	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
+		if _, err := os.Stat(filepath.Join(dir, "kube-apiserver")); err != nil {
+			return "", fmt.Errorf("KUBEBUILDER_ASSETS=%s holds no kube-apiserver (make envtest-assets builds it; unset KUBEBUILDER_ASSETS to let hack/k8s-bins.sh find it): %w", dir, err)
+		}
 		return dir, nil
 	}
 	script := filepath.Join(RepoRoot(), "hack", "k8s-bins.sh")
@@ -127,6 +132,10 @@ func Kubectl() (string, error) {
 	}
 	return filepath.Join(dir, "kubectl"), nil
 }
+
+// Needs is what a test that starts an Env needs (testtier.Needs): Get says
+// so, and so does a test that calls Start itself, first.
+const Needs = "kube-apiserver and etcd (envtest, hack/k8s-bins.sh)"
 
 // Start starts etcd and kube-apiserver and installs the CRDs of
 // config/crd/bases and Kueue's (kueueCRDs).
@@ -191,6 +200,7 @@ var shared struct {
 // test when the apiserver cannot start.
 func Get(t testing.TB) *Env {
 	t.Helper()
+	testtier.Needs(t, Needs)
 	shared.once.Do(func() { shared.env, shared.err = Start() })
 	if shared.err != nil {
 		t.Fatalf("envtest: %v", shared.err)

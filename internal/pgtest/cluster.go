@@ -10,6 +10,10 @@
 // Set TEST_DATABASE_URL to use an existing server instead (its role needs
 // CREATEDB); every test database is then dropped when its test ends.
 //
+// Under go test -short every entry point that needs the server (NewDatabase,
+// NewPool, Server, Bouncer, ...) skips its test (testtier.Needs); without
+// -short a missing server binary fails the test, naming what to install.
+//
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 //
 //	func TestSomething(t *testing.T) {
@@ -70,6 +74,9 @@ const superuser = "postgres"
 // /usr/lib/postgresql/<version>/bin, else the directory of initdb on PATH.
 func BinDir() (string, error) {
 	if d := os.Getenv("PG_BINDIR"); d != "" {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err != nil {
+			return "", fmt.Errorf("PG_BINDIR=%s holds no PostgreSQL server binaries: %w", d, err)
+		}
 		return d, nil
 	}
 	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
@@ -80,7 +87,8 @@ func BinDir() (string, error) {
 	if p, err := exec.LookPath("initdb"); err == nil {
 		return filepath.Dir(p), nil
 	}
-	return "", errors.New("postgresql server binaries not found: install them (apt-get install -y postgresql), set PG_BINDIR, or set TEST_DATABASE_URL")
+	return "", errors.New("PostgreSQL server binaries (initdb, postgres) not found under /usr/lib/postgresql/*/bin or on PATH: " +
+		"apt-get install -y postgresql, set PG_BINDIR to their directory, or set TEST_DATABASE_URL to a server (go test -short skips these tests)")
 }
 
 func versionOf(initdb string) int {

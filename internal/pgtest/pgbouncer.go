@@ -19,6 +19,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/runledger/runledger/internal/testtier"
 )
 
 // EnvPgBouncer names the variable that points the tests at another pgbouncer
@@ -50,6 +52,7 @@ var (
 // when pgbouncer is not installed.
 func Bouncer(t testing.TB) *PgBouncer {
 	t.Helper()
+	testtier.Needs(t, "PostgreSQL and PgBouncer")
 	c := Server(t)
 	bouncerOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/testtier"
 )
 
 // EnvURL names the variable that points the tests at an existing server.
@@ -176,6 +177,7 @@ func Server(t testing.TB) *Cluster {
 
 func ensure(t testing.TB) {
 	t.Helper()
+	testtier.Needs(t, "PostgreSQL")
 	once.Do(setup)
 	if setupErr != nil {
 		t.Fatalf("pgtest: no database server: %v", setupErr)
