@@ -11,21 +11,15 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/runledger/runledger/internal/envtestutil"
+	"github.com/runledger/runledger/internal/testtier"
 )
 
 // TestAlertRules: prometheusrule.yaml's alerts, as Prometheus evaluates
 // them, against the synthetic series of alerts_test.yaml (promtool test
 // rules, the pinned promtool: $PROMTOOL, which make test sets, or make
-// promtool's bin/promtool-*); every alert has a runbook in docs/runbooks.
+// promtool's bin/promtool-*; not under -short); every alert has a runbook
+// in docs/runbooks.
 func TestAlertRules(t *testing.T) {
-	promtool := os.Getenv("PROMTOOL")
-	if promtool == "" {
-		matches, _ := filepath.Glob(filepath.Join(envtestutil.RepoRoot(), "bin", "promtool-*"))
-		if len(matches) == 0 {
-			t.Fatal("no promtool: run make promtool (or make test), or set PROMTOOL")
-		}
-		promtool = matches[len(matches)-1]
-	}
 	raw, err := os.ReadFile("prometheusrule.yaml")
 	require.NoError(t, err)
 	var rule monitoringv1.PrometheusRule
@@ -37,6 +31,16 @@ func TestAlertRules(t *testing.T) {
 			_, err := os.Stat(filepath.Join(envtestutil.RepoRoot(), "docs", "runbooks", r.Alert+".md"))
 			require.NoError(t, err, "alert %s has a runbook", r.Alert)
 		}
+	}
+
+	testtier.Needs(t, "promtool (make promtool)")
+	promtool := os.Getenv("PROMTOOL")
+	if promtool == "" {
+		matches, _ := filepath.Glob(filepath.Join(envtestutil.RepoRoot(), "bin", "promtool-*"))
+		if len(matches) == 0 {
+			t.Fatal("no promtool: run make promtool (or make test), or set PROMTOOL")
+		}
+		promtool = matches[len(matches)-1]
 	}
 
 	// promtool reads Prometheus' rule files: the PrometheusRule's groups.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/runledger/runledger/controllers"
 	"github.com/runledger/runledger/internal/envtestutil"
+	"github.com/runledger/runledger/internal/testtier"
 )
 
 // TestOverlayBuilds: kubectl kustomize builds config/prometheus; its
@@ -23,6 +24,7 @@ import (
 // Service by a port it has, and every alert reads metrics the manager
 // exports.
 func TestOverlayBuilds(t *testing.T) {
+	testtier.Needs(t, "kubectl (hack/k8s-bins.sh builds it)")
 	kubectl, err := envtestutil.Kubectl()
 	require.NoError(t, err)
 	dir := filepath.Join(envtestutil.RepoRoot(), "config", "prometheus")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/testtier"
 )
 
 // tcpProxy forwards TCP connections on a loopback port to the unix socket
@@ -129,6 +130,7 @@ const partitionEnv = "RUNLEDGER_TEST_IN_NETNS"
 // is closed. The pool with NetworkTimeout(2s) fails within a few seconds,
 // retryably; the pool without it is still waiting.
 func TestNetworkTimeout_Partition(t *testing.T) {
+	testtier.Needs(t, "PostgreSQL") // before its child process, which runs without -short
 	pgtest.DirectOnly(t, "cuts the network between its process and PostgreSQL itself")
 	if os.Getenv(partitionEnv) == "" {
 		if os.Geteuid() != 0 {

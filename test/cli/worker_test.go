@@ -24,6 +24,7 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/envtestutil"
 	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/testtier"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -37,6 +38,7 @@ type kubeEnv struct {
 
 func startKube(t *testing.T) *kubeEnv {
 	t.Helper()
+	testtier.Needs(t, envtestutil.Needs)
 	env, err := envtestutil.Start()
 	require.NoError(t, err, "starting kube-apiserver and etcd")
 	t.Cleanup(func() { require.NoError(t, env.Stop(), "stopping the control plane") })
