@@ -75,7 +75,7 @@ const superuser = "postgres"
 func BinDir() (string, error) {
 	if d := os.Getenv("PG_BINDIR"); d != "" {
 		if _, err := os.Stat(filepath.Join(d, "initdb")); err != nil {
-			return "", fmt.Errorf("PG_BINDIR=%s holds no PostgreSQL server binaries: %w", d, err)
+			return "", fmt.Errorf("PG_BINDIR=%s holds no PostgreSQL server binaries (unset it to look under /usr/lib/postgresql/*/bin and on PATH): %w", d, err)
 		}
 		return d, nil
 	}
