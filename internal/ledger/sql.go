@@ -1432,6 +1432,77 @@ FROM ` + Schema + `.item_failure WHERE occurrence = $2 AND entity = $1
 ORDER BY failed_at DESC, run_uid`
 )
 
+// The ledger's readers for `runledger verify` (proof.go): what proves each
+// key of run $1's batch now, in one statement over the batch, and the run's
+// failure records in all, both in one read-only snapshot
+// (sqlBeginPinnedSnapshot).
+const (
+	// sqlBeginPinnedSnapshot is sqlBeginPinnedReadOnly in one snapshot for
+	// every statement: the proof's two reads see the same ledger.
+	sqlBeginPinnedSnapshot = `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; ` + sqlPinnedSearchPath
+
+	// sqlProveKeptBatch: sqlProveSelect over run $1's batch kept in the
+	// ledger (a query's), every row, a NULL key part included.
+	sqlProveKeptBatch = `
+WITH i AS (
+    SELECT i.entity, i.occurrence
+    FROM ` + Schema + `.batch_run AS r
+    JOIN ` + Schema + `.batch AS b ON b.batch_id = r.id
+    CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(b.entities), pg_catalog.unnest(b.occurrences)) AS i(entity, occurrence)
+    WHERE r.run_uid = $1::text
+)` + sqlProveSelect
+
+	// sqlProveGivenBatch: sqlProveSelect over run $1's static batch given
+	// as the arrays $2 entities, $3 occurrences, by a caller that checked
+	// them against the batch's digest.
+	sqlProveGivenBatch = `
+WITH i AS (
+    SELECT i.entity, i.occurrence
+    FROM ROWS FROM (pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[])) AS i(entity, occurrence)
+)` + sqlProveSelect
+
+	// sqlProveSelect: each distinct key of the batch i, with its copies;
+	// the committed row holding it now (one probe of the rule's index);
+	// whether run $1 committed it itself (that row, or its row another
+	// run's Supersede retired since: one probe of ledger_retired's primary
+	// key, only for a key the run's row does not hold, none when the run
+	// has no retired key, as ownRetired); and run $1's failure record of it
+	// (one probe of item_failure's primary key).
+	sqlProveSelect = `
+SELECT k.entity, k.occurrence, k.copies, h.run_namespace, h.run_name, h.run_uid, h.created_at,
+       h.run_uid IS NOT DISTINCT FROM $1::text OR m.own IS NOT NULL, f.items, f.class
+FROM (
+    SELECT i.entity, i.occurrence, pg_catalog.count(*) AS copies FROM i GROUP BY i.entity, i.occurrence
+) AS k
+LEFT JOIN LATERAL (
+    SELECT l.run_namespace, l.run_name, l.run_uid, l.created_at
+    FROM ` + Schema + `.ledger AS l
+    WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
+    LIMIT 1
+) AS h ON true
+LEFT JOIN LATERAL (
+    SELECT true AS own
+    FROM ` + Schema + `.ledger_retired AS r
+    WHERE h.run_uid IS DISTINCT FROM $1::text
+      AND (SELECT EXISTS (SELECT FROM ` + Schema + `.ledger_retired AS rr WHERE rr.run_uid = $1::text))
+      AND r.run_uid = $1::text AND r.occurrence = k.occurrence AND r.entity = k.entity
+    LIMIT 1
+) AS m ON true
+LEFT JOIN LATERAL (
+    SELECT f.items, f.class
+    FROM ` + Schema + `.item_failure AS f
+    WHERE f.run_uid = $1::text AND f.entity = k.entity AND f.occurrence = k.occurrence
+    LIMIT 1
+) AS f ON true
+ORDER BY k.entity COLLATE pg_catalog."C", k.occurrence COLLATE pg_catalog."C"`
+
+	// sqlProveFailures: run $1's failure records (their primary key's
+	// range) and the copies they count failed, in all.
+	sqlProveFailures = `
+SELECT pg_catalog.count(*), coalesce(pg_catalog.sum(f.items), 0)::bigint
+FROM ` + Schema + `.item_failure AS f WHERE f.run_uid = $1::text`
+)
+
 // A fromRun batch (spec.batch.fromRun): the items an earlier run of the same
 // namespace failed, with their payloads, from its failure records
 // (runledger.item_failure, migrations/00010 and 00014). The earlier run is

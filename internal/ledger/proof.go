@@ -1,0 +1,216 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// KeyProof is one distinct key of a run's batch and what the ledger holds
+// for it now (ProveRun).
+type KeyProof struct {
+	Key
+	// NullKey: a key part of the batch's row is NULL (a query row that could
+	// not become an item; Key holds "" for it).
+	NullKey bool
+	// Copies of the key in the batch (its rows, repeats included).
+	Copies int64
+	// Holder is the run whose committed row holds the key now (nil: no
+	// row does), HeldSince when that row was committed.
+	Holder    *RunRef
+	HeldSince time.Time
+	// Own: the run committed the key itself, its row committed still, or
+	// superseded since by another run's Supersede (ledger_retired).
+	Own bool
+	// FailedCopies: the copies the run's failure record of the key counts
+	// failed (0: no record); Class that record's class.
+	FailedCopies int64
+	Class        string
+}
+
+// ProofVerdict is what the ledger proves of a key for a run.
+type ProofVerdict string
+
+const (
+	// ProofCompleted: the run committed the key (its first copy; its
+	// repeats are already handled).
+	ProofCompleted ProofVerdict = "Completed"
+	// ProofAlreadyHandled: another run's committed row holds the key.
+	ProofAlreadyHandled ProofVerdict = "AlreadyHandled"
+	// ProofFailed: the run's failure record counts every copy failed.
+	ProofFailed ProofVerdict = "Failed"
+	// ProofBadRow: a row that could not become an item (a key part NULL,
+	// empty or too long): failed as bad input, its record under the
+	// storable form of its key.
+	ProofBadRow ProofVerdict = "BadRow"
+	// ProofMissing: nothing proves a verdict: no row of the run, no
+	// committed row of another run, no failure record (lost, say, with the
+	// commits a database failover did not replicate).
+	ProofMissing ProofVerdict = "Missing"
+	// ProofMismatched: the ledger's records of the key contradict each
+	// other or the batch.
+	ProofMismatched ProofVerdict = "Mismatched"
+)
+
+// KeyVerdict is a key's verdict from the ledger alone, as the worker
+// counts it: the copies each count takes, and what is wrong ("" for none).
+type KeyVerdict struct {
+	Verdict ProofVerdict
+	v1alpha1.ItemCounts
+	// Missing copies: no verdict of theirs is proven.
+	Missing int64
+	// BadRows: copies that could not become items and whose failure record
+	// is not under this key (RunProof matches them with the records under
+	// no key of the batch).
+	BadRows int64
+	Problem string
+}
+
+// Verdict settles p as the worker counts a key's copies: its first copy
+// completed (the run's row) or already handled (another run's), its
+// repeats already handled, or every copy failed (its record); a copy
+// failed as bad input beside them counts in the record too.
+func (p KeyProof) Verdict() KeyVerdict {
+	v := KeyVerdict{ItemCounts: v1alpha1.ItemCounts{Total: p.Copies, Failed: p.FailedCopies}}
+	rest := p.Copies - p.FailedCopies // copies the failure record does not count
+	switch {
+	case rest < 0:
+		v.Verdict, v.Problem = ProofMismatched, fmt.Sprintf("the run's failure record counts %d copies failed, the batch holds %d", p.FailedCopies, p.Copies)
+	case p.Own && rest == 0:
+		v.Verdict, v.Problem = ProofMismatched, "the run committed the key and its failure record counts every copy failed"
+		v.Completed = 1
+	case rest == 0:
+		v.Verdict = ProofFailed
+	case p.NullKey || v1alpha1.KeyPartProblem(p.Entity) != "" || v1alpha1.KeyPartProblem(p.Occurrence) != "":
+		v.Verdict, v.BadRows = ProofBadRow, rest
+	case p.Own:
+		v.Verdict, v.Completed, v.AlreadyHandled = ProofCompleted, 1, rest-1
+	case p.Holder != nil:
+		v.Verdict, v.AlreadyHandled = ProofAlreadyHandled, rest
+	default:
+		v.Verdict, v.Missing = ProofMissing, rest
+		v.Problem = "no committed row holds the key, and the run has neither a row of it nor a failure record: nothing proves the verdict the run counted"
+	}
+	return v
+}
+
+// RunProof is what the ledger proves of a run's counts (ProveRun).
+type RunProof struct {
+	// Keys: the distinct keys of the batch; ItemCounts the copies each
+	// verdict takes (Total: the batch's rows), Failed every copy the run's
+	// failure records count, under a key of the batch or not.
+	Keys int64
+	v1alpha1.ItemCounts
+	// Missing: the copies of Missing keys; Mismatched: the keys whose
+	// records contradict each other or the batch.
+	Missing, Mismatched int64
+	// Records: the run's failure records; Unmatched the copies counted
+	// failed by those under no key of the batch, BadRows the rows of the
+	// batch that could not become items and have no record under their
+	// key (each should be one of those).
+	Records, Unmatched, BadRows int64
+}
+
+// Proven reports whether every copy of the batch has a proven verdict and
+// the records under no key of the batch are its bad rows'.
+func (p RunProof) Proven() bool {
+	return p.Missing == 0 && p.Mismatched == 0 && p.Unmatched == p.BadRows
+}
+
+// ProveRun reads, for every distinct key of run's batch, what the ledger
+// holds for it now, and calls fn with it and its verdict, in key order:
+// the batch is the one kept in the database (a query's), or batch for a
+// run of inline items or a ConfigMap (BatchSourceStatic), which the caller
+// checked against run.Digest. One statement over the batch and one over
+// the run's failure records, in one read-only snapshot under the Store's
+// bounds. A pruned batch is ErrBatchPruned (its failure records went with
+// it), a static one not given ErrBatchNotKept.
+func (s *Store) ProveRun(ctx context.Context, run RunRecord, batch []Key, fn func(KeyProof, KeyVerdict) error) (RunProof, error) {
+	q, args := sqlProveKeptBatch, []any{run.UID}
+	switch {
+	case run.Pruned != nil:
+		return RunProof{}, ErrBatchPruned
+	case run.Source == BatchSourceStatic && batch == nil:
+		return RunProof{}, ErrBatchNotKept
+	case run.Source == BatchSourceStatic:
+		entities, occurrences := keyColumns(batch)
+		q, args = sqlProveGivenBatch, append(args, entities, occurrences)
+	case batch != nil:
+		return RunProof{}, fmt.Errorf("proving run %s/%s: its batch is a query's, kept in the ledger database: no items may be given for it", run.Namespace, run.Name)
+	}
+	var p RunProof
+	var matched int64
+	err := pinnedTx(ctx, s.pool, sqlBeginPinnedSnapshot+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
+		p, matched = RunProof{}, 0
+		if err := tx.QueryRow(ctx, sqlProveFailures, run.UID).Scan(&p.Records, &p.Failed); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			k, err := scanKeyProof(rows)
+			if err != nil {
+				return err
+			}
+			v := k.Verdict()
+			p.add(v)
+			matched += k.FailedCopies
+			if err := fn(k, v); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return RunProof{}, fmt.Errorf("proving run %s/%s (%s) from the ledger: %w", run.Namespace, run.Name, run.UID, err)
+	}
+	p.Unmatched = p.Failed - matched
+	return p, nil
+}
+
+// add counts a key's verdict in p (Failed is the records', read apart).
+func (p *RunProof) add(v KeyVerdict) {
+	p.Keys++
+	p.Total += v.Total
+	p.Completed += v.Completed
+	p.AlreadyHandled += v.AlreadyHandled
+	p.Missing += v.Missing
+	p.BadRows += v.BadRows
+	if v.Verdict == ProofMismatched {
+		p.Mismatched++
+	}
+}
+
+func scanKeyProof(rows pgx.Rows) (KeyProof, error) {
+	var k KeyProof
+	var entity, occurrence, ns, name, uid, class *string
+	var since *time.Time
+	var failed *int64
+	if err := rows.Scan(&entity, &occurrence, &k.Copies, &ns, &name, &uid, &since, &k.Own, &failed, &class); err != nil {
+		return k, err
+	}
+	k.NullKey = entity == nil || occurrence == nil
+	k.Entity, k.Occurrence = deref(entity), deref(occurrence)
+	if uid != nil {
+		k.Holder = &RunRef{Namespace: deref(ns), Name: deref(name), UID: *uid}
+		k.HeldSince = *since
+	}
+	if failed != nil {
+		k.FailedCopies, k.Class = *failed, deref(class)
+	}
+	return k, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
