@@ -132,11 +132,11 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 	if err != nil {
 		return exitcode.Redact(exitcode.For(err), secrets)
 	}
-	run, err := o.pick(cmd.ErrOrStderr(), name, runs)
+	run, err := pickRun(cmd.ErrOrStderr(), "listing", o.namespace, name, o.uid, runs)
 	if err != nil {
 		return err
 	}
-	if err := o.checkGiven(run, batch); err != nil {
+	if err := checkGiven(run, batch); err != nil {
 		return err
 	}
 	outcomes, named := o.outcomes()
@@ -207,7 +207,7 @@ func (o *itemsOptions) givenBatch(cmd *cobra.Command, name string) ([]ledger.Ite
 
 // checkGiven refuses a batch given for run that is not the one the run
 // fixed: another source, or items whose digest differs from the recorded.
-func (o *itemsOptions) checkGiven(run ledger.RunRecord, batch []ledger.Item) error {
+func checkGiven(run ledger.RunRecord, batch []ledger.Item) error {
 	switch {
 	case batch == nil:
 		return nil
@@ -221,27 +221,27 @@ func (o *itemsOptions) checkGiven(run ledger.RunRecord, batch []ledger.Item) err
 	return nil
 }
 
-// pick chooses the run: the one of --uid, or the latest (saying so when
-// there were others).
-func (o *itemsOptions) pick(stderr io.Writer, name string, runs []ledger.RunRecord) (ledger.RunRecord, error) {
-	if o.uid != "" {
+// pickRun chooses the run named namespace/name among runs: the one of uid,
+// or the latest (saying on stderr, after verb, when there were others).
+func pickRun(stderr io.Writer, verb, namespace, name, uid string, runs []ledger.RunRecord) (ledger.RunRecord, error) {
+	if uid != "" {
 		for _, r := range runs {
-			if r.UID == o.uid {
+			if r.UID == uid {
 				return r, nil
 			}
 		}
-		return ledger.RunRecord{}, &exitcode.Error{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database has no run %s/%s of uid %s", o.namespace, name, o.uid)}
+		return ledger.RunRecord{}, &exitcode.Error{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database has no run %s/%s of uid %s", namespace, name, uid)}
 	}
 	if len(runs) == 0 {
-		return ledger.RunRecord{}, &exitcode.Error{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database has no run %s/%s (no shard of it ever started; is --namespace right?)", o.namespace, name)}
+		return ledger.RunRecord{}, &exitcode.Error{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database has no run %s/%s (no shard of it ever started; is --namespace right?)", namespace, name)}
 	}
 	if len(runs) > 1 {
 		uids := make([]string, 0, len(runs)-1)
 		for _, r := range runs[1:] {
 			uids = append(uids, r.UID+" ("+r.Created.UTC().Format(time.RFC3339)+")")
 		}
-		fmt.Fprintf(stderr, "runledger: note: %d runs were named %s/%s; listing the latest, uid %s (--uid picks another: %s)\n",
-			len(runs), o.namespace, name, runs[0].UID, strings.Join(uids, ", "))
+		fmt.Fprintf(stderr, "runledger: note: %d runs were named %s/%s; %s the latest, uid %s (--uid picks another: %s)\n",
+			len(runs), namespace, name, verb, runs[0].UID, strings.Join(uids, ", "))
 	}
 	return runs[0], nil
 }

@@ -96,6 +96,9 @@ type manifest struct {
 	source     string
 	run        *v1alpha1.ProcessingRun
 	configMaps []corev1.ConfigMap
+	// status is the run's status as the manifest holds it (kubectl get -o
+	// yaml prints it; admission drops it from run): nil without one.
+	status *v1alpha1.ProcessingRunStatus
 }
 
 func readManifest(path string, stdin io.Reader) (*manifest, error) {
@@ -149,6 +152,13 @@ func readManifest(path string, stdin io.Reader) (*manifest, error) {
 			}
 			m.run = run
 			runs = append(runs, run.Name)
+			var withStatus struct {
+				Status *v1alpha1.ProcessingRunStatus `json:"status"`
+			}
+			if err := json.Unmarshal(j, &withStatus); err != nil {
+				return nil, fmt.Errorf("%s: document %d (ProcessingRun): status: %w", m.source, doc, err)
+			}
+			m.status = withStatus.Status
 		case tm.Kind == "ConfigMap" && tm.APIVersion == "v1":
 			var cm corev1.ConfigMap
 			if err := json.Unmarshal(j, &cm); err != nil {

@@ -46,6 +46,7 @@ func NewRootCommand() *cobra.Command {
 		newPruneCommand(),
 		newItemsCommand(),
 		newKeyCommand(),
+		newVerifyCommand(),
 		newScheduleCommand(),
 	)
 	return root
