@@ -1,0 +1,200 @@
+package clitest
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// proof is runledger verify's JSON output.
+type proof struct {
+	Run struct {
+		Namespace string `json:"namespace"`
+		Name      string `json:"name"`
+		UID       string `json:"uid"`
+	} `json:"run"`
+	Source     string `json:"source"`
+	Reported   counts `json:"reported"`
+	ReportedIn string `json:"reportedIn"`
+	Items      []struct {
+		Verdict    string  `json:"verdict"`
+		Entity     *string `json:"entity"`
+		Occurrence *string `json:"occurrence"`
+		Copies     int64   `json:"copies"`
+		HeldBy     *struct {
+			Namespace string `json:"namespace"`
+			Name      string `json:"name"`
+			UID       string `json:"uid"`
+		} `json:"heldBy"`
+		HeldSince string `json:"heldSince"`
+		Failed    int64  `json:"failed"`
+		Class     string `json:"class"`
+		Problem   string `json:"problem"`
+	} `json:"items"`
+	Ledger struct {
+		Total          int64 `json:"total"`
+		Completed      int64 `json:"completed"`
+		AlreadyHandled int64 `json:"alreadyHandled"`
+		Failed         int64 `json:"failed"`
+		Missing        int64 `json:"missing"`
+		Mismatched     int64 `json:"mismatched"`
+		Keys           int64 `json:"keys"`
+		FailureRecords int64 `json:"failureRecords"`
+	} `json:"ledger"`
+	Proven  bool   `json:"proven"`
+	Summary string `json:"summary"`
+}
+
+func (p proof) counts() counts {
+	return counts{p.Ledger.Total, p.Ledger.Completed, p.Ledger.AlreadyHandled, p.Ledger.Failed}
+}
+
+// verdicts maps each listed key's entity to its verdict.
+func (p proof) verdicts() map[string]string {
+	out := map[string]string{}
+	for _, it := range p.Items {
+		e := "(null)"
+		if it.Entity != nil {
+			e = *it.Entity
+		}
+		out[e] = it.Verdict
+	}
+	return out
+}
+
+// verify runs runledger verify RUN ARGS --output json and decodes its proof:
+// exit 0 and proven, or exit 1 and not, the one-line summary on stderr.
+func verify(t *testing.T, d *db, stdin, run string, args ...string) (proof, result) {
+	t.Helper()
+	r := runCLI(t, stdin, append([]string{"verify", run, "-n", "billing", "--output", "json", "--dsn", d.dsn}, args...)...)
+	require.Contains(t, []int{v1alpha1.ExitSucceeded, v1alpha1.ExitFailed}, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	dec.DisallowUnknownFields()
+	var p proof
+	require.NoError(t, dec.Decode(&p), "stdout is one JSON object:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	require.False(t, dec.More(), "nothing after the object")
+	require.NotNil(t, p.Items, "items is always a list")
+	require.Equal(t, r.code == 0, p.Proven, "exit 0 exactly when proven; stderr:\n%s", r.stderr)
+	if r.code != 0 {
+		require.Contains(t, r.stderr, p.Summary, "the summary on stderr")
+		var lines []string
+		for _, l := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+			if !strings.HasPrefix(l, "runledger: note: --dsn holds a password") {
+				lines = append(lines, l)
+			}
+		}
+		require.Len(t, lines, 1, "one line on stderr:\n%s", r.stderr)
+	}
+	return p, r
+}
+
+// lose deletes committed ledger rows as a failover that did not replicate
+// their commits would (as the owner, past the append-only trigger).
+func (d *db) lose(t *testing.T, where string) int64 {
+	t.Helper()
+	before := d.int(t, `SELECT count(*) FROM runledger.ledger`)
+	d.exec(t, `SET session_replication_role = replica; DELETE FROM runledger.ledger WHERE state = 'committed' AND (`+where+`); RESET session_replication_role`)
+	return before - d.int(t, `SELECT count(*) FROM runledger.ledger`)
+}
+
+// verifyQuery is a query batch: accounts lo..hi, acct-lo..lo+9 twice, and a
+// row with a NULL entity (a failed item of class input).
+func verifyQuery(name string, lo, hi int) string {
+	return manifest(name,
+		"batch:",
+		"  query: |",
+		fmt.Sprintf("    SELECT 'acct-' || i AS entity, '2024-06' AS occurrence, jsonb_build_object('amount', i) AS payload FROM generate_series(%d, %d) i", lo, hi),
+		fmt.Sprintf("    UNION ALL SELECT 'acct-' || i, '2024-06', jsonb_build_object('amount', i) FROM generate_series(%d, %d) i", lo, lo+9),
+		"    UNION ALL SELECT NULL, '2024-06', NULL",
+		sinkEffect, "workers: 2", "chunkSize: 40", "maxFailedItems: 100")
+}
+
+// TestVerifyQueryBatch: two query runs over overlapping accounts (repeats,
+// failed items of a foreign key, a row with a NULL key, keys the second
+// finds already handled) are proven from the ledger, against runledger
+// run's JSON or counts given; counts that differ are not. Then a failover
+// loses commits: the second run's completed rows and, for keys it found
+// already handled, the first run's rows that held them: every such key is
+// listed Missing, no other, the counts differ, exit 1 with the reason in
+// one line.
+func TestVerifyQueryBatch(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	d.exec(t, itemsSchema)
+	sums := map[string]summary{}
+	for _, r := range []struct {
+		name   string
+		lo, hi int
+	}{{"first", 0, 299}, {"second", 200, 549}} {
+		res := runCLI(t, "", "run", "-f", writeFile(t, r.name+".yaml", verifyQuery(r.name, r.lo, r.hi)), "--dsn", d.dsn, "--output", "json")
+		require.Equal(t, 0, res.code, res.stderr)
+		sums[r.name] = res.summary(t)
+	}
+	// first: 0..299 (acct-0 and acct-250 fail, acct-0 twice), 0..9 again, NULL.
+	require.Equal(t, counts{Total: 311, Completed: 298, AlreadyHandled: 9, Failed: 2 + 1 + 1}, sums["first"].counts())
+	// second: 200..549 (200..299 held by first but acct-250, which fails
+	// again, as acct-500 does), 200..209 again (already handled), NULL.
+	require.Equal(t, counts{Total: 361, Completed: 250 - 1, AlreadyHandled: 99 + 10, Failed: 2 + 1}, sums["second"].counts())
+
+	for name, s := range sums {
+		out, _ := json.Marshal(s)
+		p, _ := verify(t, d, "", name, "--summary", writeFile(t, name+".json", string(out)))
+		require.True(t, p.Proven, p.Summary)
+		require.Equal(t, s.counts(), p.counts())
+		require.Equal(t, "query", p.Source)
+		require.Empty(t, p.Items, "nothing missing or mismatched is listed")
+		require.Zero(t, p.Ledger.Missing)
+	}
+	c := sums["second"].counts()
+	p, _ := verify(t, d, "", "second", "--expect-completed", fmt.Sprint(c.Completed), "--expect-already-handled", fmt.Sprint(c.AlreadyHandled),
+		"--expect-failed", fmt.Sprint(c.Failed), "--expect-total", fmt.Sprint(c.Total), "--all")
+	require.True(t, p.Proven, p.Summary)
+	require.Len(t, p.Items, 350+1, "--all lists every distinct key, the NULL one's rows as one")
+	v := p.verdicts()
+	require.Equal(t, "AlreadyHandled", v["acct-200"])
+	require.Equal(t, "Completed", v["acct-300"])
+	require.Equal(t, "Failed", v["acct-500"])
+	require.Equal(t, "Failed", v["acct-250"], "failed in second though first failed it too")
+	require.Equal(t, "BadRow", v["(null)"])
+
+	p, r := verify(t, d, "", "second", "--expect-completed", fmt.Sprint(c.Completed+1), "--expect-already-handled", fmt.Sprint(c.AlreadyHandled-1),
+		"--expect-failed", fmt.Sprint(c.Failed))
+	require.False(t, p.Proven)
+	require.Empty(t, p.Items, "every key has a proven verdict; only the counts differ")
+	require.Contains(t, r.stderr, fmt.Sprintf("completed %d reported, %d in the ledger", c.Completed+1, c.Completed))
+	require.Contains(t, r.stderr, fmt.Sprintf("alreadyHandled %d reported, %d in the ledger", c.AlreadyHandled-1, c.AlreadyHandled))
+
+	// The failover: second's acct-400..404 and first's acct-230..231
+	// (already handled in second) were never replicated.
+	require.EqualValues(t, 5, d.lose(t, `run_name = 'second' AND entity IN ('acct-400', 'acct-401', 'acct-402', 'acct-403', 'acct-404')`))
+	require.EqualValues(t, 2, d.lose(t, `run_name = 'first' AND entity IN ('acct-230', 'acct-231')`))
+	out, _ := json.Marshal(sums["second"])
+	summaryFile := writeFile(t, "second.json", string(out))
+	p, r = verify(t, d, "", "second", "--summary", summaryFile)
+	require.False(t, p.Proven)
+	require.Equal(t, map[string]string{"acct-400": "Missing", "acct-401": "Missing", "acct-402": "Missing", "acct-403": "Missing", "acct-404": "Missing",
+		"acct-230": "Missing", "acct-231": "Missing"}, p.verdicts(), "exactly the keys whose proof was lost")
+	for _, it := range p.Items {
+		require.Nil(t, it.HeldBy)
+		require.Contains(t, it.Problem, "nothing proves the verdict the run counted")
+	}
+	require.EqualValues(t, 7, p.Ledger.Missing)
+	require.Equal(t, counts{Total: 361, Completed: 249 - 5, AlreadyHandled: 109 - 2, Failed: 3}, p.counts())
+	require.Contains(t, r.stderr, "runledger: run billing/second (uid ")
+	require.Contains(t, r.stderr, "is not proven by the ledger: 7 items missing")
+	require.Contains(t, r.stderr, "completed 249 reported, 244 in the ledger")
+
+	// first lost its own acct-230..231: Missing there too; the table says so.
+	r = runCLI(t, "", "verify", "first", "-n", "billing", "--expect-completed", "298", "--expect-already-handled", "9", "--expect-failed", "4", "--dsn", d.dsn)
+	require.Equal(t, v1alpha1.ExitFailed, r.code, r.stderr)
+	require.Contains(t, r.stdout, "Missing  acct-230")
+	require.Contains(t, r.stdout, "Missing  acct-231")
+	require.Contains(t, r.stdout, "completed       298       296")
+	require.Contains(t, r.stderr, "2 items missing")
+	require.Contains(t, r.stderr, "completed 298 reported, 296 in the ledger")
+}
