@@ -3,6 +3,7 @@ package clitest
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -197,4 +198,123 @@ func TestVerifyQueryBatch(t *testing.T) {
 	require.Contains(t, r.stdout, "completed       298       296")
 	require.Contains(t, r.stderr, "2 items missing")
 	require.Contains(t, r.stderr, "completed 298 reported, 296 in the ledger")
+}
+
+// withStatus is manifest m as kubectl get -o yaml prints it: with the
+// run's status (phase and counts).
+func withStatus(m, phase string, c counts) string {
+	return m + fmt.Sprintf("status:\n  phase: %s\n  total: %d\n  completed: %d\n  alreadyHandled: %d\n  failed: %d\n", phase, c.Total, c.Completed, c.AlreadyHandled, c.Failed)
+}
+
+// TestVerifyStaticBatch: runs of inline items and of a ConfigMap, whose
+// batch the ledger keeps only as a digest, are proven against the manifest
+// kubectl prints (its status holds the counts; on stdin too), a Supersede
+// run's rows having retired an earlier run's: that run's keys stay its
+// completed ones. Then the Supersede run's row of a key is lost: it is
+// Missing for that run only. And bad input: no manifest for a static run,
+// edited items, a run not finished, no counts, two sources of counts, an
+// unknown run (exit 5).
+func TestVerifyStaticBatch(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	d.exec(t, fmt.Sprintf(sinkSchema, 0.0))
+	keys := func(lo, hi int, repeat ...int) [][2]string {
+		var out [][2]string
+		for i := lo; i <= hi; i++ {
+			out = append(out, [2]string{fmt.Sprintf("acct-%02d", i), "2024-06"})
+		}
+		for _, i := range repeat {
+			out = append(out, [2]string{fmt.Sprintf("acct-%02d", i), "2024-06"})
+		}
+		return out
+	}
+	run := func(name string, m string, args ...string) (string, counts) {
+		t.Helper()
+		file := writeFile(t, name+".yaml", m)
+		r := runCLI(t, "", append([]string{"run", "-f", file, "--dsn", d.dsn, "--output", "json"}, args...)...)
+		require.Equal(t, 0, r.code, r.stderr)
+		return m, r.summary(t).counts()
+	}
+	may, mayCounts := run("may", manifest("may", inlineItems(keys(0, 9, 3)...), sinkEffect))
+	require.Equal(t, counts{Total: 11, Completed: 10, AlreadyHandled: 1}, mayCounts)
+	// june retires may's acct-05..07 and commits its own.
+	june, juneCounts := run("june", manifest("june", inlineItems(keys(5, 12)...), sinkEffect, "onExisting: Supersede"))
+	require.Equal(t, counts{Total: 8, Completed: 8}, juneCounts)
+	// july, from a ConfigMap: acct-00..14, already handled but 13 and 14.
+	var lines []string
+	for _, k := range keys(0, 14) {
+		lines = append(lines, fmt.Sprintf(`{"entity": %q, "occurrence": %q, "payload": {"amount": 1}}`, k[0], k[1]))
+	}
+	julyItems := writeFile(t, "july.jsonl", strings.Join(lines, "\n"))
+	july, julyCounts := run("july", manifest("july", "batch: {configMapRef: {name: july, key: items.jsonl}}", sinkEffect), "--from-file", julyItems)
+	require.Equal(t, counts{Total: 15, Completed: 2, AlreadyHandled: 13}, julyCounts)
+
+	check := func(stdin, name string, want counts, args ...string) proof {
+		t.Helper()
+		p, _ := verify(t, d, stdin, name, args...)
+		require.True(t, p.Proven, p.Summary)
+		require.Equal(t, want, p.counts())
+		require.Equal(t, "static", p.Source)
+		if !slices.Contains(args, "--all") {
+			require.Empty(t, p.Items, "nothing missing or mismatched is listed")
+		}
+		return p
+	}
+	p := check("", "may", mayCounts, "-f", writeFile(t, "may-status.yaml", withStatus(may, "Succeeded", mayCounts)))
+	require.Contains(t, p.Summary, "is proven by the ledger: 10 completed, 1 already handled, 0 failed of 11 items")
+	check(withStatus(june, "Succeeded", juneCounts), "june", juneCounts, "-f", "-")
+	check("", "july", julyCounts, "-f", writeFile(t, "july-status.yaml", withStatus(july, "Succeeded", julyCounts)), "--from-file", julyItems)
+	p = check("", "may", mayCounts, "-f", writeFile(t, "may.yaml", may), "--all", "--expect-completed", "10", "--expect-already-handled", "1", "--expect-failed", "0")
+	v := p.verdicts()
+	require.Equal(t, "Completed", v["acct-05"], "may committed acct-05, june's Supersede retired its row since")
+	for _, it := range p.Items {
+		if it.Entity != nil && *it.Entity == "acct-05" {
+			require.Equal(t, "june", it.HeldBy.Name, "held by june now")
+		}
+	}
+
+	// june's row of acct-06 is lost; may's superseded one stays.
+	require.EqualValues(t, 1, d.lose(t, `entity = 'acct-06'`))
+	check("", "may", mayCounts, "-f", writeFile(t, "may-status.yaml", withStatus(may, "Succeeded", mayCounts)))
+	p, r := verify(t, d, withStatus(june, "Succeeded", juneCounts), "june", "-f", "-")
+	require.False(t, p.Proven)
+	require.Equal(t, map[string]string{"acct-06": "Missing"}, p.verdicts())
+	require.Contains(t, r.stderr, "is not proven by the ledger: 1 item missing")
+	require.Contains(t, r.stderr, "(counts from the status in stdin)")
+	p, _ = verify(t, d, "", "july", "-f", writeFile(t, "july-status.yaml", withStatus(july, "Succeeded", julyCounts)), "--from-file", julyItems)
+	require.False(t, p.Proven)
+	require.Equal(t, map[string]string{"acct-06": "Missing"}, p.verdicts(), "july found acct-06 already handled: its holder vanished")
+
+	mayFile := writeFile(t, "may.yaml", may)
+	edited := writeFile(t, "edited.yaml", withStatus(strings.Replace(may, "acct-09", "acct-99", 1), "Succeeded", mayCounts))
+	for _, c := range []struct {
+		name string
+		code int
+		args []string
+		want string
+	}{
+		{"no manifest", v1alpha1.ExitBadInput, []string{"may", "--expect-completed", "10", "--expect-already-handled", "1", "--expect-failed", "0"},
+			"kubectl get prun may -n billing -o yaml | runledger verify may -n billing -f -"},
+		{"edited items", v1alpha1.ExitBadInput, []string{"may", "-f", edited},
+			"the items given are not run billing/may's batch: their digest differs"},
+		{"not finished", v1alpha1.ExitBadInput, []string{"may", "-f", writeFile(t, "running.yaml", withStatus(may, "Running", mayCounts))},
+			"the run is not finished (status.phase Running)"},
+		{"no counts", v1alpha1.ExitBadInput, []string{"may", "-f", mayFile}, "no counts to prove"},
+		{"two sources", v1alpha1.ExitBadInput, []string{"may", "-f", writeFile(t, "may-status.yaml", withStatus(may, "Succeeded", mayCounts)),
+			"--expect-completed", "10", "--expect-already-handled", "1", "--expect-failed", "0"}, "counts to prove from both the status in"},
+		{"some expect flags", v1alpha1.ExitBadInput, []string{"may", "-f", mayFile, "--expect-completed", "10"}, "must all be set"},
+		{"a bad summary", v1alpha1.ExitBadInput, []string{"may", "-f", mayFile, "--summary", writeFile(t, "s.json", `{"total": 11}`)},
+			"want the JSON object runledger run --output json prints"},
+		{"unknown run", v1alpha1.ExitNotFound, []string{"april", "--expect-completed", "1", "--expect-already-handled", "0", "--expect-failed", "0"},
+			"the ledger database has no run billing/april"},
+		{"another run's manifest", v1alpha1.ExitBadInput, []string{"june", "-f", mayFile, "--expect-completed", "10", "--expect-already-handled", "1", "--expect-failed", "0"},
+			"is run billing/may, not billing/june"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := runCLI(t, "", append([]string{"verify", "-n", "billing", "--dsn", d.dsn}, c.args...)...)
+			require.Equal(t, c.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			require.Contains(t, r.stderr, c.want)
+			require.Empty(t, strings.TrimSpace(r.stdout), "nothing written")
+		})
+	}
 }
