@@ -3,6 +3,7 @@ package clitest
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand"
 	"slices"
 	"strings"
 	"testing"
@@ -315,6 +316,84 @@ func TestVerifyStaticBatch(t *testing.T) {
 			require.Equal(t, c.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 			require.Contains(t, r.stderr, c.want)
 			require.Empty(t, strings.TrimSpace(r.stdout), "nothing written")
+		})
+	}
+}
+
+// TestVerify_Randomized: random runs of inline items (repeats, Skip and
+// Supersede, overlapping keys) are each proven against runledger run's own
+// JSON; then a random set of committed rows is lost: a run is not proven
+// exactly when a lost key's verdict rested on that row (the run's own row,
+// or the holder of a key it found already handled; not a row of its that
+// a Supersede had retired before), and its Missing keys are exactly those.
+func TestVerify_Randomized(t *testing.T) {
+	t.Parallel()
+	for seed := int64(1); seed <= 2; seed++ {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			t.Parallel()
+			rnd := rand.New(rand.NewSource(seed))
+			d := newDB(t)
+			d.exec(t, fmt.Sprintf(sinkSchema, 0.0))
+			type runInfo struct {
+				name    string
+				keys    map[string]bool
+				file    string
+				summary string
+			}
+			var runs []runInfo
+			for i := range 4 {
+				name := fmt.Sprintf("run-%d", i)
+				var items [][2]string
+				keys := map[string]bool{}
+				for range 5 + rnd.Intn(10) {
+					k := fmt.Sprintf("acct-%02d", rnd.Intn(20))
+					items = append(items, [2]string{k, "2024-06"})
+					keys[k] = true
+				}
+				spec := []string{inlineItems(items...), sinkEffect, fmt.Sprintf("chunkSize: %d", 1+rnd.Intn(4)), fmt.Sprintf("workers: %d", 1+rnd.Intn(2))}
+				if rnd.Intn(2) == 0 {
+					spec = append(spec, "onExisting: Supersede")
+				}
+				file := writeFile(t, name+".yaml", manifest(name, spec...))
+				r := runCLI(t, "", "run", "-f", file, "--dsn", d.dsn, "--output", "json")
+				require.Equal(t, 0, r.code, r.stderr)
+				runs = append(runs, runInfo{name: name, keys: keys, file: file, summary: writeFile(t, name+".json", r.stdout)})
+				p, _ := verify(t, d, "", name, "-f", file, "--summary", runs[i].summary)
+				require.True(t, p.Proven, p.Summary)
+			}
+			// Which keys each run's row was retired from (a Supersede took them over).
+			retired := map[string]bool{}
+			rows, err := d.pool.Query(t.Context(), `SELECT b.run_name || ' ' || r.entity FROM runledger.ledger_retired AS r JOIN runledger.batch_run AS b USING (run_uid)`)
+			require.NoError(t, err)
+			for rows.Next() {
+				var s string
+				require.NoError(t, rows.Scan(&s))
+				retired[s] = true
+			}
+			require.NoError(t, rows.Err())
+			lost := map[string]bool{}
+			var lostList []string
+			for i := range 20 {
+				if rnd.Intn(8) == 0 {
+					k := fmt.Sprintf("acct-%02d", i)
+					lost[k] = true
+					lostList = append(lostList, "'"+k+"'")
+				}
+			}
+			if len(lostList) > 0 {
+				d.lose(t, "entity IN ("+strings.Join(lostList, ", ")+")")
+			}
+			for _, r := range runs {
+				want := map[string]string{}
+				for k := range r.keys {
+					if lost[k] && !retired[r.name+" "+k] {
+						want[k] = "Missing"
+					}
+				}
+				p, _ := verify(t, d, "", r.name, "-f", r.file, "--summary", r.summary)
+				require.Equal(t, want, p.verdicts(), "run %s, lost %v", r.name, lostList)
+				require.Equal(t, len(want) == 0, p.Proven, p.Summary)
+			}
 		})
 	}
 }
