@@ -22,7 +22,7 @@ import (
 // named like the catalog's types and relations in the worker's pg_temp:
 // every command runledger has (migrate, run with an SQL effect, a query
 // batch, static items, Supersede, a processor and its take-back, failures
-// and their fromRun retry, items, key, prune, migrate again) does exactly
+// and their fromRun retry, items, key, verify, prune, migrate again) does exactly
 // what it does without them, and none of them is ever called. Through
 // PgBouncer (the suite's second pass) the runs share server connections,
 // and with them whatever a session left there.
@@ -95,8 +95,9 @@ GRANT INSERT ON public.sink TO `+pgtest.EffectRole)
 		_ = json.NewEncoder(w).Encode(answer)
 	}))
 	t.Cleanup(proc.Close)
-	r := cli(0, "run", "-f", writeFile(t, "charge.yaml", manifest("charge", inlineItems([2]string{"acct-3", "2024-06"}, [2]string{"acct-4", "2024-06"}, [2]string{"new-1", "2024-06"}),
-		"onExisting: Supersede", "maxFailedItems: 5", "effect:\n    processor: {image: example-processor, maxItemsPerCall: 2}")),
+	charge := writeFile(t, "charge.yaml", manifest("charge", inlineItems([2]string{"acct-3", "2024-06"}, [2]string{"acct-4", "2024-06"}, [2]string{"new-1", "2024-06"}),
+		"onExisting: Supersede", "maxFailedItems: 5", "effect:\n    processor: {image: example-processor, maxItemsPerCall: 2}"))
+	r := cli(0, "run", "-f", charge,
 		"--dsn", d.worker.dsn, "--output", "json", "--processor-url", proc.URL+"/process", "--retry-timeout", "20s")
 	require.Equal(t, counts{Total: 3, Completed: 2, Failed: 1}, r.summary(t).counts(), "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 
@@ -117,6 +118,10 @@ GRANT INSERT ON public.sink TO `+pgtest.EffectRole)
 		{"items", "charge", "-n", "billing", "--output", "json"},
 		{"key", "acct-3", "2024-06", "--output", "json"},
 		{"key", "acct-4", "2024-06"},
+		{"verify", "first", "-n", "billing", "--expect-completed", "40", "--expect-already-handled", "0", "--expect-failed", "0", "--expect-total", "40"},
+		{"verify", "second", "-n", "billing", "-f", secondRun, "--expect-completed", "5", "--expect-already-handled", "5", "--expect-failed", "0", "--output", "json"},
+		{"verify", "june", "-n", "billing", "-f", writeFile(t, "june.yaml", manifest("june", bad, effect, "maxFailedItems: 5")), "--expect-completed", "1", "--expect-already-handled", "0", "--expect-failed", "2", "--all"},
+		{"verify", "charge", "-n", "billing", "-f", charge, "--expect-completed", "2", "--expect-already-handled", "0", "--expect-failed", "1", "--all"},
 	} {
 		cli(0, append(args, "--dsn", d.worker.dsn)...)
 	}
