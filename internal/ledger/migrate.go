@@ -308,6 +308,10 @@ func (l *migrationLock) releaseOn(ctx context.Context, session *sql.Conn) error 
 		if _, err := session.ExecContext(ctx, sqlMigrationUnlock, migrationLockKey); err != nil {
 			return fmt.Errorf("releasing migration lock: %w", err)
 		}
+		// The session goes back to the pool with its own path again.
+		if _, err := session.ExecContext(ctx, sqlUnpinSession); err != nil {
+			return fmt.Errorf("resetting the migration session's search_path: %w", err)
+		}
 	}
 	return nil
 }

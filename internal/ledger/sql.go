@@ -721,7 +721,8 @@ const (
 	// name pg_tables unqualified: pg_temp would be searched first). Behind
 	// a pooler each migration's transaction may have another server
 	// connection; there only the catalog's exact signatures are in them.
-	sqlPinSession = `SET search_path = pg_catalog, pg_temp`
+	sqlPinSession   = `SET search_path = pg_catalog, pg_temp`
+	sqlUnpinSession = `RESET search_path`
 )
 
 // sqlMigrationLockHolders: the sessions of this database that hold the
