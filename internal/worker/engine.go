@@ -754,7 +754,7 @@ func (s *shardRun) tallyChunk(chunk []entry, g firstCopies, results map[ledger.K
 			s.countRepeat(&t, e.item, verdicts[gi].failure)
 		}
 	}
-	if g.cont && !(deferTail && tail == 0) {
+	if g.cont && (!deferTail || tail != 0) {
 		t.countGroup(p.first, p.copies+whole[0], verdicts[0])
 	}
 	// The carry: the chunk's last key, waiting or counted.
