@@ -14,6 +14,7 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/worker"
 )
 
@@ -122,23 +123,11 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 	if err != nil {
 		return err
 	}
-	pool, secrets, err := openOwnerPool(cmd)
+	store, secrets, run, done, err := openRun(cmd, "listing", o.namespace, name, o.uid, batch)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	store := ledger.NewStore(pool)
-	runs, err := store.FindRuns(cmd.Context(), o.namespace, name)
-	if err != nil {
-		return exitcode.Redact(exitcode.For(err), secrets)
-	}
-	run, err := pickRun(cmd.ErrOrStderr(), "listing", o.namespace, name, o.uid, runs)
-	if err != nil {
-		return err
-	}
-	if err := checkGiven(run, batch); err != nil {
-		return err
-	}
+	defer done()
 	outcomes, named := o.outcomes()
 	w := newItemWriter(secrets.Writer(cmd.OutOrStdout()), o.output)
 	write := w.write
@@ -163,6 +152,31 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 		err = cerr
 	}
 	return exitcode.Redact(exitcode.For(err), secrets)
+}
+
+// openRun opens the ledger and finds the run namespace/name (the one of
+// uid, if given) whose batch batch, if given, is (checkGiven): what items
+// and verify do first. done closes the ledger's pool.
+func openRun(cmd *cobra.Command, verb, namespace, name, uid string, batch []ledger.Item) (
+	store *ledger.Store, secrets *redact.Redactor, run ledger.RunRecord, done func(), err error) {
+	pool, secrets, err := openOwnerPool(cmd)
+	if err != nil {
+		return nil, nil, run, nil, err
+	}
+	store = ledger.NewStore(pool)
+	runs, err := store.FindRuns(cmd.Context(), namespace, name)
+	if err != nil {
+		pool.Close()
+		return nil, nil, run, nil, exitcode.Redact(exitcode.For(err), secrets)
+	}
+	if run, err = pickRun(cmd.ErrOrStderr(), verb, namespace, name, uid, runs); err == nil {
+		err = checkGiven(run, batch)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, nil, run, nil, err
+	}
+	return store, secrets, run, pool.Close, nil
 }
 
 // giveManifest says how to list a static run's already handled items.

@@ -125,23 +125,11 @@ func (o *verifyOptions) run(cmd *cobra.Command, name string) error {
 	if err != nil {
 		return err
 	}
-	pool, secrets, err := openOwnerPool(cmd)
+	store, secrets, run, done, err := openRun(cmd, "proving", o.namespace, name, o.uid, batch)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	store := ledger.NewStore(pool)
-	runs, err := store.FindRuns(cmd.Context(), o.namespace, name)
-	if err != nil {
-		return exitcode.Redact(exitcode.For(err), secrets)
-	}
-	run, err := pickRun(cmd.ErrOrStderr(), "proving", o.namespace, name, o.uid, runs)
-	if err != nil {
-		return err
-	}
-	if err := checkGiven(run, batch); err != nil {
-		return err
-	}
+	defer done()
 	w := newProofWriter(secrets.Writer(cmd.OutOrStdout()), o.output, run, rep)
 	proof, err := store.ProveRun(cmd.Context(), run, keysOf(batch), func(k ledger.KeyProof, v ledger.KeyVerdict) error {
 		if o.all || v.Problem != "" {
