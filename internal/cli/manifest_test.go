@@ -68,14 +68,21 @@ func TestKubectlReadsAsKubectlDoes(t *testing.T) {
 	require.NoError(t, json.Unmarshal(out, &read))
 	ours := kubectlPayloads(t, doc)
 	require.Len(t, read.Spec.Batch.Items, len(ours))
+	const clash = 4 // true: and "true": are one key; which value it keeps is Go's map order
 	for i, it := range read.Spec.Batch.Items {
+		if i == clash {
+			var kept bytes.Buffer
+			require.NoError(t, json.Compact(&kept, it.Payload))
+			require.Regexp(t, `^\{"true":[12]\}$`, kept.String(), "item %d", i)
+			continue
+		}
 		require.JSONEq(t, string(it.Payload), ours[i], "item %d", i)
 	}
 	require.JSONEq(t, `{"false": 16, "o": 8, "flag": true, "true": 1, "k": true, "t": "1:20", "u": 1000, "v": 5, "w": 15, "x": 31, "1": "a", "8": "b"}`, ours[0])
 	require.JSONEq(t, `{"k": 1, "l": 1, "m": 2, "r": 3}`, ours[3], "the first of a list of merges wins")
 	require.Contains(t, ours[1], `"o":2`, "a key after << overrides the merged one")
 	require.Contains(t, ours[2], `"o":8`, "a key before << is overridden by the merged one")
-	require.Contains(t, ours[4], `{"true":`, "true: and \"true\": are one key")
+	require.Regexp(t, `^\{"true":[12]\}$`, ours[clash], "true: and \"true\": are one key, either value: runledger run refuses it")
 }
 
 func kubectlPayloads(t *testing.T, doc string) []string {
