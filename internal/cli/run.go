@@ -61,11 +61,15 @@ Progress goes to stderr (a live line on a terminal, a line every
 --output json exactly one JSON object:
 
   {"total":N,"completed":N,"alreadyHandled":N,"failed":N,
-   "failures":[{"entity":"...","occurrence":"...","error":"...","class":"..."}]}
+   "failures":[{"entity":"...","occurrence":"...","error":"...","class":"..."}],
+   "proven":true}
 
 (failures lists the first 100, class being the error's SQLSTATE or
-runledger's class of it; "interrupted" and "error" are added when they
-apply). Every failed item is also recorded in the ledger database:
+runledger's class of it; proven: every shard finished and the ledger
+proved its counts before it reported them, so they are what the database
+holds, after a database failover too; "interrupted", "reproven" (shard
+passes made again because the ledger had lost items they had counted) and
+"error" are added when they apply). Every failed item is also recorded in the ledger database:
 runledger items NAME -n NAMESPACE --failed lists them all. Exit status: 0 when failed <= spec.maxFailedItems, 1 otherwise (or when
 the run could not finish: interrupted, database unreachable after retries),
 2 for bad input or configuration (nothing is committed then).`
@@ -240,7 +244,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 			badInputs = badInputs || exitcode.Of(r.Err) == v1alpha1.ExitBadInput
 		}
 		log.Info("shard finished", "shard", r.Shard, "state", shardState(r), "total", r.Total, "completed", r.Completed,
-			"alreadyHandled", r.AlreadyHandled, "failed", r.Failed, "payloadChanged", r.PayloadChanged, "elapsed", r.Elapsed.Round(time.Millisecond).String())
+			"alreadyHandled", r.AlreadyHandled, "failed", r.Failed, "payloadChanged", r.PayloadChanged, "proven", r.Proven, "elapsed", r.Elapsed.Round(time.Millisecond).String())
 	}
 	switch {
 	case badInputs: // e.g. the query failed when it ran, before any commit
@@ -274,6 +278,9 @@ func printSummary(w io.Writer, s *runSummary) {
 		s.Total, s.Completed, s.AlreadyHandled, s.Failed, s.Elapsed.Round(time.Millisecond))
 	if s.PayloadChanged > 0 {
 		fmt.Fprintf(w, "payload changed %d (already handled by another run, whose committed row has a different payload)\n", s.PayloadChanged)
+	}
+	if s.Reproven > 0 {
+		fmt.Fprintf(w, "the ledger did not hold items counted before (commits lost, as in a database failover): processed again, %d shard passes more; the counts above are the ledger's\n", s.Reproven)
 	}
 	if len(s.Failures) > 0 {
 		fmt.Fprintf(w, "failures (first %d of %d):\n", len(s.Failures), s.Failed)

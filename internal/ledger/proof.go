@@ -142,11 +142,41 @@ func (s *Store) ProveRun(ctx context.Context, run RunRecord, batch []Key, fn fun
 	case batch != nil:
 		return RunProof{}, fmt.Errorf("proving run %s/%s: its batch is a query's, kept in the ledger database: no items may be given for it", run.Namespace, run.Name)
 	}
+	p, err := s.prove(ctx, run.UID, q, args, sqlProveFailures, []any{run.UID}, fn)
+	if err != nil {
+		return RunProof{}, fmt.Errorf("proving run %s/%s (%s) from the ledger: %w", run.Namespace, run.Name, run.UID, err)
+	}
+	return p, nil
+}
+
+// ProveShard is ProveRun for shard shard of run runUID's batch, in counts
+// only, for the worker before it reports the shard done: the shard's part
+// of the batch kept in the database (kept), or the shard's keys given
+// (static, the copies of a key each given), and the failure records the
+// shard wrote. Its cost is one probe of the rule's index per key of the
+// shard, all on the server.
+func (s *Store) ProveShard(ctx context.Context, runUID string, shard int, kept bool, static []Key) (RunProof, error) {
+	q, args := sqlProveKeptShard, []any{runUID, shard}
+	if !kept {
+		entities, occurrences := keyColumns(static)
+		q, args = sqlProveGivenBatch, []any{runUID, entities, occurrences}
+	}
+	p, err := s.prove(ctx, runUID, q, args, sqlProveShardFailures, []any{runUID, shard}, func(KeyProof, KeyVerdict) error { return nil })
+	if err != nil {
+		return RunProof{}, fmt.Errorf("proving shard %d of run %s from the ledger: %w", shard, runUID, err)
+	}
+	return p, nil
+}
+
+// prove reads the failure records (failures, with failuresArgs) and the
+// keys (q, with args) of a run's batch or shard in one read-only snapshot
+// under the Store's bounds, calling fn with each key and its verdict.
+func (s *Store) prove(ctx context.Context, runUID, q string, args []any, failures string, failuresArgs []any, fn func(KeyProof, KeyVerdict) error) (RunProof, error) {
 	var p RunProof
 	var matched int64
 	err := pinnedTx(ctx, s.pool, sqlBeginPinnedSnapshot+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
 		p, matched = RunProof{}, 0
-		if err := tx.QueryRow(ctx, sqlProveFailures, run.UID).Scan(&p.Records, &p.Failed); err != nil {
+		if err := tx.QueryRow(ctx, failures, failuresArgs...).Scan(&p.Records, &p.Failed); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, q, args...)
@@ -169,7 +199,7 @@ func (s *Store) ProveRun(ctx context.Context, run RunRecord, batch []Key, fn fun
 		return rows.Err()
 	})
 	if err != nil {
-		return RunProof{}, fmt.Errorf("proving run %s/%s (%s) from the ledger: %w", run.Namespace, run.Name, run.UID, err)
+		return RunProof{}, err
 	}
 	p.Unmatched = p.Failed - matched
 	return p, nil

@@ -1453,6 +1453,17 @@ WITH i AS (
     WHERE r.run_uid = $1::text
 )` + sqlProveSelect
 
+	// sqlProveKeptShard: sqlProveSelect over shard $2 of run $1's batch
+	// kept in the ledger (its blocks: the batch's primary key's range).
+	sqlProveKeptShard = `
+WITH i AS (
+    SELECT i.entity, i.occurrence
+    FROM ` + Schema + `.batch_run AS r
+    JOIN ` + Schema + `.batch AS b ON b.batch_id = r.id AND b.shard = $2::integer
+    CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(b.entities), pg_catalog.unnest(b.occurrences)) AS i(entity, occurrence)
+    WHERE r.run_uid = $1::text
+)` + sqlProveSelect
+
 	// sqlProveGivenBatch: sqlProveSelect over run $1's static batch given
 	// as the arrays $2 entities, $3 occurrences, by a caller that checked
 	// them against the batch's digest.
@@ -1502,6 +1513,9 @@ ORDER BY k.entity COLLATE pg_catalog."C", k.occurrence COLLATE pg_catalog."C"`
 	sqlProveFailures = `
 SELECT pg_catalog.count(*), coalesce(pg_catalog.sum(f.items), 0)::bigint
 FROM ` + Schema + `.item_failure AS f WHERE f.run_uid = $1::text`
+
+	// sqlProveShardFailures: sqlProveFailures of the records shard $2 wrote.
+	sqlProveShardFailures = sqlProveFailures + ` AND f.shard = $2::integer`
 )
 
 // A fromRun batch (spec.batch.fromRun): the items an earlier run of the same

@@ -147,7 +147,6 @@ func (s *shardRun) log() logr.Logger {
 }
 
 func (s *shardRun) run(ctx context.Context) {
-	log := s.log()
 	// One process per shard: two would each count the other's rows as their
 	// own completed ones (see ErrShardBusy).
 	lease := s.store.ShardLease(s.cfg.Run.UID, s.cfg.Run.Shard)
@@ -168,15 +167,39 @@ func (s *shardRun) run(ctx context.Context) {
 	var lost atomic.Pointer[error]
 	defer lease.Keep(ctx, func(err error) { lost.Store(&err) })()
 	s.lease = lease
+	for pass := 1; ; pass++ {
+		if !s.runPass(ctx, &lost) {
+			return
+		}
+		again, err := s.prove(ctx, pass)
+		if err != nil {
+			s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, err))
+			return
+		}
+		if !again {
+			s.rep.Done = true
+			s.rep.WaitingForConnection = false
+			s.progress()
+			return
+		}
+		s.restart()
+	}
+}
+
+// runPass reads the shard's batch once, chunk by chunk, and reports whether
+// every item got its outcome (the counts still to be proven); a shard that
+// stopped (interrupted, too many failures, an error) says why in its report.
+func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) bool {
 	// Once per pass, under the lease: no other pass of the shard writes now.
-	s.pass = ledger.Pass{Run: s.cfg.Run, ID: rand.Text(), Lease: lease}
-	err = s.cfg.Retry.Do(ctx, "looking up earlier failure records", s.onRetry("failures"), func(int) error {
+	s.pass = ledger.Pass{Run: s.cfg.Run, ID: rand.Text(), Lease: s.lease}
+	err := s.cfg.Retry.Do(ctx, "looking up earlier failure records", s.onRetry("failures"), func(int) error {
+		var err error
 		s.forget, err = s.store.RunHasFailures(ctx, s.cfg.Run.UID)
 		return err
 	})
 	if err != nil {
 		s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, err))
-		return
+		return false
 	}
 	st, err := s.cfg.Source.open(ctx, s.store, s.cfg.Run.Shard, s.cfg.Shards, streamOptions{
 		run:          s.cfg.Run,
@@ -185,12 +208,12 @@ func (s *shardRun) run(ctx context.Context) {
 		retry:        s.cfg.Retry,
 		limits:       s.cfg.Limits,
 		timeouts:     s.cfg.Timeouts,
-		log:          log,
+		log:          s.log(),
 		retried:      s.retried,
 	})
 	if err != nil {
 		s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
-		return
+		return false
 	}
 	defer st.close()
 	s.st = st
@@ -201,59 +224,105 @@ func (s *shardRun) run(ctx context.Context) {
 	for chunkNo := 1; ; chunkNo++ {
 		if ctx.Err() != nil {
 			s.rep.Interrupted = true
-			return
+			return false
 		}
 		if s.cfg.Budget.Exceeded() {
 			s.rep.TooManyFailures = true
-			return
+			return false
 		}
 		if err := lost.Load(); err != nil {
 			s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, *err))
-			return
+			return false
 		}
 		chunk, err := readChunk(ctx, st, s.cfg.ChunkSize)
 		s.rep.Total, s.rep.TotalKnown = st.total()
 		if err != nil {
 			s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
-			return
+			return false
 		}
 		s.chunk = chunkNo
-		if len(chunk) == 0 {
-			if s.carry.pending != nil {
-				if err := s.process(ctx, nil); err != nil {
-					s.fail(ctx, fmt.Errorf("processing chunk %d: %w", chunkNo, err))
-					return
-				}
-			}
-			s.done(ctx)
-			return
+		if len(chunk) == 0 && s.carry.pending == nil {
+			return s.leaseHeld(ctx)
 		}
 		if err := s.process(ctx, chunk); err != nil {
 			s.fail(ctx, fmt.Errorf("processing chunk %d: %w", chunkNo, err))
-			return
+			return false
 		}
-		if s.rep.TotalKnown && s.rep.Processed() == s.rep.Total {
-			s.done(ctx)
-			return
+		if len(chunk) == 0 || s.rep.TotalKnown && s.rep.Processed() == s.rep.Total {
+			return s.leaseHeld(ctx)
 		}
 		s.rep.WaitingForConnection = false
 		s.progress()
 	}
 }
 
-// done ends the shard with its counts, once its lease says they are its
-// own: a chunk settled by the fetch's lookup alone wrote nothing, so no
-// transaction checked the lease for it.
-func (s *shardRun) done(ctx context.Context) {
+// leaseHeld checks, at the end of a pass, that the shard's lease says its
+// counts are its own: a chunk settled by the fetch's lookup alone wrote
+// nothing, so no transaction checked the lease for it.
+func (s *shardRun) leaseHeld(ctx context.Context) bool {
 	if err := s.cfg.Retry.Do(ctx, "renewing the shard's lease", s.onRetry("lease"), func(int) error {
 		return s.lease.Check(ctx)
 	}); err != nil {
 		s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, err))
-		return
+		return false
 	}
-	s.rep.Done = true
-	s.rep.WaitingForConnection = false
-	s.progress()
+	return true
+}
+
+// MaxProofPasses bounds how many times a shard processes its batch again
+// because the ledger did not hold what it had counted (commits a database
+// failover lost): each pass processes only what is missing.
+const MaxProofPasses = 3
+
+// prove has the ledger prove the counts of the pass just ended, and
+// reports whether the shard must process its batch again: the ledger does
+// not hold some items it counted (their commits lost with a database that
+// failed over) or the batch it read. Once proven, the report's counts are
+// the ledger's; a ledger that contradicts itself, or still misses items
+// after MaxProofPasses, is the shard's error: it never reports success.
+func (s *shardRun) prove(ctx context.Context, pass int) (bool, error) {
+	kept, keys := s.st.proofKeys()
+	var p ledger.RunProof
+	err := s.cfg.Retry.Do(ctx, "proving the shard's counts from the ledger", s.onRetry("proof"), func(int) error {
+		var err error
+		p, err = s.store.ProveShard(ctx, s.cfg.Run.UID, s.cfg.Run.Shard, kept, keys)
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	tallied := s.rep.ItemCounts
+	lost := p.Missing > 0 || p.Total != tallied.Total
+	switch {
+	case lost && pass < MaxProofPasses:
+		s.log().Info("the ledger does not hold items this shard counted (their commits were lost, as in a database failover that lost the tail of its log): processing the batch again; what the ledger holds is not repeated",
+			"pass", pass, "missing", p.Missing, "batchItems", p.Total, "counted", tallied.Total)
+		s.rep.Reproven++
+		return true, nil
+	case lost:
+		return false, fmt.Errorf("the ledger still does not hold %d of the %d items the shard counted after %d passes: its counts are not proven", p.Missing+max(tallied.Total-p.Total, 0), tallied.Total, pass)
+	case !p.Proven():
+		return false, fmt.Errorf("the ledger's records of %d keys of the shard contradict each other or the batch (runledger verify lists them): its counts are not proven", p.Mismatched+max(p.Unmatched-p.BadRows, 0))
+	}
+	if p.Completed != tallied.Completed || p.AlreadyHandled != tallied.AlreadyHandled || p.Failed != tallied.Failed {
+		s.log().Info("the ledger proves other counts than the shard tallied: reporting the ledger's",
+			"completed", p.Completed, "alreadyHandled", p.AlreadyHandled, "failed", p.Failed,
+			"talliedCompleted", tallied.Completed, "talliedAlreadyHandled", tallied.AlreadyHandled, "talliedFailed", tallied.Failed)
+	}
+	s.rep.Completed, s.rep.AlreadyHandled, s.rep.Failed = p.Completed, p.AlreadyHandled, p.Failed
+	s.rep.Proven = true
+	return false, nil
+}
+
+// restart readies the shard for another pass over its batch: the counts
+// start again (the failure budget forgets the shard's), the records of this
+// pass become an earlier pass's.
+func (s *shardRun) restart() {
+	s.cfg.Budget.add(-s.rep.Failed)
+	s.rep.ItemCounts = v1alpha1.ItemCounts{}
+	s.rep.Failures = nil
+	s.carry = carried{}
+	s.chunk = 0
 }
 
 // fail records why the shard stopped: an interruption when ctx was

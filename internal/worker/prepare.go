@@ -99,6 +99,13 @@ type RunResult struct {
 	Failures []Failure `json:"failures"`
 	// Interrupted: some shard was stopped before it was done.
 	Interrupted bool `json:"interrupted,omitempty"`
+	// Proven: every shard was done and the ledger proved its counts
+	// (ShardConfig's proof): they are what the database holds, not what
+	// the worker remembers. Reproven counts the passes shards made again
+	// because the ledger did not hold items they had counted (commits a
+	// database failover lost).
+	Proven   bool `json:"proven"`
+	Reproven int  `json:"reproven,omitempty"`
 	// Shards has each shard's report, in the order asked.
 	Shards  []Report      `json:"-"`
 	Elapsed time.Duration `json:"-"`
@@ -138,8 +145,10 @@ func RunShards(ctx context.Context, store *ledger.Store, plan *Plan, shards []in
 
 // summarize adds up the reports of a run's shards.
 func summarize(reports []Report, elapsed time.Duration) RunResult {
-	res := RunResult{Shards: reports, Elapsed: elapsed}
+	res := RunResult{Shards: reports, Elapsed: elapsed, Proven: len(reports) > 0}
 	for _, r := range reports {
+		res.Proven = res.Proven && r.Proven
+		res.Reproven += r.Reproven
 		res.Add(r.ItemCounts)
 		for _, f := range r.Failures {
 			if len(res.Failures) < MaxFailures {

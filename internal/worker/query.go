@@ -237,6 +237,8 @@ func (s *queryStream) close() {}
 
 func (s *queryStream) sawHeld(held bool) { s.lookups.claimed(held) }
 
+func (s *queryStream) proofKeys() (bool, []ledger.Key) { return true, nil }
+
 // lookupPolicy decides whether a shard's next fetch looks its keys up. A
 // fetch looks its keys up (which settles the held ones with no claim) until
 // one finds none held; then fetches look nothing up (the claim probes each

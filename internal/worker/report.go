@@ -49,6 +49,11 @@ type Report struct {
 	// Err is why the shard could not go on (the database stayed unreachable,
 	// the source broke), not an item's failure.
 	Err error
+	// Proven: the counts are the ledger's, proven before the shard
+	// reported success (ProveShard); Reproven counts the passes the shard
+	// made again because the ledger did not hold what it had counted.
+	Proven   bool
+	Reproven int
 	// Started and Elapsed time the shard.
 	Started time.Time
 	Elapsed time.Duration

@@ -78,6 +78,9 @@ type stream interface {
 	// so far (not known yet).
 	total() (n int64, known bool)
 	close()
+	// proofKeys is what ProveShard proves: the shard's part of the batch
+	// kept in the database (kept), or its keys (a copy each).
+	proofKeys() (kept bool, keys []ledger.Key)
 }
 
 // StaticSource is a validated batch held in memory: inline items or a JSON
@@ -147,6 +150,16 @@ func (s *sliceStream) next(context.Context) (entry, error) {
 func (s *sliceStream) total() (int64, bool) { return int64(len(s.entries)), true }
 func (s *sliceStream) close()               {}
 func (s *sliceStream) sawHeld(bool)         {}
+
+// proofKeys: a static batch is not kept in the database; its shard's keys,
+// each copy, are the proof's.
+func (s *sliceStream) proofKeys() (bool, []ledger.Key) {
+	keys := make([]ledger.Key, len(s.entries))
+	for i, e := range s.entries {
+		keys[i] = e.item.Key
+	}
+	return false, keys
+}
 
 // ParseJSONLines reads a JSON Lines batch: one JSON object per line,
 //

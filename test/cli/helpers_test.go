@@ -106,6 +106,8 @@ type summary struct {
 	} `json:"failures"`
 	Interrupted bool   `json:"interrupted"`
 	Error       string `json:"error"`
+	Proven      bool   `json:"proven"`
+	Reproven    int    `json:"reproven"`
 }
 
 type counts struct{ Total, Completed, AlreadyHandled, Failed int64 }
@@ -129,6 +131,9 @@ func (r result) summary(t *testing.T) summary {
 	rest, _ := io.ReadAll(dec.Buffered())
 	require.Empty(t, strings.TrimSpace(string(rest)), "nothing after the JSON object on stdout")
 	require.NotNil(t, s.Failures, "failures is always a list")
+	if r.code == 0 {
+		require.True(t, s.Proven, "a run that exits 0 has its counts proven by the ledger (issue #44):\n%s", r.stdout)
+	}
 	return s
 }
 
