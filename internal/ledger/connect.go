@@ -46,11 +46,22 @@ func Open(ctx context.Context, dsn string, maxConns int32, opts ...Option) (*pgx
 		}
 		return probe.beforeConnect(ctx, cc)
 	}
+	watch := &serverWatch{}
+	after := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		if after != nil {
+			if err := after(ctx, conn); err != nil {
+				return err
+			}
+		}
+		return watch.afterConnect(ctx, conn)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("opening database pool: %w", redact.New(dsn).Error(err))
 	}
-	rememberProbe(pool, probe)
+	remember(&poolerProbes, pool, probe)
+	remember(&serverWatches, pool, watch)
 	return pool, nil
 }
 

@@ -119,11 +119,11 @@ func userSearchPath(pool *pgxpool.Pool) string {
 // after another (the tests, a long-lived caller) does not keep them all.
 var poolerProbes sync.Map // weak.Pointer[pgxpool.Pool] -> *poolerProbe
 
-// rememberProbe files probe as pool's, until pool is garbage.
-func rememberProbe(pool *pgxpool.Pool, probe *poolerProbe) {
+// remember files v in m as pool's, until pool is garbage.
+func remember[T any](m *sync.Map, pool *pgxpool.Pool, v *T) {
 	key := weak.Make(pool)
-	poolerProbes.Store(key, probe)
-	runtime.AddCleanup(pool, func(k weak.Pointer[pgxpool.Pool]) { poolerProbes.Delete(k) }, key)
+	m.Store(key, v)
+	runtime.AddCleanup(pool, func(k weak.Pointer[pgxpool.Pool]) { m.Delete(k) }, key)
 }
 
 // BehindPooler reports whether pool's connections reach PostgreSQL through

@@ -1269,6 +1269,13 @@ func sqlHoldShardLease(runUID string, shard int, holder string, ttl time.Duratio
 		`, interval '` + milliseconds(ttl) + ` milliseconds')`
 }
 
+// sqlServerIdentity reads which server, and which life of it, a new session
+// reached (serverWatch): its address, its start, and its WAL's timeline
+// (the first 8 hex digits of the current WAL file's name; none on a
+// standby, where there is no current insert position).
+const sqlServerIdentity = `SELECT pg_catalog.host(pg_catalog.inet_server_addr()), pg_catalog.inet_server_port(), pg_catalog.pg_postmaster_start_time(),
+       CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()) END`
+
 // sqlBackendPID is the server backend's own process ID (poolerProbe).
 // With it the search_path a session of the pool would have without the pin
 // (its reset value: the connection string's, the role's or database's, or

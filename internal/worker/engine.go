@@ -102,7 +102,7 @@ func (c ShardConfig) withDefaults() ShardConfig {
 // (within cfg.DrainTimeout) and returns a report marked Interrupted.
 func RunShard(ctx context.Context, store *ledger.Store, cfg ShardConfig) Report {
 	cfg = cfg.withDefaults()
-	s := &shardRun{cfg: cfg, store: store, rep: Report{Shard: cfg.Run.Shard, Started: time.Now()}}
+	s := &shardRun{cfg: cfg, store: store, rep: Report{Shard: cfg.Run.Shard, Started: time.Now()}, serversBefore: store.ServerChanges().Changes}
 	s.run(ctx)
 	s.rep.Elapsed = time.Since(s.rep.Started)
 	return s.rep
@@ -122,6 +122,8 @@ type shardRun struct {
 	carry carried
 	st    stream
 	lease *ledger.ShardLease
+	// serversBefore: the store's ServerChanges when the shard started.
+	serversBefore int
 }
 
 type carried struct {
@@ -248,12 +250,28 @@ func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) boo
 			s.fail(ctx, fmt.Errorf("processing chunk %d: %w", chunkNo, err))
 			return false
 		}
+		s.noticeServer()
 		if len(chunk) == 0 || s.rep.TotalKnown && s.rep.Processed() == s.rep.Total {
 			return s.leaseHeld(ctx)
 		}
 		s.rep.WaitingForConnection = false
 		s.progress()
 	}
+}
+
+// noticeServer says so when the ledger's sessions reached another server,
+// or another life of it, since the shard last looked (a failover or a
+// restart the pool reconnected through): what the shard counted since may
+// have been lost with the old one, and its proof at the end of the pass
+// settles it.
+func (s *shardRun) noticeServer() {
+	c := s.store.ServerChanges()
+	if c.Changes-s.serversBefore == s.rep.ServerChanges {
+		return
+	}
+	s.rep.ServerChanges = c.Changes - s.serversBefore
+	s.log().Info("the ledger's database is another server now, or restarted (a failover?): commits acknowledged before may be lost; the ledger proves this shard's counts before it reports them",
+		"from", c.From.String(), "to", c.To.String())
 }
 
 // leaseHeld checks, at the end of a pass, that the shard's lease says its

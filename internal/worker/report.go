@@ -54,6 +54,10 @@ type Report struct {
 	// made again because the ledger did not hold what it had counted.
 	Proven   bool
 	Reproven int
+	// ServerChanges counts the ledger's sessions that reached another
+	// server, or another life of it, than before (ledger.ServerChange), as
+	// the shard saw them.
+	ServerChanges int
 	// Started and Elapsed time the shard.
 	Started time.Time
 	Elapsed time.Duration
