@@ -143,28 +143,35 @@ func StartCluster(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if opts.TCPPort != 0 {
 		c.port = opts.TCPPort
 	}
-	c.args = []string{"-D", data,
-		"-c", "unix_socket_directories=" + c.socketDir,
-		"-c", "port=" + strconv.Itoa(c.port),
-		"-c", "max_connections=300",
-		"-c", "shared_buffers=128MB",
-	}
-	if opts.TCPPort != 0 {
-		c.args = append(c.args, "-c", "listen_addresses=127.0.0.1")
-	} else {
-		c.args = append(c.args, "-c", "listen_addresses=")
-	}
-	if !opts.Durable {
-		c.args = append(c.args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
-	}
-	for _, name := range slices.Sorted(maps.Keys(opts.Settings)) {
-		c.args = append(c.args, "-c", name+"="+opts.Settings[name])
-	}
+	c.args = serverArgs(data, c.socketDir, c.port, opts)
 	c.bin, c.cred = bin, cred
 	if err := c.start(ctx); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// serverArgs are the postmaster's arguments for data directory data,
+// listening on socketDir (and on 127.0.0.1 when opts.TCPPort is set) at port.
+func serverArgs(data, socketDir string, port int, opts Options) []string {
+	args := []string{"-D", data,
+		"-c", "unix_socket_directories=" + socketDir,
+		"-c", "port=" + strconv.Itoa(port),
+		"-c", "max_connections=300",
+		"-c", "shared_buffers=128MB",
+	}
+	if opts.TCPPort != 0 {
+		args = append(args, "-c", "listen_addresses=127.0.0.1")
+	} else {
+		args = append(args, "-c", "listen_addresses=")
+	}
+	if !opts.Durable {
+		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+	}
+	for _, name := range slices.Sorted(maps.Keys(opts.Settings)) {
+		args = append(args, "-c", name+"="+opts.Settings[name])
+	}
+	return args
 }
 
 // start runs the postmaster on the initialised data directory and waits until
