@@ -1,0 +1,324 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/worker"
+)
+
+// Issue #44's case, at test scale: a 2-shard query batch run against an HA
+// pair's DSN (both hosts, target_session_attrs=read-write) while the primary
+// fails over. The survivor's ledger must prove the counts the shards report.
+const (
+	failoverItems = 20000
+	failoverChunk = 100
+	// failoverAhead: items the primary commits while the standby's WAL is
+	// held, before the crash (dozens of chunks, so that a lost tail is
+	// never a matter of timing).
+	failoverAhead = 4000
+)
+
+const failoverSchema = `
+CREATE TABLE src AS SELECT 'acct-' || i AS account, '2024-06' AS period, i AS amount FROM generate_series(1, %d) i;
+-- no unique key: an effect run twice is two rows, not a failed item
+CREATE TABLE invoices (account text NOT NULL, period text NOT NULL, amount numeric NOT NULL);`
+
+const failoverQuery = `SELECT account AS entity, period AS occurrence, jsonb_build_object('amount', amount)::text AS payload FROM src`
+
+// failoverRetry rides out the failover (a promotion takes well under a
+// second here) without the default's growing waits.
+var failoverRetry = worker.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond, MaxAttempts: 1000, MaxElapsed: 2 * time.Minute}
+
+// fault is what happens to the primary mid-run.
+type fault int
+
+const (
+	// crash: the standby's WAL held (a network hiccup) while the primary
+	// commits more chunks, the primary killed (-9), the standby promoted.
+	crash fault = iota
+	// switchover: planned: the same hiccup, then the primary stopped
+	// cleanly once the standby has everything, the standby promoted.
+	switchover
+)
+
+// TestFailoverCountsAreTheSurvivorsLedger (issue #44.6): whatever the
+// failover, the counts the shards report are what the surviving server's
+// ledger proves for the run, and the effect ran exactly once for each of
+// its rows (an SQL effect: one row of invoices per ledger row; a
+// processor: every committed key delivered, a key delivered again only
+// with its idempotency key). With asynchronous replication a crash loses
+// the primary's last commits: the shards must not report them.
+func TestFailoverCountsAreTheSurvivorsLedger(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "its own pair of servers; the pooler adds nothing to a failover")
+	for _, tc := range []struct {
+		name      string
+		sync      bool
+		fault     fault
+		processor bool
+	}{
+		{name: "async-crash-sql"},
+		{name: "async-crash-processor", processor: true},
+		{name: "sync-crash-sql", sync: true},
+		{name: "sync-crash-processor", sync: true, processor: true},
+		{name: "async-switchover-sql", fault: switchover},
+		{name: "async-switchover-processor", fault: switchover, processor: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := pgtest.NewHAPair(t, pgtest.HAOptions{Sync: tc.sync})
+			db := h.NewDatabase(t)
+			mustExec(t, pgtest.Pool(t, h.Primary().DSN(db)), fmt.Sprintf(failoverSchema, failoverItems))
+			plan := &worker.Plan{Run: ledger.Run{Namespace: "default", Name: "failover", UID: "uid-failover"}, Shards: 2,
+				Source: worker.NewQuerySource(failoverQuery), ChunkSize: failoverChunk, MaxFailedItems: failoverItems}
+			var rec *recorder
+			if tc.processor {
+				rec = newRecorder()
+				srv := httptest.NewServer(rec.handler())
+				t.Cleanup(srv.Close)
+				plan.Processor = worker.NewHTTPProcessor(srv.URL, 10*time.Second)
+			} else {
+				plan.Effect = invoiceEffect
+			}
+			r := startFailoverRun(t, h.DSN(db), plan)
+
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			r.waitProcessed(t, failoverItems/10)
+			require.NoError(t, h.WaitReplayed(ctx), "the standby has the fixed batch and the first chunks")
+			h.HoldWAL()
+			if tc.sync {
+				// Nothing commits now: wait until a commit waits for the standby.
+				waitSyncRep(t, h.Primary().DSN("postgres"))
+			} else {
+				r.waitProcessed(t, r.processed()+failoverAhead)
+			}
+			atFault := r.processed()
+			switch tc.fault {
+			case crash:
+				require.NoError(t, h.CrashPrimary(ctx))
+				require.NoError(t, h.Promote(ctx))
+			case switchover:
+				require.NoError(t, h.Switchover(ctx))
+			}
+			res := r.wait(t)
+			t.Logf("processed %d when the primary went; %d retries: %s", atFault, r.retries.Load(), r.firstRetry())
+
+			survivor := pgtest.Pool(t, h.Standby().DSN(db))
+			proof := proveOnSurvivor(t, survivor, plan.Run)
+			for _, sh := range res.Shards {
+				require.NoError(t, sh.Err, "shard %d", sh.Shard)
+				require.True(t, sh.Done, "shard %d done", sh.Shard)
+			}
+			reported := v1alpha1.ItemCounts{Total: res.Total, Completed: res.Completed, AlreadyHandled: res.AlreadyHandled, Failed: res.Failed}
+			proven := v1alpha1.ItemCounts{Total: proof.Total, Completed: proof.Completed, AlreadyHandled: proof.AlreadyHandled, Failed: proof.Failed}
+			assert.Equal(t, proven, reported,
+				"the shards' counts are what the survivor's ledger proves; %d items of the batch have no verdict there (lost with the primary)", proof.Missing)
+			rows := queryInt(t, survivor, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`, plan.Run.UID)
+			assert.Equal(t, rows, res.Completed, "completed == the run's ledger rows on the survivor")
+			assert.True(t, proof.Proven(), "every item of the batch has a proven verdict: %+v", proof)
+			if tc.processor {
+				assertDeliveries(t, survivor, rec, plan.Run.UID)
+			} else {
+				assertEffectsOncePerRow(t, survivor, plan.Run.UID)
+			}
+		})
+	}
+}
+
+// failoverRun is a run of a plan's two shards in the background, Prepare
+// included (on a standby it may have to wait too).
+type failoverRun struct {
+	done    chan failoverResult
+	shards  [2]atomic.Int64 // items processed so far, per shard
+	retries atomic.Int64
+	mu      sync.Mutex
+	first   string // the first retry's log line
+}
+
+type failoverResult struct {
+	worker.RunResult
+	prepareErr error
+}
+
+// startFailoverRun starts the run; the test's end stops it (and waits for
+// it) before the servers go.
+func startFailoverRun(t *testing.T, dsn string, plan *worker.Plan) *failoverRun {
+	r := &failoverRun{done: make(chan failoverResult, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	finished := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-finished })
+	go func() {
+		defer close(finished)
+		store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
+			DSN: dsn, Parallel: 2, SkipMigrate: true, Retry: failoverRetry, Log: r.logger()})
+		if err != nil {
+			r.done <- failoverResult{prepareErr: err}
+			return
+		}
+		defer closeStore()
+		r.done <- failoverResult{RunResult: worker.RunShards(ctx, store, plan, []int{0, 1}, worker.ShardsConfig{
+			Parallel: 2, Retry: failoverRetry, Log: r.logger(),
+			Progress: func(rep worker.Report) { r.shards[rep.Shard].Store(rep.Processed()) },
+		})}
+	}()
+	return r
+}
+
+// logger counts the shards' retries and keeps the first.
+func (r *failoverRun) logger() logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		if !strings.Contains(args, "retrying") {
+			return
+		}
+		if r.retries.Add(1) == 1 {
+			r.mu.Lock()
+			r.first = args
+			r.mu.Unlock()
+		}
+	}, funcr.Options{})
+}
+
+func (r *failoverRun) firstRetry() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.first
+}
+
+func (r *failoverRun) processed() int64 { return r.shards[0].Load() + r.shards[1].Load() }
+
+// waitProcessed waits until the shards have processed n items, failing if
+// the run ends first.
+func (r *failoverRun) waitProcessed(t *testing.T, n int64) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(time.Minute)
+	for r.processed() < n {
+		select {
+		case res := <-r.done:
+			r.done <- res
+			t.Fatalf("the run ended before the failover: processed %d of the %d wanted: %+v (prepare: %v)", r.processed(), n, res.ItemCounts, res.prepareErr)
+		case <-deadline:
+			t.Fatalf("the shards processed %d items in a minute, not %d", r.processed(), n)
+		case <-tick.C:
+		}
+	}
+}
+
+// wait waits for the run's result; Prepare must have succeeded.
+func (r *failoverRun) wait(t *testing.T) worker.RunResult {
+	t.Helper()
+	select {
+	case res := <-r.done:
+		require.NoError(t, res.prepareErr, "preparing the run")
+		return res.RunResult
+	case <-time.After(3 * time.Minute):
+		require.FailNow(t, "the run did not end within 3 minutes of the failover", "processed %d", r.processed())
+		return worker.RunResult{}
+	}
+}
+
+// waitSyncRep waits until a commit on the primary waits for its
+// synchronous standby.
+func waitSyncRep(t *testing.T, dsn string) {
+	t.Helper()
+	pool := pgtest.Pool(t, dsn)
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`) > 0
+	}, time.Minute, 5*time.Millisecond, "a commit waits for the synchronous standby")
+	pool.Close() // before the primary goes: its sessions would be retried
+}
+
+// proveOnSurvivor reads what the survivor's ledger proves of run, and logs
+// a few of the keys it cannot prove.
+func proveOnSurvivor(t *testing.T, pool *pgxpool.Pool, run ledger.Run) ledger.RunProof {
+	t.Helper()
+	store := ledger.NewStore(pool)
+	runs, err := store.FindRuns(context.Background(), run.Namespace, run.Name)
+	require.NoError(t, err)
+	require.Len(t, runs, 1, "the survivor holds the run's fixed batch")
+	var missing []string
+	proof, err := store.ProveRun(context.Background(), runs[0], nil, func(k ledger.KeyProof, v ledger.KeyVerdict) error {
+		if v.Verdict != ledger.ProofCompleted && v.Verdict != ledger.ProofAlreadyHandled && len(missing) < 5 {
+			missing = append(missing, fmt.Sprintf("%s %s (%s)", k.Key, v.Verdict, v.Problem))
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	if len(missing) > 0 {
+		t.Logf("keys the survivor does not prove (first %d): %s", len(missing), strings.Join(missing, "; "))
+	}
+	return proof
+}
+
+// assertEffectsOncePerRow: invoices holds exactly the run's committed keys,
+// each once (EXCEPT ALL counts the copies: set operations, not a join the
+// planner would run as nested loops on tables it has no statistics of).
+func assertEffectsOncePerRow(t *testing.T, pool *pgxpool.Pool, uid string) {
+	t.Helper()
+	assert.Zero(t, queryInt(t, pool, `SELECT count(*) FROM (SELECT 1 FROM invoices GROUP BY account, period HAVING count(*) > 1) d`), "an effect ran twice")
+	assert.Zero(t, queryInt(t, pool, `SELECT count(*) FROM (SELECT entity, occurrence FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'
+  EXCEPT ALL SELECT account, period FROM invoices) d`, uid), "a ledger row without its effect")
+	assert.Zero(t, queryInt(t, pool, `SELECT count(*) FROM (SELECT account, period FROM invoices
+  EXCEPT ALL SELECT entity, occurrence FROM runledger.ledger WHERE state = 'committed') d`), "an effect without its ledger row")
+}
+
+// assertDeliveries: the keys the processor accepted are the keys the
+// survivor's ledger holds for the run, and a key delivered more than once
+// always came with the same idempotency key.
+func assertDeliveries(t *testing.T, pool *pgxpool.Pool, rec *recorder, uid string) {
+	t.Helper()
+	_, sent, oks := rec.snapshot()
+	rec.mu.Lock()
+	idems := map[ledger.Key][]string{}
+	for idem, k := range rec.keys {
+		idems[k] = append(idems[k], idem)
+	}
+	rec.mu.Unlock()
+	redelivered := 0
+	for k, ids := range idems {
+		assert.Len(t, ids, 1, "key %s delivered under several idempotency keys: %v", k, ids)
+		if sent[ids[0]] > 1 {
+			redelivered++
+		}
+	}
+	t.Logf("processor: %d keys delivered, %d of them more than once", len(idems), redelivered)
+	rows, err := pool.Query(context.Background(), `SELECT entity, occurrence FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`, uid)
+	require.NoError(t, err)
+	defer rows.Close()
+	notDelivered, held := 0, 0
+	for rows.Next() {
+		held++
+		var k ledger.Key
+		require.NoError(t, rows.Scan(&k.Entity, &k.Occurrence))
+		if ids := idems[k]; len(ids) == 0 || oks[ids[0]] == 0 {
+			notDelivered++
+		}
+	}
+	require.NoError(t, rows.Err())
+	assert.Zero(t, notDelivered, "ledger rows whose key the processor never accepted")
+	accepted := 0
+	for _, ids := range idems {
+		if oks[ids[0]] > 0 {
+			accepted++
+		}
+	}
+	assert.Equal(t, held, accepted, "every key the processor accepted is a ledger row of the run on the survivor (a commit the failover lost is delivered again)")
+}
