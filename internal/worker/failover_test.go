@@ -322,3 +322,63 @@ func assertDeliveries(t *testing.T, pool *pgxpool.Pool, rec *recorder, uid strin
 	}
 	assert.Equal(t, held, accepted, "every key the processor accepted is a ledger row of the run on the survivor (a commit the failover lost is delivered again)")
 }
+
+// TestFailoverSessionOnStandbyIsRetried (issue #44.4): a worker whose
+// sessions land on a standby (a connection string that names only it: a
+// Service still pointing at the old replica) meets 25006
+// read_only_sql_transaction; it retries with back-off, fails no item, and
+// once the standby is promoted the run ends exact.
+func TestFailoverSessionOnStandbyIsRetried(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "its own pair of servers")
+	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
+	db := h.NewDatabase(t)
+	const n = 1000
+	mustExec(t, pgtest.Pool(t, h.Primary().DSN(db)), fmt.Sprintf(failoverSchema, n))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, h.WaitReplayed(ctx))
+	plan := &worker.Plan{Run: ledger.Run{Namespace: "default", Name: "on-standby", UID: "uid-on-standby"}, Shards: 2,
+		Source: worker.NewQuerySource(failoverQuery), Effect: invoiceEffect, ChunkSize: failoverChunk, MaxFailedItems: n}
+	r := startFailoverRun(t, h.Standby().DSN(db), plan)
+
+	// The shards either retry (what #44.4 asks) or end: poll for either.
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for r.retries.Load() == 0 {
+		select {
+		case res := <-r.done:
+			if res.prepareErr != nil {
+				t.Fatalf("on a standby the run ended instead of retrying: preparing it failed (bad input: %t): %v", worker.IsInputError(res.prepareErr), res.prepareErr)
+			}
+			var errs []string
+			for _, sh := range res.Shards {
+				errs = append(errs, fmt.Sprintf("shard %d: err %v, %d failures %v", sh.Shard, sh.Err, len(sh.Failures), firstFailure(sh)))
+			}
+			t.Fatalf("on a standby the run ended instead of retrying: %+v\n%s", res.ItemCounts, strings.Join(errs, "\n"))
+		case <-ctx.Done():
+			t.Fatalf("the shards neither retried nor ended: processed %d", r.processed())
+		case <-tick.C:
+		}
+	}
+	t.Logf("retrying on the standby: %s", r.firstRetry())
+	require.Contains(t, r.firstRetry(), "25006", "retried for the standby's refusal")
+	require.NoError(t, h.Promote(ctx))
+	res := r.wait(t)
+	for _, sh := range res.Shards {
+		require.NoError(t, sh.Err, "shard %d", sh.Shard)
+		require.True(t, sh.Done, "shard %d done", sh.Shard)
+	}
+	require.Equal(t, v1alpha1.ItemCounts{Total: n, Completed: n}, res.ItemCounts)
+	survivor := pgtest.Pool(t, h.Standby().DSN(db))
+	require.EqualValues(t, n, queryInt(t, survivor, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`, plan.Run.UID))
+	assertEffectsOncePerRow(t, survivor, plan.Run.UID)
+}
+
+func firstFailure(r worker.Report) string {
+	if len(r.Failures) == 0 {
+		return ""
+	}
+	f := r.Failures[0]
+	return fmt.Sprintf("(first: %s/%s: %s)", f.Entity, f.Occurrence, f.Error)
+}
