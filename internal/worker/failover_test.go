@@ -133,6 +133,15 @@ func TestFailoverCountsAreTheSurvivorsLedger(t *testing.T) {
 			rows := queryInt(t, survivor, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`, plan.Run.UID)
 			assert.Equal(t, rows, res.Completed, "completed == the run's ledger rows on the survivor")
 			assert.True(t, proof.Proven(), "every item of the batch has a proven verdict: %+v", proof)
+			require.True(t, res.Proven, "the run's counts were proven by the ledger")
+			changes, reproven := 0, 0
+			for _, sh := range res.Shards {
+				changes, reproven = max(changes, sh.ServerChanges), reproven+sh.Reproven
+			}
+			assert.NotZero(t, changes, "the shards noticed the ledger's new server")
+			if !tc.sync && tc.fault == crash {
+				assert.NotZero(t, reproven, "a shard processed again what the failover lost")
+			}
 			if tc.processor {
 				assertDeliveries(t, survivor, rec, plan.Run.UID)
 			} else {
