@@ -20,6 +20,7 @@
 // store.go (Store and the preload), commit.go (the insert path), batch.go (a
 // query source's fixed batch, a shard's sorted copy of it), shard.go (the
 // pinned shard function), lease.go (a shard's lease), pooler.go (telling a
-// transaction pooler from PostgreSQL), migrate.go. Measurements behind the insert
+// transaction pooler from PostgreSQL), durability.go (what the server
+// promises of a commit), migrate.go. Measurements behind the insert
 // path's choices are in docs/insert-path.md.
 package ledger

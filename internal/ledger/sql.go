@@ -1282,6 +1282,19 @@ const sqlServerIdentity = `SELECT pg_catalog.host(pg_catalog.inet_server_addr())
 // the server's).
 const sqlBackendPID = `SELECT pg_catalog.pg_backend_pid(), (SELECT s.reset_val FROM pg_catalog.pg_settings AS s WHERE s.name = 'search_path')`
 
+// sqlDurability reads what the server promises of a commit (durability.go):
+// synchronous_commit as the login's sessions start with it (its reset
+// value: the server's, the database's or role's, the connection string's),
+// which a chunk's transaction commits under, since its session is reset
+// before the chunk behind a pooler and after the effect directly; the
+// server-wide synchronous_standby_names and max_wal_senders; and whether the
+// server is a standby in recovery. pg_settings and these three settings are
+// readable by any login.
+const sqlDurability = `SELECT (SELECT s.reset_val FROM pg_catalog.pg_settings AS s WHERE s.name = 'synchronous_commit'),
+    pg_catalog.current_setting('synchronous_standby_names'),
+    pg_catalog.current_setting('max_wal_senders')::integer,
+    pg_catalog.pg_is_in_recovery()`
+
 // sqlDescribeQuery wraps the user's query to describe its columns without
 // running it.
 func sqlDescribeQuery(query string) string { return "SELECT * FROM (\n" + query + "\n) AS q" }

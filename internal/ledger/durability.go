@@ -1,0 +1,116 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Durability is what the ledger's server promises of a commit it
+// acknowledges, as a worker's login reads it (Store.Durability): whether a
+// synchronous standby has the commit by then, so that a failover to that
+// standby keeps it.
+//
+// PostgreSQL's levels of synchronous_commit, with synchronous_standby_names
+// naming at least one standby (and max_wal_senders above 0), are:
+//
+//   - remote_apply: the synchronous standbys have flushed the commit to disk
+//     and replayed it (StandbyApplied).
+//   - on (the default): they have flushed it to disk (StandbyFlushed).
+//   - remote_write: they have received it and handed it to their operating
+//     system, not flushed it (StandbyWritten): a crash of the standby's
+//     PostgreSQL keeps it, a crash of its operating system at the time of
+//     the failover can lose it.
+//   - local: only the server itself has flushed it; a failover to a standby
+//     can lose it (asynchronous replication).
+//   - off: not even the server has flushed it; a crash of the server alone,
+//     without failover, can lose the latest commits (up to three times
+//     wal_writer_delay of them).
+//
+// With synchronous_standby_names empty every level but off is local: the
+// commit waits for no standby, whatever standbys stream from the server.
+type Durability struct {
+	// SynchronousCommit is synchronous_commit as the login's sessions start
+	// with it: what a chunk commits under (user SQL of the effect may lower
+	// it for its own transaction with SET LOCAL). Behind a pooler it is the
+	// value of the server connection the read got: one opened before an
+	// ALTER ROLE keeps the old value until the pooler closes it.
+	SynchronousCommit string
+	// SynchronousStandbyNames is the server's synchronous_standby_names.
+	SynchronousStandbyNames string
+	// MaxWALSenders is the server's max_wal_senders: 0 serves no standby.
+	MaxWALSenders int
+	// InRecovery: the server is a standby (pg_is_in_recovery()), which
+	// accepts no commit of the ledger's.
+	InRecovery bool
+}
+
+// StandbyHas is how far a synchronous standby has a commit when the server
+// acknowledges it.
+type StandbyHas string
+
+const (
+	// StandbyNone: no standby is waited for (asynchronous replication, or
+	// none).
+	StandbyNone StandbyHas = ""
+	// StandbyWritten: written to the standby's operating system, not
+	// flushed (synchronous_commit = remote_write).
+	StandbyWritten StandbyHas = "written"
+	// StandbyFlushed: flushed to the standby's disk (synchronous_commit = on).
+	StandbyFlushed StandbyHas = "flushed"
+	// StandbyApplied: flushed and replayed on the standby
+	// (synchronous_commit = remote_apply).
+	StandbyApplied StandbyHas = "applied"
+)
+
+// Standby is how far a synchronous standby has a commit when the server
+// acknowledges it: StandbyNone unless synchronous_standby_names names a
+// standby, the server can serve one and synchronous_commit waits for one
+// (PostgreSQL's SyncRepRequested and sync_standbys_defined).
+func (d Durability) Standby() StandbyHas {
+	if strings.TrimSpace(d.SynchronousStandbyNames) == "" || d.MaxWALSenders <= 0 {
+		return StandbyNone
+	}
+	switch d.SynchronousCommit {
+	case "remote_apply":
+		return StandbyApplied
+	case "on":
+		return StandbyFlushed
+	case "remote_write":
+		return StandbyWritten
+	}
+	return StandbyNone // local, off
+}
+
+// Synchronous: the server acknowledges a commit only once a synchronous
+// standby has it (Standby is not StandbyNone).
+func (d Durability) Synchronous() bool { return d.Standby() != StandbyNone }
+
+// LocalFlush: the server acknowledges a commit only once it has flushed it
+// itself (synchronous_commit is not off).
+func (d Durability) LocalFlush() bool { return d.SynchronousCommit != "off" }
+
+// Verdict is the promise in a word: "synchronous" (Synchronous) or
+// "asynchronous" (a failover can lose acknowledged commits).
+func (d Durability) Verdict() string {
+	if d.Synchronous() {
+		return "synchronous"
+	}
+	return "asynchronous"
+}
+
+// Durability reads what the ledger's server promises of a commit, as this
+// Store's login gets it (sqlDurability): any login can read it, directly or
+// through a transaction pooler, on a primary or a standby.
+func (s *Store) Durability(ctx context.Context) (Durability, error) {
+	var d Durability
+	err := pinnedTx(ctx, s.pool, sqlBeginPinnedReadOnly+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, sqlDurability).Scan(&d.SynchronousCommit, &d.SynchronousStandbyNames, &d.MaxWALSenders, &d.InRecovery)
+	})
+	if err != nil {
+		return Durability{}, fmt.Errorf("reading the server's synchronous_commit and synchronous_standby_names: %w", err)
+	}
+	return d, nil
+}

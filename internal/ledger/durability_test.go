@@ -1,0 +1,176 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/testtier"
+)
+
+// TestDurability_Verdict: a commit is "synchronous" only when the server
+// waits for a named synchronous standby before acknowledging it, and says
+// how far that standby has it; every other setting is "asynchronous", in
+// which a failover can lose acknowledged commits.
+func TestDurability_Verdict(t *testing.T) {
+	for _, tc := range []struct {
+		commit, names string
+		senders       int
+		standby       ledger.StandbyHas
+		localFlush    bool
+	}{
+		{"on", "standby1", 10, ledger.StandbyFlushed, true},
+		{"on", "FIRST 1 (a, b)", 10, ledger.StandbyFlushed, true},
+		{"on", "ANY 2 (a, b, c)", 10, ledger.StandbyFlushed, true},
+		{"on", "*", 10, ledger.StandbyFlushed, true},
+		{"remote_apply", "standby1", 10, ledger.StandbyApplied, true},
+		{"remote_write", "standby1", 10, ledger.StandbyWritten, true},
+		// The server acknowledges once it flushed the commit itself: a
+		// failover to a standby can lose it.
+		{"local", "standby1", 10, ledger.StandbyNone, true},
+		// Not even flushed locally.
+		{"off", "standby1", 10, ledger.StandbyNone, false},
+		// No synchronous standby named: standbys, if any, are asynchronous.
+		{"on", "", 10, ledger.StandbyNone, true},
+		{"on", "  ", 10, ledger.StandbyNone, true},
+		{"remote_apply", "", 10, ledger.StandbyNone, true},
+		{"off", "", 10, ledger.StandbyNone, false},
+		// A server that serves no standby waits for none.
+		{"on", "standby1", 0, ledger.StandbyNone, true},
+	} {
+		d := ledger.Durability{SynchronousCommit: tc.commit, SynchronousStandbyNames: tc.names, MaxWALSenders: tc.senders}
+		name := fmt.Sprintf("synchronous_commit=%s synchronous_standby_names=%q max_wal_senders=%d", tc.commit, tc.names, tc.senders)
+		require.Equal(t, tc.standby, d.Standby(), name)
+		require.Equal(t, tc.standby != ledger.StandbyNone, d.Synchronous(), name)
+		want := "asynchronous"
+		if d.Synchronous() {
+			want = "synchronous"
+		}
+		require.Equal(t, want, d.Verdict(), name)
+		require.Equal(t, tc.localFlush, d.LocalFlush(), name)
+	}
+}
+
+// TestDurability_ReadsTheServer reads the promise as an unprivileged
+// login, directly and through PgBouncer (transaction mode), from a cluster
+// of the test's own: synchronous_standby_names is a server-wide setting,
+// which the test changes (ALTER SYSTEM, reload) where no other test runs.
+// The login's synchronous_commit is its own (ALTER ROLE), and a session's
+// SET of another client on a pooled server connection is not what the
+// chunks commit under.
+func TestDurability_ReadsTheServer(t *testing.T) {
+	testtier.Needs(t, "PostgreSQL")
+	t.Parallel()
+	ctx := context.Background()
+	// Durable: synchronous_commit keeps its default (on), as on a production
+	// server; fsync stays on too, which this test does not mind.
+	c, err := pgtest.StartCluster(ctx, pgtest.Options{Durable: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	b, err := pgtest.StartPgBouncer(ctx, c)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Stop() })
+
+	admin, err := pgx.Connect(ctx, c.DSN("postgres"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(ctx) })
+	exec := func(sql string) {
+		t.Helper()
+		_, err := admin.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	// With a synchronous standby named and none connected, a write of this
+	// session would wait for ever: it acknowledges locally.
+	exec(`SET synchronous_commit = local`)
+	exec(`CREATE ROLE worker LOGIN`)
+	dsns := map[string]string{
+		"direct":    fmt.Sprintf("%s user=worker", c.DSN("postgres")),
+		"pgbouncer": fmt.Sprintf("host=127.0.0.1 port=%d user=worker dbname=postgres sslmode=disable", b.Port()),
+	}
+	read := func(t require.TestingT, dsn string) ledger.Durability {
+		pool, err := ledger.Open(ctx, dsn, 2)
+		require.NoError(t, err)
+		defer pool.Close()
+		d, err := ledger.NewStore(pool).Durability(ctx)
+		require.NoError(t, err)
+		return d
+	}
+	// reload changes a server setting and waits until new sessions see it.
+	reload := func(name, value string) {
+		t.Helper()
+		exec(fmt.Sprintf(`ALTER SYSTEM SET %s = '%s'`, name, value))
+		exec(`SELECT pg_reload_conf()`)
+		require.Eventually(t, func() bool {
+			conn, err := pgx.Connect(ctx, c.DSN("postgres"))
+			if err != nil {
+				return false
+			}
+			defer func() { _ = conn.Close(ctx) }()
+			var v string
+			return conn.QueryRow(ctx, `SELECT current_setting('`+name+`')`).Scan(&v) == nil && v == value
+		}, 10*time.Second, 20*time.Millisecond)
+	}
+
+	for _, step := range []struct {
+		name        string
+		setup       func()
+		commit      string
+		names       string
+		synchronous bool
+		standby     ledger.StandbyHas
+	}{
+		{"no synchronous standby", func() {}, "on", "", false, ledger.StandbyNone},
+		{"a synchronous standby", func() { reload("synchronous_standby_names", "standby1") }, "on", "standby1", true, ledger.StandbyFlushed},
+		{"the login's remote_write", func() { exec(`ALTER ROLE worker SET synchronous_commit = remote_write`) }, "remote_write", "standby1", true, ledger.StandbyWritten},
+		{"the login's local", func() { exec(`ALTER ROLE worker SET synchronous_commit = local`) }, "local", "standby1", false, ledger.StandbyNone},
+		{"the server's off", func() {
+			exec(`ALTER ROLE worker RESET synchronous_commit`)
+			reload("synchronous_commit", "off")
+		}, "off", "standby1", false, ledger.StandbyNone},
+	} {
+		step.setup()
+		for via, dsn := range dsns {
+			t.Run(step.name+"/"+via, func(t *testing.T) {
+				// Through the pooler, a server connection opened before the
+				// change keeps its login's old synchronous_commit until it
+				// closes (idle 2 s, pgtest's server_idle_timeout; the reads come
+				// further apart, or they would keep it busy): the read
+				// tells what a chunk on it commits under.
+				require.EventuallyWithT(t, func(t *assert.CollectT) {
+					d := read(t, dsn)
+					require.Equal(t, step.commit, d.SynchronousCommit)
+					require.Equal(t, step.names, d.SynchronousStandbyNames)
+					require.Positive(t, d.MaxWALSenders)
+					require.False(t, d.InRecovery)
+					require.Equal(t, step.synchronous, d.Synchronous())
+					require.Equal(t, step.standby, d.Standby())
+				}, 20*time.Second, 2500*time.Millisecond)
+			})
+		}
+	}
+}
+
+// TestDurability_SharedServer reads the promise from the suite's server
+// (through PgBouncer when the suite runs behind it) as the server itself
+// tells its sessions' synchronous_commit (pgtest's own server acknowledges
+// commits unflushed, synchronous_commit=off, for speed).
+func TestDurability_SharedServer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	d, err := ledger.NewStore(pgtest.Pool(t, dsn)).Durability(ctx)
+	require.NoError(t, err)
+	var commit, names string
+	require.NoError(t, pgtest.Pool(t, pgtest.Direct(t, dsn)).QueryRow(ctx,
+		`SELECT reset_val, current_setting('synchronous_standby_names') FROM pg_settings WHERE name = 'synchronous_commit'`).Scan(&commit, &names))
+	require.Equal(t, commit, d.SynchronousCommit)
+	require.Equal(t, names, d.SynchronousStandbyNames)
+	require.False(t, d.InRecovery)
+}
