@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
@@ -366,7 +367,70 @@ type ShardReport struct {
 	// ReportTime is when the worker wrote the report (progress annotations
 	// only: the termination message has the container's finish time).
 	ReportTime *metav1.Time `json:"reportTime,omitempty"`
+	// Replication is what the ledger's server promises of a commit, as the
+	// worker read it at start; absent before it could, and from workers of
+	// earlier releases.
+	Replication *LedgerReplication `json:"replication,omitempty"`
 }
+
+// +kubebuilder:object:generate=false
+
+// LedgerReplication is what the ledger's server promises of a commit it
+// acknowledges, as a worker's login read it at start (ledger.Durability):
+// the run's SynchronousReplication condition and runledger run's summary
+// show it.
+type LedgerReplication struct {
+	// Synchronous: the server acknowledges a commit only once a synchronous
+	// standby has it (synchronousStandbyNames names one and
+	// synchronousCommit is remote_write, on or remote_apply), so a failover
+	// to that standby keeps every acknowledged commit. Otherwise a failover
+	// can lose the latest ones (asynchronous replication, or none).
+	Synchronous bool `json:"synchronous"`
+	// Standby is how far the synchronous standby has a commit when the
+	// server acknowledges it: written (remote_write: not yet flushed, a
+	// crash of the standby's operating system can lose it), flushed (on) or
+	// applied (remote_apply); empty when Synchronous is false.
+	Standby string `json:"standby,omitempty"`
+	// SynchronousCommit is the login's synchronous_commit (what its
+	// sessions start with).
+	SynchronousCommit string `json:"synchronousCommit"`
+	// SynchronousStandbyNames is the server's synchronous_standby_names,
+	// cut to MaxStandbyNamesBytes.
+	SynchronousStandbyNames string `json:"synchronousStandbyNames,omitempty"`
+	// InRecovery: the server was a standby in recovery (it accepts no
+	// commit).
+	InRecovery bool `json:"inRecovery,omitempty"`
+}
+
+// Message says r in a sentence for users: the message of the run's
+// SynchronousReplication condition and the line of runledger run's
+// summary.
+func (r LedgerReplication) Message() string {
+	settings := fmt.Sprintf("synchronous_commit=%s, synchronous_standby_names='%s'", r.SynchronousCommit, r.SynchronousStandbyNames)
+	const lost = "the counts are proven from the ledger, an item whose commit was lost is processed again, and a processor may get it again with the same idempotency key"
+	var msg string
+	switch {
+	case r.Synchronous:
+		has := map[string]string{"written": "written it, not yet flushed it to disk", "flushed": "flushed it to disk",
+			"applied": "flushed it to disk and applied it"}[r.Standby]
+		msg = fmt.Sprintf("the ledger's server acknowledges a commit only once a synchronous standby has %s (%s): a failover to that standby keeps every acknowledged commit", cmp.Or(has, "it"), settings)
+		if r.Standby == "written" {
+			msg += ", unless the standby's operating system crashes too"
+		}
+	case r.SynchronousCommit == "off":
+		msg = fmt.Sprintf("the ledger's server acknowledges a commit before it is flushed to disk, even its own (%s): a crash or a failover can lose the latest commits; %s", settings, lost)
+	default:
+		msg = fmt.Sprintf("the ledger's server acknowledges a commit before any standby has it (%s): a failover can lose the latest commits; %s", settings, lost)
+	}
+	if r.InRecovery {
+		msg = "the ledger's server was a standby in recovery when the worker read it; " + msg
+	}
+	return msg
+}
+
+// MaxStandbyNamesBytes bounds LedgerReplication.SynchronousStandbyNames in
+// a report (within the termination message's bytes).
+const MaxStandbyNamesBytes = 256
 
 // TerminationMessage encodes the report for TerminationMessagePath, within
 // MaxTerminationMessageBytes: the message cut first, to minKeptMessage,
@@ -413,6 +477,9 @@ type RunReport struct {
 	Shards []ShardReport `json:"shards"`
 	// ReportTime is when the reporter wrote it.
 	ReportTime *metav1.Time `json:"reportTime,omitempty"`
+	// Replication is what the ledger's server promises of a commit, as the
+	// reporter read it at start (ShardReport.Replication).
+	Replication *LedgerReplication `json:"replication,omitempty"`
 }
 
 // ParseProgress decodes a pod's AnnotationProgress: a RunReport (run non-nil)

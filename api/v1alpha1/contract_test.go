@@ -206,3 +206,55 @@ func TestRunFile(t *testing.T) {
 		require.ErrorContains(t, err, tc.want, name)
 	}
 }
+
+// TestReportsCarryReplication: a worker's report says what the ledger's
+// server promises of a commit, and the controller reads it back from a
+// termination message, a progress annotation and a RunReport; the
+// termination message stays within the kubelet's bound with the longest
+// standby names a report carries.
+func TestReportsCarryReplication(t *testing.T) {
+	rep := &LedgerReplication{Synchronous: true, Standby: "flushed", SynchronousCommit: "on",
+		SynchronousStandbyNames: strings.Repeat("s", MaxStandbyNamesBytes)}
+	r := ShardReport{Shard: 1, Attempt: 2, ItemCounts: ItemCounts{Total: 3}, Message: strings.Repeat("m", 5000), Replication: rep}
+	b, err := r.TerminationMessage()
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(b), MaxTerminationMessageBytes)
+	got, err := ParseShardReport(string(b))
+	require.NoError(t, err)
+	require.Equal(t, rep, got.Replication)
+
+	run, err := json.Marshal(RunReport{Reporter: 0, Shards: []ShardReport{{Shard: 0}}, Replication: rep})
+	require.NoError(t, err)
+	_, rr, err := ParseProgress(string(run))
+	require.NoError(t, err)
+	require.Equal(t, rep, rr.Replication)
+
+	// Without it (a worker of an earlier release): no replication.
+	got, err = ParseShardReport(`{"shard":0,"attempt":0,"total":1,"completed":1,"alreadyHandled":0,"failed":0}`)
+	require.NoError(t, err)
+	require.Nil(t, got.Replication)
+}
+
+// TestReplicationMessage: the message says in words what a failover costs
+// at each level, with the settings it read.
+func TestReplicationMessage(t *testing.T) {
+	for _, tc := range []struct {
+		r    LedgerReplication
+		want []string
+	}{
+		{LedgerReplication{Synchronous: true, Standby: "applied", SynchronousCommit: "remote_apply", SynchronousStandbyNames: "a"},
+			[]string{"has flushed it to disk and applied it", "synchronous_commit=remote_apply, synchronous_standby_names='a'", "keeps every acknowledged commit"}},
+		{LedgerReplication{Synchronous: true, Standby: "written", SynchronousCommit: "remote_write", SynchronousStandbyNames: "a"},
+			[]string{"has written it, not yet flushed it to disk", "unless the standby's operating system crashes too"}},
+		{LedgerReplication{SynchronousCommit: "local", SynchronousStandbyNames: "a"},
+			[]string{"before any standby has it", "a failover can lose the latest commits", "same idempotency key"}},
+		{LedgerReplication{SynchronousCommit: "off"},
+			[]string{"before it is flushed to disk, even its own", "a crash or a failover can lose the latest commits"}},
+		{LedgerReplication{SynchronousCommit: "on", InRecovery: true},
+			[]string{"was a standby in recovery"}},
+	} {
+		for _, w := range tc.want {
+			require.Contains(t, tc.r.Message(), w)
+		}
+	}
+}

@@ -752,8 +752,16 @@ type ProcessingRunStatus struct {
 	Queue *QueueStatus `json:"queue,omitempty"`
 
 	// conditions: Complete, Failed and Suspended (as batch/v1 Job), Ready,
-	// Reconciling and Stalled (as kstatus reads them), and Admitted for a
-	// run in a Kueue queue.
+	// Reconciling and Stalled (as kstatus reads them), Admitted for a run
+	// in a Kueue queue, and SynchronousReplication once a worker has read
+	// what the ledger's server promises of a commit: True (reason
+	// SynchronousStandby) when the server acknowledges a commit only once
+	// a synchronous standby has it, so a failover to it loses no committed
+	// item; False (reason AsynchronousReplication) when a failover can lose
+	// the latest commits: the counts are proven from the ledger, an item
+	// whose commit was lost is processed again, and a processor may get it
+	// again with the same idempotency key. The message names the server's
+	// synchronous_commit and synchronous_standby_names.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -998,6 +1006,12 @@ const (
 	// acting: a missing Secret or ConfigMap, a worker image that cannot be
 	// pulled, or a Failed run (kstatus: Failed); absent otherwise.
 	ConditionStalled = "Stalled"
+	// ConditionSynchronousReplication says what the ledger's server
+	// promises of a commit, as the run's workers read it at start
+	// (LedgerReplication): True when it acknowledges a commit only once a
+	// synchronous standby has it, False when a failover can lose
+	// acknowledged commits; absent until a worker reported it.
+	ConditionSynchronousReplication = "SynchronousReplication"
 )
 
 // ManagedByOther reports whether spec.managedBy names another controller

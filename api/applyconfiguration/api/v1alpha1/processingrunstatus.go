@@ -54,8 +54,16 @@ type ProcessingRunStatusApplyConfiguration struct {
 	// kueue.x-k8s.io/queue-name; absent otherwise.
 	Queue *QueueStatusApplyConfiguration `json:"queue,omitempty"`
 	// conditions: Complete, Failed and Suspended (as batch/v1 Job), Ready,
-	// Reconciling and Stalled (as kstatus reads them), and Admitted for a
-	// run in a Kueue queue.
+	// Reconciling and Stalled (as kstatus reads them), Admitted for a run
+	// in a Kueue queue, and SynchronousReplication once a worker has read
+	// what the ledger's server promises of a commit: True (reason
+	// SynchronousStandby) when the server acknowledges a commit only once
+	// a synchronous standby has it, so a failover to it loses no committed
+	// item; False (reason AsynchronousReplication) when a failover can lose
+	// the latest commits: the counts are proven from the ledger, an item
+	// whose commit was lost is processed again, and a processor may get it
+	// again with the same idempotency key. The message names the server's
+	// synchronous_commit and synchronous_standby_names.
 	Conditions []metav1.ConditionApplyConfiguration `json:"conditions,omitempty"`
 }
 
