@@ -200,9 +200,10 @@ func uidMismatch(err error) bool {
 func WriteTerminationMessage(path string, env PodEnv, r Report, message string) error {
 	rep := v1alpha1.ShardReport{
 		Shard: int32(env.Shard), Attempt: int32(env.Attempt),
-		ItemCounts: r.ItemCounts,
-		Message:    message,
-		Failures:   failureSample(r),
+		ItemCounts:  r.ItemCounts,
+		Message:     message,
+		Failures:    failureSample(r),
+		Replication: r.Replication,
 	}
 	b, err := rep.TerminationMessage()
 	if err != nil {

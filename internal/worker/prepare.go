@@ -30,6 +30,10 @@ type PrepareConfig struct {
 	// OnRetry, if set, is told about each retryable error (the worker pod
 	// reports a refused connection in its shard's status).
 	OnRetry func(error)
+	// OnDurability, if set, is told what the ledger's server promises of a
+	// commit, read once at start (Prepare logs it): the worker pod reports
+	// it, runledger run's summary shows it.
+	OnDurability func(ledger.Durability)
 }
 
 // Prepare connects to the ledger's database, applies its migrations (unless
@@ -69,11 +73,53 @@ func Prepare(ctx context.Context, plan *Plan, cfg PrepareConfig) (*ledger.Store,
 		}
 	}
 	store := ledger.NewStore(pool).WithBounds(plan.Timeouts.Query, plan.Timeouts.Lock)
+	readDurability(ctx, store, cfg, onRetry("durability"))
 	if err := plan.Check(ctx, store, cfg.Retry, onRetry("check")); err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
 	return store, pool.Close, nil
+}
+
+// readDurability reads what the ledger's server promises of a commit, logs
+// it and tells cfg.OnDurability. A read that fails for good is logged and
+// the run goes on: the promise is shown, not required (the next step, the
+// plan's check, meets an unreachable database itself).
+func readDurability(ctx context.Context, store *ledger.Store, cfg PrepareConfig, onRetry func(int, time.Duration, error)) {
+	var d ledger.Durability
+	err := cfg.Retry.Do(ctx, "reading what the ledger's server promises of a commit", onRetry, func(int) error {
+		var err error
+		d, err = store.Durability(ctx)
+		return err
+	})
+	if err != nil {
+		cfg.Log.Info("could not read what the ledger's server promises of a commit", "error", err.Error())
+		return
+	}
+	kv := []any{"replication", d.Verdict(), "synchronousCommit", d.SynchronousCommit,
+		"synchronousStandbyNames", d.SynchronousStandbyNames, "inRecovery", d.InRecovery}
+	switch {
+	case d.Synchronous():
+		cfg.Log.Info("the ledger's server acknowledges a commit once a synchronous standby has "+string(d.Standby())+" it", kv...)
+	case !d.LocalFlush():
+		cfg.Log.Info("the ledger's server acknowledges a commit before it is flushed to disk, even its own: a crash or a failover can lose the latest commits; the counts are proven from the ledger", kv...)
+	default:
+		cfg.Log.Info("the ledger's server acknowledges a commit before any standby has it: a failover can lose the latest commits; the counts are proven from the ledger", kv...)
+	}
+	if cfg.OnDurability != nil {
+		cfg.OnDurability(d)
+	}
+}
+
+// Replication is d as a worker reports it (v1alpha1.LedgerReplication),
+// the standby names cut to v1alpha1.MaxStandbyNamesBytes.
+func Replication(d ledger.Durability) *v1alpha1.LedgerReplication {
+	return &v1alpha1.LedgerReplication{
+		Synchronous: d.Synchronous(), Standby: string(d.Standby()),
+		SynchronousCommit:       d.SynchronousCommit,
+		SynchronousStandbyNames: v1alpha1.Truncate(d.SynchronousStandbyNames, v1alpha1.MaxStandbyNamesBytes),
+		InRecovery:              d.InRecovery,
+	}
 }
 
 // ShardsConfig is how RunShards runs a set of shards of one plan.
@@ -109,6 +155,9 @@ type RunResult struct {
 	// Shards has each shard's report, in the order asked.
 	Shards  []Report      `json:"-"`
 	Elapsed time.Duration `json:"-"`
+	// Replication is what the ledger's server promises of a commit, read
+	// at start (nil when it could not be read); set by the caller.
+	Replication *v1alpha1.LedgerReplication `json:"replication,omitempty"`
 }
 
 // RunShards runs the given shards of plan, at most cfg.Parallel at once, with

@@ -61,6 +61,10 @@ type Report struct {
 	// Started and Elapsed time the shard.
 	Started time.Time
 	Elapsed time.Duration
+	// Replication is what the ledger's server promises of a commit, as the
+	// worker read it at start (Prepare); set by RunShard's caller for the
+	// final report, nil when unknown.
+	Replication *v1alpha1.LedgerReplication
 }
 
 // clone returns a copy that shares nothing mutable with r.

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -40,13 +41,16 @@ type StatusReporter struct {
 	log                             logr.Logger
 	now                             func() time.Time
 
-	mu      sync.Mutex
-	board   ProgressBoard
-	latest  v1alpha1.ShardReport
-	has     bool // latest holds a report
-	pending bool // latest not yet written on the pod
-	final   bool // Final was called: no more turns
-	wake    chan struct{}
+	mu    sync.Mutex
+	board ProgressBoard
+	// replication is what the ledger's server promises of a commit
+	// (SetReplication), in every report from then on.
+	replication *v1alpha1.LedgerReplication
+	latest      v1alpha1.ShardReport
+	has         bool // latest holds a report
+	pending     bool // latest not yet written on the pod
+	final       bool // Final was called: no more turns
+	wake        chan struct{}
 
 	// Owned by Run's goroutine.
 	lastOwn, lastRun, lastPublish, firstPublish time.Time
@@ -75,6 +79,14 @@ func (s *StatusReporter) SetBoard(b ProgressBoard) {
 	s.mu.Unlock()
 }
 
+// SetReplication puts rep, what the ledger's server promises of a commit,
+// in the reports from now on: the controller shows it on the run.
+func (s *StatusReporter) SetReplication(rep *v1alpha1.LedgerReplication) {
+	s.mu.Lock()
+	s.replication = rep
+	s.mu.Unlock()
+}
+
 // Update records the shard's latest counts; Run publishes and writes them.
 func (s *StatusReporter) Update(r Report, maxFailed int) {
 	rep := s.report(r, ShardMessage(r, maxFailed))
@@ -88,12 +100,16 @@ func (s *StatusReporter) Update(r Report, maxFailed int) {
 }
 
 func (s *StatusReporter) report(r Report, message string) v1alpha1.ShardReport {
+	s.mu.Lock()
+	replication := s.replication
+	s.mu.Unlock()
 	return v1alpha1.ShardReport{
 		Shard: int32(s.env.Shard), Attempt: int32(s.env.Attempt),
-		ItemCounts: r.ItemCounts,
-		Message:    v1alpha1.Truncate(message, v1alpha1.MaxShardMessageLength),
-		Failures:   failureSample(r),
-		ReportTime: &metav1.Time{Time: s.now()},
+		ItemCounts:  r.ItemCounts,
+		Message:     v1alpha1.Truncate(message, v1alpha1.MaxShardMessageLength),
+		Failures:    failureSample(r),
+		ReportTime:  &metav1.Time{Time: s.now()},
+		Replication: cmp.Or(r.Replication, replication),
 	}
 }
 
@@ -272,6 +288,9 @@ func (s *StatusReporter) writeRun(ctx context.Context, board ProgressBoard, now 
 		return err
 	}
 	rr := runReport(s.env.Shard, rows, now)
+	s.mu.Lock()
+	rr.Replication = s.replication
+	s.mu.Unlock()
 	if sameProgress(rr.Shards, s.lastRunReport) {
 		return nil // nothing moved: no write, no reconcile
 	}

@@ -1,6 +1,8 @@
 package worker
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -99,4 +101,25 @@ func TestRunReportFitsAnnotations(t *testing.T) {
 	body, err := progressPatch("00000000-0000-0000-0000-000000000000", runReport(0, rows, time.Now()))
 	require.NoError(t, err)
 	require.Less(t, len(body), 200<<10, "a run report of %d shards", v1alpha1.MaxWorkers)
+}
+
+// TestReportsSayReplication: once the worker read what the ledger's server
+// promises of a commit, its shard's reports and its termination message
+// say it, for the controller's SynchronousReplication condition.
+func TestReportsSayReplication(t *testing.T) {
+	env := PodEnv{Shard: 1, Shards: 2}
+	r := NewStatusReporter(nil, env, 0, logr.Discard())
+	require.Nil(t, r.report(Report{Shard: 1}, "").Replication, "not read yet")
+	rep := Replication(ledger.Durability{SynchronousCommit: "on", SynchronousStandbyNames: "a", MaxWALSenders: 10})
+	require.Equal(t, &v1alpha1.LedgerReplication{Synchronous: true, Standby: "flushed", SynchronousCommit: "on", SynchronousStandbyNames: "a"}, rep)
+	r.SetReplication(rep)
+	require.Equal(t, rep, r.report(Report{Shard: 1}, "").Replication)
+
+	path := filepath.Join(t.TempDir(), "termination-log")
+	require.NoError(t, WriteTerminationMessage(path, env, Report{Shard: 1, Replication: rep}, "done"))
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	got, err := v1alpha1.ParseShardReport(string(b))
+	require.NoError(t, err)
+	require.Equal(t, rep, got.Replication)
 }

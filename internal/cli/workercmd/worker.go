@@ -229,6 +229,7 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 		return worker.Report{}, maxFailed, err
 	}
 	retry := s.opts.Retry()
+	var replication *v1alpha1.LedgerReplication
 	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
 		DSN: s.env.DSN, Parallel: 1, SkipMigrate: s.opts.SkipMigrate, Retry: retry, Log: s.log,
 		ApplicationName: ledger.WorkerApplicationName(s.env.Namespace, s.env.Name, s.env.Shard),
@@ -236,6 +237,10 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 			if ledger.IsTooManyConnections(err) {
 				s.reporter.Update(worker.Report{Shard: s.env.Shard, WaitingForConnection: true}, maxFailed)
 			}
+		},
+		OnDurability: func(d ledger.Durability) {
+			replication = worker.Replication(d)
+			s.reporter.SetReplication(replication)
 		},
 	})
 	if err != nil {
@@ -255,5 +260,6 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	sc.Progress = func(r worker.Report) { s.reporter.Update(r, maxFailed) }
 	s.log.Info("processing shard", "uid", plan.Run.UID, "shards", plan.Shards, "chunkSize", plan.ChunkSize)
 	rep := worker.RunShard(ctx, store, sc)
+	rep.Replication = replication // for the termination message
 	return rep, maxFailed, nil
 }
