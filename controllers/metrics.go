@@ -71,8 +71,11 @@ var (
 	}, []string{"namespace", "schedule"})
 	runsDesc = prometheus.NewDesc("runledger_runs",
 		"ProcessingRuns by phase, as the controller's cache holds them.", []string{"phase"}, nil)
-	runItemsDesc = prometheus.NewDesc("runledger_run_items", runItemsHelp, []string{"namespace", "verdict"}, nil)
-	stalledDesc  = prometheus.NewDesc("runledger_runs_stalled",
+	runItemsDesc    = prometheus.NewDesc("runledger_run_items", runItemsHelp, []string{"namespace", "verdict"}, nil)
+	replicationDesc = prometheus.NewDesc("runledger_runs_ledger_replication",
+		"ProcessingRuns by namespace and what their ledger's server promises of a commit, as their workers read it at start (the SynchronousReplication condition): synchronous (acknowledged only once a synchronous standby has it) or asynchronous (a failover can lose the latest commits; the counts are proven from the ledger, a processor may get an item again with the same idempotency key); runs whose workers have not said are not counted.",
+		[]string{"namespace", "replication"}, nil)
+	stalledDesc = prometheus.NewDesc("runledger_runs_stalled",
 		"ProcessingRuns that cannot progress without someone acting (Stalled=True, not Failed), by reason, as the controller's cache holds them.",
 		[]string{"reason"}, nil)
 )
@@ -193,6 +196,7 @@ func (c runsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- runsDesc
 	ch <- stalledDesc
 	ch <- runItemsDesc
+	ch <- replicationDesc
 }
 
 func (c runsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -209,6 +213,7 @@ func (c runsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	stalled := map[string]int{}
 	items := map[string]*v1alpha1.ItemCounts{} // by namespace: the labels are bounded by the runs that exist
+	replication := map[[2]string]int{}         // by namespace and synchronous or asynchronous
 	for i := range runs.Items {
 		st := &runs.Items[i].Status
 		ns := runs.Items[i].Namespace
@@ -221,6 +226,9 @@ func (c runsCollector) Collect(ch chan<- prometheus.Metric) {
 			p = v1alpha1.RunPending
 		}
 		byPhase[p]++
+		if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionSynchronousReplication); c != nil {
+			replication[[2]string{ns, replicationLabel(c.Status)}]++
+		}
 		if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionStalled); c != nil &&
 			c.Status == metav1.ConditionTrue && p != v1alpha1.RunFailed {
 			stalled[c.Reason]++
@@ -232,9 +240,21 @@ func (c runsCollector) Collect(ch chan<- prometheus.Metric) {
 	for reason, n := range stalled {
 		ch <- prometheus.MustNewConstMetric(stalledDesc, prometheus.GaugeValue, float64(n), reason)
 	}
+	for k, n := range replication {
+		ch <- prometheus.MustNewConstMetric(replicationDesc, prometheus.GaugeValue, float64(n), k[0], k[1])
+	}
 	for ns, c := range items {
 		for verdict, n := range map[string]int64{"completed": c.Completed, "alreadyHandled": c.AlreadyHandled, "failed": c.Failed, "payloadChanged": c.PayloadChanged} {
 			ch <- prometheus.MustNewConstMetric(runItemsDesc, prometheus.GaugeValue, float64(n), ns, verdict)
 		}
 	}
+}
+
+// replicationLabel is runledger_runs_ledger_replication's label for a
+// SynchronousReplication condition's status.
+func replicationLabel(s metav1.ConditionStatus) string {
+	if s == metav1.ConditionTrue {
+		return "synchronous"
+	}
+	return "asynchronous"
 }

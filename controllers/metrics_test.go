@@ -113,10 +113,51 @@ func TestItemsMetricCountsWhatStatusWritesAdd(t *testing.T) {
 	require.Equal(t, changed+2, testutil.ToFloat64(itemsPayloadChanged))
 }
 
+// TestReplicationMetric: runledger_runs_ledger_replication counts the runs
+// of each namespace by what their ledger's server promises of a commit, as
+// their SynchronousReplication condition says; a run whose workers have
+// not said is not counted.
+func TestReplicationMetric(t *testing.T) {
+	scheme, err := envtestutil.Scheme()
+	require.NoError(t, err)
+	run := func(ns, name string, status metav1.ConditionStatus) *v1alpha1.ProcessingRun {
+		r := &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+		if status != "" {
+			r.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionSynchronousReplication, Status: status}}
+		}
+		return r
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		run("billing", "a", metav1.ConditionFalse), run("billing", "b", metav1.ConditionFalse), run("billing", "c", metav1.ConditionTrue),
+		run("mail", "d", metav1.ConditionTrue), run("mail", "e", ""),
+	).Build()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(runsCollector{reader: c}))
+	n, err := testutil.GatherAndCount(reg, "runledger_runs_ledger_replication")
+	require.NoError(t, err)
+	require.Equal(t, 3, n, "one series per namespace and replication seen")
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "runledger_runs_ledger_replication" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			got[labels["namespace"]+"/"+labels["replication"]] = m.GetGauge().GetValue()
+		}
+	}
+	require.Equal(t, map[string]float64{"billing/asynchronous": 2, "billing/synchronous": 1, "mail/synchronous": 1}, got)
+}
+
 func TestMetricNames(t *testing.T) {
 	require.ElementsMatch(t, []string{"runledger_items_total", "runledger_items_payload_changed_total", "runledger_reconcile_errors_total", "runledger_worker_pods_created_total",
 		"runledger_shard_attempts_failed_total", "runledger_status_conflicts_total", "runledger_runs_finished_total",
-		"runledger_run_duration_seconds", "runledger_runs", "runledger_runs_stalled", "runledger_run_items",
+		"runledger_run_duration_seconds", "runledger_runs", "runledger_runs_stalled", "runledger_run_items", "runledger_runs_ledger_replication",
 		"runledger_schedule_runs_created_total", "runledger_schedule_missed_ticks_total",
 		"runledger_schedule_next_tick_timestamp_seconds", "runledger_schedule_last_success_timestamp_seconds"}, MetricNames())
 }

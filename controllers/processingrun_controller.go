@@ -229,6 +229,9 @@ type scope struct {
 	// holding the shards within it decided (decideBudget).
 	budget    runBudget
 	budgetOut budgetOutcome
+	// replication is what the latest report of the run's workers says of
+	// the ledger's replication, nil when none says.
+	replication *v1alpha1.LedgerReplication
 }
 
 func (s *scope) requeueIn(d time.Duration) {

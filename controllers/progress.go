@@ -1,7 +1,10 @@
 package controllers
 
 import (
+	"time"
+
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 )
@@ -145,4 +148,37 @@ func progressOnlyChange(old, desired *v1alpha1.ProcessingRunStatus) bool {
 		e.Message, e.LastReportTime, e.Failures = o.Message, o.LastReportTime, o.Failures
 	}
 	return equality.Semantic.DeepEqual(*old, *c)
+}
+
+// latestReplication is what the latest report on the run's pods says of the
+// ledger's replication (each worker reads it at start: a progress report,
+// a RunReport or a termination message, dated by its report time or the
+// pod's finish), nil when none says: the run's SynchronousReplication
+// condition then stays as it is.
+func latestReplication(byShard [][]podInfo) *v1alpha1.LedgerReplication {
+	var latest *v1alpha1.LedgerReplication
+	var at time.Time
+	consider := func(r *v1alpha1.LedgerReplication, t *metav1.Time, fallback time.Time) {
+		when := fallback
+		if t != nil {
+			when = t.Time
+		}
+		if r != nil && (latest == nil || when.After(at)) {
+			latest, at = r, when
+		}
+	}
+	for _, pods := range byShard {
+		for _, p := range pods {
+			if p.progress != nil {
+				consider(p.progress.Replication, p.progress.ReportTime, time.Time{})
+			}
+			if p.runReport != nil {
+				consider(p.runReport.Replication, p.runReport.ReportTime, time.Time{})
+			}
+			if p.report != nil {
+				consider(p.report.Replication, p.report.ReportTime, p.finishedAt)
+			}
+		}
+	}
+	return latest
 }

@@ -180,3 +180,23 @@ func TestFoldRunReports(t *testing.T) {
 	require.Nil(t, byShard[2][0].progress, "a report of another attempt is not this pod's")
 	require.Nil(t, byShard[3][0].progress)
 }
+
+// TestLatestReplication: the run's replication is the latest report's that
+// says it, whichever kind: a shard's progress, a RunReport, a termination
+// message (dated by its pod's finish); reports of workers that do not say
+// it (earlier releases, a worker that could not read it) change nothing.
+func TestLatestReplication(t *testing.T) {
+	async := &v1alpha1.LedgerReplication{SynchronousCommit: "on"}
+	sync := &v1alpha1.LedgerReplication{Synchronous: true, Standby: "flushed", SynchronousCommit: "on", SynchronousStandbyNames: "a"}
+	at := func(d time.Duration) *metav1.Time { return &metav1.Time{Time: t0.Add(d)} }
+	require.Nil(t, latestReplication([][]podInfo{{{progress: &v1alpha1.ShardReport{ReportTime: at(0)}}}}))
+	require.Same(t, sync, latestReplication([][]podInfo{
+		{{progress: &v1alpha1.ShardReport{ReportTime: at(time.Second), Replication: async}}},
+		{{runReport: &v1alpha1.RunReport{ReportTime: at(2 * time.Second), Replication: sync}}},
+		{{progress: &v1alpha1.ShardReport{ReportTime: at(3 * time.Second)}}},
+	}))
+	require.Same(t, async, latestReplication([][]podInfo{
+		{{runReport: &v1alpha1.RunReport{ReportTime: at(2 * time.Second), Replication: sync}}},
+		{{report: &v1alpha1.ShardReport{Replication: async}, finishedAt: t0.Add(5 * time.Second)}},
+	}))
+}

@@ -52,6 +52,15 @@ const (
 	// ReasonDeadlineExceeded: the run was active longer than
 	// spec.activeDeadlineSeconds (as a Job's reason).
 	ReasonDeadlineExceeded = "DeadlineExceeded"
+
+	// ReasonSynchronousStandby (SynchronousReplication True): the ledger's
+	// server acknowledges a commit only once a synchronous standby has it.
+	ReasonSynchronousStandby = "SynchronousStandby"
+	// ReasonAsynchronousReplication (SynchronousReplication False): the
+	// ledger's server acknowledges a commit before any standby has it (or
+	// before even it has flushed it): a failover can lose the latest
+	// commits.
+	ReasonAsynchronousReplication = "AsynchronousReplication"
 )
 
 // problem is something only a person can fix: a missing Secret, ConfigMap
@@ -181,6 +190,9 @@ type statusInput struct {
 	// shards within it found (live pods, shards waiting).
 	budget    runBudget
 	budgetOut budgetOutcome
+	// replication is what the workers' latest report says of the ledger's
+	// replication, nil when none says (the condition stays as it is).
+	replication *v1alpha1.LedgerReplication
 }
 
 // queueStatus is what the status shows of a queued run's Workload.
@@ -304,7 +316,8 @@ func FailedItemsCommand(namespace, name string) string {
 
 // buildConditions are the run's conditions: Complete, Failed and Suspended
 // as batch/v1 Job has them; Ready, Reconciling and Stalled as kstatus reads
-// them (Reconciling and Stalled are present only when True).
+// them (Reconciling and Stalled are present only when True); Admitted for a
+// queued run; SynchronousReplication once a worker reported the ledger's.
 func buildConditions(run *v1alpha1.ProcessingRun, in statusInput) []metav1.Condition {
 	conds := make([]metav1.Condition, 0, len(run.Status.Conditions)+3)
 	for _, c := range run.Status.Conditions {
@@ -330,6 +343,10 @@ func buildConditions(run *v1alpha1.ProcessingRun, in statusInput) []metav1.Condi
 	if q := in.queue; q != nil && !o.finished {
 		status, reason, msg := admittedCondition(q.decision)
 		set(v1alpha1.ConditionAdmitted, status, reason, msg)
+	}
+	if r := in.replication; r != nil {
+		status, reason := replicationCondition(r)
+		set(v1alpha1.ConditionSynchronousReplication, status, reason, r.Message())
 	}
 
 	switch {
@@ -389,6 +406,15 @@ func buildConditions(run *v1alpha1.ProcessingRun, in statusInput) []metav1.Condi
 		}
 	}
 	return conds
+}
+
+// replicationCondition is the SynchronousReplication condition's status
+// and reason for what the workers reported of the ledger's replication.
+func replicationCondition(r *v1alpha1.LedgerReplication) (metav1.ConditionStatus, string) {
+	if r.Synchronous {
+		return metav1.ConditionTrue, ReasonSynchronousStandby
+	}
+	return metav1.ConditionFalse, ReasonAsynchronousReplication
 }
 
 // unschedulable says which of the shards' pods the scheduler cannot place

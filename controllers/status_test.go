@@ -498,3 +498,50 @@ func TestBuildStatusPayloadChanged(t *testing.T) {
 	require.Equal(t, int64(3), *ac.Status.PayloadChanged)
 	require.Equal(t, int64(1), *ac.Status.Shards[1].PayloadChanged)
 }
+
+// TestReplicationCondition: what the workers read of the ledger's server
+// becomes the run's SynchronousReplication condition, True (reason
+// SynchronousStandby) or False (AsynchronousReplication), with a message
+// naming the settings and, when asynchronous, what a failover costs; a pass
+// without such a report keeps the condition as it was, and a finished run's
+// conditions stay as they are.
+func TestReplicationCondition(t *testing.T) {
+	run := testRun()
+	d := shard(0, v1alpha1.ShardRunning, v1alpha1.ItemCounts{})
+	d.live = 1
+	shards := []shardDecision{d}
+	pass := func(r *v1alpha1.LedgerReplication) v1alpha1.ProcessingRunStatus {
+		return buildStatus(run, statusInput{shards: shards, outcome: decideRun(run, shards, true), startTime: &metav1.Time{Time: t0}, now: t0, replication: r})
+	}
+	st := pass(nil)
+	require.Nil(t, cond(t, st, v1alpha1.ConditionSynchronousReplication), "absent until a worker says")
+
+	st = pass(&v1alpha1.LedgerReplication{SynchronousCommit: "on"})
+	requireCond(t, st, v1alpha1.ConditionSynchronousReplication, metav1.ConditionFalse, ReasonAsynchronousReplication)
+	msg := cond(t, st, v1alpha1.ConditionSynchronousReplication).Message
+	require.Contains(t, msg, "synchronous_commit=on, synchronous_standby_names=''")
+	require.Contains(t, msg, "a failover can lose the latest commits")
+	require.Contains(t, msg, "the counts are proven from the ledger")
+	require.Contains(t, msg, "a processor may get it again with the same idempotency key")
+	run.Status = st
+
+	st = pass(nil)
+	requireCond(t, st, v1alpha1.ConditionSynchronousReplication, metav1.ConditionFalse, ReasonAsynchronousReplication)
+
+	st = pass(&v1alpha1.LedgerReplication{Synchronous: true, Standby: "flushed", SynchronousCommit: "on", SynchronousStandbyNames: "ANY 1 (a, b)"})
+	requireCond(t, st, v1alpha1.ConditionSynchronousReplication, metav1.ConditionTrue, ReasonSynchronousStandby)
+	require.Equal(t, "the ledger's server acknowledges a commit only once a synchronous standby has flushed it to disk "+
+		"(synchronous_commit=on, synchronous_standby_names='ANY 1 (a, b)'): a failover to that standby keeps every acknowledged commit",
+		cond(t, st, v1alpha1.ConditionSynchronousReplication).Message)
+
+	// Finished: sticky, whatever a late report says.
+	done := shard(0, v1alpha1.ShardSucceeded, v1alpha1.ItemCounts{Total: 1, Completed: 1})
+	done.report = &v1alpha1.ShardReport{ItemCounts: done.counts}
+	run.Status = buildStatus(run, statusInput{shards: []shardDecision{done}, outcome: decideRun(run, []shardDecision{done}, true), now: t0,
+		replication: &v1alpha1.LedgerReplication{SynchronousCommit: "local"}})
+	requireCond(t, run.Status, v1alpha1.ConditionComplete, metav1.ConditionTrue, ReasonSucceeded)
+	requireCond(t, run.Status, v1alpha1.ConditionSynchronousReplication, metav1.ConditionFalse, ReasonAsynchronousReplication)
+	st = buildStatus(run, statusInput{shards: []shardDecision{done}, outcome: decideRun(run, []shardDecision{done}, true), now: t0,
+		replication: &v1alpha1.LedgerReplication{Synchronous: true, Standby: "flushed", SynchronousCommit: "on", SynchronousStandbyNames: "a"}})
+	requireCond(t, st, v1alpha1.ConditionSynchronousReplication, metav1.ConditionFalse, ReasonAsynchronousReplication)
+}

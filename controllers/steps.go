@@ -58,6 +58,7 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 
 	// The run's reporter's pod carries every shard's progress.
 	foldRunReports(byShard)
+	s.replication = latestReplication(byShard)
 
 	entries := make(map[int32]*v1alpha1.ShardStatus, len(run.Status.Shards))
 	for i := range run.Status.Shards {
@@ -464,6 +465,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 	desired := buildStatus(run, statusInput{
 		shards: s.shards, entries: reported, outcome: s.outcome, stalled: s.stalled, startTime: s.startTime, now: s.now,
 		reconcileError: errorMessage(s.stepErr), queue: s.queueStatus(), budget: s.budget, budgetOut: s.budgetOut,
+		replication: s.replication,
 	})
 	if equality.Semantic.DeepEqual(run.Status, desired) {
 		return nil
