@@ -62,14 +62,19 @@ Progress goes to stderr (a live line on a terminal, a line every
 
   {"total":N,"completed":N,"alreadyHandled":N,"failed":N,
    "failures":[{"entity":"...","occurrence":"...","error":"...","class":"..."}],
-   "proven":true}
+   "proven":true,
+   "replication":{"synchronous":false,"synchronousCommit":"on"}}
 
 (failures lists the first 100, class being the error's SQLSTATE or
 runledger's class of it; proven: every shard finished and the ledger
 proved its counts before it reported them, so they are what the database
 holds, after a database failover too; "interrupted", "reproven" (shard
 passes made again because the ledger had lost items they had counted) and
-"error" are added when they apply). Every failed item is also recorded in the ledger database:
+"error" are added when they apply; replication is what the ledger's server
+promises of a commit, read at start: synchronous when it acknowledges a
+commit only once a synchronous standby has it (standby: written, flushed or
+applied), and the server's synchronousCommit and synchronousStandbyNames;
+absent when it could not be read). Every failed item is also recorded in the ledger database:
 runledger items NAME -n NAMESPACE --failed lists them all. Exit status: 0 when failed <= spec.maxFailedItems, 1 otherwise (or when
 the run could not finish: interrupted, database unreachable after retries),
 2 for bad input or configuration (nothing is committed then).`
@@ -210,9 +215,11 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	}
 	retry := o.Retry()
 
+	var replication *v1alpha1.LedgerReplication
 	store, closeStore, err := worker.Prepare(ctx, plan, worker.PrepareConfig{
 		DSN: dsn, Parallel: parallel, SkipMigrate: o.SkipMigrate, Retry: retry, Log: log,
 		ApplicationName: "runledger run/" + m.run.Namespace + "/" + m.run.Name,
+		OnDurability:    func(d ledger.Durability) { replication = worker.Replication(d) },
 	})
 	if err != nil {
 		return sum, exitcode.For(err)
@@ -234,6 +241,7 @@ func (o *runOptions) execute(ctx context.Context, cmd *cobra.Command, dsn string
 	})
 	progress.Stop()
 
+	res.Replication = replication
 	sum.RunResult = res
 	var errs []error
 	badInputs := false
@@ -287,6 +295,13 @@ func printSummary(w io.Writer, s *runSummary) {
 		for _, f := range s.Failures {
 			fmt.Fprintf(w, "  %s / %s: %s\n", f.Entity, f.Occurrence, f.Error)
 		}
+	}
+	if r := s.Replication; r != nil {
+		verdict := "asynchronous"
+		if r.Synchronous {
+			verdict = "synchronous"
+		}
+		fmt.Fprintf(w, "replication %s: %s\n", verdict, r.Message())
 	}
 }
 

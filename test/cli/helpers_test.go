@@ -108,6 +108,13 @@ type summary struct {
 	Error       string `json:"error"`
 	Proven      bool   `json:"proven"`
 	Reproven    int    `json:"reproven"`
+	Replication *struct {
+		Synchronous             bool   `json:"synchronous"`
+		Standby                 string `json:"standby"`
+		SynchronousCommit       string `json:"synchronousCommit"`
+		SynchronousStandbyNames string `json:"synchronousStandbyNames"`
+		InRecovery              bool   `json:"inRecovery"`
+	} `json:"replication"`
 }
 
 type counts struct{ Total, Completed, AlreadyHandled, Failed int64 }

@@ -1,6 +1,7 @@
 package clitest
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -18,7 +19,16 @@ func TestRunInlineItems(t *testing.T) {
 	))
 	r := runCLI(t, "", "run", "-f", file, "--dsn", d.dsn, "--output", "json")
 	require.Equal(t, 0, r.code, "exit code; stderr:\n%s", r.stderr)
-	require.Equal(t, counts{Total: 4, Completed: 3, AlreadyHandled: 1}, r.summary(t).counts())
+	sum := r.summary(t)
+	require.Equal(t, counts{Total: 4, Completed: 3, AlreadyHandled: 1}, sum.counts())
+	// What the ledger's server promises of a commit, as it says itself.
+	require.NotNil(t, sum.Replication, "the summary says what the ledger's server promises")
+	var commit, names string
+	require.NoError(t, d.pool.QueryRow(context.Background(),
+		`SELECT reset_val, current_setting('synchronous_standby_names') FROM pg_settings WHERE name = 'synchronous_commit'`).Scan(&commit, &names))
+	require.Equal(t, commit, sum.Replication.SynchronousCommit)
+	require.Equal(t, names, sum.Replication.SynchronousStandbyNames)
+	require.Contains(t, r.stderr, `"synchronousCommit":"`+commit+`"`, "a log line says it at start")
 	require.EqualValues(t, 3, d.committed(t))
 	require.EqualValues(t, 3, d.int(t, `SELECT count(*) FROM runledger.ledger WHERE run_namespace = 'billing' AND run_name = 'june-invoices'`))
 	require.Contains(t, r.stderr, "processing run", "a log line on stderr")
@@ -29,6 +39,7 @@ func TestRunInlineItems(t *testing.T) {
 	r = runCLI(t, readFile(t, file), "run", "-f", "-", "--dsn", cmdEnvDSN)
 	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
 	require.Contains(t, r.stdout, "total 4, completed 3, already handled 1, failed 0", "the same run again counts its own rows as completed")
+	require.Contains(t, r.stdout, "synchronous_commit="+commit+", synchronous_standby_names='"+names+"'", "the summary's replication line")
 }
 
 // TestRunMergeKeys is issue #43.7: a YAML merge key whose merged keys a
