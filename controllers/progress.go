@@ -154,16 +154,17 @@ func progressOnlyChange(old, desired *v1alpha1.ProcessingRunStatus) bool {
 // ledger's replication (each worker reads it at start: a progress report,
 // a RunReport or a termination message, dated by its report time or the
 // pod's finish), nil when none says: the run's SynchronousReplication
-// condition then stays as it is.
+// condition then stays as it is. A termination message wins a tie (the
+// API keeps times to the second): its worker wrote it last.
 func latestReplication(byShard [][]podInfo) *v1alpha1.LedgerReplication {
 	var latest *v1alpha1.LedgerReplication
 	var at time.Time
 	consider := func(r *v1alpha1.LedgerReplication, t *metav1.Time, fallback time.Time) {
-		when := fallback
+		when, final := fallback, t == nil
 		if t != nil {
 			when = t.Time
 		}
-		if r != nil && (latest == nil || when.After(at)) {
+		if r != nil && (latest == nil || when.After(at) || (final && when.Equal(at))) {
 			latest, at = r, when
 		}
 	}

@@ -199,4 +199,9 @@ func TestLatestReplication(t *testing.T) {
 		{{runReport: &v1alpha1.RunReport{ReportTime: at(2 * time.Second), Replication: sync}}},
 		{{report: &v1alpha1.ShardReport{Replication: async}, finishedAt: t0.Add(5 * time.Second)}},
 	}))
+	// The same second (the API's resolution): the termination message,
+	// written after every live report of its worker.
+	require.Same(t, async, latestReplication([][]podInfo{
+		{{runReport: &v1alpha1.RunReport{ReportTime: at(2 * time.Second), Replication: sync}, report: &v1alpha1.ShardReport{Replication: async}, finishedAt: t0.Add(2 * time.Second)}},
+	}))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -78,4 +79,56 @@ func TestRunReportCarriesEveryShard(t *testing.T) {
 	for i := range int32(3) {
 		require.Equal(t, "done", shardEntry(r, i).Message, fmt.Sprintf("shard %d", i))
 	}
+}
+
+// TestReplicationFromReports: what the run's workers read of the ledger's
+// server reaches the run as its SynchronousReplication condition, from a
+// RunReport while the shards run and from the termination message once
+// they finish; and the metric counts the run by it.
+func TestReplicationFromReports(t *testing.T) {
+	t.Parallel()
+	env, ns := setup(t)
+	startManager(t, env, ns, managerConfig{})
+	create(t, env, newRun(ns, "promise", 2, 4))
+	waitPods(t, env, ns, "promise", "promise-0-0", "promise-1-0")
+	for _, p := range []string{"promise-0-0", "promise-1-0"} {
+		setPod(t, env, ns, p, corev1.PodRunning, 0, nil)
+	}
+	replicationIs := func(status metav1.ConditionStatus, reason, says string) func(*v1alpha1.ProcessingRun) error {
+		return func(r *v1alpha1.ProcessingRun) error {
+			for _, c := range r.Status.Conditions {
+				if c.Type == v1alpha1.ConditionSynchronousReplication {
+					if c.Status != status || c.Reason != reason || !strings.Contains(c.Message, says) {
+						return fmt.Errorf("condition %s %s: %s", c.Status, c.Reason, c.Message)
+					}
+					return nil
+				}
+			}
+			return fmt.Errorf("no %s condition", v1alpha1.ConditionSynchronousReplication)
+		}
+	}
+	c := v1alpha1.ItemCounts{Total: 2}
+	ctx := context.Background()
+	pod := &corev1.Pod{}
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "promise-0-0"}, pod))
+	now := metav1.Now()
+	async := &v1alpha1.LedgerReplication{SynchronousCommit: "on"}
+	v, err := json.Marshal(v1alpha1.RunReport{Reporter: 0, ReportTime: &now, Replication: async, Shards: []v1alpha1.ShardReport{
+		{Shard: 0, ItemCounts: c, ReportTime: &now}, {Shard: 1, ItemCounts: c, ReportTime: &now}}})
+	require.NoError(t, err)
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": pod.UID, "annotations": map[string]string{v1alpha1.AnnotationProgress: string(v)}}})
+	require.NoError(t, err)
+	require.NoError(t, env.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, body)))
+	waitRun(t, env, ns, "promise", "AsynchronousReplication from the RunReport",
+		replicationIs(metav1.ConditionFalse, ReasonAsynchronousReplication, "a processor may get it again with the same idempotency key"))
+
+	sync := &v1alpha1.LedgerReplication{Synchronous: true, Standby: "flushed", SynchronousCommit: "on", SynchronousStandbyNames: "standby1"}
+	done := v1alpha1.ItemCounts{Total: 2, Completed: 2}
+	for i, p := range []string{"promise-0-0", "promise-1-0"} {
+		rep := shardReport(int32(i), 0, done, "done")
+		rep.Replication = sync
+		setPod(t, env, ns, p, corev1.PodSucceeded, 0, rep)
+	}
+	waitRun(t, env, ns, "promise", "Succeeded, SynchronousStandby from the termination messages", all(phaseIs(v1alpha1.RunSucceeded),
+		replicationIs(metav1.ConditionTrue, ReasonSynchronousStandby, "synchronous_standby_names='standby1'")))
 }
