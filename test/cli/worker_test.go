@@ -288,6 +288,15 @@ func TestWorkerInPod(t *testing.T) {
 			require.NoError(t, err, "the termination message is written")
 			rep, err := v1alpha1.ParseShardReport(string(raw))
 			require.NoError(t, err, "the controller can parse it: %s", raw)
+			// With what the ledger's server promises of a commit, as the
+			// server tells its sessions (the controller's
+			// SynchronousReplication condition), on the pod's final report too.
+			var commit string
+			require.NoError(t, d.pool.QueryRow(context.Background(), `SELECT reset_val FROM pg_settings WHERE name = 'synchronous_commit'`).Scan(&commit))
+			require.NotNil(t, rep.Replication, "the termination message says what the ledger's server promises")
+			require.Equal(t, commit, rep.Replication.SynchronousCommit)
+			require.Equal(t, rep.Replication, e.Replication, "the pod's final report says the same")
+			rep.Replication = nil
 			require.Equal(t, v1alpha1.ShardReport{Shard: int32(shard), ItemCounts: v1alpha1.ItemCounts{Total: e.Total, Completed: e.Completed}, Message: "done"}, rep)
 			require.Contains(t, r.stderr, `"msg":"shard finished"`, "JSON logs")
 			// The contract's final report: the shard's row on the board is
