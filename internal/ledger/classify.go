@@ -7,8 +7,10 @@ import (
 	"errors"
 	"io"
 	"net"
+	"reflect"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -33,38 +35,25 @@ const BusinessKeyIndex = "ledger_business_key_uq"
 // this constraint name.
 const AppendOnlyRule = "ledger_append_only"
 
-// SQLSTATE codes the classifiers look at.
-const (
-	sqlstateUniqueViolation      = "23505"
-	sqlstateRestrictViolation    = "23001"
-	sqlstateSerializationFailure = "40001"
-	sqlstateDeadlockDetected     = "40P01"
-	sqlstateAdminShutdown        = "57P01"
-	sqlstateCrashShutdown        = "57P02"
-	sqlstateCannotConnectNow     = "57P03"
-	sqlstateTooManyConnections   = "53300"
-	sqlstateLockNotAvailable     = "55P03" // lock_timeout
-	sqlstateQueryCanceled        = "57014" // statement_timeout, or a cancel request
-	// sqlstateShardLeaseLost is runledger.shard_lease_hold's (migrations/00018):
-	// an implementation-defined class (R), raised by the ledger's own function.
-	sqlstateShardLeaseLost = "RL001"
-	// 2D000: COMMIT or ROLLBACK where the server allows no transaction
-	// control (a procedure called inside a transaction block).
-	sqlstateInvalidTransactionTermination = "2D000"
+// sqlstateShardLeaseLost is runledger.shard_lease_hold's (migrations/00018):
+// an implementation-defined class (R), raised by the ledger's own function.
+// Every other SQLSTATE the classifiers look at is PostgreSQL's, named by
+// pgerrcode.
+const sqlstateShardLeaseLost = "RL001"
+
+// The SQLSTATE classes the classifiers look at: a class is the first two
+// characters of its codes, and pgerrcode names each class by its own code
+// (NN000).
+var (
+	// Class 08, connection exception: retryable (IsRetryable).
+	classConnectionException = sqlstateClass(pgerrcode.ConnectionException)
 	// Class 28, invalid authorization specification: wrong password, unknown
 	// role, role without LOGIN, no pg_hba.conf entry.
-	sqlstateClassInvalidAuthorization = "28"
-	sqlstateInvalidCatalogName        = "3D000" // no such database
-	// 08P01 protocol_violation: also how PgBouncer refuses a login it checks
-	// itself (pgbouncerRejection).
-	sqlstateProtocolViolation = "08P01"
-	// 42501: a missing privilege, or a row refused by a row-level security policy.
-	sqlstateInsufficientPrivilege = "42501"
-
-	sqlstateClassSyntaxOrAccessRule      = "42"
-	sqlstateClassFeatureNotSupported     = "0A"
-	sqlstateClassInvalidSchemaName       = "3F"
-	sqlstateClassInvalidTransactionState = "25"
+	classInvalidAuthorization    = sqlstateClass(pgerrcode.InvalidAuthorizationSpecification)
+	classSyntaxOrAccessRule      = sqlstateClass(pgerrcode.SyntaxErrorOrAccessRuleViolation)
+	classFeatureNotSupported     = sqlstateClass(pgerrcode.FeatureNotSupported)
+	classInvalidSchemaName       = sqlstateClass(pgerrcode.InvalidSchemaName)
+	classInvalidTransactionState = sqlstateClass(pgerrcode.InvalidTransactionState)
 )
 
 // IsExpectedBusinessKeyConflict reports whether err is, anywhere in its wrapped
@@ -94,10 +83,7 @@ const (
 // the arbiter); an item is AlreadyHandled only with the committed row that
 // holds its key, read back (Result.HolderUID).
 func IsExpectedBusinessKeyConflict(err error) bool {
-	return anyInChainOutsideUserCode(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		return ok && isRuleCheck(pgErr)
-	})
+	return anyPgErrorOutsideUserCode(err, isRuleCheck)
 }
 
 // The B-tree's unique check, as the server names it in every error it raises
@@ -110,7 +96,7 @@ const (
 // isRuleCheck reports whether pgErr is the engine's unique check of
 // runledger.ledger's business-key index.
 func isRuleCheck(pgErr *pgconn.PgError) bool {
-	return pgErr.Code == sqlstateUniqueViolation &&
+	return pgErr.Code == pgerrcode.UniqueViolation &&
 		pgErr.Routine == ruleCheckRoutine && pgErr.File == ruleCheckFile &&
 		pgErr.ConstraintName == BusinessKeyIndex &&
 		pgErr.SchemaName == Schema && pgErr.TableName == "ledger"
@@ -132,16 +118,13 @@ type UserCodeError struct {
 func (e *UserCodeError) Error() string { return e.Doing + ": " + e.Err.Error() }
 func (e *UserCodeError) Unwrap() error { return e.Err }
 
-// anyInChainOutsideUserCode is anyInChain that does not descend into what
-// user code raised (*UserCodeError, *ProcessorError).
-func anyInChainOutsideUserCode(err error, match func(error) bool) bool {
-	return walkChain(err, func(e error) bool {
-		switch e.(type) { //nolint:errorlint // walkChain visits every node itself
-		case *UserCodeError, *ProcessorError:
-			return true
-		}
-		return false
-	}, match)
+// raisedByUserCode reports whether e itself carries what user code raised
+// (*UserCodeError, *ProcessorError): a walk that reads only the ledger's own
+// errors stops there.
+func raisedByUserCode(e error) bool {
+	_, user := errorNode[*UserCodeError](e)
+	_, processor := errorNode[*ProcessorError](e)
+	return user || processor
 }
 
 // IsAppendOnlyViolation reports whether err is, anywhere in its chain, the
@@ -150,9 +133,8 @@ func anyInChainOutsideUserCode(err error, match func(error) bool) bool {
 // whose statement tried it: not "already handled", not retryable, and not
 // statement-level (which rows the statement touched may depend on the items).
 func IsAppendOnlyViolation(err error) bool {
-	return anyInChain(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		return ok && pgErr.Code == sqlstateRestrictViolation && pgErr.ConstraintName == AppendOnlyRule &&
+	return anyPgError(err, func(pgErr *pgconn.PgError) bool {
+		return pgErr.Code == pgerrcode.RestrictViolation && pgErr.ConstraintName == AppendOnlyRule &&
 			(pgErr.SchemaName == "" || pgErr.SchemaName == Schema)
 	})
 }
@@ -182,32 +164,33 @@ func IsRetryable(err error) bool {
 	if _, rejected := ConnectionRejected(err); rejected {
 		return false
 	}
-	return anyInChain(err, func(e error) bool {
-		switch e := e.(type) { //nolint:errorlint // anyInChain visits every node of the chain itself
-		case *ProcessorError:
-			// A processor's call failed as a whole and nothing committed:
-			// retried with back-off, then its items are Failed.
-			return true
-		case *pgconn.PgError:
-			switch e.Code {
-			case sqlstateSerializationFailure, sqlstateDeadlockDetected,
-				sqlstateAdminShutdown, sqlstateCrashShutdown, sqlstateCannotConnectNow,
-				sqlstateTooManyConnections, sqlstateLockNotAvailable, sqlstateQueryCanceled:
-				return true
-			}
-			// Class 08: connection exception.
-			return len(e.Code) == 5 && e.Code[:2] == "08"
-		case *pgconn.ConnectError:
-			return true
-		case net.Error: // also context.DeadlineExceeded, a timeout
-			return true
-		}
-		if errors.Is(e, io.EOF) || errors.Is(e, io.ErrUnexpectedEOF) || errors.Is(e, net.ErrClosed) || errors.Is(e, ErrSortedCopyLost) {
-			return true
-		}
-		// pgx's own verdict: the request never reached the server.
-		return pgconn.SafeToRetry(e)
-	})
+	var processorErr *ProcessorError
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error // also context.DeadlineExceeded, a timeout
+	switch {
+	case errors.As(err, &processorErr):
+		// A processor's call failed as a whole and nothing committed:
+		// retried with back-off, then its items are Failed.
+		return true
+	case anyPgError(err, isRetryableState), errors.As(err, &connectErr), errors.As(err, &netErr):
+		return true
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, ErrSortedCopyLost):
+		return true
+	}
+	// pgx's own verdict, asked of every node: the request never reached the server.
+	return anyInChain(err, pgconn.SafeToRetry)
+}
+
+// isRetryableState reports whether pgErr is a transient condition of the
+// server or of the transaction (IsRetryable).
+func isRetryableState(pgErr *pgconn.PgError) bool {
+	switch pgErr.Code {
+	case pgerrcode.SerializationFailure, pgerrcode.DeadlockDetected,
+		pgerrcode.AdminShutdown, pgerrcode.CrashShutdown, pgerrcode.CannotConnectNow,
+		pgerrcode.TooManyConnections, pgerrcode.LockNotAvailable, pgerrcode.QueryCanceled:
+		return true
+	}
+	return sqlstateClass(pgErr.Code) == classConnectionException
 }
 
 // IsTooManyConnections reports whether err is, anywhere in its chain, the
@@ -216,39 +199,27 @@ func IsRetryable(err error) bool {
 // role's or a database's CONNECTION LIMIT). Retryable (IsRetryable): the
 // worker waits for a connection and says so in its shard's status.
 func IsTooManyConnections(err error) bool {
-	return anyInChain(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		return ok && pgErr.Code == sqlstateTooManyConnections
-	})
+	return hasSQLState(err, pgerrcode.TooManyConnections)
 }
 
 // isShardLeaseLost reports whether err is runledger.shard_lease_hold
 // refusing to renew a lease that is no longer the caller's. Only the
 // statements that call it, which run no user code, may be read with it.
 func isShardLeaseLost(err error) bool {
-	return anyInChain(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		return ok && pgErr.Code == sqlstateShardLeaseLost
-	})
+	return hasSQLState(err, sqlstateShardLeaseLost)
 }
 
 // isLockNotAvailable reports whether err is, anywhere in its chain, a wait
 // for a lock that outlived lock_timeout (55P03).
 func isLockNotAvailable(err error) bool {
-	return anyInChain(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		return ok && pgErr.Code == sqlstateLockNotAvailable
-	})
+	return hasSQLState(err, pgerrcode.LockNotAvailable)
 }
 
 // IsDeadlock reports whether err is, anywhere in its chain, PostgreSQL
 // aborting the statement to break a deadlock (40P01 deadlock_detected):
 // nothing of the aborted transaction was kept, so it may run again.
 func IsDeadlock(err error) bool {
-	return anyInChain(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		return ok && pgErr.Code == sqlstateDeadlockDetected
-	})
+	return hasSQLState(err, pgerrcode.DeadlockDetected)
 }
 
 // ConnectionRejected reports whether err is the server refusing the
@@ -260,12 +231,12 @@ func IsDeadlock(err error) bool {
 // that does not verify (a wrong CA in sslrootcert, another host's name). Retrying these only risks locking the account.
 func ConnectionRejected(err error) (why string, rejected bool) {
 	anyInChain(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
+		pgErr, ok := errorNode[*pgconn.PgError](e)
 		switch {
 		case !ok:
-		case strings.HasPrefix(pgErr.Code, sqlstateClassInvalidAuthorization):
+		case strings.HasPrefix(pgErr.Code, classInvalidAuthorization):
 			why = "the database server rejected the connection string's credentials (its user or password)"
-		case pgErr.Code == sqlstateInvalidCatalogName:
+		case pgErr.Code == pgerrcode.InvalidCatalogName:
 			why = "the database named in the connection string does not exist"
 		default:
 			why = pgbouncerRejection(pgErr)
@@ -288,7 +259,7 @@ func ConnectionRejected(err error) (why string, rejected bool) {
 // other 08P01 stops being retried; a pooler that uses PostgreSQL's codes is
 // read as PostgreSQL.
 func pgbouncerRejection(e *pgconn.PgError) string {
-	if e.Code != sqlstateProtocolViolation || e.Severity != "FATAL" {
+	if e.Code != pgerrcode.ProtocolViolation || e.Severity != "FATAL" {
 		return ""
 	}
 	msg := strings.ToLower(e.Message)
@@ -301,15 +272,15 @@ func pgbouncerRejection(e *pgconn.PgError) string {
 	return ""
 }
 
-// isCertificateVerification reports whether e is the client refusing the
-// server's TLS certificate: a wrong or missing CA, or a certificate for
+// isCertificateVerification reports whether e itself is the client refusing
+// the server's TLS certificate: a wrong or missing CA, or a certificate for
 // another host. Waiting changes none of it.
 func isCertificateVerification(e error) bool {
-	switch e.(type) { //nolint:errorlint // anyInChain visits every node of the chain itself
-	case *tls.CertificateVerificationError, x509.UnknownAuthorityError, x509.HostnameError, x509.CertificateInvalidError:
-		return true
-	}
-	return false
+	_, verification := errorNode[*tls.CertificateVerificationError](e)
+	_, authority := errorNode[x509.UnknownAuthorityError](e)
+	_, hostname := errorNode[x509.HostnameError](e)
+	_, invalid := errorNode[x509.CertificateInvalidError](e)
+	return verification || authority || hostname || invalid
 }
 
 // IsConfigurationError reports whether err is PostgreSQL refusing a statement
@@ -319,16 +290,15 @@ func isCertificateVerification(e error) bool {
 // PostgreSQL lacks (0A), transaction control where none is allowed (2D000). Only changing the query, the effect or the role's
 // grants helps, so it is bad input (exit code 2) and never retried.
 func IsConfigurationError(err error) bool {
-	return anyInChain(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		if !ok || isRowSecurityCheck(pgErr) {
+	return anyPgError(err, func(pgErr *pgconn.PgError) bool {
+		if isRowSecurityCheck(pgErr) {
 			return false
 		}
 		switch sqlstateClass(pgErr.Code) {
-		case sqlstateClassSyntaxOrAccessRule, sqlstateClassFeatureNotSupported, sqlstateClassInvalidSchemaName:
+		case classSyntaxOrAccessRule, classFeatureNotSupported, classInvalidSchemaName:
 			return true
 		}
-		return pgErr.Code == sqlstateInvalidTransactionTermination
+		return pgErr.Code == pgerrcode.InvalidTransactionTermination
 	})
 }
 
@@ -352,9 +322,8 @@ func RefusedStatement(err error) (*pgconn.PgError, bool) {
 // privilege, a write in a read-only transaction): isolating items one by one
 // cannot help, every item fails alike.
 func isStatementLevel(err error) bool {
-	return IsConfigurationError(err) || anyInChain(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		return ok && sqlstateClass(pgErr.Code) == sqlstateClassInvalidTransactionState
+	return IsConfigurationError(err) || anyPgError(err, func(pgErr *pgconn.PgError) bool {
+		return sqlstateClass(pgErr.Code) == classInvalidTransactionState
 	})
 }
 
@@ -364,10 +333,9 @@ func isStatementLevel(err error) bool {
 // refusing a transaction command (0A000, raised by its routine
 // exec_stmt_dynexecute: the message is translated, the routine is not).
 func IsTransactionControl(err error) bool {
-	return anyInChain(err, func(e error) bool {
-		pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-		return ok && (pgErr.Code == sqlstateInvalidTransactionTermination ||
-			sqlstateClass(pgErr.Code) == sqlstateClassFeatureNotSupported && pgErr.Routine == "exec_stmt_dynexecute")
+	return anyPgError(err, func(pgErr *pgconn.PgError) bool {
+		return pgErr.Code == pgerrcode.InvalidTransactionTermination ||
+			sqlstateClass(pgErr.Code) == classFeatureNotSupported && pgErr.Routine == "exec_stmt_dynexecute"
 	})
 }
 
@@ -388,28 +356,71 @@ func sqlstateClass(code string) string {
 // translated (lc_messages); the routine that raised it is neither, and no
 // other 42501 comes from it.
 func isRowSecurityCheck(pgErr *pgconn.PgError) bool {
-	return pgErr.Code == sqlstateInsufficientPrivilege && pgErr.Routine == "ExecWithCheckOptions"
+	return pgErr.Code == pgerrcode.InsufficientPrivilege && pgErr.Routine == "ExecWithCheckOptions"
+}
+
+// anyPgError reports whether match holds for any PostgreSQL error in err's
+// wrap tree: every one counts, not only the first that errors.As would find
+// (a rollback's error joined to the statement's, one host's refusal beside
+// another's).
+func anyPgError(err error, match func(*pgconn.PgError) bool) bool {
+	return walkChain(err, nil, pgErrorMatch(match))
+}
+
+// anyPgErrorOutsideUserCode is anyPgError that does not descend into what
+// user code raised (raisedByUserCode).
+func anyPgErrorOutsideUserCode(err error, match func(*pgconn.PgError) bool) bool {
+	return walkChain(err, raisedByUserCode, pgErrorMatch(match))
+}
+
+// hasSQLState reports whether err's wrap tree holds a PostgreSQL error with
+// SQLSTATE code.
+func hasSQLState(err error, code string) bool {
+	return anyPgError(err, func(pgErr *pgconn.PgError) bool { return pgErr.Code == code })
+}
+
+// pgErrorMatch is match for the walk's nodes: a node that is a PostgreSQL
+// error and that match selects.
+func pgErrorMatch(match func(*pgconn.PgError) bool) func(error) bool {
+	return func(e error) bool {
+		pgErr, ok := errorNode[*pgconn.PgError](e)
+		return ok && match(pgErr)
+	}
+}
+
+// errorNode returns e as a T when e itself, not an error it wraps, is one
+// (T a concrete type): errors.As alone answers for the first T anywhere
+// below e, which a walk that prunes subtrees, or wants the first node of
+// several kinds, cannot use.
+func errorNode[T error](e error) (T, bool) {
+	if e == nil || reflect.TypeOf(e) != reflect.TypeFor[T]() {
+		var none T
+		return none, false
+	}
+	return errors.AsType[T](e) // e itself: errors.As tries the node first
 }
 
 // anyInChain walks err's whole wrap tree, depth first, and reports whether
 // match holds for any node.
 func anyInChain(err error, match func(error) bool) bool {
-	return walkChain(err, func(error) bool { return false }, match)
+	return walkChain(err, nil, match)
 }
 
-// walkChain walks err's wrap tree, depth first, skipping every subtree whose
-// root prune selects, and reports whether match holds for any node visited.
+// walkChain walks err's wrap tree, depth first, in the order errors.As
+// does (fmt.Errorf("%w"), errors.Join, any Unwrap() error or Unwrap()
+// []error), skipping every subtree whose root prune (if set) selects, and
+// reports whether match holds for any node visited.
 func walkChain(err error, prune, match func(error) bool) bool {
-	if err == nil || prune(err) {
+	if err == nil || prune != nil && prune(err) {
 		return false
 	}
 	if match(err) {
 		return true
 	}
-	switch u := err.(type) { //nolint:errorlint // this is the chain walk: it unwraps by hand
-	case interface{ Unwrap() error }:
+	if u, ok := err.(interface{ Unwrap() error }); ok {
 		return walkChain(u.Unwrap(), prune, match)
-	case interface{ Unwrap() []error }:
+	}
+	if u, ok := err.(interface{ Unwrap() []error }); ok {
 		for _, e := range u.Unwrap() {
 			if walkChain(e, prune, match) {
 				return true

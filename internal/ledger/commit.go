@@ -593,7 +593,7 @@ func runEffect(ctx context.Context, tx pgx.Tx, opts ChunkOptions) error {
 		if IsTransactionControl(err) {
 			return &UserCodeError{Doing: "running effect", Err: fmt.Errorf("%w: %w", ErrEffectTransactionControl, err)}
 		}
-		if anyInChain(err, isRuleCheckError) {
+		if anyPgError(err, isRuleCheck) {
 			// The effect's own write broke the rule: that says nothing about
 			// the chunk's keys.
 			return &UserCodeError{Doing: "running effect", Err: fmt.Errorf("%w: %w", ErrEffectBrokeRule, err)}
@@ -677,12 +677,6 @@ func deallocateFromSQL(ctx context.Context, conn *pgconn.PgConn) error {
 		return fmt.Errorf("deallocating the statements user code prepared: %w", err)
 	}
 	return nil
-}
-
-// isRuleCheckError: e is the engine's unique check of the business-key index.
-func isRuleCheckError(e error) bool {
-	pgErr, ok := e.(*pgconn.PgError) //nolint:errorlint // anyInChain visits every node of the chain itself
-	return ok && isRuleCheck(pgErr)
 }
 
 // sessionIntact runs sqlSessionIntact (q) on conn, by the simple protocol.
