@@ -145,8 +145,10 @@ func IsAppendOnlyViolation(err error) bool {
 // shutting down or refusing connections for now, the transaction lost a
 // serialization or deadlock race, or it waited too long for a lock or for a
 // statement (lock_timeout, statement_timeout), or a processor's call failed
-// as a whole (*ProcessorError: nothing of it committed). Everything else is permanent,
-// including a connection the server rejected for good (ConnectionRejected).
+// as a whole (*ProcessorError: nothing of it committed), or the session may
+// not write (IsReadOnlySession: a standby, as after a failover). Everything
+// else is permanent, including a connection the server rejected for good
+// (ConnectionRejected).
 //
 // Retrying a chunk whose COMMIT outcome is unknown is safe: the business-key
 // index refuses a second committed row, and CommitChunk reports a row that this
@@ -174,6 +176,8 @@ func IsRetryable(err error) bool {
 		return true
 	case anyPgError(err, isRetryableState), errors.As(err, &connectErr), errors.As(err, &netErr):
 		return true
+	case IsReadOnlySession(err):
+		return true
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, ErrSortedCopyLost):
 		return true
 	}
@@ -191,6 +195,37 @@ func isRetryableState(pgErr *pgconn.PgError) bool {
 		return true
 	}
 	return sqlstateClass(pgErr.Code) == classConnectionException
+}
+
+// IsReadOnlySession reports whether err is, in the ledger's own statements,
+// the server refusing to write because the session may only read: 25006
+// read_only_sql_transaction (a hot standby, a primary fenced with
+// default_transaction_read_only), or a standby refusing the READ WRITE of a
+// chunk's BEGIN (isReadWriteRefusedInRecovery). The session landed on the
+// wrong server, as after a failover: retryable (IsRetryable), on a new
+// session (Open closes one that met it), never a failure of the items.
+//
+// What user code raised is not read: an effect that made its own
+// transaction read-only (SET TRANSACTION READ ONLY, after the ledger's
+// insert wrote in it) fails its items, as any statement-level error.
+func IsReadOnlySession(err error) bool {
+	return anyPgErrorOutsideUserCode(err, isReadOnlySession)
+}
+
+// isReadOnlySession reports whether pgErr says the session may not write
+// (IsReadOnlySession).
+func isReadOnlySession(pgErr *pgconn.PgError) bool {
+	return pgErr.Code == pgerrcode.ReadOnlySQLTransaction || isReadWriteRefusedInRecovery(pgErr)
+}
+
+// isReadWriteRefusedInRecovery reports whether pgErr is a standby refusing
+// transaction_read_only = off (a BEGIN ... READ WRITE): "cannot set
+// transaction read-write mode during recovery", SQLSTATE 0A000, raised by
+// the bool setting's check (routine call_bool_check_hook, file guc.c; the
+// message is translated, the routine is not). No setting the ledger makes
+// has another check that refuses with 0A000.
+func isReadWriteRefusedInRecovery(pgErr *pgconn.PgError) bool {
+	return pgErr.Code == pgerrcode.FeatureNotSupported && pgErr.Routine == "call_bool_check_hook" && pgErr.File == "guc.c"
 }
 
 // IsTooManyConnections reports whether err is, anywhere in its chain, the
@@ -287,11 +322,12 @@ func isCertificateVerification(e error) bool {
 // for what it says rather than for the data it met: a syntax error, a missing
 // table, column or privilege (class 42, but not a row refused by a row-level
 // security policy: that depends on the row), a missing schema (3F), a feature
-// PostgreSQL lacks (0A), transaction control where none is allowed (2D000). Only changing the query, the effect or the role's
+// PostgreSQL lacks (0A, but not a standby refusing READ WRITE: that is the
+// server, IsReadOnlySession), transaction control where none is allowed (2D000). Only changing the query, the effect or the role's
 // grants helps, so it is bad input (exit code 2) and never retried.
 func IsConfigurationError(err error) bool {
 	return anyPgError(err, func(pgErr *pgconn.PgError) bool {
-		if isRowSecurityCheck(pgErr) {
+		if isRowSecurityCheck(pgErr) || isReadWriteRefusedInRecovery(pgErr) {
 			return false
 		}
 		switch sqlstateClass(pgErr.Code) {

@@ -267,6 +267,8 @@ func TestIsRetryable(t *testing.T) {
 		{"unexpected EOF", fmt.Errorf("reading: %w", io.ErrUnexpectedEOF), true},
 		{"lock timeout", wrap(pg("55P03"), 2), true},
 		{"statement timeout", pg("57014"), true},
+		{"read-only session", wrap(pg("25006"), 2), true},
+		{"standby refusing READ WRITE", &pgconn.PgError{Code: "0A000", Routine: "call_bool_check_hook", File: "guc.c"}, true},
 		{"business-key conflict", pg("23505"), false},
 		{"append-only ledger", &pgconn.PgError{Code: "23001", ConstraintName: ledger.AppendOnlyRule}, false},
 		{"foreign key", pg("23503"), false},
@@ -290,6 +292,85 @@ func TestIsRetryable(t *testing.T) {
 			require.Equal(t, tt.want, ledger.IsRetryable(tt.err), "IsRetryable(%v)", tt.err)
 		})
 	}
+}
+
+// TestIsReadOnlySession: a session that may not write (25006, or a standby
+// refusing a BEGIN's READ WRITE) is retryable and never the items' failure
+// nor a configuration error; what user code raised is not read (an effect
+// that made its own transaction read-only fails its items, statement-level).
+func TestIsReadOnlySession(t *testing.T) {
+	t.Parallel()
+	readOnly := &pgconn.PgError{Code: "25006", Message: "cannot execute INSERT in a read-only transaction"}
+	inRecovery := &pgconn.PgError{Code: "0A000", Message: "cannot set transaction read-write mode during recovery",
+		Routine: "call_bool_check_hook", File: "guc.c"}
+	tests := []struct {
+		name                           string
+		err                            error
+		readOnly, retryable, statement bool
+	}{
+		{"25006", readOnly, true, true, true},
+		{"25006, wrapped", wrap(readOnly, 3), true, true, true},
+		{"25006 in a custom wrapper", layer{readOnly}, true, true, true},
+		{"25006 inside errors.Join", errors.Join(errors.New("rollback: conn closed"), readOnly), true, true, true},
+		{"standby refusing READ WRITE", fmt.Errorf("beginning transaction: %w", inRecovery), true, true, false},
+		{"25006 raised by an effect", &ledger.UserCodeError{Doing: "running effect", Err: readOnly}, false, false, true},
+		{"another 0A000", &pgconn.PgError{Code: "0A000", Routine: "transformLockingClause"}, false, false, true},
+		{"another class 25", &pgconn.PgError{Code: "25001"}, false, false, true},
+		{"bare error", errors.New("cannot execute INSERT in a read-only transaction"), false, false, false},
+		{"nil", nil, false, false, false},
+	}
+	for _, tt := range tests {
+		require.Equal(t, tt.readOnly, ledger.IsReadOnlySession(tt.err), "%s: IsReadOnlySession(%v)", tt.name, tt.err)
+		require.Equal(t, tt.retryable, ledger.IsRetryable(tt.err), "%s: IsRetryable(%v)", tt.name, tt.err)
+		require.Equal(t, tt.statement, ledger.IsStatementLevel(tt.err), "%s: IsStatementLevel(%v)", tt.name, tt.err)
+		if tt.readOnly {
+			require.False(t, ledger.IsConfigurationError(tt.err), "%s: the server, not the statement", tt.name)
+			_, refused := ledger.RefusedStatement(tt.err)
+			require.False(t, refused, "%s: not a refusal of the statement", tt.name)
+		}
+	}
+}
+
+// TestReadOnlySessionLeavesThePool: a session that met 25006 (here the
+// database's default_transaction_read_only, as a standby's sessions) is
+// closed, not given back to the pool: once the server may write again, the
+// pool's next statement runs on a new session and succeeds. A standby's
+// refusal of READ WRITE comes from the same check of a bool setting as
+// default_with_oids' (call_bool_check_hook in guc.c), whose fields are
+// pinned here on the real server.
+func TestReadOnlySessionLeavesThePool(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "sets default_transaction_read_only on the database, which the pooler's server sessions keep")
+	ctx := context.Background()
+	dsn := newPool(t).Config().ConnString()
+	admin, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	_, err = admin.Exec(ctx, `CREATE TABLE notes (n int)`)
+	require.NoError(t, err)
+	db := pgx.Identifier{admin.Config().Database}.Sanitize()
+	_, err = admin.Exec(ctx, `ALTER DATABASE `+db+` SET default_transaction_read_only = on`)
+	require.NoError(t, err)
+
+	pool, err := ledger.Open(ctx, dsn, 1) // one session: the next statement gets it back, if it is kept
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, `INSERT INTO public.notes VALUES (1)`)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "25006", pgErr.Code, "a session of a read-only database: %v", err)
+	require.True(t, ledger.IsReadOnlySession(err))
+	require.True(t, ledger.IsRetryable(err))
+
+	_, err = admin.Exec(ctx, `ALTER DATABASE `+db+` RESET default_transaction_read_only`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO public.notes VALUES (2)`)
+	require.NoError(t, err, "the read-only session left the pool; a new one may write")
+
+	_, err = pool.Exec(ctx, `SET default_with_oids = on`)
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, []string{"0A000", "call_bool_check_hook", "guc.c"}, []string{pgErr.Code, pgErr.Routine, pgErr.File},
+		"a bool setting's check refusing with 0A000, as a standby refuses READ WRITE")
 }
 
 // TestIsRetryable_RealConnectionLoss: a session killed by the server, and a

@@ -37,6 +37,12 @@ func Open(ctx context.Context, dsn string, maxConns int32, opts ...Option) (*pgx
 	if !probe.pinned && probe.dsnPath != nil { // KeepSearchPath
 		cfg.ConnConfig.RuntimeParams[searchPathParam] = *probe.dsnPath
 	}
+	// A session that may not write goes at once, rather than back to the
+	// pool: the next try opens another, which can reach the new primary.
+	onPgError := cfg.ConnConfig.OnPgError
+	cfg.ConnConfig.OnPgError = func(c *pgconn.PgConn, pgErr *pgconn.PgError) bool {
+		return !isReadOnlySession(pgErr) && (onPgError == nil || onPgError(c, pgErr))
+	}
 	next := cfg.BeforeConnect
 	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
 		if next != nil {

@@ -13,7 +13,7 @@ import (
 
 // Backoff is the retry policy for retryable database errors (ledger.IsRetryable:
 // connection loss or timeout, server restart, serialization failure, too many
-// connections, lock or statement timeout): exponential back-off with jitter, bounded in attempts and in
+// connections, lock or statement timeout, a session that may only read): exponential back-off with jitter, bounded in attempts and in
 // total time.
 type Backoff struct {
 	Initial     time.Duration // first wait (default 100ms)
