@@ -142,41 +142,11 @@ func (s *Store) ProveRun(ctx context.Context, run RunRecord, batch []Key, fn fun
 	case batch != nil:
 		return RunProof{}, fmt.Errorf("proving run %s/%s: its batch is a query's, kept in the ledger database: no items may be given for it", run.Namespace, run.Name)
 	}
-	p, err := s.prove(ctx, run.UID, q, args, sqlProveFailures, []any{run.UID}, fn)
-	if err != nil {
-		return RunProof{}, fmt.Errorf("proving run %s/%s (%s) from the ledger: %w", run.Namespace, run.Name, run.UID, err)
-	}
-	return p, nil
-}
-
-// ProveShard is ProveRun for shard shard of run runUID's batch, in counts
-// only, for the worker before it reports the shard done: the shard's part
-// of the batch kept in the database (kept), or the shard's keys given
-// (static, the copies of a key each given), and the failure records the
-// shard wrote. Its cost is one probe of the rule's index per key of the
-// shard, all on the server.
-func (s *Store) ProveShard(ctx context.Context, runUID string, shard int, kept bool, static []Key) (RunProof, error) {
-	q, args := sqlProveKeptShard, []any{runUID, shard}
-	if !kept {
-		entities, occurrences := keyColumns(static)
-		q, args = sqlProveGivenBatch, []any{runUID, entities, occurrences}
-	}
-	p, err := s.prove(ctx, runUID, q, args, sqlProveShardFailures, []any{runUID, shard}, func(KeyProof, KeyVerdict) error { return nil })
-	if err != nil {
-		return RunProof{}, fmt.Errorf("proving shard %d of run %s from the ledger: %w", shard, runUID, err)
-	}
-	return p, nil
-}
-
-// prove reads the failure records (failures, with failuresArgs) and the
-// keys (q, with args) of a run's batch or shard in one read-only snapshot
-// under the Store's bounds, calling fn with each key and its verdict.
-func (s *Store) prove(ctx context.Context, runUID, q string, args []any, failures string, failuresArgs []any, fn func(KeyProof, KeyVerdict) error) (RunProof, error) {
 	var p RunProof
 	var matched int64
 	err := pinnedTx(ctx, s.pool, sqlBeginPinnedSnapshot+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
 		p, matched = RunProof{}, 0
-		if err := tx.QueryRow(ctx, failures, failuresArgs...).Scan(&p.Records, &p.Failed); err != nil {
+		if err := tx.QueryRow(ctx, sqlProveFailures, run.UID).Scan(&p.Records, &p.Failed); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, q, args...)
@@ -199,10 +169,71 @@ func (s *Store) prove(ctx context.Context, runUID, q string, args []any, failure
 		return rows.Err()
 	})
 	if err != nil {
-		return RunProof{}, err
+		return RunProof{}, fmt.Errorf("proving run %s/%s (%s) from the ledger: %w", run.Namespace, run.Name, run.UID, err)
 	}
 	p.Unmatched = p.Failed - matched
 	return p, nil
+}
+
+// ProveShard is ProveRun for shard shard of run runUID's batch, in counts
+// only, for the worker before it reports the shard done: the shard's part
+// of the batch kept in the database (kept), or the shard's keys given
+// (static, the copies of a key each given), and the failure records the
+// shard wrote. One read-only snapshot, two statements, all on the server:
+// the keys the run's own rows hold by one join with them, the others by
+// one probe of the rule's index each; only the keys that are not plainly
+// held (a failure record, no holder) come back one by one.
+func (s *Store) ProveShard(ctx context.Context, runUID string, shard int, kept bool, static []Key) (RunProof, error) {
+	q, args := sqlProveKeptShard, []any{runUID, shard}
+	if !kept {
+		entities, occurrences := keyColumns(static)
+		q, args = sqlProveGivenShard, append(args, entities, occurrences)
+	}
+	var p RunProof
+	err := pinnedTx(ctx, s.pool, sqlBeginPinnedSnapshot+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
+		p = RunProof{}
+		if err := tx.QueryRow(ctx, sqlProveShardFailures, runUID, shard).Scan(&p.Records, &p.Failed); err != nil {
+			return err
+		}
+		return scanShardProof(tx.QueryRow(ctx, q, args...), &p)
+	})
+	if err != nil {
+		return RunProof{}, fmt.Errorf("proving shard %d of run %s from the ledger: %w", shard, runUID, err)
+	}
+	return p, nil
+}
+
+// scanShardProof adds sqlProveShardSelect's row to p: its plainly held
+// keys as KeyProof.Verdict counts them (the run's own: its first copy
+// completed, repeats already handled; another run's: every copy already
+// handled), every other key through Verdict itself.
+func scanShardProof(row pgx.Row, p *RunProof) error {
+	var ownKeys, ownCopies, otherKeys, otherCopies int64
+	var entities, occurrences, classes []*string
+	var copies, failed []*int64
+	var held, own []bool
+	if err := row.Scan(&ownKeys, &ownCopies, &otherKeys, &otherCopies, &entities, &occurrences, &copies, &held, &own, &failed, &classes); err != nil {
+		return err
+	}
+	p.Keys += ownKeys + otherKeys
+	p.Total += ownCopies + otherCopies
+	p.Completed += ownKeys
+	p.AlreadyHandled += ownCopies - ownKeys + otherCopies
+	var matched int64
+	for i := range entities {
+		k := KeyProof{NullKey: entities[i] == nil || occurrences[i] == nil, Copies: *copies[i], Own: own[i]}
+		k.Entity, k.Occurrence = deref(entities[i]), deref(occurrences[i])
+		if held[i] {
+			k.Holder = &RunRef{} // another run's, which the count does not name
+		}
+		if failed[i] != nil {
+			k.FailedCopies, k.Class = *failed[i], deref(classes[i])
+		}
+		p.add(k.Verdict())
+		matched += k.FailedCopies
+	}
+	p.Unmatched = p.Failed - matched
+	return nil
 }
 
 // add counts a key's verdict in p (Failed is the records', read apart).

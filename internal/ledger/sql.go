@@ -1473,8 +1473,8 @@ WITH i AS (
     WHERE r.run_uid = $1::text
 )` + sqlProveSelect
 
-	// sqlProveKeptShard: sqlProveSelect over shard $2 of run $1's batch
-	// kept in the ledger (its blocks: the batch's primary key's range).
+	// sqlProveKeptShard: sqlProveShardSelect over shard $2 of run $1's
+	// batch kept in the ledger (its blocks: the batch's primary key's range).
 	sqlProveKeptShard = `
 WITH i AS (
     SELECT i.entity, i.occurrence
@@ -1482,7 +1482,69 @@ WITH i AS (
     JOIN ` + Schema + `.batch AS b ON b.batch_id = r.id AND b.shard = $2::integer
     CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(b.entities), pg_catalog.unnest(b.occurrences)) AS i(entity, occurrence)
     WHERE r.run_uid = $1::text
-)` + sqlProveSelect
+)` + sqlProveShardSelect
+
+	// sqlProveGivenShard: sqlProveShardSelect over shard $2 of run $1's
+	// static batch, its keys given as the arrays $3 entities, $4
+	// occurrences (a copy each).
+	sqlProveGivenShard = `
+WITH i AS (
+    SELECT i.entity, i.occurrence
+    FROM ROWS FROM (pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[])) AS i(entity, occurrence)
+)` + sqlProveShardSelect
+
+	// sqlProveShardSelect is sqlProveSelect for a shard ($2) of run $1, in
+	// one row: the keys the run's own committed row holds (found by one
+	// hash join with the run's rows of the shard, ledger_run_uid_idx, not
+	// a probe per key: a fresh run's keys are all its own) or its retired
+	// one, and those another run's row holds (whether the rule's index
+	// has the key: a probe each, of the index alone when the heap's pages
+	// are all visible), without a failure record, counted (keys and
+	// copies, own first, then others'); every other key (a failure record,
+	// no holder, a NULL key part) listed in arrays: key, copies, held by
+	// another run, own, the record's copies and class. A key a committed
+	// row holds was a valid key when committed, so the count needs no
+	// KeyPartProblem of its own.
+	sqlProveShardSelect = `, k AS (
+    SELECT i.entity, i.occurrence, pg_catalog.count(*) AS copies FROM i GROUP BY i.entity, i.occurrence
+), v AS (
+    SELECT k.entity, k.occurrence, k.copies, o.entity IS NOT NULL OR m.own IS NOT NULL AS own,
+           h.held IS NOT NULL AS held, f.items, f.class
+    FROM k
+    LEFT JOIN (
+        SELECT l.entity, l.occurrence FROM ` + Schema + `.ledger AS l
+        WHERE l.run_uid = $1::text AND l.shard = $2::integer AND l.state = 'committed'
+    ) AS o ON o.entity = k.entity AND o.occurrence = k.occurrence
+    LEFT JOIN (
+        SELECT f.entity, f.occurrence, f.items, f.class FROM ` + Schema + `.item_failure AS f
+        WHERE f.run_uid = $1::text AND f.shard = $2::integer
+    ) AS f ON f.entity = k.entity AND f.occurrence = k.occurrence
+    LEFT JOIN LATERAL (
+        SELECT true AS held
+        FROM ` + Schema + `.ledger AS l
+        WHERE o.entity IS NULL AND l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
+        LIMIT 1
+    ) AS h ON true
+    LEFT JOIN LATERAL (
+        SELECT true AS own
+        FROM ` + Schema + `.ledger_retired AS r
+        WHERE o.entity IS NULL
+          AND (SELECT EXISTS (SELECT FROM ` + Schema + `.ledger_retired AS rr WHERE rr.run_uid = $1::text))
+          AND r.run_uid = $1::text AND r.occurrence = k.occurrence AND r.entity = k.entity
+        LIMIT 1
+    ) AS m ON true
+), w AS (
+    SELECT v.*, v.items IS NULL AND (v.own OR v.held) AS plain FROM v
+)
+SELECT pg_catalog.count(*) FILTER (WHERE w.plain AND w.own),
+       coalesce(pg_catalog.sum(w.copies) FILTER (WHERE w.plain AND w.own), 0)::bigint,
+       pg_catalog.count(*) FILTER (WHERE w.plain AND NOT w.own),
+       coalesce(pg_catalog.sum(w.copies) FILTER (WHERE w.plain AND NOT w.own), 0)::bigint,
+       pg_catalog.array_agg(w.entity) FILTER (WHERE NOT w.plain), pg_catalog.array_agg(w.occurrence) FILTER (WHERE NOT w.plain),
+       pg_catalog.array_agg(w.copies) FILTER (WHERE NOT w.plain), pg_catalog.array_agg(w.held) FILTER (WHERE NOT w.plain),
+       pg_catalog.array_agg(w.own) FILTER (WHERE NOT w.plain), pg_catalog.array_agg(w.items) FILTER (WHERE NOT w.plain),
+       pg_catalog.array_agg(w.class) FILTER (WHERE NOT w.plain)
+FROM w`
 
 	// sqlProveGivenBatch: sqlProveSelect over run $1's static batch given
 	// as the arrays $2 entities, $3 occurrences, by a caller that checked

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -91,9 +92,34 @@ func runShards(t *testing.T, f *fixture, cfg worker.ShardConfig) ([]worker.Repor
 		require.True(t, r.Done, "shard %d done", r.Shard)
 		require.True(t, r.TotalKnown, "shard %d knows its total", r.Shard)
 		require.Equal(t, r.Total, r.Processed(), "shard %d: completed + alreadyHandled + failed == total", r.Shard)
+		require.True(t, r.Proven, "shard %d: its counts proven by the ledger", r.Shard)
 		sum.Add(r.ItemCounts)
 	}
+	requireLedgerProves(t, f.store, cfg, sum)
 	return reports, sum
+}
+
+// requireLedgerProves: the ledger alone (ProveRun, what runledger verify
+// reads) proves counts for cfg's run, which every shard ran: the shards'
+// own proofs, added up, are the run's.
+func requireLedgerProves(t *testing.T, store *ledger.Store, cfg worker.ShardConfig, counts v1alpha1.ItemCounts) {
+	t.Helper()
+	ctx := context.Background()
+	runs, err := store.FindRuns(ctx, cfg.Run.Namespace, cfg.Run.Name)
+	require.NoError(t, err)
+	i := slices.IndexFunc(runs, func(r ledger.RunRecord) bool { return r.UID == cfg.Run.UID })
+	require.GreaterOrEqual(t, i, 0, "the ledger holds run %s", cfg.Run.UID)
+	var batch []ledger.Key
+	if src, ok := cfg.Source.(*worker.StaticSource); ok {
+		for _, it := range src.Items() {
+			batch = append(batch, it.Key)
+		}
+	}
+	p, err := store.ProveRun(ctx, runs[i], batch, func(ledger.KeyProof, ledger.KeyVerdict) error { return nil })
+	require.NoError(t, err)
+	require.True(t, p.Proven(), "the ledger proves run %s: %+v", cfg.Run.UID, p)
+	counts.PayloadChanged = 0
+	require.Equal(t, counts, p.ItemCounts, "run %s: the shards' counts are the ledger's", cfg.Run.UID)
 }
 
 func keyItems(prefix string, n int) []ledger.Item {
