@@ -18,7 +18,7 @@ import (
 func TestWorkerPodTransform(t *testing.T) {
 	run := testRun()
 	run.Spec.Effect = &v1alpha1.EffectSpec{Processor: &v1alpha1.ProcessorSpec{Image: "registry.example/mailer:1"}}
-	base, err := buildWorkerPod(run, 1, 2, v1alpha1.ItemCounts{Total: 9, Completed: 3}, PodOptions{Image: "registry.example/runledger:v1"})
+	base, err := buildWorkerPod(run, workerPodParams{shard: 1, attempt: 2, floor: v1alpha1.ItemCounts{Total: 9, Completed: 3}}, PodOptions{Image: "registry.example/runledger:v1"})
 	require.NoError(t, err)
 	base.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "runledger-controller", Operation: metav1.ManagedFieldsOperationApply}}
 	report, err := shardReport(1, 2, v1alpha1.ItemCounts{Total: 9, Completed: 9}, "done").TerminationMessage()

@@ -74,7 +74,9 @@ func WorkloadName(run *v1alpha1.ProcessingRun) string {
 // an init container with restartPolicy Always), owned by the run so that
 // deleting the run deletes it.
 func buildWorkload(run *v1alpha1.ProcessingRun, opts PodOptions, priority *kueue.WorkloadPriorityClass, pods int32) (*kueue.Workload, error) {
-	pod, err := buildWorkerPod(run, 0, 0, v1alpha1.ItemCounts{}, opts)
+	// The template of shard 0's first pod, without the run's file: no pod
+	// is created from it.
+	pod, err := buildWorkerPod(run, workerPodParams{}, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -39,7 +39,7 @@ func TestWorkerNetworkPolicy(t *testing.T) {
 	// A pod of another run, which the policy must not select.
 	otherRun := newRun(ns, "other", 1, 1)
 	otherRun.UID = "0b4f1d7e-0000-4000-8000-000000000000"
-	otherPod, err := buildWorkerPod(otherRun, 0, 0, v1alpha1.ItemCounts{}, PodOptions{Image: "runledger:test", ServiceAccountName: "runledger-worker"})
+	otherPod, err := buildWorkerPod(otherRun, workerPodParams{}, PodOptions{Image: "runledger:test", ServiceAccountName: "runledger-worker"})
 	require.NoError(t, err)
 
 	startManager(t, env, ns, managerConfig{workerNetwork: wn})

@@ -248,11 +248,26 @@ func batchVolume(ref *v1alpha1.ConfigMapKeyRef) corev1.Volume {
 	}}
 }
 
-// buildWorkerPod is the pod of one attempt of one shard of a run, but its
-// run's file (withRunFile) and admitted placement (applyPlacement). It is a
-// pure function of its arguments.
-func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1alpha1.ItemCounts, opts PodOptions) (*corev1.Pod, error) {
-	floorJSON, err := json.Marshal(floor)
+// workerPodParams tells one worker pod of a run from another.
+type workerPodParams struct {
+	shard, attempt int32
+	// floor is the counts floor the pod starts from (its annotation).
+	floor v1alpha1.ItemCounts
+	// runFile is the run's file the pod mounts, written before the pass's
+	// first create (ensureRunConfigMap). It is zero only for the template
+	// of the run's Kueue Workload (buildWorkload), from which no pod is
+	// created: that template mounts no run's file.
+	runFile runFile
+	// placement is what Kueue admitted the run onto, nil outside Kueue.
+	placement *placement
+}
+
+// buildWorkerPod is the whole pod of one attempt of one shard of a run: its
+// run's file (withRunFile) and admitted placement (applyPlacement) included.
+// It is a pure function of its arguments.
+func buildWorkerPod(run *v1alpha1.ProcessingRun, in workerPodParams, opts PodOptions) (*corev1.Pod, error) {
+	shard, attempt := in.shard, in.attempt
+	floorJSON, err := json.Marshal(in.floor)
 	if err != nil {
 		return nil, fmt.Errorf("encode counts floor: %w", err)
 	}
@@ -344,6 +359,10 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, shard, attempt int32, floor v1a
 		pod.Spec.InitContainers = []corev1.Container{processorContainer(e.Processor)}
 		pod.Spec.Volumes = append(pod.Spec.Volumes, tmpVolume(v1alpha1.ProcessorTmpVolume))
 	}
+	if in.runFile != (runFile{}) {
+		withRunFile(pod, in.runFile)
+	}
+	applyPlacement(pod, in.placement)
 	return pod, nil
 }
 

@@ -43,8 +43,37 @@ func TestBuildWorkerPod(t *testing.T) {
 		shard   int32
 		attempt int32
 		floor   v1alpha1.ItemCounts
+		runFile runFile
+		place   *placement
 		check   func(t *testing.T, pod *corev1.Pod)
 	}{
+		{
+			name: "the run's file and the admitted placement: the whole pod in one call", shard: 2, attempt: 1,
+			runFile: runFile{configMap: "runledger-invoices-0123456789", digest: "0123456789abcdef"},
+			place: &placement{nodeSelector: map[string]string{"pool": "spot"},
+				tolerations: []corev1.Toleration{{Key: "spot", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}},
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.WorkerTemplate = &v1alpha1.WorkerTemplate{NodeSelector: map[string]string{"disk": "ssd"}}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				require.Equal(t, "invoices-2-1", pod.Name)
+				v := pod.Spec.Volumes[len(pod.Spec.Volumes)-1]
+				require.Equal(t, v1alpha1.WorkerRunVolume, v.Name)
+				require.Equal(t, "runledger-invoices-0123456789", v.ConfigMap.Name)
+				env := envMap(t, pod.Spec.Containers[0])
+				require.Equal(t, "0123456789abcdef", env[v1alpha1.EnvRunDigest].Value)
+				require.Equal(t, map[string]string{"disk": "ssd", "pool": "spot"}, pod.Spec.NodeSelector)
+				require.Contains(t, pod.Spec.Tolerations, corev1.Toleration{Key: "spot", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+			},
+		},
+		{
+			name: "the Workload's template: no run's file, no placement",
+			check: func(t *testing.T, pod *corev1.Pod) {
+				require.NotContains(t, volumeNames(pod.Spec.Volumes), v1alpha1.WorkerRunVolume)
+				require.NotContains(t, envMap(t, pod.Spec.Containers[0]), v1alpha1.EnvRunDigest)
+				require.Empty(t, pod.Spec.NodeSelector)
+			},
+		},
 		{
 			name: "processor: a native sidecar with its port probed, the spec's fields copied",
 			mutate: func(r *v1alpha1.ProcessingRun) {
@@ -394,7 +423,7 @@ func TestBuildWorkerPod(t *testing.T) {
 				tt.mutate(run)
 			}
 			before := run.DeepCopy()
-			pod, err := buildWorkerPod(run, tt.shard, tt.attempt, tt.floor, opts)
+			pod, err := buildWorkerPod(run, workerPodParams{shard: tt.shard, attempt: tt.attempt, floor: tt.floor, runFile: tt.runFile, placement: tt.place}, opts)
 			require.NoError(t, err)
 			tt.check(t, pod)
 			// The builder does not share memory with the run.

@@ -222,9 +222,6 @@ type scope struct {
 	// queue is the run's Kueue Workload and what the pass decided about
 	// it; nil for a run outside Kueue (or with the integration off).
 	queue *queueView
-	// runFile is the run's file this pass's pods mount (syncPods writes it
-	// before the pass's first create).
-	runFile runFile
 	// budget is the run's connection budget in this pass, budgetOut what
 	// holding the shards within it decided (decideBudget).
 	budget    runBudget

@@ -80,10 +80,9 @@ func TestBuildRunConfigMap(t *testing.T) {
 func TestWithRunFile(t *testing.T) {
 	run := testRun()
 	run.Spec.Effect = &v1alpha1.EffectSpec{Processor: &v1alpha1.ProcessorSpec{Image: "registry.example/mailer:1"}}
-	pod, err := buildWorkerPod(run, 0, 0, v1alpha1.ItemCounts{}, PodOptions{Image: "registry.example/runledger:v1"})
-	require.NoError(t, err)
 	rf := runFile{configMap: "runledger-invoices-0123456789", digest: "0123456789abcdef"}
-	withRunFile(pod, rf)
+	pod, err := buildWorkerPod(run, workerPodParams{runFile: rf}, PodOptions{Image: "registry.example/runledger:v1"})
+	require.NoError(t, err)
 
 	c := pod.Spec.Containers[0]
 	env := envMap(t, c)

@@ -296,7 +296,8 @@ func (r *Reconciler) exists(ctx context.Context, kind string, key client.ObjectK
 // syncPods deletes the pods that must stop and creates the ones decided.
 func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
 	// Once per pass that creates pods: the run's ConfigMap and NetworkPolicy
-	// come first.
+	// come first, and every pod of the pass mounts that run's file.
+	var rf runFile
 	dependenciesEnsured := false
 	for i := range s.shards {
 		d := &s.shards[i]
@@ -323,7 +324,8 @@ func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
 			s.requeueIn(d.retryAt.Sub(s.now))
 		}
 		if d.create != nil && !s.createBlocked && !dependenciesEnsured {
-			if err := r.ensurePodDependencies(ctx, s); err != nil {
+			var err error
+			if rf, err = r.ensurePodDependencies(ctx, s); err != nil {
 				return err
 			}
 			dependenciesEnsured = true
@@ -333,7 +335,7 @@ func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
 			s.podsBlocked++
 		}
 		if d.create != nil {
-			if err := r.createPod(ctx, s, d); err != nil {
+			if err := r.createPod(ctx, s, d, rf); err != nil {
 				return err
 			}
 		}
@@ -347,36 +349,35 @@ func (r *Reconciler) syncPods(ctx context.Context, s *scope) error {
 
 // ensurePodDependencies writes what the run's pods need before the first
 // of a pass is created: the run's ConfigMap (its spec for the workers) and,
-// unless turned off, its NetworkPolicy. A problem blocks this pass's creates.
-func (r *Reconciler) ensurePodDependencies(ctx context.Context, s *scope) error {
+// unless turned off, its NetworkPolicy. It returns the run's file the pass's
+// pods mount. A problem blocks this pass's creates.
+func (r *Reconciler) ensurePodDependencies(ctx context.Context, s *scope) (runFile, error) {
 	rf, p, err := r.ensureRunConfigMap(ctx, s.run)
-	s.runFile = rf
 	if err == nil && p == nil && r.WorkerNetwork != nil {
 		p, err = r.ensureWorkerNetworkPolicy(ctx, s.run)
 	}
 	if err != nil {
-		return err
+		return runFile{}, err
 	}
 	if p != nil {
 		s.createBlocked, s.stalled = true, p
 		s.requeueIn(r.DependencyRetry)
 	}
-	return nil
+	return rf, nil
 }
 
-func (r *Reconciler) createPod(ctx context.Context, s *scope, d *shardDecision) error {
+// createPod creates the pod of the shard's decided attempt, mounting rf,
+// the run's file ensurePodDependencies wrote in this pass.
+func (r *Reconciler) createPod(ctx context.Context, s *scope, d *shardDecision, rf runFile) error {
 	attempt := *d.create
 	d.create = nil
-	pod, err := buildWorkerPod(s.run, d.index, attempt, d.createFloor, r.Pods)
+	in := workerPodParams{shard: d.index, attempt: attempt, floor: d.createFloor, runFile: rf}
+	if s.queue != nil {
+		in.placement = s.queue.placement
+	}
+	pod, err := buildWorkerPod(s.run, in, r.Pods)
 	if err != nil {
 		return err
-	}
-	if s.runFile.digest == "" {
-		return fmt.Errorf("create pod %s: the run's file was not written in this pass", pod.Name)
-	}
-	withRunFile(pod, s.runFile)
-	if s.queue != nil {
-		applyPlacement(pod, s.queue.placement)
 	}
 	logger := log.FromContext(ctx).WithValues("pod", klog.KObj(pod), "shard", d.index, "attempt", attempt)
 	r.expectations.expectCreate(s.key, s.run.UID, d.index, attempt)
