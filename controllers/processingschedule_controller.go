@@ -3,7 +3,6 @@ package controllers
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -570,13 +569,9 @@ func (r *ScheduleReconciler) writeScheduleStatus(ctx context.Context, s *schedSc
 	if equality.Semantic.DeepEqual(s.sched.Status, desired) {
 		return nil
 	}
-	raw, err := json.Marshal(desired)
+	status, err := applyConfigurationOf[acv1alpha1.ProcessingScheduleStatusApplyConfiguration](&desired)
 	if err != nil {
-		return fmt.Errorf("encode status: %w", err)
-	}
-	status := &acv1alpha1.ProcessingScheduleStatusApplyConfiguration{}
-	if err := json.Unmarshal(raw, status); err != nil {
-		return fmt.Errorf("decode status: %w", err)
+		return err
 	}
 	apply := func(resourceVersion string) error {
 		ac := acv1alpha1.ProcessingSchedule(s.sched.Name, s.sched.Namespace).WithUID(s.sched.UID).

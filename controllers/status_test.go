@@ -290,9 +290,10 @@ func TestBuildStatusKeepsWorkerFieldsAndTransitionTimes(t *testing.T) {
 	require.Equal(t, "done", st.Shards[0].Message)
 	require.Equal(t, int64(9), st.Completed)
 
-	ac := statusApplyConfiguration(run, &st, []shardDecision{d})
+	ac, err := runStatusApply(run, &st)
+	require.NoError(t, err)
 	require.Equal(t, int64(9), *ac.Status.Shards[0].Completed)
-	require.Equal(t, rt, *ac.Status.Shards[0].LastReportTime, "the controller writes the report time the worker put on its pod")
+	require.True(t, rt.Equal(ac.Status.Shards[0].LastReportTime), "the controller writes the report time the worker put on its pod")
 
 	// The reports folded in from the pods replace the entry's report fields
 	// and keep the controller's.
@@ -494,7 +495,8 @@ func TestBuildStatusPayloadChanged(t *testing.T) {
 	st := buildStatus(run, statusInput{shards: shards, outcome: o, now: t0})
 	require.Equal(t, int64(3), st.PayloadChanged)
 	require.Equal(t, int64(2), st.Shards[0].PayloadChanged)
-	ac := statusApplyConfiguration(run, &st, shards)
+	ac, err := runStatusApply(run, &st)
+	require.NoError(t, err)
 	require.Equal(t, int64(3), *ac.Status.PayloadChanged)
 	require.Equal(t, int64(1), *ac.Status.Shards[1].PayloadChanged)
 }

@@ -480,7 +480,10 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 			}
 		}
 	}
-	ac := statusApplyConfiguration(run, &desired, s.shards)
+	ac, err := runStatusApply(run, &desired)
+	if err != nil {
+		return err
+	}
 	applied, err := r.applyStatus(ctx, run, ac)
 	if err != nil {
 		return err
