@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -273,15 +272,13 @@ func (s *scope) needsPods() bool {
 	return false
 }
 
-// step is one named stage of a reconcile pass.
-type step struct {
-	name string
-	run  func(context.Context, *scope) error
-}
+func (s *scope) stepFailed(err error)        { s.stepErr = err }
+func (s *scope) requeueDelay() time.Duration { return s.requeueAfter }
 
 // Reconcile fetches the run, lets it go when it is deleted or expired, and
-// otherwise runs the steps: observe the pods, check what the pods need,
-// create or delete pods, write the status.
+// otherwise runs a pass (runSteps): observe the queue and the pods, sync
+// the queue, check what the pods need, create or delete pods, write the
+// status.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	// The same key as the workers' and runledger run's logs.
 	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("run", req.Namespace+"/"+req.Name))
@@ -309,45 +306,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return r.runSteps(ctx, run, ttlWait)
 }
 
-// runSteps runs the reconcile steps over a fresh scope. The first error ends
-// the steps (the workqueue retries the pass with back-off), but the status is
-// written on every path once the pods were observed, as Cluster API's patch
-// helper does: a failing step still publishes what the pass learnt (a
-// Stalled reason, the pods it created) and the error as Reconciling's reason.
-func (r *Reconciler) runSteps(ctx context.Context, run *v1alpha1.ProcessingRun, requeue time.Duration) (result ctrl.Result, err error) {
+// runSteps runs a pass (pass.run) over a fresh scope: observe the queue
+// and the pods; sync the Workload, check what the pods need, create or
+// delete pods; write the status, on every path once the pods were observed,
+// the error that ended the steps as Reconciling's reason.
+func (r *Reconciler) runSteps(ctx context.Context, run *v1alpha1.ProcessingRun, requeue time.Duration) (ctrl.Result, error) {
 	s := &scope{run: run, key: client.ObjectKeyFromObject(run), now: r.Clock.Now()}
 	s.requeueIn(requeue)
-	if err := r.observeQueue(ctx, s); err != nil {
-		reconcileErrors.WithLabelValues("observeQueue").Inc()
-		return ctrl.Result{}, fmt.Errorf("observe queue: %w", err)
+	result, err := pass[*scope]{
+		observe: []step[*scope]{{"observeQueue", r.observeQueue}, {"observe", r.observe}},
+		steps:   []step[*scope]{{"syncQueue", r.syncQueue}, {"checkDependencies", r.checkDependencies}, {"syncPods", r.syncPods}},
+		write:   r.writeStatus,
+	}.run(ctx, s)
+	if err == nil {
+		log.FromContext(ctx).V(1).Info("reconciled", "phase", s.outcome.phase)
 	}
-	if err := r.observe(ctx, s); err != nil {
-		// Without the pods' view there is no status to write.
-		reconcileErrors.WithLabelValues("observe").Inc()
-		return ctrl.Result{}, fmt.Errorf("observe: %w", err)
-	}
-	defer func() {
-		if werr := r.writeStatus(ctx, s); werr != nil {
-			reconcileErrors.WithLabelValues("writeStatus").Inc()
-			result, err = ctrl.Result{}, errors.Join(err, fmt.Errorf("writeStatus: %w", werr))
-			return
-		}
-		if err == nil {
-			// writeStatus may ask for a later look (a spaced count write).
-			result = ctrl.Result{RequeueAfter: s.requeueAfter}
-		}
-	}()
-	for _, st := range []step{
-		{"syncQueue", r.syncQueue},
-		{"checkDependencies", r.checkDependencies},
-		{"syncPods", r.syncPods},
-	} {
-		if err := st.run(ctx, s); err != nil {
-			reconcileErrors.WithLabelValues(st.name).Inc()
-			s.stepErr = fmt.Errorf("%s: %w", st.name, err)
-			return ctrl.Result{}, s.stepErr
-		}
-	}
-	log.FromContext(ctx).V(1).Info("reconciled", "phase", s.outcome.phase)
-	return ctrl.Result{}, nil // the deferred write sets RequeueAfter
+	return result, err
 }

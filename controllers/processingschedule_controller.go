@@ -124,7 +124,7 @@ type schedScope struct {
 // Reconcile fetches the schedule and runs the steps: observe its runs,
 // decide the due ticks, replace, create, prune; the status is written on
 // every path (deferred).
-func (r *ScheduleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
+func (r *ScheduleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("schedule", req.Namespace+"/"+req.Name))
 	sched := &v1alpha1.ProcessingSchedule{}
 	if err := r.Client.Get(ctx, req.NamespacedName, sched); err != nil {
@@ -138,38 +138,22 @@ func (r *ScheduleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 		return ctrl.Result{}, nil
 	}
 	s := &schedScope{sched: sched, now: r.Clock.Now()}
-	if err := r.observeRuns(ctx, s); err != nil {
-		reconcileErrors.WithLabelValues("schedule.observeRuns").Inc()
-		return ctrl.Result{}, fmt.Errorf("observeRuns: %w", err)
-	}
-	defer func() {
-		if werr := r.writeScheduleStatus(ctx, s); werr != nil {
-			reconcileErrors.WithLabelValues("schedule.writeStatus").Inc()
-			result, err = ctrl.Result{}, errors.Join(err, fmt.Errorf("writeStatus: %w", werr))
-			return
-		}
-		if err == nil {
-			result = ctrl.Result{RequeueAfter: s.requeue}
-		}
-	}()
-	for _, st := range []struct {
-		name string
-		run  func(context.Context, *schedScope) error
-	}{
-		{"decideTicks", r.decideTicks},
-		{"replaceRuns", r.replaceRuns},
-		{"createRuns", r.createRuns},
-		{"triggerRun", r.triggerRun},
-		{"pruneHistory", r.pruneHistory},
-	} {
-		if err := st.run(ctx, s); err != nil {
-			reconcileErrors.WithLabelValues("schedule." + st.name).Inc()
-			s.stepErr = fmt.Errorf("%s: %w", st.name, err)
-			return ctrl.Result{}, s.stepErr
-		}
-	}
-	return ctrl.Result{}, nil
+	return pass[*schedScope]{
+		metric:  "schedule.",
+		observe: []step[*schedScope]{{"observeRuns", r.observeRuns}},
+		steps: []step[*schedScope]{
+			{"decideTicks", r.decideTicks},
+			{"replaceRuns", r.replaceRuns},
+			{"createRuns", r.createRuns},
+			{"triggerRun", r.triggerRun},
+			{"pruneHistory", r.pruneHistory},
+		},
+		write: r.writeScheduleStatus,
+	}.run(ctx, s)
 }
+
+func (s *schedScope) stepFailed(err error)        { s.stepErr = err }
+func (s *schedScope) requeueDelay() time.Duration { return s.requeue }
 
 // observeRuns lists the schedule's runs (from the cache, by the index) and
 // tells the unfinished ones.
