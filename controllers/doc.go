@@ -5,12 +5,21 @@
 //
 // Reconcile fetches the run, lets a deleted run go (its pods follow through
 // their owner references; the ledger is never touched), deletes a finished
-// run whose ttlSecondsAfterFinished has passed, and otherwise runs four
-// steps over a scope:
+// run whose ttlSecondsAfterFinished has passed, and otherwise runs a pass
+// over a scope (pass.go, the schedule controller's shape too): two
+// observations, three steps, and the status write:
 //
+//   - observeQueue: for a run in a Kueue queue (with the integration on),
+//     its Workload from the cache, and whether Kueue holds the run, before
+//     the pods are looked at.
 //   - observe: the run's pods from the cache (field index on the
 //     controlling run), grouped by shard; decideShard (pure) says what they
 //     mean and what to do; decideRun (pure) says what that means for the run.
+//   - syncQueue: for a queued run, carries out what the pass decided about
+//     its Workload (applyQueueDecision: create it, (de)activate it, follow
+//     the run's LocalQueue, finish it) now that the pods and the outcome
+//     are known, and resolves the admitted placement when pods are about
+//     to be created.
 //   - checkDependencies: before creating a pod, the image must parse and the
 //     ConfigMap key and the ServiceAccount must exist. Otherwise the run is
 //     Stalled (condition and Event) and no pod is created, so nothing

@@ -290,14 +290,14 @@ func (r *Reconciler) cleanupWorkloads(ctx context.Context, key types.NamespacedN
 		return nil
 	}
 	var list kueue.WorkloadList
-	if err := r.Client.List(ctx, &list, client.InNamespace(key.Namespace)); err != nil {
+	if err := r.Client.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingFields{runOwnerKey: key.Name}); err != nil {
 		return fmt.Errorf("list workloads: %w", err)
 	}
 	for i := range list.Items {
 		wl := &list.Items[i]
-		owner := metav1.GetControllerOf(wl)
-		if owner == nil || owner.Kind != "ProcessingRun" || owner.APIVersion != v1alpha1.GroupVersion.String() ||
-			owner.Name != key.Name || (uid != "" && owner.UID != uid) {
+		// The index names the controlling run; a Workload of an earlier
+		// run of the same name is not this one's.
+		if owner := metav1.GetControllerOf(wl); owner == nil || (uid != "" && owner.UID != uid) {
 			continue
 		}
 		if controllerutil.RemoveFinalizer(wl, kueue.ResourceInUseFinalizerName) {

@@ -46,8 +46,9 @@ import (
 // labelRunUIDKey selects worker pods.
 const labelRunUIDKey = v1alpha1.LabelRunUID
 
-// podOwnerKey indexes worker pods by the name of the run that controls them.
-const podOwnerKey = ".metadata.controller.processingrun"
+// runOwnerKey indexes worker pods, and the Workloads of queued runs, by the
+// name of the run that controls them.
+const runOwnerKey = ".metadata.controller.processingrun"
 
 // podNodeKey indexes worker pods by their node's name.
 const podNodeKey = ".spec.nodeName"
@@ -123,7 +124,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		r.StatusInterval = 0
 	}
 	r.expectations = newExpectations(r.Clock.Now)
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podOwnerKey, indexPodOwner); err != nil {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, runOwnerKey, indexRunOwner); err != nil {
 		return fmt.Errorf("index pods by owner run: %w", err)
 	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podNodeKey, indexPodNode); err != nil {
@@ -133,6 +134,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		For(&v1alpha1.ProcessingRun{}).
 		Owns(&corev1.Pod{})
 	if r.Kueue {
+		if err := mgr.GetFieldIndexer().IndexField(context.Background(), &kueue.Workload{}, runOwnerKey, indexRunOwner); err != nil {
+			return fmt.Errorf("index workloads by owner run: %w", err)
+		}
 		b = b.Owns(&kueue.Workload{})
 	}
 	return b.
@@ -163,7 +167,7 @@ func (r *Reconciler) runsOnNode(ctx context.Context, node client.Object) []recon
 	seen := map[types.NamespacedName]bool{}
 	var out []reconcile.Request
 	for i := range pods.Items {
-		for _, owner := range indexPodOwner(&pods.Items[i]) {
+		for _, owner := range indexRunOwner(&pods.Items[i]) {
 			key := types.NamespacedName{Namespace: pods.Items[i].Namespace, Name: owner}
 			if !seen[key] {
 				seen[key] = true
@@ -189,7 +193,7 @@ func nodeReadyChanged(e event.UpdateEvent) bool {
 	return ready(e.ObjectOld) != ready(e.ObjectNew)
 }
 
-func indexPodOwner(obj client.Object) []string {
+func indexRunOwner(obj client.Object) []string {
 	owner := metav1.GetControllerOf(obj)
 	if owner == nil || owner.APIVersion != v1alpha1.GroupVersion.String() || owner.Kind != "ProcessingRun" {
 		return nil

@@ -105,7 +105,7 @@ type schedScope struct {
 	parsed   *schedule.Schedule
 	runs     []v1alpha1.ProcessingRun // controlled by this schedule, oldest first
 	active   []*v1alpha1.ProcessingRun
-	plan     schedule.Plan
+	decision schedule.Decision
 	stalled  *problem
 	lastRun  *v1alpha1.ScheduledRun
 	requeue  time.Duration
@@ -215,17 +215,17 @@ func (r *ScheduleReconciler) decideTicks(_ context.Context, s *schedScope) error
 			started = append(started, at)
 		}
 	}
-	s.plan = p.Decide(schedule.Input{
+	s.decision = p.Decide(schedule.Input{
 		Last: lastWall(&s.sched.Status, p), Since: s.sched.CreationTimestamp.Time, Now: s.now,
 		Suspended: spec.Suspend, Active: active, Started: started, Concurrency: spec.Concurrency(), CatchUp: spec.CatchUpPolicy(),
 		Deadline: spec.StartingDeadline(), MaxStart: r.MaxRunsPerPass, MaxScan: r.MaxTicksPerPass,
 	})
-	s.missed = s.plan.Missed
+	s.missed = s.decision.Missed
 	switch {
-	case s.plan.More:
+	case s.decision.More:
 		s.requeue = time.Millisecond
-	case s.plan.Next != nil:
-		s.requeue = max(s.plan.Next.Time.Sub(s.now), time.Millisecond)
+	case s.decision.Next != nil:
+		s.requeue = max(s.decision.Next.Time.Sub(s.now), time.Millisecond)
 	}
 	return nil
 }
@@ -233,11 +233,11 @@ func (r *ScheduleReconciler) decideTicks(_ context.Context, s *schedScope) error
 // replaceRuns deletes the unfinished runs of other occurrences before a
 // tick starts under concurrencyPolicy Replace.
 func (r *ScheduleReconciler) replaceRuns(ctx context.Context, s *schedScope) error {
-	if !s.plan.Replace {
+	if !s.decision.Replace {
 		return nil
 	}
 	starting := map[string]bool{}
-	for _, t := range s.plan.Start {
+	for _, t := range s.decision.Start {
 		starting[t.Occurrence] = true
 	}
 	for _, run := range s.active {
@@ -260,7 +260,7 @@ func (r *ScheduleReconciler) replaceRuns(ctx context.Context, s *schedScope) err
 // manual trigger): it is never a second run. A name taken by something that
 // is not this occurrence's run stalls the schedule.
 func (r *ScheduleReconciler) createRuns(ctx context.Context, s *schedScope) error {
-	for _, t := range s.plan.Start {
+	for _, t := range s.decision.Start {
 		run := schedule.NewRun(s.sched, t.Occurrence, t.Time, schedule.CreatedByController)
 		err := r.Client.Create(ctx, run, client.FieldOwner(v1alpha1.ControllerFieldManager))
 		switch {
@@ -281,8 +281,8 @@ func (r *ScheduleReconciler) createRuns(ctx context.Context, s *schedScope) erro
 					run.Name, t.Occurrence)}
 				// The tick stays due, and the ticks missed before it are
 				// counted when the pass that gets past it writes.
-				s.plan.Last, s.plan.Next = nil, nil
-				s.plan.MissedCount, s.plan.MissedBy, s.missed = 0, nil, nil
+				s.decision.Last, s.decision.Next = nil, nil
+				s.decision.MissedCount, s.decision.MissedBy, s.missed = 0, nil, nil
 				return nil
 			}
 			if st := r.liveStatus(ctx, s); st != nil && st.LastScheduleTime != nil && !st.LastScheduleTime.Time.Before(t.Time) {
@@ -437,7 +437,7 @@ func buildScheduleStatus(s *schedScope) v1alpha1.ProcessingScheduleStatus {
 	} else {
 		st.TimeZone = sched.Spec.TimeZoneName()
 	}
-	if last := s.plan.Last; last != nil {
+	if last := s.decision.Last; last != nil {
 		st.LastScheduleTime = &metav1.Time{Time: last.Time}
 		st.LastScheduleLocalTime = last.LocalTime()
 	}
@@ -448,11 +448,11 @@ func buildScheduleStatus(s *schedScope) v1alpha1.ProcessingScheduleStatus {
 		st.Trigger = s.trigger
 	}
 	st.NextScheduleTime, st.NextOccurrence = nil, ""
-	if n := s.plan.Next; n != nil && !sched.Spec.Suspend && s.stalled == nil {
+	if n := s.decision.Next; n != nil && !sched.Spec.Suspend && s.stalled == nil {
 		st.NextScheduleTime = &metav1.Time{Time: n.Time}
 		st.NextOccurrence = n.Occurrence
 	}
-	st.MissedTicks += s.plan.MissedCount
+	st.MissedTicks += s.decision.MissedCount
 	for _, m := range s.missed {
 		st.Missed = append(st.Missed, v1alpha1.MissedTick{ScheduledTime: metav1.Time{Time: m.Time}, Occurrence: m.Occurrence, Reason: m.Reason})
 	}
@@ -474,7 +474,7 @@ func buildScheduleStatus(s *schedScope) v1alpha1.ProcessingScheduleStatus {
 			seen[run.Name] = true
 		}
 	}
-	for _, t := range s.plan.Start {
+	for _, t := range s.decision.Start {
 		if n := t.RunName; !seen[n] && slices.Contains(s.created, n) {
 			active = append(active, v1alpha1.ScheduledRun{Name: n, Occurrence: t.Occurrence})
 			seen[n] = true
@@ -526,7 +526,7 @@ func scheduleConditions(s *schedScope, st *v1alpha1.ProcessingScheduleStatus) []
 		return conds
 	case s.stepErr != nil:
 		set(v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonReconcileError, s.stepErr.Error()+" (retrying)")
-	case s.plan.More:
+	case s.decision.More:
 		set(v1alpha1.ConditionReconciling, metav1.ConditionTrue, ReasonCatchingUp, "more ticks are due than one pass starts: going on")
 	default:
 		unset(v1alpha1.ConditionReconciling)
@@ -581,7 +581,7 @@ func (r *ScheduleReconciler) writeScheduleStatus(ctx context.Context, s *schedSc
 	// Once written, so that a pass whose write was refused announces
 	// nothing the next pass announces again.
 	r.missedEvents(s)
-	for reason, n := range s.plan.MissedBy {
+	for reason, n := range s.decision.MissedBy {
 		if n > 0 {
 			schedMissed.WithLabelValues(s.sched.Namespace, s.sched.Name, string(reason)).Add(float64(n))
 		}
@@ -631,7 +631,7 @@ func (r *ScheduleReconciler) missedEvents(s *schedScope) {
 		}
 		r.event(s.sched, notStarted, corev1.EventTypeWarning, reason, "Schedule", note)
 	}
-	if n := s.plan.MissedCount - int64(len(s.missed)); n > 0 {
+	if n := s.decision.MissedCount - int64(len(s.missed)); n > 0 {
 		r.event(s.sched, nil, corev1.EventTypeWarning, "Missed", "Schedule", fmt.Sprintf("%d more ticks started no run (status.missedTicks counts them)", n))
 	}
 }

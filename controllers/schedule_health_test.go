@@ -51,7 +51,7 @@ func TestScheduleHealth(t *testing.T) {
 		sc := &schedScope{sched: s, now: now}
 		if p, err := schedule.Parse(s.Name, &s.Spec); err == nil {
 			sc.parsed = p
-			sc.plan = p.Decide(schedule.Input{Since: s.CreationTimestamp.Time, Now: now, Suspended: s.Spec.Suspend})
+			sc.decision = p.Decide(schedule.Input{Since: s.CreationTimestamp.Time, Now: now, Suspended: s.Spec.Suspend})
 		} else {
 			sc.stalled = &problem{reason: ReasonInvalidTimeZone, message: err.Error()}
 		}
@@ -71,7 +71,7 @@ func TestScheduleHealth(t *testing.T) {
 		{"scheduled", pass(base(nil), nil), "Healthy", status.CurrentStatus},
 		{"suspended", pass(base(func(s *v1alpha1.ProcessingSchedule) { s.Spec.Suspend = true }), nil), "Suspended", status.CurrentStatus},
 		{"stalled", pass(base(func(s *v1alpha1.ProcessingSchedule) { s.Spec.TimeZone = "Mars/Olympus" }), nil), "Degraded", status.FailedStatus},
-		{"catching up", pass(base(nil), func(sc *schedScope) { sc.plan.More = true }), "Progressing", status.InProgressStatus},
+		{"catching up", pass(base(nil), func(sc *schedScope) { sc.decision.More = true }), "Progressing", status.InProgressStatus},
 		{"reconcile error", pass(base(nil), func(sc *schedScope) { sc.stepErr = errors.New("create run: forbidden") }), "Progressing", status.InProgressStatus},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -539,12 +539,12 @@ type shardPass struct {
 	shardObservation
 }
 
-// decidePods is decideShard without the lingering pods to stop. tally fills
+// decidePods is decideShard without the lingering pods to stop. classifyPods fills
 // what every outcome reports about the pods; then the first phase that
 // decides the shard's state ends the pass, each filling the same decision.
 func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 	s := shardPass{in: in, p: p, now: now, shardObservation: observeShard(in)}
-	d := s.tally()
+	d := s.classifyPods()
 	for _, phase := range []func(*shardDecision) bool{
 		s.awaitCache, s.succeeded, s.live, s.failedForGood, s.nextAttempt,
 	} {
@@ -555,9 +555,9 @@ func decidePods(in shardInput, p shardPolicy, now time.Time) shardDecision {
 	return d
 }
 
-// tally is what the shard's pods say whatever its state: its current pod,
+// classifyPods is what the shard's pods say whatever its state: its current pod,
 // its failures, and its lost, live, busy and failed pods.
-func (s shardPass) tally() shardDecision {
+func (s shardPass) classifyPods() shardDecision {
 	in, p := s.in, s.p
 	d := shardDecision{index: in.index, phase: v1alpha1.ShardPending}
 	// The shard's pod is the latest one, or the recorded one when the cache

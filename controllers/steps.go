@@ -26,7 +26,7 @@ import (
 func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	run := s.run
 	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(run.Namespace), client.MatchingFields{podOwnerKey: run.Name}); err != nil {
+	if err := r.Client.List(ctx, &pods, client.InNamespace(run.Namespace), client.MatchingFields{runOwnerKey: run.Name}); err != nil {
 		return fmt.Errorf("list pods: %w", err)
 	}
 	n := run.Spec.ShardCount()

@@ -82,8 +82,8 @@ type ProcessingRunSpec struct {
 	// +required
 	Database DatabaseSpec `json:"database"`
 
-	// batch is the set of items to process: exactly one of items, configMapRef
-	// or query.
+	// batch is the set of items to process: exactly one of items,
+	// configMapRef, query or fromRun.
 	// +required
 	Batch BatchSpec `json:"batch"`
 

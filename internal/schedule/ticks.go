@@ -247,8 +247,8 @@ type Missed struct {
 	Reason v1alpha1.MissedReason
 }
 
-// Plan is what a pass does.
-type Plan struct {
+// Decision is what a pass does (Decide).
+type Decision struct {
 	// Start are the ticks whose runs to create, oldest first; Replace: the
 	// unfinished runs are deleted first.
 	Start   []Tick
@@ -276,14 +276,14 @@ type Plan struct {
 // it is one of several due at once and catchUp is not All (with Forbid and
 // Replace, only one run may be active, so All acts as Latest), when catchUp
 // None finds several due, or when Forbid finds a run unfinished.
-func (s *Schedule) Decide(in Input) Plan {
+func (s *Schedule) Decide(in Input) Decision {
 	from := in.Last
 	if from.IsZero() {
 		from = s.WallOf(in.Since)
 	}
 	due, next, more := s.due(from, in.Now, in.MaxScan)
 	started := func(t Tick) bool { return slices.ContainsFunc(in.Started, t.Time.Equal) }
-	var p Plan
+	var p Decision
 	var cands []Tick
 	for _, t := range due {
 		switch {
@@ -371,7 +371,7 @@ func (s *Schedule) choose(cands []Tick, in Input, more bool) map[time.Time]struc
 	return out
 }
 
-func (p *Plan) miss(t Tick, reason v1alpha1.MissedReason) {
+func (p *Decision) miss(t Tick, reason v1alpha1.MissedReason) {
 	p.MissedCount++
 	if p.MissedBy == nil {
 		p.MissedBy = map[v1alpha1.MissedReason]int64{}
@@ -385,7 +385,7 @@ func (p *Plan) miss(t Tick, reason v1alpha1.MissedReason) {
 
 // trimMissedAfter drops the missed ticks after wall-clock time w (a pass
 // that stopped at w leaves them for the next).
-func (p *Plan) trimMissedAfter(w time.Time) {
+func (p *Decision) trimMissedAfter(w time.Time) {
 	out := p.Missed[:0]
 	for _, m := range p.Missed {
 		if m.Wall.After(w) {

@@ -21,7 +21,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/cli/exitcode"
@@ -222,9 +221,6 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 		return worker.Report{}, maxFailed, exitcode.BadInput(fmt.Errorf("%s is %d but the run has spec.workers %d", v1alpha1.EnvShards, s.env.Shards, shards))
 	}
 	plan, err := worker.NewPlan(ctx, run, worker.MountedBatchData(os.Getenv(v1alpha1.EnvBatchFile), run.Namespace), worker.Limits{})
-	if apierrors.IsNotFound(err) {
-		return worker.Report{}, maxFailed, exitcode.BadInput(err)
-	}
 	if err != nil {
 		return worker.Report{}, maxFailed, err
 	}

@@ -23,8 +23,8 @@ type ProcessingRunSpecApplyConfiguration struct {
 	// connection string (immutable; the DSN is never part of the spec), and
 	// how many connections to it the run may hold at once (maxConnections).
 	Database *DatabaseSpecApplyConfiguration `json:"database,omitempty"`
-	// batch is the set of items to process: exactly one of items, configMapRef
-	// or query.
+	// batch is the set of items to process: exactly one of items,
+	// configMapRef, query or fromRun.
 	Batch *BatchSpecApplyConfiguration `json:"batch,omitempty"`
 	// effect is what processing an item does, in the same transaction that
 	// claims it in the ledger. Without an effect the run only records items.
