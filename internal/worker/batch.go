@@ -21,7 +21,7 @@ func batchMismatch(run ledger.Run, h *ledger.BatchHeader, source string, shards 
 	where := fmt.Sprintf("the batch of run %s/%s (uid %s)", run.Namespace, run.Name, run.UID)
 	switch {
 	case h == nil:
-		return &InputError{Where: where, Msg: "has no header in runledger.batch_run: it was deleted by hand while the run was running"}
+		return &InputError{Where: where, Msg: "has no header in runledger.batch_run: it was deleted by hand, or lost with a database failover, while the run was running"}
 	case h.Pruned != nil:
 		return &InputError{Where: where, Msg: fmt.Sprintf("was pruned at %s (`runledger prune`): its items are gone and are not read again; give the run a new name (or uid) to process the batch anew",
 			h.Pruned.UTC().Format(time.RFC3339))}

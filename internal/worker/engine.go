@@ -124,6 +124,8 @@ type shardRun struct {
 	lease *ledger.ShardLease
 	// serversBefore: the store's ServerChanges when the shard started.
 	serversBefore int
+	// batchLost: the pass stopped because the batch went (errBatchLost).
+	batchLost bool
 }
 
 type carried struct {
@@ -171,7 +173,13 @@ func (s *shardRun) run(ctx context.Context) {
 	s.lease = lease
 	for pass := 1; ; pass++ {
 		if !s.runPass(ctx, &lost) {
-			return
+			if !s.batchLost || pass >= MaxProofPasses {
+				return
+			}
+			s.log().Info("the run's batch is gone from the ledger while the shard read it (lost with a database failover?): fixing it again, whole, and processing it again", "pass", pass)
+			s.rep.Reproven++
+			s.restart()
+			continue
 		}
 		again, err := s.prove(ctx, pass)
 		if err != nil {
@@ -240,6 +248,7 @@ func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) boo
 		s.rep.Total, s.rep.TotalKnown = st.total()
 		if err != nil {
 			s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
+			s.batchLost = errors.Is(err, errBatchLost)
 			return false
 		}
 		s.chunk = chunkNo
@@ -336,6 +345,7 @@ func (s *shardRun) prove(ctx context.Context, pass int) (bool, error) {
 // start again (the failure budget forgets the shard's), the records of this
 // pass become an earlier pass's.
 func (s *shardRun) restart() {
+	s.rep.Err, s.batchLost = nil, false
 	s.cfg.Budget.add(-s.rep.Failed)
 	s.rep.ItemCounts = v1alpha1.ItemCounts{}
 	s.rep.Failures = nil

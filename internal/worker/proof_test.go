@@ -84,3 +84,47 @@ func TestShardProvesItsCounts_LostCommits(t *testing.T) {
 		})
 	}
 }
+
+// TestShardProvesItsCounts_LostBatch is issue #44.2's other loss: the
+// batch itself fixed just before a failover that lost it with the commits
+// since. The shard fixes the batch again, whole, processes it again and
+// ends with the ledger's counts, each effect once; another attempt reads
+// that batch. On the old code the shard stopped as bad input ("deleted by
+// hand"), which fails a run in a cluster for good.
+func TestShardProvesItsCounts_LostBatch(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, `CREATE TABLE effects (entity text NOT NULL, occurrence text NOT NULL)`)
+	const uid = "uid-lost-batch"
+	src := worker.NewQuerySource(`SELECT 'acct-' || i AS entity, '2024-06' AS occurrence FROM generate_series(0, 299) i`)
+	require.NoError(t, src.Check(context.Background(), f.store))
+	progress := 0
+	cfg := worker.ShardConfig{Run: run(uid), Source: src, ChunkSize: 40,
+		Effect: `INSERT INTO effects (entity, occurrence) SELECT entity, occurrence FROM claimed`}
+	first := cfg
+	first.Progress = func(worker.Report) {
+		if progress++; progress == 4 {
+			loseCommits(t, f, uid, 0)
+			ctx := context.Background()
+			tx, err := f.pool.Begin(ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, `DELETE FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = $1)`, uid)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, `DELETE FROM runledger.batch_run WHERE run_uid = $1`, uid)
+			require.NoError(t, err)
+			require.NoError(t, tx.Commit(ctx))
+		}
+	}
+	rep := worker.RunShard(context.Background(), f.store, first)
+	require.NoError(t, rep.Err, "the shard fixed its batch again rather than stopping")
+	require.True(t, rep.Done && rep.Proven, "%+v", rep)
+	require.Equal(t, 1, rep.Reproven, "one pass more")
+	require.Equal(t, v1alpha1.ItemCounts{Total: 300, Completed: 300}, rep.ItemCounts)
+	require.Equal(t, rep.Completed, ledgerRows(t, f, uid, 0), "a proven count is the ledger's")
+	_, sum := runShards(t, f, cfg) // another attempt reads the batch fixed again
+	require.Equal(t, v1alpha1.ItemCounts{Total: 300, Completed: 300}, sum)
+	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM (SELECT FROM effects GROUP BY entity, occurrence HAVING count(*) <> 1) AS d`), "an effect ran twice")
+	require.EqualValues(t, 300, queryInt(t, f.pool, `SELECT count(*) FROM effects`), "every item's effect ran once")
+}

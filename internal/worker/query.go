@@ -307,6 +307,9 @@ func (s *queryStream) fill(ctx context.Context) error {
 			return err
 		}
 		// A prune since the batch was fixed shows in the header.
+		if h == nil {
+			return s.lostBatch()
+		}
 		if bad := batchMismatch(s.opt.run, h, ledger.BatchSourceQuery, 0, ""); bad != nil {
 			return bad
 		}
@@ -347,12 +350,24 @@ func (s *queryStream) discard(ctx context.Context) {
 	}
 }
 
+// errBatchLost: the run's batch header went while a shard read the batch,
+// as the ledger's server lost it in a failover (or it was deleted by hand):
+// the shard fixes the batch again, whole, and processes it again.
+var errBatchLost = errors.New("the batch's header is gone from runledger.batch_run while the shard read it (lost with a database failover, or deleted by hand)")
+
+func (s *queryStream) lostBatch() error {
+	return fmt.Errorf("shard %d of the batch of run %s/%s (uid %s): %w", s.shard, s.opt.run.Namespace, s.opt.run.Name, s.opt.run.UID, errBatchLost)
+}
+
 // shortBatch explains a shard that ended before its count: its rows were
-// pruned meanwhile (or deleted by hand).
+// pruned meanwhile, or lost (errBatchLost).
 func (s *queryStream) shortBatch(ctx context.Context, got int64) error {
 	h, err := s.store.BatchHeader(ctx, s.opt.run.UID)
 	if err != nil {
 		return err
+	}
+	if h == nil {
+		return s.lostBatch()
 	}
 	if bad := batchMismatch(s.opt.run, h, ledger.BatchSourceQuery, 0, ""); bad != nil {
 		return bad
