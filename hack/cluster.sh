@@ -37,6 +37,16 @@
 #                       stop/start the cluster's PostgreSQL (tests of outages;
 #                       restart --immediate: an immediate shutdown, crash
 #                       recovery on start)
+#   ha up|down|state|failover [--crash]|dsn
+#                       an HA PostgreSQL run by pg_auto_failover (installed
+#                       from Debian if missing): a monitor and two nodes on
+#                       ${CP_IP}:5433/5434 (hack/cluster/lib/ha.sh); state: each
+#                       node's name, port, reported and assigned state;
+#                       failover: `pg_autoctl perform failover`, or with
+#                       --crash a kill -9 of the primary's postmaster, then
+#                       waits until the old primary follows the new one and
+#                       prints the new one; dsn: the DSN naming both nodes
+#                       (target_session_attrs=read-write)
 #   smoke               run pods that show the cluster works: a local image
 #                       runs, pods reach the apiserver ClusterIP and PostgreSQL
 #   node-env NAME       print what a test needs to power node NAME off or
@@ -99,6 +109,8 @@ source "${LIB}/tools.sh"
 source "${LIB}/netns.sh"
 # shellcheck source=hack/cluster/lib/postgres.sh
 source "${LIB}/postgres.sh"
+# shellcheck source=hack/cluster/lib/ha.sh
+source "${LIB}/ha.sh"
 # shellcheck source=hack/cluster/lib/netpol.sh
 source "${LIB}/netpol.sh"
 # shellcheck source=hack/cluster/lib/up.sh
@@ -134,6 +146,7 @@ main() {
     env) cmd_env "$@" ;;
     push) cmd_push "$@" ;;
     postgres) cmd_postgres "$@" ;;
+    ha) cmd_ha "$@" ;;
     smoke) cmd_smoke "$@" ;;
     apply-k) cmd_apply_k "$@" ;;
     node-env) cmd_node_env "$@" ;;

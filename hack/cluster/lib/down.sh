@@ -97,6 +97,7 @@ cmd_down() {
   stop_daemon etcd
   for k in $(seq "$(node_count)"); do stop_daemon "containerd-$(node_name "${k}")"; done
   stop_daemon registry
+  ha_down
   stop_daemon postgres INT 30
 
   # Shims exit once their tasks are gone; whatever is still in our cgroup was

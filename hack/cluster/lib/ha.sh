@@ -1,0 +1,186 @@
+# shellcheck shell=bash
+# Sourced by hack/cluster.sh: an HA PostgreSQL next to the cluster's own, run
+# by a real failover manager, pg_auto_failover (Debian's
+# postgresql-NN-auto-failover and pg-auto-failover-cli): a monitor (itself a
+# PostgreSQL) and two data nodes, a primary and its streaming standby, each
+# kept by `pg_autoctl run`. Everything listens on ${CP_IP} in ${CP_NETNS},
+# reachable from the host and pods like the cluster's PostgreSQL; the state
+# lives in ${RUN}/ha (removed by `ha down` and by `down`).
+#
+# Why pg_auto_failover rather than Patroni: one Debian package, no etcd to
+# run beside it (its monitor is a PostgreSQL), and `pg_autoctl perform
+# failover` for a planned failover.
+
+HA_DIR="${RUN}/ha"
+HA_MONITOR_PORT=5435
+HA_NODES=(node1 node2)
+declare -A HA_PORT=([node1]=5433 [node2]=5434)
+
+# What pg_autoctl reads from its environment: its config, state and runtime
+# files, and the sockets, under HA_DIR (never the postgres user's home, /tmp
+# or /run/postgresql: the host is left as found).
+HA_ENV=(env "HOME=${HA_DIR}" "XDG_CONFIG_HOME=${HA_DIR}/config" "XDG_DATA_HOME=${HA_DIR}/share"
+  "XDG_RUNTIME_DIR=${HA_DIR}/rt" "PG_REGRESS_SOCK_DIR=${HA_DIR}/sock" "PGHOST=${HA_DIR}/sock")
+AS_POSTGRES=(setpriv --reuid=postgres --regid=postgres --init-groups --)
+
+# as_ha COMMAND...: COMMAND as user postgres in CP_NETNS, with HA_ENV.
+as_ha() { in_ns "${CP_NETNS}" "${AS_POSTGRES[@]}" "${HA_ENV[@]}" "$@"; }
+
+# ha_sql PORT SQL [DB]: one statement as postgres on a server of the HA set
+# (by its socket), unaligned output.
+ha_sql() {
+  as_ha "$(pg_bin)/psql" -X -q -At -v ON_ERROR_STOP=1 -p "$1" -d "${3:-postgres}" -c "$2"
+}
+ha_monitor_sql() { ha_sql "${HA_MONITOR_PORT}" "$1" pg_auto_failover; }
+
+# ha_install: pg_auto_failover for the installed PostgreSQL, from Debian.
+ha_install() {
+  local major
+  major="$("$(pg_bin)/postgres" --version | awk '{print $3}' | cut -d. -f1)"
+  if command -v pg_autoctl >/dev/null && [[ -f "/usr/share/postgresql/${major}/extension/pgautofailover.control" ]]; then
+    return 0
+  fi
+  step "installing pg_auto_failover (postgresql-${major}-auto-failover, pg-auto-failover-cli) with apt-get"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "postgresql-${major}-auto-failover" pg-auto-failover-cli >/dev/null
+}
+
+# ha_states: "NAME PORT REPORTED GOAL" of each data node, from the monitor.
+ha_states() {
+  ha_monitor_sql "SELECT nodename, nodeport, reportedstate, goalstate FROM pgautofailover.node ORDER BY nodeid" | tr '|' ' '
+}
+
+# ha_in_state NAME STATE: node NAME reports STATE and the monitor wants it there.
+ha_in_state() { ha_states | grep -qx "$1 [0-9]* $2 $2"; }
+
+# ha_primary: the name of the node that is primary (reported and assigned).
+ha_primary() { ha_states | awk '$3 == "primary" && $4 == "primary" { print $1 }'; }
+
+# ha_whole: one node is primary, the other its secondary.
+ha_whole() {
+  [[ -n "$(ha_primary)" && "$(ha_states | awk '$3 == "secondary" && $4 == "secondary"' | wc -l)" == 1 ]]
+}
+
+ha_start_node() {
+  local name="$1"
+  start_daemon "ha-${name}" "${AS_POSTGRES[@]}" "${HA_ENV[@]}" \
+    pg_autoctl create postgres --pgdata "${HA_DIR}/${name}" --pgport "${HA_PORT[${name}]}" --pgctl "$(pg_bin)/pg_ctl" \
+    --hostname "${CP_IP}" --listen "${CP_IP}" --name "${name}" --dbname "${PG_DB}" --auth trust --no-ssl \
+    --monitor "postgres://autoctl_node@${CP_IP}:${HA_MONITOR_PORT}/pg_auto_failover?sslmode=disable" --run
+}
+
+ha_up() {
+  [[ -d "${RUN}" ]] || die "the cluster is not up"
+  if daemon_pid ha-monitor >/dev/null; then
+    log "the HA PostgreSQL is up"
+    return 0
+  fi
+  ha_install
+  step "pg_auto_failover $(pg_autoctl version 2>/dev/null | awk 'NR == 1 {print $NF}'): monitor on ${CP_IP}:${HA_MONITOR_PORT}, nodes on ${HA_PORT[node1]} and ${HA_PORT[node2]}"
+  rm -rf "${HA_DIR}"
+  mkdir -p "${HA_DIR}"/{config,share,rt,sock}
+  chown -R postgres:postgres "${HA_DIR}"
+  # The monitor admits the keepers (which connect from CP_IP) and nobody else.
+  start_daemon ha-monitor "${AS_POSTGRES[@]}" "${HA_ENV[@]}" \
+    pg_autoctl create monitor --pgdata "${HA_DIR}/monitor" --pgport "${HA_MONITOR_PORT}" --pgctl "$(pg_bin)/pg_ctl" \
+    --hostname "${CP_IP}" --skip-pg-hba --no-ssl --run
+  WATCH=ha-monitor wait_for "the pg_auto_failover monitor" 60 ha_monitor_sql "SELECT 1 FROM pgautofailover.formation"
+  printf '\n# hack/cluster.sh ha: the keepers\nhost pg_auto_failover autoctl_node %s/32 trust\n' "${CP_IP}" >>"${HA_DIR}/monitor/pg_hba.conf"
+  ha_monitor_sql "SELECT pg_reload_conf()" >/dev/null
+
+  ha_start_node node1
+  WATCH=ha-node1 wait_for "node1 to be the single primary" 60 ha_in_state node1 single
+  ha_roles
+  # node2's base backup waits for a checkpoint, spread over minutes unless
+  # one is asked for: ask until it is a secondary.
+  ha_start_node node2
+  local deadline=$(($(now_ms) + 120000))
+  until ha_in_state node2 secondary; do
+    daemon_pid ha-node2 >/dev/null || die "ha-node2 exited; see ${LOGS}/ha-node2.log"
+    (($(now_ms) < deadline)) || die "node2 is not a secondary after 120s; see ${LOGS}/ha-node2.log"
+    ha_sql "${HA_PORT[node1]}" CHECKPOINT >/dev/null 2>&1 || true
+    sleep 1
+  done
+  WATCH=ha-node1 wait_for "node1 to be primary" 60 ha_in_state node1 primary
+  step "HA PostgreSQL ready: primary node1, secondary node2 (hack/cluster.sh ha dsn)"
+}
+
+# ha_roles: on the primary (node1, before node2 copies it): the runledger
+# login (a password; from pods, the host and CP_IP, as on the cluster's
+# PostgreSQL), its database and the effect role; the DSN that names both
+# nodes.
+ha_roles() {
+  local pw
+  pw="$(head -c 18 /dev/urandom | base64 | tr '+/' 'xy')"
+  as_ha "$(pg_bin)/psql" -X -q -p "${HA_PORT[node1]}" -d postgres -v ON_ERROR_STOP=1 \
+    -v user="${PG_USER}" -v db="${PG_DB}" -v pw="${pw}" >>"${LOGS}/ha-node1.log" 2>&1 <<'EOF'
+CREATE ROLE :"user" LOGIN CREATEDB PASSWORD :'pw';
+ALTER DATABASE :"db" OWNER TO :"user";
+CREATE ROLE runledger_effect NOLOGIN;
+GRANT runledger_effect TO :"user";
+EOF
+  cat >>"${HA_DIR}/node1/pg_hba.conf" <<EOF
+
+# hack/cluster.sh ha: pods and the host (veth) log in as ${PG_USER} with a password.
+host all ${PG_USER} ${CLUSTER_POD_CIDR} scram-sha-256
+host all ${PG_USER} ${HOST_IP}/32 scram-sha-256
+host all ${PG_USER} ${CP_IP}/32 scram-sha-256
+EOF
+  ha_sql "${HA_PORT[node1]}" "SELECT pg_reload_conf()" >/dev/null
+  : >"${HA_DIR}/dsn"
+  chmod 600 "${HA_DIR}/dsn"
+  echo "postgres://${PG_USER}:${pw}@${CP_IP}:${HA_PORT[node1]},${CP_IP}:${HA_PORT[node2]}/${PG_DB}?sslmode=disable&target_session_attrs=read-write" >"${HA_DIR}/dsn"
+}
+
+ha_down() {
+  local name
+  for name in "${HA_NODES[@]}" monitor; do
+    # pg_autoctl stops its PostgreSQL (fast) on SIGTERM, then exits.
+    stop_daemon "ha-${name}" TERM 30
+  done
+  rm -rf "${HA_DIR}"
+}
+
+# ha_failover [--crash]: fail the primary over and wait until the formation
+# is whole again (the old primary a secondary of the new one).
+ha_failover() {
+  ha_whole || die "the HA PostgreSQL is not a primary and a secondary: $(ha_states | tr '\n' ';')"
+  local old new pid
+  old="$(ha_primary)"
+  case "${1:-}" in
+    --crash)
+      # A crash: kill -9 of the primary's postmaster; its keeper reports it
+      # and the monitor promotes the secondary.
+      read -r pid <"${HA_DIR}/${old}/postmaster.pid"
+      [[ "$(cat "/proc/${pid}/comm" 2>/dev/null)" == postgres ]] || die "${old}'s postmaster (pid ${pid}) is not running"
+      kill -s KILL "${pid}"
+      step "killed ${old}'s postmaster (pid ${pid}, SIGKILL)"
+      ;;
+    "")
+      as_ha pg_autoctl perform failover --pgdata "${HA_DIR}/monitor" >>"${LOGS}/ha-failover.log" 2>&1 ||
+        die "pg_autoctl perform failover failed; see ${LOGS}/ha-failover.log"
+      ;;
+    *) usage ;;
+  esac
+  wait_for "a new primary" 120 ha_new_primary "${old}" || die "no new primary: $(ha_states | tr '\n' ';')"
+  new="$(ha_primary)"
+  step "${new} is primary"
+  wait_for "${old} to follow ${new}" 120 ha_whole || die "${old} does not follow: $(ha_states | tr '\n' ';')"
+  step "${old} is its secondary"
+  echo "${new}"
+}
+
+ha_new_primary() { local p; p="$(ha_primary)"; [[ -n "${p}" && "${p}" != "$1" ]]; }
+
+cmd_ha() {
+  [[ -d "${RUN}" ]] || die "the cluster is not up"
+  case "${1:-}" in
+    up) ha_up ;;
+    down) ha_down ;;
+    failover) ha_failover "${@:2}" ;;
+    state) ha_states ;;
+    dsn) cat "${HA_DIR}/dsn" 2>/dev/null || die "the HA PostgreSQL is not up (hack/cluster.sh ha up)" ;;
+    *) usage ;;
+  esac
+}
