@@ -62,7 +62,13 @@ func newFixture(t *testing.T, name string, sleepPerChunk float64) *fixture {
 // migrate it as theirs do at start.
 func newFixtureOf(t *testing.T, name string, sleepPerChunk float64, migrate bool) *fixture {
 	t.Helper()
-	e := setup(t)
+	return newFixtureOn(t, setup(t), name, sleepPerChunk, migrate)
+}
+
+// newFixtureOn is newFixtureOf on e's PostgreSQL (e.adminDSN): the
+// cluster's, or another one such as the HA set of TestLedgerFailover.
+func newFixtureOn(t *testing.T, e *env, name string, sleepPerChunk float64, migrate bool) *fixture {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	suffix := randSuffix()
 	f := &fixture{env: e, t: t, ctx: ctx, ns: "e2e-" + name + "-" + suffix, db: "e2e_" + strings.ReplaceAll(name, "-", "_") + "_" + suffix}

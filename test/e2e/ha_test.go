@@ -1,0 +1,151 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+// TestLedgerFailover (issue #44.6, e2e tier): the ledger on an HA
+// PostgreSQL run by a real failover manager (pg_auto_failover, from
+// Debian's packages: hack/cluster.sh ha), a run whose Secret names both
+// nodes (target_session_attrs=read-write). Mid-run the primary crashes
+// (kill -9 of its postmaster: the monitor promotes the standby and the old
+// primary rejoins as its standby), then a planned failover (pg_autoctl
+// perform failover) moves it back. The run Succeeds with the counts the
+// surviving ledger proves, and the effect ran once per ledger row: nothing
+// lost, nothing doubled.
+func TestLedgerFailover(t *testing.T) {
+	f := newFixtureOn(t, haEnv(t), "failover", 0.5, true)
+	const items = 18000
+	run := f.createRun("failover", runSpec{workers: 3, chunk: 100, batch: queryBatch(1, items, 0)})
+	f.waitRowsOfShard(run, 0, 500)
+
+	before := f.committedRows(string(run.UID))
+	first := f.haFailover("--crash")
+	f.waitCommitted(run, f.committedRows(string(run.UID))+300)
+	require.False(t, isTrue(f.get(run.Name), v1alpha1.ConditionComplete), "the run is still going for the second failover")
+	second := f.haFailover()
+	require.NotEqual(t, first, second, "the planned failover moved the primary back")
+	t.Logf("the run had committed %d of %d at the crash", before, items)
+
+	run = f.waitComplete(run.Name, runTimeout)
+	require.Equal(t, counts{Total: items, Completed: items}, countsOf(run))
+	f.requireShardsAddUp(run)
+	proof := f.proveRun(run)
+	require.True(t, proof.Proven(), "the survivor's ledger proves every item of the batch: %+v", proof)
+	require.Equal(t, countsOf(run), counts{proof.Total, proof.Completed, proof.AlreadyHandled, proof.Failed},
+		"the run's counts are what the survivor's ledger proves")
+	f.requireExactlyOnce(items)
+
+	if c := meta.FindStatusCondition(run.Status.Conditions, v1alpha1.ConditionSynchronousReplication); c != nil {
+		t.Logf("condition %s=%s: %s", c.Type, c.Status, c.Message)
+	}
+	noticed := 0
+	for _, p := range f.runPods(run) {
+		if logs, err := f.kubectl("logs", p.Name); err == nil && strings.Contains(logs, "another server now") {
+			noticed++
+		}
+	}
+	t.Logf("%d of %d worker pods logged that the ledger's server changed", noticed, len(f.runPods(run)))
+}
+
+// haEnv brings up the HA PostgreSQL (hack/cluster.sh ha up installs
+// pg_auto_failover with apt-get if missing) and returns the environment
+// with its DSN as the admin's; the test's end takes it down again, unless
+// the test failed (hack/cluster.sh down does then, after a look).
+func haEnv(t *testing.T) *env {
+	t.Helper()
+	e := setup(t)
+	t0 := time.Now()
+	e.clusterCmd(t, 5*time.Minute, "ha", "up")
+	t.Logf("hack/cluster.sh ha up took %s", time.Since(t0).Round(time.Second))
+	t.Cleanup(func() {
+		if !t.Failed() {
+			e.clusterCmd(t, 2*time.Minute, "ha", "down")
+		}
+	})
+	ha := *e
+	ha.adminDSN = strings.TrimSpace(e.clusterCmd(t, time.Minute, "ha", "dsn"))
+	_, err := ha.sql(context.Background(), ha.adminDSN, "SELECT 1")
+	require.NoError(t, err, "the HA PostgreSQL answers through its multi-host DSN")
+	return &ha
+}
+
+// clusterCmd runs hack/cluster.sh and returns its standard output (its log
+// lines, on standard error, go to the test's log).
+func (e *env) clusterCmd(t *testing.T, timeout time.Duration, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var out, logs bytes.Buffer
+	cmd := exec.CommandContext(ctx, e.clusterSh, args...)
+	cmd.Stdout, cmd.Stderr = &out, &logs
+	err := cmd.Run()
+	require.NoError(t, err, "hack/cluster.sh %s:\n%s", strings.Join(args, " "), logs.String())
+	t.Logf("$ hack/cluster.sh %s\n%s", strings.Join(args, " "), logs.String())
+	return out.String()
+}
+
+// haFailover fails the HA PostgreSQL's primary over (hack/cluster.sh ha
+// failover ARGS), waits until the old primary follows the new one, and
+// returns the new primary's name.
+func (f *fixture) haFailover(args ...string) string {
+	f.t.Helper()
+	t0 := time.Now()
+	out := f.clusterCmd(f.t, 5*time.Minute, append([]string{"ha", "failover"}, args...)...)
+	primary := strings.TrimSpace(out)
+	f.t.Logf("failover %v: %s is primary, the formation whole again after %s; the run has committed %d",
+		args, primary, time.Since(t0).Round(100*time.Millisecond), f.int(`SELECT count(*) FROM runledger.ledger WHERE state = 'committed'`))
+	return primary
+}
+
+// waitCommitted waits until the run has n committed ledger rows.
+func (f *fixture) waitCommitted(run *v1alpha1.ProcessingRun, n int64) {
+	f.t.Helper()
+	deadline := time.Now().Add(runTimeout)
+	for f.committedRows(string(run.UID)) < n {
+		require.True(f.t, time.Now().Before(deadline), "run %s did not reach %d committed rows", run.Name, n)
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// proveRun is what the ledger (of the server the test's DSN reaches)
+// proves of the run (ledger.Store.ProveRun, as `runledger verify` does).
+func (f *fixture) proveRun(run *v1alpha1.ProcessingRun) ledger.RunProof {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, f.dsn)
+	require.NoError(f.t, err)
+	defer pool.Close()
+	store := ledger.NewStore(pool)
+	runs, err := store.FindRuns(ctx, run.Namespace, run.Name)
+	require.NoError(f.t, err)
+	require.Len(f.t, runs, 1, "the ledger holds the run")
+	var unproven []string
+	proof, err := store.ProveRun(ctx, runs[0], nil, func(k ledger.KeyProof, v ledger.KeyVerdict) error {
+		if v.Verdict != ledger.ProofCompleted && v.Verdict != ledger.ProofAlreadyHandled && len(unproven) < 5 {
+			unproven = append(unproven, fmt.Sprintf("%s %s (%s)", k.Key, v.Verdict, v.Problem))
+		}
+		return nil
+	})
+	require.NoError(f.t, err)
+	if len(unproven) > 0 {
+		f.t.Logf("keys the ledger does not prove (first %d): %s", len(unproven), strings.Join(unproven, "; "))
+	}
+	return proof
+}
