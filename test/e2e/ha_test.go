@@ -11,9 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
@@ -31,6 +37,7 @@ import (
 func TestLedgerFailover(t *testing.T) {
 	f := newFixtureOn(t, haEnv(t), "failover", 0.5, true)
 	const items = 18000
+	f.allowLedgerNodes("failover")
 	run := f.createRun("failover", runSpec{workers: 3, chunk: 100, batch: queryBatch(1, items, 0)})
 	f.waitRowsOfShard(run, 0, 500)
 
@@ -61,6 +68,29 @@ func TestLedgerFailover(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d worker pods logged that the ledger's server changed", noticed, len(f.runPods(run)))
+}
+
+// allowLedgerNodes adds to run's NetworkPolicy (which lets its pods reach
+// the database's usual port only, --worker-database-ports) the HA nodes'
+// hosts and ports, as a user's own policy would.
+func (f *fixture) allowLedgerNodes(run string) {
+	f.t.Helper()
+	cfg, err := pgconn.ParseConfig(f.dsn)
+	require.NoError(f.t, err)
+	var to []networkingv1.NetworkPolicyPeer
+	var ports []networkingv1.NetworkPolicyPort
+	for _, h := range append([]*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port}}, cfg.Fallbacks...) {
+		to = append(to, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: h.Host + "/32"}})
+		ports = append(ports, networkingv1.NetworkPolicyPort{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(int32(h.Port)))})
+	}
+	require.NoError(f.t, f.c.Create(f.ctx, &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: run + "-to-ledger-nodes"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelRun: run}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress:      []networkingv1.NetworkPolicyEgressRule{{To: to, Ports: ports}},
+		},
+	}))
 }
 
 // haEnv brings up the HA PostgreSQL (hack/cluster.sh ha up installs
