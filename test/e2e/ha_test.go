@@ -30,8 +30,8 @@ import (
 // Debian's packages: hack/cluster.sh ha), a run whose Secret names both
 // nodes (target_session_attrs=read-write). Mid-run the primary crashes
 // (kill -9 of its postmaster: the monitor promotes the standby and the old
-// primary rejoins as its standby), then a planned failover (pg_autoctl
-// perform failover) moves it back. The run Succeeds with the counts the
+// primary rejoins as its standby), then the new primary crashes too and
+// the first is primary again. The run Succeeds with the counts the
 // surviving ledger proves, and the effect ran once per ledger row: nothing
 // lost, nothing doubled.
 func TestLedgerFailover(t *testing.T) {
@@ -45,8 +45,11 @@ func TestLedgerFailover(t *testing.T) {
 	first := f.haFailover("--crash")
 	f.waitCommitted(run, f.committedRows(string(run.UID))+300)
 	require.False(t, isTrue(f.get(run.Name), v1alpha1.ConditionComplete), "the run is still going for the second failover")
-	second := f.haFailover()
-	require.NotEqual(t, first, second, "the planned failover moved the primary back")
+	// A crash again rather than `pg_autoctl perform failover`: under this
+	// load its demotion of the old primary waits out demote_timeout and
+	// its own wait gives up (hack/cluster.sh ha failover without --crash).
+	second := f.haFailover("--crash")
+	require.NotEqual(t, first, second, "the second crash moved the primary back")
 	t.Logf("the run had committed %d of %d at the crash", before, items)
 
 	run = f.waitComplete(run.Name, runTimeout)

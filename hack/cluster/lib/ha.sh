@@ -175,6 +175,9 @@ ha_new_primary() { local p; p="$(ha_primary)"; [[ -n "${p}" && "${p}" != "$1" ]]
 
 cmd_ha() {
   [[ -d "${RUN}" ]] || die "the cluster is not up"
+  # User postgres runs everything here: from a directory it may enter (a
+  # checkout under a 0700 home is not one).
+  cd "${RUN}"
   case "${1:-}" in
     up) ha_up ;;
     down) ha_down ;;
