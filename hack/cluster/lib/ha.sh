@@ -177,7 +177,7 @@ cmd_ha() {
   [[ -d "${RUN}" ]] || die "the cluster is not up"
   # User postgres runs everything here: from a directory it may enter (a
   # checkout under a 0700 home is not one).
-  cd "${RUN}"
+  cd "${RUN}" || die "cannot enter ${RUN}"
   case "${1:-}" in
     up) ha_up ;;
     down) ha_down ;;
