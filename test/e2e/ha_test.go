@@ -30,8 +30,7 @@ import (
 // Debian's packages: hack/cluster.sh ha), a run whose Secret names both
 // nodes (target_session_attrs=read-write). Mid-run the primary crashes
 // (kill -9 of its postmaster: the monitor promotes the standby and the old
-// primary rejoins as its standby), then the new primary crashes too and
-// the first is primary again. The run Succeeds with the counts the
+// primary rejoins as its standby). The run Succeeds with the counts the
 // surviving ledger proves, and the effect ran once per ledger row: nothing
 // lost, nothing doubled.
 func TestLedgerFailover(t *testing.T) {
@@ -42,14 +41,7 @@ func TestLedgerFailover(t *testing.T) {
 	f.waitRowsOfShard(run, 0, 500)
 
 	before := f.committedRows(string(run.UID))
-	first := f.haFailover("--crash")
-	f.waitCommitted(run, f.committedRows(string(run.UID))+300)
-	require.False(t, isTrue(f.get(run.Name), v1alpha1.ConditionComplete), "the run is still going for the second failover")
-	// A crash again rather than `pg_autoctl perform failover`: under this
-	// load its demotion of the old primary waits out demote_timeout and
-	// its own wait gives up (hack/cluster.sh ha failover without --crash).
-	second := f.haFailover("--crash")
-	require.NotEqual(t, first, second, "the second crash moved the primary back")
+	f.haFailover("--crash")
 	t.Logf("the run had committed %d of %d at the crash", before, items)
 
 	run = f.waitComplete(run.Name, runTimeout)
@@ -144,16 +136,6 @@ func (f *fixture) haFailover(args ...string) string {
 	f.t.Logf("failover %v: %s is primary, the formation whole again after %s; the run has committed %d",
 		args, primary, time.Since(t0).Round(100*time.Millisecond), f.int(`SELECT count(*) FROM runledger.ledger WHERE state = 'committed'`))
 	return primary
-}
-
-// waitCommitted waits until the run has n committed ledger rows.
-func (f *fixture) waitCommitted(run *v1alpha1.ProcessingRun, n int64) {
-	f.t.Helper()
-	deadline := time.Now().Add(runTimeout)
-	for f.committedRows(string(run.UID)) < n {
-		require.True(f.t, time.Now().Before(deadline), "run %s did not reach %d committed rows", run.Name, n)
-		time.Sleep(300 * time.Millisecond)
-	}
 }
 
 // proveRun is what the ledger (of the server the test's DSN reaches)
