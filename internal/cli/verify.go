@@ -57,10 +57,17 @@ the run's status; with --output json one JSON object:
    "completed":N,"alreadyHandled":N,"failed":N,"missing":N,...},
    "proven":false,"summary":"..."}
 
+With --since DURATION instead of RUN it proves every run of the namespace
+(or, with --all-namespaces, of every namespace) whose batch was fixed within
+that long, from the ledger alone: a table (or JSON object) of the runs, each
+Proven (every key has a proven verdict), NotProven (runledger verify RUN lists
+its missing and mismatched keys), NotKept (inline items or a ConfigMap: give
+its manifest to runledger verify RUN -f) or Pruned; no counts are compared.
+
 Exit status: 0 when the ledger proves the status (every key has a proven
-verdict and the counts are the reported ones); 1 when it does not (the line
-on stderr says why), or for any other failure; 5 when the ledger database
-has no run of that name; 2 for bad input (flags, the connection string, no
+verdict and the counts are the reported ones; with --since, every run it
+checked); 1 when it does not (the line on stderr says why), or for any other
+failure; 5 when the ledger database has no run of that name; 2 for bad input (flags, the connection string, no
 counts to prove, a run not finished, a manifest whose items are not the
 run's batch, a static run without its manifest, a pruned batch).`
 
@@ -70,21 +77,32 @@ type verifyOptions struct {
 	all                    bool
 	summaryFile            string
 	expect                 v1alpha1.ItemCounts
+	since                  time.Duration
+	allNamespaces          bool
 }
 
 func newVerifyCommand() *cobra.Command {
 	var o verifyOptions
 	cmd := &cobra.Command{
-		Use:     "verify RUN [--namespace NS] [-f MANIFEST|-] [--summary FILE | --expect-completed N --expect-already-handled N --expect-failed N] [--all] [--output table|json]",
+		Use:     "verify (RUN [--namespace NS] [-f MANIFEST|-] [--summary FILE | --expect-completed N --expect-already-handled N --expect-failed N] [--all] | --since DURATION [--namespace NS | --all-namespaces]) [--output table|json]",
 		Aliases: []string{"prove"},
 		Short:   "Prove a finished run's status from the ledger database alone (after a database failover or incident)",
 		Long:    verifyLong,
 		Example: `  kubectl get prun june-invoices -n billing -o yaml | runledger verify june-invoices -f - --dsn-file ledger.dsn
   runledger verify june-invoices -n billing --expect-completed 3 --expect-already-handled 1 --expect-failed 0
   runledger run -f june.yaml --output json > june.json; runledger verify june-invoices -f june.yaml --summary june.json
-  runledger verify may-refunds -n billing -f refunds.yaml --from-file refunds.jsonl --summary refunds.json --output json`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
+  runledger verify may-refunds -n billing -f refunds.yaml --from-file refunds.jsonl --summary refunds.json --output json
+  runledger verify --since 6h --all-namespaces --dsn-file ledger.dsn`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.since > 0 {
+				return o.recent(cmd, args)
+			}
+			if len(args) != 1 {
+				return exitcode.BadInput(errors.New("verify needs RUN, the run to prove, or --since DURATION to prove every recent run"))
+			}
+			return o.run(cmd, args[0])
+		},
 	}
 	f := cmd.Flags()
 	f.StringVarP(&o.namespace, "namespace", "n", "default", "the run's namespace")
@@ -98,6 +116,8 @@ func newVerifyCommand() *cobra.Command {
 	f.Int64Var(&o.expect.Total, "expect-total", 0, "the counts to prove: total (optional)")
 	f.BoolVar(&o.all, "all", false, "list every key of the batch with its verdict and holder, not only the missing and mismatched ones")
 	f.StringVarP(&o.output, "output", "o", "table", "table or json")
+	f.DurationVar(&o.since, "since", 0, "instead of RUN: prove every run whose batch was fixed within this long (e.g. 6h), from the ledger alone, after an incident: which runs' items the ledger no longer holds (no counts compared; runs of inline items or a ConfigMap are listed, not checked)")
+	f.BoolVarP(&o.allNamespaces, "all-namespaces", "A", false, "with --since: the runs of every namespace")
 	cmd.MarkFlagsRequiredTogether("expect-completed", "expect-already-handled", "expect-failed")
 	cmd.MarkFlagsMutuallyExclusive("summary", "expect-completed")
 	cmd.MarkFlagsMutuallyExclusive("summary", "expect-total")

@@ -1362,6 +1362,13 @@ SELECT run_uid, run_namespace, run_name, source, shards, items, coalesce(digest,
 FROM ` + Schema + `.batch_run WHERE run_namespace = $1 AND run_name = $2
 ORDER BY created_at DESC, run_uid`
 
+	// sqlRecentRuns: the runs whose batch was fixed at $1 or later, of
+	// namespace $2 ('' for every namespace), the latest first.
+	sqlRecentRuns = `
+SELECT run_uid, run_namespace, run_name, source, shards, items, coalesce(digest, ''), created_at, pruned_at
+FROM ` + Schema + `.batch_run WHERE created_at >= $1 AND ($2::text = '' OR run_namespace = $2::text)
+ORDER BY created_at DESC, run_uid`
+
 	// sqlRunCompleted: run $1's rows (ledger_run_uid_idx), committed or
 	// superseded since.
 	sqlRunCompleted = `

@@ -29,9 +29,28 @@ type RunRecord struct {
 // FindRuns returns the runs named namespace/name, the latest first (a run
 // deleted and created again under its name is another run, of another uid).
 func (s *Store) FindRuns(ctx context.Context, namespace, name string) ([]RunRecord, error) {
+	out, err := s.runRecords(ctx, sqlFindRuns, namespace, name)
+	if err != nil {
+		return nil, fmt.Errorf("looking up run %s/%s: %w", namespace, name, err)
+	}
+	return out, nil
+}
+
+// RecentRuns returns the runs of namespace ("" for all) whose batch was
+// fixed at since or later (their first shard started then), the latest
+// first: the runs an incident at since or later may have touched.
+func (s *Store) RecentRuns(ctx context.Context, namespace string, since time.Time) ([]RunRecord, error) {
+	out, err := s.runRecords(ctx, sqlRecentRuns, since, namespace)
+	if err != nil {
+		return nil, fmt.Errorf("looking up the runs since %s: %w", since.UTC().Format(time.RFC3339), err)
+	}
+	return out, nil
+}
+
+func (s *Store) runRecords(ctx context.Context, q string, args ...any) ([]RunRecord, error) {
 	var out []RunRecord
 	err := pinnedTx(ctx, s.pool, sqlBeginPinnedReadOnly, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlFindRuns, namespace, name)
+		rows, err := tx.Query(ctx, q, args...)
 		if err != nil {
 			return err
 		}
@@ -42,10 +61,7 @@ func (s *Store) FindRuns(ctx context.Context, namespace, name string) ([]RunReco
 		})
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("looking up run %s/%s: %w", namespace, name, err)
-	}
-	return out, nil
+	return out, err
 }
 
 // RunRef names the run that wrote a ledger row.

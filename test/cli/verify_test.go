@@ -397,3 +397,102 @@ func TestVerify_Randomized(t *testing.T) {
 		})
 	}
 }
+
+// recentProofs is runledger verify --since's JSON output.
+type recentProofs struct {
+	Runs []struct {
+		Run struct {
+			Namespace string `json:"namespace"`
+			Name      string `json:"name"`
+			UID       string `json:"uid"`
+		} `json:"run"`
+		Source string `json:"source"`
+		Fixed  string `json:"fixedAt"`
+		State  string `json:"state"`
+		Ledger *struct {
+			Total          int64 `json:"total"`
+			Completed      int64 `json:"completed"`
+			AlreadyHandled int64 `json:"alreadyHandled"`
+			Failed         int64 `json:"failed"`
+			Missing        int64 `json:"missing"`
+			Mismatched     int64 `json:"mismatched"`
+			Keys           int64 `json:"keys"`
+			FailureRecords int64 `json:"failureRecords"`
+		} `json:"ledger"`
+	} `json:"runs"`
+	Proven  bool   `json:"proven"`
+	Summary string `json:"summary"`
+}
+
+// TestVerifySince is issue #44.2's re-proof after an incident: runledger
+// verify --since proves every run fixed since then from the ledger alone:
+// two query runs proven, an inline run listed as not checked; once a
+// failover lost commits of one of them, that run is NotProven and the
+// command exits 1 saying so, the other still Proven. Bad flag mixes are
+// bad input.
+func TestVerifySince(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	d.exec(t, itemsSchema)
+	for _, r := range []struct {
+		name   string
+		lo, hi int
+	}{{"first", 0, 99}, {"second", 100, 199}} {
+		res := runCLI(t, "", "run", "-f", writeFile(t, r.name+".yaml", verifyQuery(r.name, r.lo, r.hi)), "--dsn", d.dsn, "--output", "json")
+		require.Equal(t, 0, res.code, res.stderr)
+	}
+	res := runCLI(t, "", "run", "-f", writeFile(t, "inline.yaml", manifest("inline", inlineItems([2]string{"acct-900", "2024-06"}), sinkEffect)), "--dsn", d.dsn)
+	require.Equal(t, 0, res.code, res.stderr)
+
+	since := func(want int, args ...string) recentProofs {
+		t.Helper()
+		r := runCLI(t, "", append([]string{"verify", "--since", "1h", "--output", "json", "--dsn", d.dsn}, args...)...)
+		require.Equal(t, want, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+		dec := json.NewDecoder(strings.NewReader(r.stdout))
+		dec.DisallowUnknownFields()
+		var p recentProofs
+		require.NoError(t, dec.Decode(&p), r.stdout)
+		require.Equal(t, want == 0, p.Proven)
+		if want != 0 {
+			require.Contains(t, r.stderr, p.Summary)
+		}
+		return p
+	}
+	states := func(p recentProofs) map[string]string {
+		out := map[string]string{}
+		for _, r := range p.Runs {
+			out[r.Run.Name] = r.State
+		}
+		return out
+	}
+	p := since(0, "-n", "billing")
+	require.Equal(t, map[string]string{"first": "Proven", "second": "Proven", "inline": "NotKept"}, states(p))
+	require.Contains(t, p.Summary, "3 runs of namespace billing fixed since ")
+	require.Contains(t, p.Summary, "2 proven by the ledger, 0 not")
+	require.Empty(t, since(0, "-n", "elsewhere").Runs, "another namespace's runs are not listed")
+	require.Len(t, since(0, "-A").Runs, 3)
+
+	require.EqualValues(t, 3, d.lose(t, `run_name = 'second' AND entity IN ('acct-150', 'acct-151', 'acct-152')`))
+	p = since(v1alpha1.ExitFailed, "-A")
+	require.Equal(t, map[string]string{"first": "Proven", "second": "NotProven", "inline": "NotKept"}, states(p))
+	for _, r := range p.Runs {
+		if r.Run.Name == "second" {
+			require.EqualValues(t, 3, r.Ledger.Missing)
+		}
+	}
+	require.Contains(t, p.Summary, "1 proven by the ledger, 1 not")
+
+	table := runCLI(t, "", "verify", "--since", "1h", "-A", "--dsn", d.dsn)
+	require.Equal(t, v1alpha1.ExitFailed, table.code, table.stderr)
+	require.Regexp(t, `billing\s+second\s+\S+\s+NotProven\s+\d+\s+\d+\s+\d+\s+\d+\s+3\s+0`, table.stdout)
+
+	for _, bad := range [][]string{
+		{"verify", "--since", "1h", "second"},
+		{"verify", "--since", "1h", "--expect-completed", "1", "--expect-already-handled", "0", "--expect-failed", "0"},
+		{"verify", "--since", "1h", "-A", "-n", "billing"},
+		{"verify"},
+	} {
+		r := runCLI(t, "", append(bad, "--dsn", d.dsn)...)
+		require.Equal(t, v1alpha1.ExitBadInput, r.code, "%v: %s", bad, r.stderr)
+	}
+}
