@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,7 +56,62 @@ func NewRootCommand() *cobra.Command {
 }
 
 // Execute runs the command line and returns the process exit code.
-func Execute() int { return exitcode.Execute(NewRootCommand()) }
+func Execute() int {
+	root, args := rootFor(os.Args[0], os.Args[1:])
+	root.SetArgs(args)
+	return exitcode.Execute(root)
+}
+
+// The names kubectl runs the binary under (its plugin mechanism): the
+// plugin for kubectl runledger ..., and the completion helper kubectl ≥ 1.26
+// runs with the words typed after kubectl runledger when completing them.
+const (
+	pluginName           = "kubectl-runledger"
+	pluginCompletionName = "kubectl_complete-runledger"
+	pluginDisplayName    = "kubectl runledger"
+)
+
+// rootFor is the command tree for the binary invoked as argv0 with args, and
+// the arguments to run it with: as kubectl's plugin, its help, examples and
+// completion say kubectl runledger; as its completion helper, it answers
+// cobra's __complete, whose output format is the one kubectl reads.
+func rootFor(argv0 string, args []string) (*cobra.Command, []string) {
+	// A Windows build's name ends in .exe; the plugin's name is the same.
+	switch strings.TrimSuffix(filepath.Base(argv0), ".exe") {
+	case pluginName:
+		return asPlugin(NewRootCommand()), args
+	case pluginCompletionName:
+		return asPlugin(NewRootCommand()), append([]string{cobra.ShellCompRequestCmd}, args...)
+	}
+	return NewRootCommand(), args
+}
+
+// asPlugin renames root as kubectl's plugin: kubectl-runledger for the
+// completion script cobra generates (the executable it completes), kubectl
+// runledger in usage lines, and in the examples and descriptions that
+// show a command line.
+func asPlugin(root *cobra.Command) *cobra.Command {
+	root.Use = pluginName
+	if root.Annotations == nil {
+		root.Annotations = map[string]string{}
+	}
+	root.Annotations[cobra.CommandDisplayNameAnnotation] = pluginDisplayName
+	var rename func(*cobra.Command)
+	rename = func(c *cobra.Command) {
+		c.Example = commandLine.ReplaceAllString(c.Example, "${1}"+pluginDisplayName+" ${2}")
+		c.Long = commandLine.ReplaceAllString(c.Long, "${1}"+pluginDisplayName+" ${2}")
+		for _, sub := range c.Commands() {
+			rename(sub)
+		}
+	}
+	rename(root)
+	return root
+}
+
+// commandLine is "runledger CMD" where a text names a command a user types
+// (not "schema runledger", runledger_worker, nor the manager and worker,
+// which pods run as /runledger).
+var commandLine = regexp.MustCompile(`(^|[^A-Za-z0-9_./-])runledger ((?:version|migrate|run|prune|items|key|verify|schedule|completion|help)\b)`)
 
 // addDatabaseFlags adds --dsn and --dsn-file.
 func addDatabaseFlags(cmd *cobra.Command, what string) {

@@ -126,12 +126,13 @@ func Redact(err error, secrets *redact.Redactor) error {
 }
 
 // Execute runs the command line of root and returns the process exit code,
-// printing the error, if any, after the command's name.
+// printing the error, if any, after the command's name (as its help shows
+// it: kubectl runledger for kubectl's plugin).
 func Execute(root *cobra.Command) int {
 	err := root.Execute()
 	if err == nil {
 		return v1alpha1.ExitSucceeded
 	}
-	fmt.Fprintln(os.Stderr, root.Name()+":", err)
+	fmt.Fprintln(os.Stderr, root.DisplayName()+":", err)
 	return OrElse(err, v1alpha1.ExitBadInput) // without a code: a command line cobra refused
 }
