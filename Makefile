@@ -120,10 +120,16 @@ build-installer: image ## Render dist/install.yaml (namespace, CRD, RBAC, manage
 # gives the same dist/SHA256SUMS, byte for byte: every date is the commit's).
 RELEASE_TOOL := $(BIN)/cluster-tools/release
 KUBECTL = $(shell $(ROOT)/hack/k8s-bins.sh --print-dir kubectl)/kubectl
-RELEASE_ARTIFACTS := install.yaml install-namespaced.yaml crds.yaml runledger.cdx.json
+RELEASE_ARTIFACTS := install.yaml install-namespaced.yaml crds.yaml runledger.cdx.json runledger.yaml
+# The CLI as kubectl's plugin (kubectl runledger): an archive per platform,
+# kubectl-runledger_OS_ARCH.tar.gz, and the krew manifest runledger.yaml
+# that downloads them from RELEASE_URL (where the release's files are
+# published: the GitHub release of VERSION by default).
+PLUGIN_PLATFORMS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+RELEASE_URL ?= $(SOURCE_URL)/releases/download/$(VERSION)
 
 .PHONY: release
-release: ## make release VERSION=vX.Y.Z IMG=REGISTRY/REPOSITORY [INSECURE=1]: from a clean tree at the tag VERSION, push the image (multi-arch, tag VERSION) and write dist/: install.yaml, install-namespaced.yaml, crds.yaml, the chart runledger-X.Y.Z.tgz, the SBOM runledger.cdx.json (CycloneDX) and SHA256SUMS.
+release: ## make release VERSION=vX.Y.Z IMG=REGISTRY/REPOSITORY [INSECURE=1]: from a clean tree at the tag VERSION, push the image (multi-arch, tag VERSION) and write dist/: install.yaml, install-namespaced.yaml, crds.yaml, the chart runledger-X.Y.Z.tgz, the SBOM runledger.cdx.json (CycloneDX), the CLI as kubectl's plugin (kubectl-runledger_OS_ARCH.tar.gz for linux and darwin, amd64 and arm64) with its krew manifest runledger.yaml (downloading from RELEASE_URL, default the GitHub release of VERSION) and SHA256SUMS.
 	@[[ "$(VERSION)" =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$ ]] || { echo "make release: set VERSION=vMAJOR.MINOR.PATCH (got '$(VERSION)')"; exit 1; }
 	@[[ "$(IMG)" =~ ^[^@]+$$ && ! "$(IMG)" =~ :[^/]*$$ && -n "$(IMG)" ]] || { echo "make release: set IMG=REGISTRY/REPOSITORY, without a tag (the release pushes REPOSITORY:$(VERSION))"; exit 1; }
 	@cd $(ROOT) && [ -z "$$(git status --porcelain)" ] || { echo "make release: the tree is not clean (commit or stash first):"; git status --short; exit 1; }
@@ -143,7 +149,14 @@ release: ## make release VERSION=vX.Y.Z IMG=REGISTRY/REPOSITORY [INSECURE=1]: fr
 	$(KUBECTL) kustomize $(ROOT)/config/crd >$(DIST)/crds.yaml; \
 	(cd $(ROOT)/hack/tools/helm && GOWORK=off go run . package -chart $(ROOT)/charts/runledger -version $(VERSION) -image "$$ref" -epoch "$$epoch" -o $(DIST)); \
 	$(RELEASE_TOOL) sbom -o $(DIST)/runledger.cdx.json -image "$$ref" -version $(VERSION) -epoch "$$epoch" $(BIN)/platforms/*/runledger $(BIN)/platforms/*/runledger-worker; \
-	$(RELEASE_TOOL) sums -o $(DIST)/SHA256SUMS $(addprefix $(DIST)/,$(RELEASE_ARTIFACTS)) $(DIST)/runledger-*.tgz; \
+	plugins=(); for p in $(PLUGIN_PLATFORMS); do \
+		out=$(BIN)/release/plugin/$${p//\//_}/kubectl-runledger; \
+		CGO_ENABLED=0 GOOS=$${p%%/*} GOARCH=$${p#*/} go build -trimpath -ldflags "$(LDFLAGS)" -o $$out $(ROOT); \
+		plugins+=("$$p=$$out"); \
+	done; \
+	$(RELEASE_TOOL) plugin -o $(DIST) -version $(VERSION) -epoch "$$epoch" -url "$(RELEASE_URL)" -homepage $(SOURCE_URL) \
+		$(addprefix -file ,$(wildcard $(ROOT)/LICENSE)) "$${plugins[@]}"; \
+	$(RELEASE_TOOL) sums -o $(DIST)/SHA256SUMS $(addprefix $(DIST)/,$(RELEASE_ARTIFACTS)) $(DIST)/runledger-*.tgz $(DIST)/kubectl-runledger_*.tar.gz; \
 	echo "$$ref" >$(BIN)/release/image; \
 	echo "make release $(VERSION): $$ref"; cat $(DIST)/SHA256SUMS
 

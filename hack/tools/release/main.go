@@ -2,10 +2,13 @@
 //
 //	release sbom -o dist/runledger.cdx.json -image REPO@sha256:... -version vX.Y.Z -epoch SECONDS BINARY...
 //	release sums -o dist/SHA256SUMS FILE...
+//	release plugin -o dist -version vX.Y.Z -url BASE_URL -epoch SECONDS [-file LICENSE] GOOS/GOARCH=BINARY...
 //
 // sbom lists the Go modules inside the image's binaries (what the Go
 // toolchain recorded in them: debug/buildinfo) as a CycloneDX BOM; sums
-// writes SHA256SUMS as sha256sum does (sha256sum -c checks it). Both are
+// writes SHA256SUMS as sha256sum does (sha256sum -c checks it); plugin
+// archives the CLI of each platform as kubectl's plugin, kubectl-runledger,
+// and writes the krew manifest runledger.yaml that installs them. All are
 // byte-for-byte reproducible: sorted, dated by the commit, no random ids.
 package main
 
@@ -31,15 +34,17 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: release sbom|sums [flags]")
+		return errors.New("usage: release sbom|sums|plugin [flags]")
 	}
 	switch args[0] {
 	case "sbom":
 		return runSBOM(args[1:])
 	case "sums":
 		return runSums(args[1:])
+	case "plugin":
+		return runPlugin(args[1:])
 	default:
-		return fmt.Errorf("unknown command %q: want sbom or sums", args[0])
+		return fmt.Errorf("unknown command %q: want sbom, sums or plugin", args[0])
 	}
 }
 

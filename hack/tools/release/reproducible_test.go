@@ -80,10 +80,20 @@ func TestReleaseReproducible(t *testing.T) {
 			require.True(t, ok, line)
 			names[name] = true
 		}
-		for _, want := range []string{"install.yaml", "install-namespaced.yaml", "crds.yaml", "runledger-0.0.0-check.tgz", "runledger.cdx.json"} {
+		for _, want := range []string{"install.yaml", "install-namespaced.yaml", "crds.yaml", "runledger-0.0.0-check.tgz", "runledger.cdx.json",
+			"runledger.yaml", "kubectl-runledger_linux_amd64.tar.gz", "kubectl-runledger_linux_arm64.tar.gz",
+			"kubectl-runledger_darwin_amd64.tar.gz", "kubectl-runledger_darwin_arm64.tar.gz"} {
 			require.True(t, names[want], "SHA256SUMS lists %s", want)
 		}
 		sh(t, filepath.Join(clone, "dist"), nil, "sha256sum", "-c", "--quiet", "SHA256SUMS")
+		krew, err := os.ReadFile(filepath.Join(clone, "dist", "runledger.yaml"))
+		require.NoError(t, err)
+		require.Contains(t, string(krew), "uri: https://github.com/runledger/runledger/releases/download/"+version+"/kubectl-runledger_linux_amd64.tar.gz")
+		for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+			if sum, name, _ := strings.Cut(line, "  "); strings.HasPrefix(name, "kubectl-runledger_") {
+				require.Contains(t, string(krew), "sha256: "+sum, "runledger.yaml holds the sum of %s", name)
+			}
+		}
 		install, err := os.ReadFile(filepath.Join(clone, "dist", "install.yaml"))
 		require.NoError(t, err)
 		require.Contains(t, string(install), "image: "+refs[i], "install.yaml pins the pushed image by digest")
@@ -99,6 +109,10 @@ func TestReleaseReproducible(t *testing.T) {
 		}
 		if out, err := exec.CommandContext(t.Context(), bin+"-worker", "--version").CombinedOutput(); err == nil {
 			require.Contains(t, string(out), version, "runledger-worker --version")
+		}
+		plugin := filepath.Join(clone, "bin", "release", "plugin", "linux_amd64", "kubectl-runledger")
+		if out, err := exec.CommandContext(t.Context(), plugin, "version").CombinedOutput(); err == nil {
+			require.Contains(t, string(out), version, "kubectl-runledger version")
 		}
 	}
 	require.Equal(t, refs[0], refs[1], "the same image digest")
