@@ -33,7 +33,8 @@ func (b pluginBinary) archiveName() string {
 }
 
 // krewPlugin is a krew plugin manifest
-// (https://krew.sigs.k8s.io/docs/developer-guide/plugin-manifest/).
+// (https://krew.sigs.k8s.io/docs/developer-guide/plugin-manifest/); krew
+// refuses one of another apiVersion, and metadata.name is the file's name.
 type krewPlugin struct {
 	APIVersion string                `yaml:"apiVersion"`
 	Kind       string                `yaml:"kind"`
@@ -93,7 +94,7 @@ func plugin(dir, version, baseURL, homepage string, epoch time.Time, files []str
 	if !strings.HasPrefix(version, "v") {
 		return fmt.Errorf("version %q: krew wants a v prefix (vX.Y.Z)", version)
 	}
-	m := krewPlugin{APIVersion: "krew.googlecontainers.github.io/v1alpha2", Kind: "Plugin"}
+	m := krewPlugin{APIVersion: "krew.googlecontainertools.github.com/v1alpha2", Kind: "Plugin"}
 	m.Metadata.Name = "runledger"
 	m.Spec = krewSpec{Version: version, Homepage: homepage, ShortDescription: pluginShort, Description: pluginDescription, Caveats: pluginCaveats}
 	seen := map[string]bool{}

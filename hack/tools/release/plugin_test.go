@@ -60,7 +60,7 @@ func TestPlugin(t *testing.T) {
 		}
 	}
 	require.NoError(t, yaml.Unmarshal([]byte(manifests[0]), &m))
-	require.Equal(t, "krew.googlecontainers.github.io/v1alpha2", m.APIVersion)
+	require.Equal(t, "krew.googlecontainertools.github.com/v1alpha2", m.APIVersion)
 	require.Equal(t, "Plugin", m.Kind)
 	require.Equal(t, "runledger", m.Metadata.Name, "kubectl runledger")
 	require.Equal(t, "v1.2.3", m.Spec.Version)
