@@ -157,7 +157,15 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 	if err != nil {
 		return nil, err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	// A COMMIT waits for a synchronous standby's answer with no bound of
+	// the server's own (an old primary a failover left behind waits for
+	// ever): after the lock timeout and the network timeout the chunk's
+	// outcome is unknown and it is sent again; what the old primary kept
+	// alone, the shard's proof settles.
+	committing, cancel := answerBy(ctx, opts.lockTimeout(), opts.NetworkTimeout)
+	err = noAnswer(ctx, committing, tx.Commit(committing))
+	cancel()
+	if err != nil {
 		if opts.Effect != "" && IsAppendOnlyViolation(err) {
 			// Only user code the effect left to run at COMMIT as the login
 			// writes the ledger from a trigger (00007) or at COMMIT (00013).

@@ -40,3 +40,43 @@ func TestServerChanges_Restart(t *testing.T) {
 	require.EqualValues(t, 1, ch.From.Timeline, "a primary's timeline is read")
 	require.Equal(t, ch.From.Timeline, ch.To.Timeline, "a restart keeps the timeline")
 }
+
+// TestCommitChunk_CommitWaitingForAStandbyIsNoticed: a server that waits
+// for a synchronous standby that never answers (an old primary a failover
+// left behind) holds a chunk's COMMIT for ever; the chunk gives up within
+// its lock timeout and the network timeout instead, retryably if it got no
+// answer, so that a worker reaches the new primary. On the old code it
+// waited until the test's own deadline.
+func TestCommitChunk_CommitWaitingForAStandbyIsNoticed(t *testing.T) {
+	t.Parallel()
+	testtier.Needs(t, "PostgreSQL")
+	ctx := context.Background()
+	c, err := pgtest.StartCluster(ctx, pgtest.Options{Settings: map[string]string{"synchronous_commit": "on"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	pool, err := ledger.Open(ctx, c.DSN("postgres"), 2, ledger.NetworkTimeout(2*time.Second))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = ledger.Migrate(ctx, pool)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'ghost'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `SELECT pg_catalog.pg_reload_conf()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var names string
+		return pool.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&names) == nil && names == "ghost"
+	}, 10*time.Second, 50*time.Millisecond)
+
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second) // without a bound: until then
+	defer cancel()
+	start := time.Now()
+	_, err = ledger.NewStore(pool).CommitChunk(tctx, runNamed("uid-ghost"), []ledger.Item{{Key: ledger.Key{Entity: "a", Occurrence: "b"}}},
+		ledger.ChunkOptions{LockTimeout: time.Second, NetworkTimeout: 2 * time.Second})
+	require.NoError(t, tctx.Err(), "ended by the bound, not by the test's own deadline")
+	require.Less(t, time.Since(start), 15*time.Second)
+	if err != nil { // no answer: unknown outcome, sent again; a cancelled wait answers "committed locally"
+		require.ErrorIs(t, err, ledger.ErrNoAnswer)
+		require.True(t, ledger.IsRetryable(err), "%v", err)
+	}
+}

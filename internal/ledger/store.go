@@ -185,6 +185,15 @@ func (o ChunkOptions) sqlBounds() string {
 	return sqlBounds(o.EffectTimeout, o.LockTimeout, DefaultStatementTimeout, DefaultLockTimeout)
 }
 
+// lockTimeout is the chunk's lock timeout in force: its own, or the
+// ledger's default.
+func (o ChunkOptions) lockTimeout() time.Duration {
+	if o.LockTimeout > 0 {
+		return o.LockTimeout
+	}
+	return DefaultLockTimeout
+}
+
 // The bounds of the ledger's statements where the caller gives none and the
 // session has none either (0, PostgreSQL's default: no bound): a wait for a
 // lock that another transaction holds for ever (a stopped process whose
