@@ -37,11 +37,21 @@ func Open(ctx context.Context, dsn string, maxConns int32, opts ...Option) (*pgx
 	if !probe.pinned && probe.dsnPath != nil { // KeepSearchPath
 		cfg.ConnConfig.RuntimeParams[searchPathParam] = *probe.dsnPath
 	}
-	// A session that may not write goes at once, rather than back to the
-	// pool: the next try opens another, which can reach the new primary.
+	// A session that may not write does not go back to the pool: the next
+	// try opens another, which can reach the new primary. It goes when
+	// released, not at the error: an effect's own 25006 (user code may raise
+	// any SQLSTATE) fails its items on that session, which the chunk's
+	// rollback to its savepoint still needs.
 	onPgError := cfg.ConnConfig.OnPgError
 	cfg.ConnConfig.OnPgError = func(c *pgconn.PgConn, pgErr *pgconn.PgError) bool {
-		return !isReadOnlySession(pgErr) && (onPgError == nil || onPgError(c, pgErr))
+		if isReadOnlySession(pgErr) {
+			c.CustomData()[readOnlySeen] = true
+		}
+		return onPgError == nil || onPgError(c, pgErr)
+	}
+	afterRelease := cfg.AfterRelease
+	cfg.AfterRelease = func(c *pgx.Conn) bool {
+		return c.PgConn().CustomData()[readOnlySeen] != true && (afterRelease == nil || afterRelease(c))
 	}
 	next := cfg.BeforeConnect
 	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
@@ -84,6 +94,10 @@ func Open(ctx context.Context, dsn string, maxConns int32, opts ...Option) (*pgx
 // sqlUserPath). Behind a pooler, which refuses the parameter, each of the
 // ledger's transactions pins it first (sqlPinnedSearchPath), and its
 // statements are parsed in that transaction, in order (no named statement).
+// readOnlySeen marks a session that answered a statement with
+// isReadOnlySession: the pool drops it when it is released.
+const readOnlySeen = "runledger.readOnlySeen"
+
 const (
 	searchPathParam  = "search_path"
 	pinnedSearchPath = "pg_catalog, pg_temp"

@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -233,4 +234,42 @@ func TestAlreadyHandledCarriesItsHolder(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestEffectReadOnlyErrorFailsItsItems: an effect that raises 25006
+// (read_only_sql_transaction) itself, forged, from a deferred constraint
+// trigger, or by making its own transaction read-only, fails its items:
+// the session is not a standby's. (The code that closed every session
+// answering 25006 at once passed this too; it failed
+// TestForging_Randomized's seed 1796558331157669602, whose effect also left
+// prepared statements to repair: the repair met a closed connection,
+// retryably, and the chunk was retried for ever.)
+func TestEffectReadOnlyErrorFailsItsItems(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	mustExec(t, owner, `
+CREATE FUNCTION public.forge_read_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'cannot execute INSERT in a read-only transaction' USING ERRCODE = 'read_only_sql_transaction';
+END
+$$;
+GRANT EXECUTE ON FUNCTION public.forge_read_only() TO PUBLIC;
+CREATE TABLE effects (entity text, occurrence text);
+CREATE TABLE deferred_effects (entity text, occurrence text);
+GRANT ALL ON effects, deferred_effects TO PUBLIC;
+CREATE CONSTRAINT TRIGGER deferred_forge AFTER INSERT ON deferred_effects DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION public.forge_read_only()`)
+	s := ledger.NewStore(owner)
+	for name, effect := range map[string]string{
+		"forged":    `DO $$ BEGIN RAISE EXCEPTION 'cannot execute INSERT in a read-only transaction' USING ERRCODE = 'read_only_sql_transaction'; END $$`,
+		"deferred":  `INSERT INTO public.deferred_effects SELECT entity, occurrence FROM claimed`,
+		"read-only": `SET TRANSACTION READ ONLY; INSERT INTO public.effects SELECT entity, occurrence FROM claimed`,
+	} {
+		chunk := items("ro-"+name, 0, 3)
+		res, err := s.CommitChunk(context.Background(), runNamed("ro-"+name), chunk, ledger.ChunkOptions{Effect: effect})
+		require.NoError(t, err, "%s: the chunk ends, its items failed", name)
+		require.Equal(t, tally{failed: len(chunk)}, count(res), "%s: %v", name, res)
+		requireNoneHandled(t, res, name)
+	}
+	require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger`), "nothing committed")
 }
