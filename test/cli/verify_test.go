@@ -38,18 +38,21 @@ type proof struct {
 		Class     string `json:"class"`
 		Problem   string `json:"problem"`
 	} `json:"items"`
-	Ledger struct {
-		Total          int64 `json:"total"`
-		Completed      int64 `json:"completed"`
-		AlreadyHandled int64 `json:"alreadyHandled"`
-		Failed         int64 `json:"failed"`
-		Missing        int64 `json:"missing"`
-		Mismatched     int64 `json:"mismatched"`
-		Keys           int64 `json:"keys"`
-		FailureRecords int64 `json:"failureRecords"`
-	} `json:"ledger"`
-	Proven  bool   `json:"proven"`
-	Summary string `json:"summary"`
+	Ledger  proofLedger `json:"ledger"`
+	Proven  bool        `json:"proven"`
+	Summary string      `json:"summary"`
+}
+
+// proofLedger is the ledger's side of a proof.
+type proofLedger struct {
+	Total          int64 `json:"total"`
+	Completed      int64 `json:"completed"`
+	AlreadyHandled int64 `json:"alreadyHandled"`
+	Failed         int64 `json:"failed"`
+	Missing        int64 `json:"missing"`
+	Mismatched     int64 `json:"mismatched"`
+	Keys           int64 `json:"keys"`
+	FailureRecords int64 `json:"failureRecords"`
 }
 
 func (p proof) counts() counts {
@@ -406,19 +409,10 @@ type recentProofs struct {
 			Name      string `json:"name"`
 			UID       string `json:"uid"`
 		} `json:"run"`
-		Source string `json:"source"`
-		Fixed  string `json:"fixedAt"`
-		State  string `json:"state"`
-		Ledger *struct {
-			Total          int64 `json:"total"`
-			Completed      int64 `json:"completed"`
-			AlreadyHandled int64 `json:"alreadyHandled"`
-			Failed         int64 `json:"failed"`
-			Missing        int64 `json:"missing"`
-			Mismatched     int64 `json:"mismatched"`
-			Keys           int64 `json:"keys"`
-			FailureRecords int64 `json:"failureRecords"`
-		} `json:"ledger"`
+		Source string       `json:"source"`
+		Fixed  string       `json:"fixedAt"`
+		State  string       `json:"state"`
+		Ledger *proofLedger `json:"ledger"`
 	} `json:"runs"`
 	Proven  bool   `json:"proven"`
 	Summary string `json:"summary"`
