@@ -15,11 +15,7 @@ import (
 
 // proof is runledger verify's JSON output.
 type proof struct {
-	Run struct {
-		Namespace string `json:"namespace"`
-		Name      string `json:"name"`
-		UID       string `json:"uid"`
-	} `json:"run"`
+	Run        runRef `json:"run"`
 	Source     string `json:"source"`
 	Reported   counts `json:"reported"`
 	ReportedIn string `json:"reportedIn"`
@@ -404,11 +400,7 @@ func TestVerify_Randomized(t *testing.T) {
 // recentProofs is runledger verify --since's JSON output.
 type recentProofs struct {
 	Runs []struct {
-		Run struct {
-			Namespace string `json:"namespace"`
-			Name      string `json:"name"`
-			UID       string `json:"uid"`
-		} `json:"run"`
+		Run    runRef       `json:"run"`
 		Source string       `json:"source"`
 		Fixed  string       `json:"fixedAt"`
 		State  string       `json:"state"`
