@@ -278,10 +278,16 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 // Pool opens a pool on dsn as the workers do (ledger.Open: behind a pooler
 // it prepares no named statement), closed when the test ends. Its sessions
 // keep their default search_path (ledger.KeepSearchPath): the tests' own
-// SQL on it names their tables unqualified.
+// SQL on it names their tables unqualified. It holds up to 16 connections,
+// or the DSN's own pool_max_conns (a test that needs every statement on one
+// session says pool_max_conns=1).
 func Pool(t testing.TB, dsn string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := ledger.Open(context.Background(), dsn, 16, ledger.KeepSearchPath())
+	maxConns := int32(16)
+	if strings.Contains(dsn, "pool_max_conns=") {
+		maxConns = 0 // ledger.Open keeps the DSN's
+	}
+	pool, err := ledger.Open(context.Background(), dsn, maxConns, ledger.KeepSearchPath())
 	if err != nil {
 		t.Fatalf("opening pool: %v", err)
 	}
