@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -75,6 +76,38 @@ func TestLockBusyAttemptIsRetriedNotCounted(t *testing.T) {
 
 	setPod(t, env, ns, "busy-0-1", corev1.PodSucceeded, 0, shardReport(0, 1, v1alpha1.ItemCounts{Total: 2, Completed: 2}, ""))
 	waitRun(t, env, ns, "busy", "Succeeded", all(phaseIs(v1alpha1.RunSucceeded), countsAre(v1alpha1.ItemCounts{Total: 2, Completed: 2})))
+}
+
+// A shard that succeeded after its ledger's server changed under it (a
+// failover) and processed again items whose commits were lost is announced
+// by one Warning Event naming what its report says; a shard that saw
+// nothing of the kind is not. Its counts are its report's, the ledger's.
+func TestLedgerServerChangeIsAnnounced(t *testing.T) {
+	t.Parallel()
+	env, ns := setup(t)
+	startManager(t, env, ns, managerConfig{})
+	run := create(t, env, newRun(ns, "failover", 2, 6))
+	waitPods(t, env, ns, "failover", "failover-0-0", "failover-1-0")
+
+	moved := shardReport(0, 0, v1alpha1.ItemCounts{Total: 3, Completed: 3}, "")
+	moved.ServerChanges, moved.Reproven, moved.Reprocessed = 1, 1, 2
+	setPod(t, env, ns, "failover-0-0", corev1.PodSucceeded, 0, moved)
+	setPod(t, env, ns, "failover-1-0", corev1.PodSucceeded, 0, shardReport(1, 0, v1alpha1.ItemCounts{Total: 3, Completed: 3}, ""))
+	waitRun(t, env, ns, "failover", "Succeeded", all(phaseIs(v1alpha1.RunSucceeded), countsAre(v1alpha1.ItemCounts{Total: 6, Completed: 6})))
+	waitEvent(t, env, ns, "failover", corev1.EventTypeWarning, ReasonLedgerServerChanged,
+		"Shard 0 attempt 0: its ledger sessions reached another database server, or a restarted one, 1 time(s) (a failover?); the ledger no longer held 2 item(s)")
+
+	// Passes after the run's end announce nothing more.
+	require.NoError(t, env.Client.Patch(context.Background(), run, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"poke":"1"}}}`))))
+	time.Sleep(2 * time.Second)
+	var announced []string
+	for _, e := range runEvents(t, env, ns, "failover") {
+		if e.Reason == ReasonLedgerServerChanged {
+			announced = append(announced, e.Note)
+			require.Nil(t, e.Series, "announced once, not again: %s", e.Note)
+		}
+	}
+	require.Len(t, announced, 1, "one Event, for shard 0 only: %q", announced)
 }
 
 // A shard is finished when its worker container is, not when the pod phase

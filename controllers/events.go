@@ -48,6 +48,11 @@ func (r *Reconciler) shardEvents(s *scope, old *v1alpha1.ProcessingRunStatus) {
 		// A failed attempt is announced once: when the status still shows
 		// its pod as pending or running.
 		was, ok := oldEntries[d.index]
+		if d.phase == v1alpha1.ShardSucceeded && d.report != nil && (!ok || was.Phase != v1alpha1.ShardSucceeded || was.Pod != d.pod) {
+			if note := ledgerChangedNote(d.index, d.report); note != "" {
+				r.event(run, nil, corev1.EventTypeWarning, ReasonLedgerServerChanged, "Prove", note)
+			}
+		}
 		if d.busyPod != "" && ok && was.Pod == d.busyPod && was.Phase != v1alpha1.ShardRetrying {
 			r.event(run, nil, corev1.EventTypeNormal, "ShardBusy", "Retry", fmt.Sprintf(
 				"Shard %d attempt %d found the shard's lock taken (an earlier pod still finishing); retrying, not counted against backoffLimit",
@@ -134,4 +139,23 @@ func (r *Reconciler) phaseEvents(ctx context.Context, s *scope, old, cur *v1alph
 			r.event(run, nil, corev1.EventTypeNormal, ReasonResumed, "Resume", "Resumed")
 		}
 	}
+}
+
+// ledgerChangedNote says what a succeeded shard's report tells of its
+// ledger changing under it (a failover or a restart) and of items whose
+// commits the ledger lost, processed again; "" when neither happened.
+func ledgerChangedNote(shard int32, rep *v1alpha1.ShardReport) string {
+	if rep.ServerChanges == 0 && rep.Reproven == 0 {
+		return ""
+	}
+	note := fmt.Sprintf("Shard %d attempt %d", shard, rep.Attempt)
+	if rep.ServerChanges > 0 {
+		note += fmt.Sprintf(": its ledger sessions reached another database server, or a restarted one, %d time(s) (a failover?)", rep.ServerChanges)
+	}
+	if rep.Reproven > 0 {
+		note += fmt.Sprintf("; the ledger no longer held %d item(s) the shard had counted (their commits lost with the old server): processed again in %d more pass(es), SQL effects once on the new server, a processor's items again with the same key", rep.Reprocessed, rep.Reproven)
+	} else {
+		note += "; the ledger held everything the shard had counted"
+	}
+	return note + "; the shard's counts are the ledger's, proven before it reported"
 }

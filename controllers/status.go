@@ -53,6 +53,12 @@ const (
 	// spec.activeDeadlineSeconds (as a Job's reason).
 	ReasonDeadlineExceeded = "DeadlineExceeded"
 
+	// ReasonLedgerServerChanged (an Event): a shard that succeeded saw its
+	// ledger's sessions reach another server, or a restarted one (a
+	// failover), or processed again items whose commits the ledger lost;
+	// its counts are the ledger's, proven before it reported.
+	ReasonLedgerServerChanged = "LedgerServerChanged"
+
 	// ReasonSynchronousStandby (SynchronousReplication True): the ledger's
 	// server acknowledges a commit only once a synchronous standby has it.
 	ReasonSynchronousStandby = "SynchronousStandby"

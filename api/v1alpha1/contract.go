@@ -371,6 +371,16 @@ type ShardReport struct {
 	// worker read it at start; absent before it could, and from workers of
 	// earlier releases.
 	Replication *LedgerReplication `json:"replication,omitempty"`
+	// ServerChanges counts the times the shard's sessions reached another
+	// ledger server, or another life of it (a failover, a restart);
+	// Reproven counts the passes the shard made again because the ledger no
+	// longer held items it had counted, Reprocessed those items (their
+	// commits lost with the old server, processed again). The controller
+	// records an Event for a shard that succeeded after any of them. Absent
+	// from workers of earlier releases.
+	ServerChanges int32 `json:"serverChanges,omitempty"`
+	Reproven      int32 `json:"reproven,omitempty"`
+	Reprocessed   int64 `json:"reprocessed,omitempty"`
 }
 
 // +kubebuilder:object:generate=false

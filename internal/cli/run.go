@@ -69,8 +69,8 @@ Progress goes to stderr (a live line on a terminal, a line every
 runledger's class of it; proven: every shard finished and the ledger
 proved its counts before it reported them, so they are what the database
 holds, after a database failover too; "interrupted", "reproven" (shard
-passes made again because the ledger had lost items they had counted) and
-"error" are added when they apply; replication is what the ledger's server
+passes made again because the ledger had lost items they had counted),
+"reprocessed" (those items) and "error" are added when they apply; replication is what the ledger's server
 promises of a commit, read at start: synchronous when it acknowledges a
 commit only once a synchronous standby has it (standby: written, flushed or
 applied), and the server's synchronousCommit and synchronousStandbyNames;
@@ -288,7 +288,7 @@ func printSummary(w io.Writer, s *runSummary) {
 		fmt.Fprintf(w, "payload changed %d (already handled by another run, whose committed row has a different payload)\n", s.PayloadChanged)
 	}
 	if s.Reproven > 0 {
-		fmt.Fprintf(w, "the ledger did not hold items counted before (commits lost, as in a database failover): processed again, %d shard passes more; the counts above are the ledger's\n", s.Reproven)
+		fmt.Fprintf(w, "the ledger did not hold %d items counted before (commits lost, as in a database failover): processed again, %d shard passes more; the counts above are the ledger's\n", s.Reprocessed, s.Reproven)
 	}
 	if len(s.Failures) > 0 {
 		fmt.Fprintf(w, "failures (first %d of %d):\n", len(s.Failures), s.Failed)

@@ -325,6 +325,7 @@ func (s *shardRun) prove(ctx context.Context, pass int) (bool, error) {
 		s.log().Info("the ledger does not hold items this shard counted (their commits were lost, as in a database failover that lost the tail of its log): processing the batch again; what the ledger holds is not repeated",
 			"pass", pass, "missing", p.Missing, "batchItems", p.Total, "counted", tallied.Total)
 		s.rep.Reproven++
+		s.rep.Reprocessed += p.Missing + max(tallied.Total-p.Total, 0)
 		return true, nil
 	case lost:
 		return false, fmt.Errorf("the ledger still does not hold %d of the %d items the shard counted after %d passes: its counts are not proven", p.Missing+max(tallied.Total-p.Total, 0), tallied.Total, pass)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"strconv"
 
@@ -200,10 +201,12 @@ func uidMismatch(err error) bool {
 func WriteTerminationMessage(path string, env PodEnv, r Report, message string) error {
 	rep := v1alpha1.ShardReport{
 		Shard: int32(env.Shard), Attempt: int32(env.Attempt),
-		ItemCounts:  r.ItemCounts,
-		Message:     message,
-		Failures:    failureSample(r),
-		Replication: r.Replication,
+		ItemCounts:    r.ItemCounts,
+		Message:       message,
+		Failures:      failureSample(r),
+		Replication:   r.Replication,
+		ServerChanges: int32(min(r.ServerChanges, math.MaxInt32)), Reproven: int32(min(r.Reproven, math.MaxInt32)),
+		Reprocessed: r.Reprocessed,
 	}
 	b, err := rep.TerminationMessage()
 	if err != nil {

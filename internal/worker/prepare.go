@@ -149,9 +149,10 @@ type RunResult struct {
 	// (ShardConfig's proof): they are what the database holds, not what
 	// the worker remembers. Reproven counts the passes shards made again
 	// because the ledger did not hold items they had counted (commits a
-	// database failover lost).
-	Proven   bool `json:"proven"`
-	Reproven int  `json:"reproven,omitempty"`
+	// database failover lost), Reprocessed those items.
+	Proven      bool  `json:"proven"`
+	Reproven    int   `json:"reproven,omitempty"`
+	Reprocessed int64 `json:"reprocessed,omitempty"`
 	// Shards has each shard's report, in the order asked.
 	Shards  []Report      `json:"-"`
 	Elapsed time.Duration `json:"-"`
@@ -198,6 +199,7 @@ func summarize(reports []Report, elapsed time.Duration) RunResult {
 	for _, r := range reports {
 		res.Proven = res.Proven && r.Proven
 		res.Reproven += r.Reproven
+		res.Reprocessed += r.Reprocessed
 		res.Add(r.ItemCounts)
 		for _, f := range r.Failures {
 			if len(res.Failures) < MaxFailures {

@@ -74,6 +74,8 @@ func TestShardProvesItsCounts_LostCommits(t *testing.T) {
 			require.Equal(t, v1alpha1.ItemCounts{Total: 620, Completed: 600, AlreadyHandled: 20}, sum)
 			require.Equal(t, 1, reports[0].Reproven, "shard 0 processed its batch again once")
 			require.Zero(t, reports[1].Reproven, "shard 1 lost nothing")
+			require.GreaterOrEqual(t, reports[0].Reprocessed, lost, "every item whose row was lost processed again (a key's copies with it)")
+			require.Zero(t, reports[1].Reprocessed)
 			for _, r := range reports {
 				require.True(t, r.Proven, "shard %d's counts are the ledger's", r.Shard)
 				require.Equal(t, r.Completed, ledgerRows(t, f, uid, r.Shard), "shard %d: completed == its rows in the ledger", r.Shard)

@@ -54,6 +54,9 @@ type Report struct {
 	// made again because the ledger did not hold what it had counted.
 	Proven   bool
 	Reproven int
+	// Reprocessed counts the items the ledger did not hold at the end of a
+	// pass, processed again in the next.
+	Reprocessed int64
 	// ServerChanges counts the ledger's sessions that reached another
 	// server, or another life of it, than before (ledger.ServerChange), as
 	// the shard saw them.

@@ -116,10 +116,12 @@ func TestReportsSayReplication(t *testing.T) {
 	require.Equal(t, rep, r.report(Report{Shard: 1}, "").Replication)
 
 	path := filepath.Join(t.TempDir(), "termination-log")
-	require.NoError(t, WriteTerminationMessage(path, env, Report{Shard: 1, Replication: rep}, "done"))
+	require.NoError(t, WriteTerminationMessage(path, env, Report{Shard: 1, Replication: rep, ServerChanges: 2, Reproven: 1, Reprocessed: 40}, "done"))
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	got, err := v1alpha1.ParseShardReport(string(b))
 	require.NoError(t, err)
 	require.Equal(t, rep, got.Replication)
+	// And what the controller's LedgerServerChanged Event says.
+	require.Equal(t, [3]int64{2, 1, 40}, [3]int64{int64(got.ServerChanges), int64(got.Reproven), got.Reprocessed})
 }

@@ -56,13 +56,22 @@ func TestLedgerFailover(t *testing.T) {
 	if c := meta.FindStatusCondition(run.Status.Conditions, v1alpha1.ConditionSynchronousReplication); c != nil {
 		t.Logf("condition %s=%s: %s", c.Type, c.Status, c.Message)
 	}
-	noticed := 0
+	noticed, succeeded := 0, 0
 	for _, p := range f.runPods(run) {
 		if logs, err := f.kubectl("logs", p.Name); err == nil && strings.Contains(logs, "another server now") {
 			noticed++
+			if p.Status.Phase == corev1.PodSucceeded {
+				succeeded++
+			}
 		}
 	}
 	t.Logf("%d of %d worker pods logged that the ledger's server changed", noticed, len(f.runPods(run)))
+	if succeeded > 0 {
+		// A shard that succeeded across the failover is announced on the run.
+		e := f.waitEvent(run.Name, "LedgerServerChanged", time.Minute)
+		require.Equal(t, corev1.EventTypeWarning, e.Type)
+		t.Logf("Event %s: %s", e.Reason, e.Message)
+	}
 }
 
 // allowLedgerNodes adds to run's NetworkPolicy (which lets its pods reach
