@@ -70,7 +70,11 @@ runledger's class of it; proven: every shard finished and the ledger
 proved its counts before it reported them, so they are what the database
 holds, after a database failover too; "interrupted", "reproven" (shard
 passes made again because the ledger had lost items they had counted),
-"reprocessed" (those items) and "error" are added when they apply; replication is what the ledger's server
+"reprocessed" (those items), "onStandby" (whether a standby of the ledger's
+server had flushed every shard's proof when it reported: confirmed,
+notConfirmed within 10s, or unknown when the login may not read the
+standbys' positions; absent without standbys) and "error" are added when
+they apply; replication is what the ledger's server
 promises of a commit, read at start: synchronous when it acknowledges a
 commit only once a synchronous standby has it (standby: written, flushed or
 applied), and the server's synchronousCommit and synchronousStandbyNames;
@@ -289,6 +293,12 @@ func printSummary(w io.Writer, s *runSummary) {
 	}
 	if s.Reproven > 0 {
 		fmt.Fprintf(w, "the ledger did not hold %d items counted before (commits lost, as in a database failover): processed again, %d shard passes more; the counts above are the ledger's\n", s.Reprocessed, s.Reproven)
+	}
+	switch s.OnStandby {
+	case worker.OnStandbyNotConfirmed:
+		fmt.Fprintf(w, "no standby of the ledger's server had the proof after %s: a failover now could lose its latest commits (runledger verify proves the run again after one)\n", worker.DefaultStandbyWait)
+	case worker.OnStandbyUnknown:
+		fmt.Fprintln(w, "whether a standby of the ledger's server has the proof is unknown (the login may not read pg_stat_replication's positions: grant it pg_monitor)")
 	}
 	if len(s.Failures) > 0 {
 		fmt.Fprintf(w, "failures (first %d of %d):\n", len(s.Failures), s.Failed)

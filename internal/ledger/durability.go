@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Durability is what the ledger's server promises of a commit it
@@ -113,4 +115,82 @@ func (s *Store) Durability(ctx context.Context) (Durability, error) {
 		return Durability{}, fmt.Errorf("reading the server's synchronous_commit and synchronous_standby_names: %w", err)
 	}
 	return d, nil
+}
+
+// Standbys is where the server's standbys are against a WAL position
+// (Store.AwaitStandby): a commit before Position survives a failover to a
+// standby that has flushed it, and a failover manager promotes the most
+// advanced standby.
+type Standbys struct {
+	// Position is the server's WAL position when it was read (after what
+	// the caller wants kept: a shard's last commit and its proof).
+	Position string
+	// Streaming counts the standbys (walsenders) the server serves; Flushed
+	// those that have flushed its WAL up to Position; Hidden those whose
+	// position the login may not read (pg_stat_replication shows it only to
+	// roles with pg_read_all_stats, which pg_monitor has).
+	Streaming, Flushed, Hidden int
+}
+
+// Settled: nothing more to wait for: the server has no standby, one has
+// flushed Position, or the login may read the position of none of them.
+func (st Standbys) Settled() bool {
+	return st.Streaming == 0 || st.Flushed > 0 || st.Hidden == st.Streaming
+}
+
+// AwaitStandby reads the server's WAL position (a primary's: every commit
+// acknowledged before is there) and waits, at most within, for one of its
+// standbys to have flushed it (Settled), polling pg_stat_replication. It
+// returns what it read last; a wait that ran out is no error.
+func (s *Store) AwaitStandby(ctx context.Context, within time.Duration) (Standbys, error) {
+	lsn, err := s.walPosition(ctx)
+	if err != nil {
+		return Standbys{}, err
+	}
+	st := Standbys{Position: lsn}
+	var readErr error
+	err = wait.PollUntilContextTimeout(ctx, 25*time.Millisecond, within, true, func(waitCtx context.Context) (bool, error) {
+		got, err := s.standbysHave(waitCtx, lsn)
+		if err != nil {
+			if waitCtx.Err() == nil { // not the wait running out mid-read
+				readErr = err
+			}
+			return false, nil // a failover's moment: read again
+		}
+		st, readErr = got, nil
+		return st.Settled(), nil
+	})
+	switch {
+	case ctx.Err() != nil:
+		return st, fmt.Errorf("waiting for a standby to have the WAL up to %s: %w", lsn, ctx.Err())
+	case err != nil && readErr != nil:
+		return st, readErr
+	}
+	return st, nil
+}
+
+// walPosition reads where the server's WAL is now (a primary's): a commit
+// acknowledged before is there.
+func (s *Store) walPosition(ctx context.Context) (string, error) {
+	var lsn string
+	err := pinnedTx(ctx, s.pool, sqlBeginPinnedReadOnly+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, sqlWALPosition).Scan(&lsn)
+	})
+	if err != nil {
+		return "", fmt.Errorf("reading the server's WAL position: %w", err)
+	}
+	return lsn, nil
+}
+
+// standbysHave reads how many of the server's standbys have flushed its WAL
+// up to position (walPosition).
+func (s *Store) standbysHave(ctx context.Context, position string) (Standbys, error) {
+	st := Standbys{Position: position}
+	err := pinnedTx(ctx, s.pool, sqlBeginPinnedReadOnly+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, sqlStandbysHave, position).Scan(&st.Streaming, &st.Flushed, &st.Hidden)
+	})
+	if err != nil {
+		return Standbys{}, fmt.Errorf("reading how far the server's standbys have its WAL: %w", err)
+	}
+	return st, nil
 }

@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -173,4 +174,64 @@ func TestDurability_SharedServer(t *testing.T) {
 	require.Equal(t, commit, d.SynchronousCommit)
 	require.Equal(t, names, d.SynchronousStandbyNames)
 	require.False(t, d.InRecovery)
+}
+
+// TestAwaitStandby: on an asynchronous primary, AwaitStandby says whether a
+// standby has flushed every commit acknowledged before it was asked: not
+// while the standby's WAL is held (it waits its bound, then says so), at
+// once when it streams; a login that may not read the standbys' positions
+// (no pg_monitor) learns that it cannot know, without waiting; a server
+// without standbys has nothing to wait for.
+func TestAwaitStandby(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "its own pair of servers")
+	ctx := context.Background()
+	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
+	db := h.NewDatabase(t)
+	owner := pgtest.Pool(t, h.DSN(db))
+	s := ledger.NewStore(owner)
+
+	st, err := s.AwaitStandby(ctx, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Streaming)
+	require.Equal(t, 1, st.Flushed, "a streaming standby has what the primary committed: %+v", st)
+
+	h.HoldWAL()
+	_, err = owner.Exec(ctx, `CREATE TABLE after_the_hiccup (v int); INSERT INTO after_the_hiccup VALUES (1)`)
+	require.NoError(t, err)
+	start := time.Now()
+	st, err = s.AwaitStandby(ctx, 500*time.Millisecond)
+	require.NoError(t, err, "a wait that runs out is no error")
+	require.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond, "it waited its bound")
+	require.Equal(t, ledger.Standbys{Position: st.Position, Streaming: 1}, st, "the standby has not flushed the commit")
+	require.False(t, st.Settled())
+
+	done := make(chan ledger.Standbys, 1)
+	go func() {
+		st, _ := s.AwaitStandby(ctx, time.Minute)
+		done <- st
+	}()
+	time.Sleep(200 * time.Millisecond)
+	h.ReleaseWAL()
+	select {
+	case st = <-done:
+		require.Equal(t, 1, st.Flushed, "once the WAL flows the wait ends: %+v", st)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the wait did not end once the standby had the WAL")
+	}
+
+	mustExec(t, owner, `CREATE ROLE plain_login LOGIN`)
+	plain := ledger.NewStore(pgtest.Pool(t, strings.Replace(h.DSN(db), "postgres://postgres@", "postgres://plain_login@", 1)))
+	start = time.Now()
+	st, err = plain.AwaitStandby(ctx, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, ledger.Standbys{Position: st.Position, Streaming: 1, Hidden: 1}, st)
+	require.True(t, st.Settled(), "nothing it could wait for")
+	require.Less(t, time.Since(start), 10*time.Second, "it did not wait for what it cannot see")
+
+	alone := ledger.NewStore(newPool(t))
+	st, err = alone.AwaitStandby(ctx, time.Minute)
+	require.NoError(t, err)
+	require.Zero(t, st.Streaming)
+	require.True(t, st.Settled())
 }

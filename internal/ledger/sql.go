@@ -1295,6 +1295,19 @@ const sqlDurability = `SELECT (SELECT s.reset_val FROM pg_catalog.pg_settings AS
     pg_catalog.current_setting('max_wal_senders')::integer,
     pg_catalog.pg_is_in_recovery()`
 
+// sqlWALPosition is where the server's WAL is now (AwaitStandby's
+// position), as text.
+const sqlWALPosition = `SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text`
+
+// sqlStandbysHave counts the server's standbys, those that have flushed its
+// WAL up to $1 and those whose position the login may not read (NULL
+// without pg_read_all_stats). A base backup's walsender is no standby.
+const sqlStandbysHave = `SELECT pg_catalog.count(*)::integer,
+    (pg_catalog.count(*) FILTER (WHERE r.flush_lsn OPERATOR(pg_catalog.>=) $1::pg_catalog.text::pg_catalog.pg_lsn))::integer,
+    (pg_catalog.count(*) FILTER (WHERE r.flush_lsn IS NULL))::integer
+FROM pg_catalog.pg_stat_replication AS r
+WHERE r.state IS NULL OR r.state OPERATOR(pg_catalog.<>) 'backup'`
+
 // sqlDescribeQuery wraps the user's query to describe its columns without
 // running it.
 func sqlDescribeQuery(query string) string { return "SELECT * FROM (\n" + query + "\n) AS q" }

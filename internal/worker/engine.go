@@ -21,6 +21,11 @@ import (
 // v1alpha1.DefaultChunkSize.)
 const DefaultDrainTimeout = 10 * time.Second
 
+// DefaultStandbyWait is how long a proven shard waits for a standby of an
+// asynchronous primary to have its proof (a standby streaming from a
+// healthy primary is milliseconds behind).
+const DefaultStandbyWait = 10 * time.Second
+
 // ShardConfig is everything one shard needs.
 type ShardConfig struct {
 	// Run identifies the writer of every row; Run.Shard is the shard processed
@@ -56,6 +61,10 @@ type ShardConfig struct {
 	// LockWait is how long to wait for the shard's lock while another process
 	// holds it (0: fail at once with ErrShardBusy).
 	LockWait time.Duration
+	// StandbyWait bounds how long the shard, once proven, waits for a
+	// standby of the ledger's server to have the proof (0:
+	// DefaultStandbyWait; negative: no wait).
+	StandbyWait time.Duration
 	// Progress, if set, is called with the counts so far after every chunk
 	// (and once before the first). It runs on the shard's goroutine.
 	Progress func(Report)
@@ -74,6 +83,9 @@ func (c ShardConfig) withDefaults() ShardConfig {
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.StandbyWait == 0 {
+		c.StandbyWait = DefaultStandbyWait
 	}
 	if c.Log.GetSink() == nil {
 		c.Log = logr.Discard()
@@ -187,6 +199,7 @@ func (s *shardRun) run(ctx context.Context) {
 			return
 		}
 		if !again {
+			s.awaitStandby(ctx)
 			s.rep.Done = true
 			s.rep.WaitingForConnection = false
 			s.progress()
@@ -281,6 +294,49 @@ func (s *shardRun) noticeServer() {
 	s.rep.ServerChanges = c.Changes - s.serversBefore
 	s.log().Info("the ledger's database is another server now, or restarted (a failover?): commits acknowledged before may be lost; the ledger proves this shard's counts before it reports them",
 		"from", c.From.String(), "to", c.To.String())
+}
+
+// awaitStandby waits, once the shard is proven, for a standby of the
+// ledger's server to have flushed the proof and every commit before it
+// (ledger.AwaitStandby, at most cfg.StandbyWait): until then a failover to
+// an asynchronous standby can lose the tail the proof read. It says what it
+// found in the log and the report (OnStandby), and never fails the shard.
+func (s *shardRun) awaitStandby(ctx context.Context) {
+	if s.cfg.StandbyWait < 0 {
+		return
+	}
+	start := time.Now()
+	st, err := s.store.AwaitStandby(ctx, s.cfg.StandbyWait)
+	s.rep.OnStandby = onStandby(st, err)
+	switch s.rep.OnStandby {
+	case OnStandbyNotConfirmed:
+		s.log().Info("no standby of the ledger's server has the shard's proof yet: a failover now could lose the latest commits it proved (runledger verify proves the run again after one)",
+			"waited", time.Since(start).Round(time.Millisecond).String(), "walPosition", st.Position, "standbys", st.Streaming)
+	case OnStandbyUnknown:
+		msg := "whether a standby of the ledger's server has the shard's proof is unknown: the login may not read the standbys' positions (grant it pg_monitor)"
+		if err != nil {
+			msg = "whether a standby of the ledger's server has the shard's proof is unknown"
+		}
+		s.log().Info(msg, "standbys", st.Streaming, "error", errString(err))
+	case OnStandbyConfirmed:
+		s.log().V(1).Info("a standby of the ledger's server has the shard's proof", "walPosition", st.Position,
+			"waited", time.Since(start).Round(time.Millisecond).String())
+	}
+}
+
+// onStandby says in a word what AwaitStandby found (Report.OnStandby).
+func onStandby(st ledger.Standbys, err error) string {
+	switch {
+	case err != nil && st.Position == "":
+		return OnStandbyUnknown
+	case st.Streaming == 0 && err == nil:
+		return ""
+	case st.Flushed > 0:
+		return OnStandbyConfirmed
+	case err != nil || st.Hidden == st.Streaming:
+		return OnStandbyUnknown
+	}
+	return OnStandbyNotConfirmed
 }
 
 // leaseHeld checks, at the end of a pass, that the shard's lease says its

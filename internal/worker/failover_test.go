@@ -391,3 +391,33 @@ func firstFailure(r worker.Report) string {
 	f := r.Failures[0]
 	return fmt.Sprintf("(first: %s/%s: %s)", f.Entity, f.Occurrence, f.Error)
 }
+
+// TestShardWaitsForTheStandbyToHaveItsProof (issue #44.2): once proven, a
+// shard on an asynchronous primary waits (ShardConfig.StandbyWait) for its
+// standby to have the proof and says whether it had: confirmed when the
+// standby streams, notConfirmed when its WAL is held, as long as the wait;
+// the shard succeeds either way, with the ledger's counts.
+func TestShardWaitsForTheStandbyToHaveItsProof(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "its own pair of servers")
+	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
+	db := h.NewDatabase(t)
+	store := ledger.NewStore(pgtest.Pool(t, h.DSN(db)))
+	shard := func(uid string, wait time.Duration) worker.Report {
+		rep := worker.RunShard(context.Background(), store, worker.ShardConfig{Run: run(uid),
+			Source: worker.NewStaticSource("items", keyItems(uid, 50)), ChunkSize: 10, StandbyWait: wait})
+		require.NoError(t, rep.Err)
+		require.True(t, rep.Done && rep.Proven, "%+v", rep)
+		require.Equal(t, v1alpha1.ItemCounts{Total: 50, Completed: 50}, rep.ItemCounts)
+		return rep
+	}
+	require.Equal(t, worker.OnStandbyConfirmed, shard("streams", time.Minute).OnStandby)
+
+	h.HoldWAL()
+	start := time.Now()
+	require.Equal(t, worker.OnStandbyNotConfirmed, shard("held", 700*time.Millisecond).OnStandby)
+	require.GreaterOrEqual(t, time.Since(start), 700*time.Millisecond)
+	require.Empty(t, shard("no-wait", -1).OnStandby, "a negative wait asks nothing")
+	h.ReleaseWAL()
+	require.Equal(t, worker.OnStandbyConfirmed, shard("released", time.Minute).OnStandby)
+}

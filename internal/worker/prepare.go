@@ -153,6 +153,9 @@ type RunResult struct {
 	Proven      bool  `json:"proven"`
 	Reproven    int   `json:"reproven,omitempty"`
 	Reprocessed int64 `json:"reprocessed,omitempty"`
+	// OnStandby is the weakest of the shards' Report.OnStandby: whether a
+	// standby of the ledger's server has every shard's proof.
+	OnStandby string `json:"onStandby,omitempty"`
 	// Shards has each shard's report, in the order asked.
 	Shards  []Report      `json:"-"`
 	Elapsed time.Duration `json:"-"`
@@ -200,6 +203,7 @@ func summarize(reports []Report, elapsed time.Duration) RunResult {
 		res.Proven = res.Proven && r.Proven
 		res.Reproven += r.Reproven
 		res.Reprocessed += r.Reprocessed
+		res.OnStandby = weakerOnStandby(res.OnStandby, r.OnStandby)
 		res.Add(r.ItemCounts)
 		for _, f := range r.Failures {
 			if len(res.Failures) < MaxFailures {
@@ -209,4 +213,14 @@ func summarize(reports []Report, elapsed time.Duration) RunResult {
 		res.Interrupted = res.Interrupted || r.Interrupted
 	}
 	return res
+}
+
+// weakerOnStandby is the weaker of two Report.OnStandby values: not
+// confirmed, then unknown, then confirmed, then "" (no standby).
+func weakerOnStandby(a, b string) string {
+	rank := map[string]int{"": 0, OnStandbyConfirmed: 1, OnStandbyUnknown: 2, OnStandbyNotConfirmed: 3}
+	if rank[b] > rank[a] {
+		return b
+	}
+	return a
 }

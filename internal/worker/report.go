@@ -57,6 +57,10 @@ type Report struct {
 	// Reprocessed counts the items the ledger did not hold at the end of a
 	// pass, processed again in the next.
 	Reprocessed int64
+	// OnStandby says whether a standby of the ledger's server had flushed
+	// the shard's proof when it reported (ShardConfig.StandbyWait): one of
+	// the OnStandby values, "" when the server has no standby.
+	OnStandby string
 	// ServerChanges counts the ledger's sessions that reached another
 	// server, or another life of it, than before (ledger.ServerChange), as
 	// the shard saw them.
@@ -91,3 +95,19 @@ func (b *FailureBudget) add(n int64) { b.failed.Add(n) }
 
 // Exceeded reports whether more items failed than allowed.
 func (b *FailureBudget) Exceeded() bool { return b.max >= 0 && b.failed.Load() > b.max }
+
+// What a proven shard found of the ledger's standbys (Report.OnStandby).
+const (
+	// OnStandbyConfirmed: a standby had flushed the proof and every commit
+	// before it: a failover to it keeps them (a failover manager promotes
+	// the most advanced standby).
+	OnStandbyConfirmed = "confirmed"
+	// OnStandbyNotConfirmed: none had within the wait; a failover then
+	// could lose the latest commits the proof read (runledger verify proves
+	// the run again after one).
+	OnStandbyNotConfirmed = "notConfirmed"
+	// OnStandbyUnknown: the login may not read the standbys' positions
+	// (pg_stat_replication shows them to pg_monitor), or they could not be
+	// read.
+	OnStandbyUnknown = "unknown"
+)

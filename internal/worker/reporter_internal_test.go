@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -124,4 +125,32 @@ func TestReportsSayReplication(t *testing.T) {
 	require.Equal(t, rep, got.Replication)
 	// And what the controller's LedgerServerChanged Event says.
 	require.Equal(t, [3]int64{2, 1, 40}, [3]int64{int64(got.ServerChanges), int64(got.Reproven), got.Reprocessed})
+}
+
+// TestOnStandby: what a proven shard says of the ledger's standbys, from
+// what ledger.AwaitStandby read, and the run's word is its weakest shard's.
+func TestOnStandby(t *testing.T) {
+	readErr := errors.New("conn closed")
+	for _, tc := range []struct {
+		st   ledger.Standbys
+		err  error
+		want string
+	}{
+		{ledger.Standbys{Position: "0/1"}, nil, ""},
+		{ledger.Standbys{Position: "0/1", Streaming: 2, Flushed: 1}, nil, OnStandbyConfirmed},
+		{ledger.Standbys{Position: "0/1", Streaming: 1}, nil, OnStandbyNotConfirmed},
+		{ledger.Standbys{Position: "0/1", Streaming: 2, Hidden: 1}, nil, OnStandbyNotConfirmed},
+		{ledger.Standbys{Position: "0/1", Streaming: 1, Hidden: 1}, nil, OnStandbyUnknown},
+		{ledger.Standbys{}, readErr, OnStandbyUnknown},
+		{ledger.Standbys{Position: "0/1", Streaming: 1}, readErr, OnStandbyUnknown},
+		{ledger.Standbys{Position: "0/1"}, readErr, OnStandbyUnknown},
+	} {
+		require.Equal(t, tc.want, onStandby(tc.st, tc.err), "%+v %v", tc.st, tc.err)
+	}
+	all := []string{"", OnStandbyConfirmed, OnStandbyUnknown, OnStandbyNotConfirmed}
+	for i, a := range all {
+		for j, b := range all {
+			require.Equal(t, all[max(i, j)], weakerOnStandby(a, b), "%q %q", a, b)
+		}
+	}
 }
