@@ -16,6 +16,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/redact"
 	"github.com/runledger/runledger/internal/strictjson"
 	"github.com/runledger/runledger/pkg/processor"
 )
@@ -97,7 +98,7 @@ func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []led
 	if err != nil {
 		return nil, errors.New("building the request: the processor's URL does not parse")
 	}
-	shown := target.Redacted()
+	shown := shownURL(target)
 	callCtx, cancel := context.WithTimeout(ctx, p.Timeout)
 	defer cancel()
 	hreq, err := http.NewRequestWithContext(callCtx, http.MethodPost, p.URL, bytes.NewReader(body))
@@ -138,8 +139,32 @@ func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []led
 	return verdicts, nil
 }
 
+// shownURL is the processor's URL as errors show it: its password and
+// the values of its query masked (a ?token= is as secret as a password),
+// no fragment.
+func shownURL(u *url.URL) string {
+	c := *u
+	if c.RawQuery != "" {
+		q, err := url.ParseQuery(c.RawQuery)
+		for k := range q {
+			q[k] = []string{redact.Mask}
+		}
+		c.RawQuery = q.Encode()
+		if err != nil {
+			c.RawQuery = redact.Mask
+		}
+	}
+	c.Fragment, c.RawFragment = "", ""
+	return c.Redacted()
+}
+
 // callError is the error of a call that got no answer, or not all of it.
+// The client's *url.Error names the URL with its query: shown replaces it.
 func (p *HTTPProcessor) callError(ctx context.Context, shown string, err error) error {
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		err = uerr.Err
+	}
 	if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("POST %s: no answer within the timeout of %s: %w", shown, p.Timeout, err)
 	}

@@ -531,3 +531,39 @@ func TestProcessor_AnswerEndsWithinTheLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestProcessor_ErrorsHideTheURLsSecrets: a processor URL's query may carry
+// a token (?token=...) as much as its userinfo a password: no error of a
+// call (an answer not 200, no answer, no answer in time) shows either; they
+// show the URL with the query's values and the password masked.
+func TestProcessor_ErrorsHideTheURLsSecrets(t *testing.T) {
+	t.Parallel()
+	slow := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-slow
+		}
+		http.Error(w, "nope", http.StatusInternalServerError)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(slow) }) // first: Close waits for the slow handler
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	withSecrets := func(base, path string) string {
+		return strings.Replace(base, "http://", "http://proc:pw-s3cret@", 1) + path + "?token=tok-s3cret&mode=fast#frag-s3cret"
+	}
+	for _, tc := range []struct{ name, url, want string }{
+		{"answer not 200", withSecrets(srv.URL, "/process"), "500 Internal Server Error"},
+		{"no answer", withSecrets(closed.URL, "/process"), "connection refused"},
+		{"no answer in time", withSecrets(srv.URL, "/slow"), "no answer within the timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := worker.NewHTTPProcessor(tc.url, 300*time.Millisecond)
+			_, err := p.Process(context.Background(), run("secrets"), []ledger.Claim{{Item: ledger.Item{Key: ledger.Key{Entity: "a", Occurrence: "b"}}}})
+			require.Error(t, err)
+			require.ErrorContains(t, err, tc.want)
+			require.NotContains(t, err.Error(), "s3cret", "a secret of the URL is shown")
+			require.Contains(t, err.Error(), "mode=xxxxx&token=xxxxx", "the query's names are kept, its values masked")
+		})
+	}
+}

@@ -171,7 +171,8 @@ func (p *Plan) UseProcessorURL(url string) error {
 		return &InputError{Msg: "--processor-url is given but the run has no spec.effect.processor"}
 	}
 	if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") {
-		return &InputError{Msg: fmt.Sprintf("--processor-url %q is not an http:// or https:// URL", url)}
+		// Not echoed: a URL that does not parse may still hold a token.
+		return &InputError{Msg: "--processor-url is not an http:// or https:// URL"}
 	}
 	p.Processor.URL = url
 	return nil

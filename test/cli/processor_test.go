@@ -82,4 +82,11 @@ func TestRunWithExampleProcessor(t *testing.T) {
 	require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
 	require.Contains(t, r.stderr, "--processor-url is given but the run has no spec.effect.processor")
 	require.EqualValues(t, 40, d.committed(t), "nothing more committed")
+
+	// Not a URL the worker calls: refused without echoing it (a token).
+	r = runCLI(t, "", "run", "-f", run, "--dsn", d.dsn, "--processor-url", "ftp://"+proc+"/process?token=tok-s3cret")
+	require.Equal(t, 2, r.code, "stderr:\n%s", r.stderr)
+	require.Contains(t, r.stderr, "--processor-url is not an http:// or https:// URL")
+	require.NotContains(t, r.stdout+r.stderr, "s3cret")
+	require.EqualValues(t, 40, d.committed(t), "nothing more committed")
 }
