@@ -798,10 +798,13 @@ type ItemCounts struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Failed int64 `json:"failed"`
-	// payloadChanged is the number of items found already committed by
-	// another run whose payload differs from the committed row's (see
-	// spec.onPayloadChange): part of alreadyHandled, or of failed with
-	// onPayloadChange: Fail. Of a shard, from its worker's report.
+	// payloadChanged is the number of keys found already committed by
+	// another run of which at least one item of the batch (a key may be
+	// listed more than once) has a payload that differs from the committed
+	// row's (see spec.onPayloadChange), each key once: its items are counted
+	// in alreadyHandled, or in failed with onPayloadChange: Fail. What
+	// `runledger items --payload-changed` lists. Of a shard, from its
+	// worker's report.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	PayloadChanged int64 `json:"payloadChanged,omitempty"`
