@@ -86,7 +86,7 @@ func newItemsCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
 	}
 	f := cmd.Flags()
-	f.StringVarP(&o.namespace, "namespace", "n", "default", "the run's namespace")
+	f.StringVarP(&o.namespace, "namespace", "n", "", "the run's namespace (default: the kubeconfig context's, as kubectl's, else default)")
 	f.StringVar(&o.uid, "uid", "", "the run's metadata.uid, when several runs had that name")
 	f.BoolVar(&o.failed, "failed", false, "only the failed items")
 	f.BoolVar(&o.completed, "completed", false, "only the completed items")
@@ -121,6 +121,9 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 	}
 	batch, err := o.givenBatch(cmd, name)
 	if err != nil {
+		return err
+	}
+	if o.namespace, err = namespaceOr(o.namespace); err != nil {
 		return err
 	}
 	store, secrets, run, done, err := openRun(cmd, "listing", o.namespace, name, o.uid, batch)

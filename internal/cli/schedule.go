@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
@@ -224,9 +223,7 @@ func (o *scheduleOptions) schedule(ctx context.Context, name string) (client.Cli
 
 // kubeClient is a client configured as kubectl would be, and the namespace.
 func kubeClient(o *scheduleOptions) (client.Client, string, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = o.kubeconfig
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: o.context})
+	cc := kubeConfig(o.kubeconfig, o.context)
 	cfg, err := cc.ClientConfig()
 	if err != nil {
 		return nil, "", exitcode.BadInput(fmt.Errorf("kubernetes client configuration: %w", err))

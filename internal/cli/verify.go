@@ -105,7 +105,7 @@ func newVerifyCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&o.namespace, "namespace", "n", "default", "the run's namespace")
+	f.StringVarP(&o.namespace, "namespace", "n", "", "the run's namespace (default: the kubeconfig context's, as kubectl's, else default)")
 	f.StringVar(&o.uid, "uid", "", "the run's metadata.uid, when several runs had that name")
 	f.StringVarP(&o.file, "filename", "f", "", "the run's manifest (YAML or JSON; - for stdin): its status holds the counts to prove (kubectl get prun NAME -o yaml), and for a run of inline items or a ConfigMap its items are the batch")
 	f.StringVar(&o.fromFile, "from-file", "", "with -f: JSON Lines file with the items of its batch.configMapRef (default: the ConfigMap in the manifest)")
@@ -143,6 +143,9 @@ func (o *verifyOptions) run(cmd *cobra.Command, name string) error {
 	}
 	rep, err := o.reported(cmd, m)
 	if err != nil {
+		return err
+	}
+	if o.namespace, err = namespaceOr(o.namespace); err != nil {
 		return err
 	}
 	store, secrets, run, done, err := openRun(cmd, "proving", o.namespace, name, o.uid, batch)

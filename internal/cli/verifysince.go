@@ -44,16 +44,19 @@ func (o *verifyOptions) recent(cmd *cobra.Command, args []string) error {
 	case o.allNamespaces && cmd.Flags().Changed("namespace"):
 		return exitcode.BadInput(errors.New("--all-namespaces and --namespace: give one"))
 	}
+	ns := ""
+	if !o.allNamespaces {
+		var err error
+		if ns, err = namespaceOr(o.namespace); err != nil {
+			return err
+		}
+	}
 	pool, secrets, err := openOwnerPool(cmd)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	store := ledger.NewStore(pool)
-	ns := o.namespace
-	if o.allNamespaces {
-		ns = ""
-	}
 	since := time.Now().Add(-o.since)
 	runs, err := store.RecentRuns(cmd.Context(), ns, since)
 	if err != nil {

@@ -152,7 +152,9 @@ func command(ctx context.Context, stdin string, args ...string) (*exec.Cmd, *byt
 // commandOf prepares `BIN ARGS...`, with stdin and the outputs command's has.
 func commandOf(ctx context.Context, bin, stdin string, args ...string) (*exec.Cmd, *bytes.Buffer, *lockedWriter) {
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(os.Environ(), envMain+"=1")
+	// No kubeconfig of the machine's: the namespace the commands default to
+	// (the kubeconfig context's) is "default" whoever runs the tests.
+	cmd.Env = append(os.Environ(), envMain+"=1", "KUBECONFIG="+filepath.Join(os.TempDir(), "runledger-tests-no-kubeconfig"))
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout bytes.Buffer
 	stderr := &lockedWriter{w: &bytes.Buffer{}}
@@ -181,9 +183,16 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // password.
 func runCLI(t *testing.T, stdin string, args ...string) result {
 	t.Helper()
+	return runCLIEnv(t, nil, stdin, args...)
+}
+
+// runCLIEnv is runCLI with env added to the command's environment.
+func runCLIEnv(t *testing.T, env []string, stdin string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd, stdout, stderr := command(ctx, stdin, args...)
+	cmd.Env = append(cmd.Env, env...)
 	err := cmd.Run()
 	r := result{stdout: stdout.String(), stderr: stderr.String()}
 	if err != nil {

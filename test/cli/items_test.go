@@ -96,6 +96,22 @@ func TestItemsAndKey(t *testing.T) {
 	}
 	wg.Wait()
 
+	// Without -n: the kubeconfig context's namespace, as kubectl (and the
+	// kubectl plugin) would pick it; "default" without a kubeconfig.
+	kubeconfig := writeFile(t, "kubeconfig", `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {}}]
+contexts: [{name: billing, context: {cluster: c, user: u, namespace: billing}}]
+current-context: billing
+`)
+	inContext := runCLIEnv(t, []string{"KUBECONFIG=" + kubeconfig}, "", "items", "first", "--output", "json", "--dsn", d.dsn)
+	require.Equal(t, 0, inContext.code, "stderr:\n%s", inContext.stderr)
+	require.Len(t, byVerdict(decodeItems(t, inContext))["Completed"], int(sums[0].Completed))
+	noContext := runCLI(t, "", "items", "first", "--output", "json", "--dsn", d.dsn)
+	require.Equal(t, int(v1alpha1.ExitNotFound), noContext.code, "stdout:\n%s", noContext.stdout)
+	require.Contains(t, noContext.stderr, "default/first")
+
 	committed := map[string]string{} // entity -> run
 	for i, r := range runs[:2] {
 		got := byVerdict(decodeItems(t, runCLI(t, "", "items", r.name, "-n", "billing", "--output", "json", "--dsn", d.dsn)))
