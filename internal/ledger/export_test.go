@@ -15,6 +15,8 @@ var (
 	SQLInsertFreshEffect = sqlInsertFreshEffect
 	SQLCreateClaimed     = sqlCreateClaimed
 	SQLPinnedSearchPath  = sqlPinnedSearchPath
+	SQLProveKeptShard    = sqlProveKeptShard
+	SQLBeginPinnedSnap   = sqlBeginPinnedSnapshot
 	SQLHolders           = sqlHolders
 	SQLHoldersPayload    = sqlHoldersPayload
 	SQLHoldersCopies     = sqlHoldersPayloadCopies

@@ -134,6 +134,55 @@ SELECT %s, 'occ-' || i, 'default', 'big', 'big-run', 0, 0 FROM generate_series(%
 	}
 }
 
+// TestShardProofPlanIsPerKey: the shard's proof (ProveShard, issue #44)
+// costs one probe of the rule's index per key of the shard, whatever the
+// planner believes. Right after a run wrote its rows no statistics know
+// its run_uid: a join of the shard's keys with the run's rows (and with its
+// failure records) was planned as a nested loop over all of them for every
+// key, quadratic: 10,000 keys took 12 s, 100,000 would take 20 minutes.
+func TestShardProofPlanIsPerKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	for _, q := range []string{
+		`ALTER TABLE runledger.ledger SET (autovacuum_enabled = off)`,
+		`ALTER TABLE runledger.item_failure SET (autovacuum_enabled = off)`,
+		`CREATE TABLE src AS SELECT 'e' || i AS entity, 'o' AS occurrence FROM generate_series(1, 6000) AS i`,
+	} {
+		mustExec(t, pool, q)
+	}
+	s := ledger.NewStore(pool)
+	run := runNamed("proof-plan")
+	_, err := s.FixQueryBatch(ctx, run, ledger.BatchQuery{SQL: `SELECT entity, occurrence FROM src`, Shards: 1,
+		ShardOf: func(string, string) string { return "0" }})
+	require.NoError(t, err)
+	// The run's rows as its chunks commit them, a failure record for the rest.
+	mustExec(t, pool, `INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt)
+SELECT entity, occurrence, 'default', 'run-proof-plan', 'proof-plan', 0, 0 FROM src WHERE right(entity, 1) <> '7'`)
+	mustExec(t, pool, `INSERT INTO runledger.item_failure (run_uid, entity, occurrence, run_namespace, run_name, shard, attempt, pass, chunk, items, class, error)
+SELECT 'proof-plan', entity, occurrence, 'default', 'run-proof-plan', 0, 0, 'p', 0, 1, '23514', 'refused' FROM src WHERE right(entity, 1) = '7'`)
+
+	p, err := s.ProveShard(ctx, "proof-plan", 0, true, nil)
+	require.NoError(t, err)
+	require.True(t, p.Proven(), "%+v", p)
+	require.Equal(t, [4]int64{6000, 5400, 0, 600}, [4]int64{p.Total, p.Completed, p.AlreadyHandled, p.Failed})
+
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: ledger.SQLBeginPinnedSnap})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	rows, err := tx.Query(ctx, "EXPLAIN "+ledger.SQLProveKeptShard, "proof-plan", 0)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	for _, scan := range []string{"Seq Scan on ledger", "Bitmap Heap Scan on ledger", "ledger_run_uid_idx", "Join Filter", "Hash Join", "Merge Join"} {
+		require.NotContains(t, plan, scan, "no join over the run's rows or records:\n%s", plan)
+	}
+	require.Equal(t, 1, strings.Count(plan, "Index Scan using "+ledger.BusinessKeyIndex), plan)
+	require.Regexp(t, "Index Scan using "+ledger.BusinessKeyIndex+` on ledger \w+ .*\n\s+`+byKey.String(), plan,
+		"one probe of the rule's index by key:\n%s", plan)
+}
+
 // byKey is the condition of a probe of the rule's index by one key.
 var byKey = regexp.MustCompile(`Index Cond: \(\(occurrence = \w+\.occurrence\) AND \(entity = \w+\.entity\)\)`)
 

@@ -1514,41 +1514,41 @@ WITH i AS (
 )` + sqlProveShardSelect
 
 	// sqlProveShardSelect is sqlProveSelect for a shard ($2) of run $1, in
-	// one row: the keys the run's own committed row holds (found by one
-	// hash join with the run's rows of the shard, ledger_run_uid_idx, not
-	// a probe per key: a fresh run's keys are all its own) or its retired
-	// one, and those another run's row holds (whether the rule's index
-	// has the key: a probe each, of the index alone when the heap's pages
-	// are all visible), without a failure record, counted (keys and
-	// copies, own first, then others'); every other key (a failure record,
-	// no holder, a NULL key part) listed in arrays: key, copies, held by
-	// another run, own, the record's copies and class. A key a committed
+	// one row: the keys the run's own committed row of the shard holds, or
+	// its retired one, and those another run's row holds, without a failure
+	// record, counted (keys and copies, own first, then others'); every
+	// other key (a failure record, no holder, a NULL key part) listed in
+	// arrays: key, copies, held by another run, own, the record's copies and
+	// class. Each key costs one probe of the rule's index (its holder, and
+	// whose it is), whatever the statistics say: a join with the run's rows
+	// (no statistics know a run just written) was planned as a nested loop
+	// over all of them for every key, quadratic. The failure record and the
+	// retired row are probed only when the run has some. A key a committed
 	// row holds was a valid key when committed, so the count needs no
 	// KeyPartProblem of its own.
 	sqlProveShardSelect = `, k AS (
     SELECT i.entity, i.occurrence, pg_catalog.count(*) AS copies FROM i GROUP BY i.entity, i.occurrence
 ), v AS (
-    SELECT k.entity, k.occurrence, k.copies, o.entity IS NOT NULL OR m.own IS NOT NULL AS own,
-           h.held IS NOT NULL AS held, f.items, f.class
+    SELECT k.entity, k.occurrence, k.copies, coalesce(h.own, false) OR m.own IS NOT NULL AS own,
+           h.own IS NOT NULL AS held, f.items, f.class
     FROM k
-    LEFT JOIN (
-        SELECT l.entity, l.occurrence FROM ` + Schema + `.ledger AS l
-        WHERE l.run_uid = $1::text AND l.shard = $2::integer AND l.state = 'committed'
-    ) AS o ON o.entity = k.entity AND o.occurrence = k.occurrence
-    LEFT JOIN (
-        SELECT f.entity, f.occurrence, f.items, f.class FROM ` + Schema + `.item_failure AS f
-        WHERE f.run_uid = $1::text AND f.shard = $2::integer
-    ) AS f ON f.entity = k.entity AND f.occurrence = k.occurrence
     LEFT JOIN LATERAL (
-        SELECT true AS held
+        SELECT l.run_uid = $1::text AND l.shard = $2::integer AS own
         FROM ` + Schema + `.ledger AS l
-        WHERE o.entity IS NULL AND l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
+        WHERE l.entity = k.entity AND l.occurrence = k.occurrence AND l.state = 'committed'
         LIMIT 1
     ) AS h ON true
     LEFT JOIN LATERAL (
+        SELECT f.items, f.class
+        FROM ` + Schema + `.item_failure AS f
+        WHERE (SELECT EXISTS (SELECT FROM ` + Schema + `.item_failure AS ff WHERE ff.run_uid = $1::text))
+          AND f.run_uid = $1::text AND f.entity = k.entity AND f.occurrence = k.occurrence AND f.shard = $2::integer
+        LIMIT 1
+    ) AS f ON true
+    LEFT JOIN LATERAL (
         SELECT true AS own
         FROM ` + Schema + `.ledger_retired AS r
-        WHERE o.entity IS NULL
+        WHERE h.own IS NOT TRUE
           AND (SELECT EXISTS (SELECT FROM ` + Schema + `.ledger_retired AS rr WHERE rr.run_uid = $1::text))
           AND r.run_uid = $1::text AND r.occurrence = k.occurrence AND r.entity = k.entity
         LIMIT 1
