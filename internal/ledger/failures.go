@@ -82,7 +82,9 @@ func (s *Store) RecordVerdicts(ctx context.Context, p Pass, chunk int, failed []
 		rows.entities, rows.occurrences, rows.items, rows.digests, rows.classes, rows.errors,
 		entities, occurrences, rows.payloads).QueryRow(func(r pgx.Row) error { return r.Scan(&gone, &put) })
 	b.Queue(sqlCommit)
-	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+	bounded, cancel := s.answered(ctx)
+	defer cancel()
+	if err := noAnswer(ctx, bounded, s.pool.SendBatch(bounded, b).Close()); err != nil {
 		if isShardLeaseLost(err) { // its own statement: no user code runs in this transaction
 			err = ErrShardBusy
 		}

@@ -121,7 +121,9 @@ func (l *ShardLease) try(ctx context.Context) (bool, error) {
 		return rows.Err()
 	})
 	b.Queue(sqlCommit)
-	err := l.store.pool.SendBatch(ctx, b).Close()
+	bounded, cancel := l.store.answered(ctx)
+	err := noAnswer(ctx, bounded, l.store.pool.SendBatch(bounded, b).Close())
+	cancel()
 	if isLockNotAvailable(err) { // its own statements only: a holder's chunk in flight
 		return false, nil
 	}
@@ -144,7 +146,9 @@ func (l *ShardLease) Check(ctx context.Context) error {
 	b.Queue(sqlPinnedSearchPath)
 	b.Queue(l.sqlHold())
 	b.Queue(sqlCommit)
-	err := l.store.pool.SendBatch(ctx, b).Close()
+	bounded, cancel := l.store.answered(ctx)
+	err := noAnswer(ctx, bounded, l.store.pool.SendBatch(bounded, b).Close())
+	cancel()
 	if isShardLeaseLost(err) {
 		return fmt.Errorf("renewing the lease of shard %d: %w", l.shard, ErrShardBusy)
 	}

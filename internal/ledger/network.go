@@ -82,6 +82,26 @@ func answerBy(ctx context.Context, timeout, grace time.Duration) (context.Contex
 	return context.WithTimeoutCause(ctx, timeout+grace, ErrNoAnswer)
 }
 
+// writeAnswerGrace is how much longer than its lock timeout a small write
+// outside a chunk (the shard's lease, its failure records, its progress)
+// may take to answer, its COMMIT included (answered).
+const writeAnswerGrace = 10 * time.Second
+
+// answered bounds, on the client, a small write of the Store outside a
+// chunk: its answer must arrive within the Store's lock timeout and
+// writeAnswerGrace. Its statements end sooner on the server; the bound is
+// for a COMMIT that waits for a synchronous standby a failover took away
+// (an old primary's: it never answers, whatever statement_timeout says) and
+// for a server that is gone. The write is idempotent and tried again, on a
+// new session.
+func (s *Store) answered(ctx context.Context) (context.Context, context.CancelFunc) {
+	lock := s.lockTimeout
+	if lock <= 0 {
+		lock = DefaultLockTimeout
+	}
+	return answerBy(ctx, lock, writeAnswerGrace)
+}
+
 // noAnswer marks err with ErrNoAnswer when the statement ended because
 // answerBy's deadline passed, not the caller's context.
 func noAnswer(ctx, bounded context.Context, err error) error {

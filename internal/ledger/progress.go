@@ -35,11 +35,13 @@ type ShardProgress struct {
 func (s *Store) PublishProgress(ctx context.Context, uid string, p ShardProgress, liveFor time.Duration) (written bool, lowestOther int, err error) {
 	var n int64
 	var other *int32
-	err = s.pinned(ctx, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, sqlPublishProgress, uid, p.Shard, p.Attempt, p.Total, p.Completed, p.AlreadyHandled, p.Failed,
+	bounded, cancel := s.answered(ctx)
+	defer cancel()
+	err = s.pinned(bounded, func(tx pgx.Tx) error {
+		return tx.QueryRow(bounded, sqlPublishProgress, uid, p.Shard, p.Attempt, p.Total, p.Completed, p.AlreadyHandled, p.Failed,
 			p.PayloadChanged, v1alpha1.Truncate(p.Message, MaxProgressMessageBytes), p.Done, liveFor.Seconds()).Scan(&n, &other)
 	})
-	if err != nil {
+	if err = noAnswer(ctx, bounded, err); err != nil {
 		if IsConfigurationError(err) { // a schema before 00015, or a login granted before it
 			return false, -1, fmt.Errorf("publishing the progress of shard %d of run %s (the login needs the privileges runledger migrate --grant-to gives, on runledger.shard_progress too): %w", p.Shard, uid, err)
 		}

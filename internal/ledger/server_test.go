@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -78,5 +79,72 @@ func TestCommitChunk_CommitWaitingForAStandbyIsNoticed(t *testing.T) {
 	if err != nil { // no answer: unknown outcome, sent again; a cancelled wait answers "committed locally"
 		require.ErrorIs(t, err, ledger.ErrNoAnswer)
 		require.True(t, ledger.IsRetryable(err), "%v", err)
+	}
+}
+
+// TestWritesOutsideChunksAnswerWithoutAStandby: the small writes a shard
+// makes outside its chunks (its lease's renewal, its failure records, its
+// progress) on a server whose COMMIT waits for a synchronous standby that
+// never answers (an old primary a failover left behind) give up within the
+// Store's lock timeout and writeAnswerGrace, retryably if they got no
+// answer, so that the shard reaches the new primary. On the old code they
+// waited for the statement timeout (an hour by default) or for ever.
+func TestWritesOutsideChunksAnswerWithoutAStandby(t *testing.T) {
+	t.Parallel()
+	testtier.Needs(t, "PostgreSQL")
+	ctx := context.Background()
+	c, err := pgtest.StartCluster(ctx, pgtest.Options{Settings: map[string]string{"synchronous_commit": "on"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	pool, err := ledger.Open(ctx, c.DSN("postgres"), 4)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = ledger.Migrate(ctx, pool)
+	require.NoError(t, err)
+	store := ledger.NewStore(pool).WithBounds(time.Hour, time.Second)
+	lease := store.ShardLease("uid-ghost", 0)
+	require.NoError(t, lease.Acquire(ctx, 0, nil))
+	_, err = pool.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'ghost'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `SELECT pg_catalog.pg_reload_conf()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var names string
+		return pool.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&names) == nil && names == "ghost"
+	}, 10*time.Second, 50*time.Millisecond)
+
+	tctx, cancel := context.WithTimeout(ctx, time.Minute) // without a bound: until then
+	defer cancel()
+	writes := map[string]func() error{
+		"lease": func() error { return lease.Check(tctx) },
+		"failure records": func() error {
+			return store.RecordVerdicts(tctx, ledger.Pass{Run: runNamed("uid-ghost"), ID: "pass"}, 0,
+				[]ledger.FailedItem{{Key: ledger.Key{Entity: "a", Occurrence: "b"}, Class: ledger.ClassInput, Error: "refused"}}, nil)
+		},
+		"progress": func() error {
+			_, _, err := store.PublishProgress(tctx, "uid-ghost", ledger.ShardProgress{Shard: 0}, time.Minute)
+			return err
+		},
+	}
+	start := time.Now()
+	errs := make(map[string]error, len(writes))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for name, write := range writes {
+		wg.Go(func() {
+			err := write()
+			mu.Lock()
+			errs[name] = err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	require.NoError(t, tctx.Err(), "ended by the bound, not by the test's own deadline")
+	require.Less(t, time.Since(start), 40*time.Second)
+	for name, err := range errs {
+		if err != nil { // no answer: sent again; a cancelled wait answers "committed locally"
+			require.ErrorIs(t, err, ledger.ErrNoAnswer, name)
+			require.True(t, ledger.IsRetryable(err), "%s: %v", name, err)
+		}
 	}
 }
