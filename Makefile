@@ -280,7 +280,7 @@ cluster-down: ## Stop the local cluster and leave the host as it was found.
 ##@ Demo and end-to-end tests
 
 .PHONY: demo
-demo: ## Run runledger on a real local cluster: installs and builds what is missing (first time ~15 min), deploys the operator, runs the sample (root; hack/demo.sh).
+demo: ## Run runledger on a real local cluster: installs and builds what is missing (first time ~15 min), deploys the operator, then tells the story (hack/demo/story.sh: the ledger set up as docs/migrations.md says, runs with an SQL effect, the same keys again, a failed item retried, a schedule triggered twice) and prints what to try next (root; hack/demo.sh).
 	$(ROOT)/hack/demo.sh
 
 .PHONY: demo-down

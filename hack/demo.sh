@@ -22,10 +22,21 @@
 #      renders dist/install.yaml with the pushed image pinned by digest (the
 #      cluster pulls it from its registry), kubectl apply -f
 #      dist/install.yaml; waits for the rollout and the leader election
-#   6. the sample run (config/samples, its Secret pointed at the cluster's
-#      PostgreSQL), kubectl wait --for=condition=Complete, kubectl get
-#      processingruns
-#   7. a second run over overlapping keys: already handled, not done twice
+#   6. the ledger as docs/migrations.md sets it up: the administrator creates
+#      a worker login (owning nothing) and an effect role, the owner (the
+#      cluster's login runledger, database billing) the table invoices,
+#      runledger migrate --grant-to --effect-role; the runs' Secret holds
+#      the worker login's DSN
+#   7. a run whose SQL effect writes invoices (one row per key)
+#   8. the same keys under another run: nothing written twice (runledger
+#      items, runledger key)
+#   9. a run in which an item fails (the table's CHECK), listed with
+#      runledger items --failed, the cause fixed, retried by a run with
+#      batch.fromRun
+#  10. a schedule's occurrence triggered twice: one run; then the commands
+#      to try next, each run first
+#   Steps 6-10 are hack/demo/story.sh, printing each command a user types
+#   and its output; their manifests and SQL are in config/samples/demo.
 #
 # Needs root (network namespaces, mounts, cgroups), Go and make.
 set -euo pipefail
@@ -37,6 +48,8 @@ SYSTEM_NS=runledger-system
 LEASE=runledger-manager.processing.runledger.dev
 
 T0="${SECONDS}"
+# Steps 1-5 install; the story (hack/demo/story.sh) is steps 6-10.
+STEPS=10
 BOLD="" PLAIN=""
 if [[ -t 1 ]]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; fi
 say() { printf '\n%s==> %s%s  [%s]\n' "${BOLD}" "$*" "${PLAIN}" "$(clock)"; }
@@ -60,7 +73,7 @@ esac
 command -v go >/dev/null || die "Go is not installed (https://go.dev/dl/; see go.mod for the version)"
 
 # --- 1. Debian packages ------------------------------------------------------------
-say "1/7 Debian packages"
+say "1/${STEPS} Debian packages"
 missing=()
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
@@ -79,7 +92,7 @@ else
 fi
 
 # --- 2. Kubernetes binaries --------------------------------------------------------
-say "2/7 Kubernetes binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl)"
+say "2/${STEPS} Kubernetes binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl)"
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 BIN_DIR="$("${ROOT}/hack/k8s-bins.sh" --print-dir)"
 todo=()
@@ -104,11 +117,11 @@ fi
 if [[ "${MODE}" == prereqs ]]; then exit 0; fi
 
 # --- 3. runledger ------------------------------------------------------------------
-say "3/7 runledger image (make image; the first time also compiles for arm64)"
+say "3/${STEPS} runledger image (make image; the first time also compiles for arm64)"
 make -s -C "${ROOT}" image | sed 's/^/    /'
 
 # --- 4. cluster --------------------------------------------------------------------
-say "4/7 Kubernetes cluster, registry and PostgreSQL (hack/cluster.sh up); make push"
+say "4/${STEPS} Kubernetes cluster, registry and PostgreSQL (hack/cluster.sh up); make push"
 "${CLUSTER}" up
 eval "$("${CLUSTER}" env)"
 # Installed by digest: a rebuilt image is a new digest, so the Deployment
@@ -118,13 +131,11 @@ IMAGE="$(make -s -C "${ROOT}" push IMG="$("${CLUSTER}" registry)/runledger:dev" 
 info "pushed ${IMAGE}"
 
 # --- 5. operator -------------------------------------------------------------------
-say "5/7 install the operator: make build-installer; kubectl apply -f dist/install.yaml"
+say "5/${STEPS} install the operator: make build-installer; kubectl apply -f dist/install.yaml"
 make -s -C "${ROOT}" build-installer IMG="$("${CLUSTER}" registry)/runledger:dev" | tail -1 | sed 's/^/    /'
 grep -qF "image: ${IMAGE}" "${ROOT}/dist/install.yaml" || die "dist/install.yaml does not pin the pushed image ${IMAGE}"
 # One image setting: the workers run the manager's own image.
 kubectl apply -f "${ROOT}/dist/install.yaml"
-overlay="$(mktemp -d)"
-trap 'rm -rf "${overlay}"' EXIT
 kubectl -n "${SYSTEM_NS}" rollout status deployment/runledger-manager --timeout=180s
 for _ in $(seq 60); do
   holder="$(kubectl -n "${SYSTEM_NS}" get lease "${LEASE}" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
@@ -138,62 +149,10 @@ info "leader: ${holder:-none yet}"
 kubectl -n "${SYSTEM_NS}" get deployment,pods -o wide | sed 's/^/    /'
 if [[ "${MODE}" == install ]]; then exit 0; fi
 
-# --- 6. the sample run -------------------------------------------------------------
-say "6/7 the sample run: kubectl apply -k config/samples (Secret pointed at the cluster's PostgreSQL)"
-# The sample Secret names a PostgreSQL Service; this cluster has no DNS, so
-# the demo points it at the node's PostgreSQL instead.
-cat >"${overlay}/secret.yaml" <<EOF
-apiVersion: v1
-kind: Secret
-metadata:
-  name: ledger-db
-  namespace: ${NS}
-stringData:
-  dsn: $("${CLUSTER}" dsn)
-EOF
-"${CLUSTER}" apply-k "${ROOT}/config/samples" --patch "${overlay}/secret.yaml" 2>&1 | grep -v '^    ' || true
-info "kubectl -n ${NS} wait processingrun/invoices-2026-01 --for=condition=Complete"
-kubectl -n "${NS}" wait processingrun/invoices-2026-01 --for=condition=Complete --timeout=180s
-kubectl -n "${NS}" get processingruns
-kubectl -n "${NS}" get pods -l processing.runledger.dev/run=invoices-2026-01
-
-# --- 7. a second, overlapping run --------------------------------------------------
-say "7/7 a second run over overlapping keys (acct-1002, acct-1003 again, acct-1004 new)"
-kubectl apply -f - <<EOF
-apiVersion: processing.runledger.dev/v1alpha1
-kind: ProcessingRun
-metadata:
-  name: invoices-2026-01-again
-  namespace: ${NS}
-spec:
-  database:
-    secretRef: {name: ledger-db, key: dsn}
-  batch:
-    items:
-    - {entity: acct-1002, occurrence: "2026-01", payload: {amount: 80.00, currency: EUR}}
-    - {entity: acct-1003, occurrence: "2026-01", payload: {amount: 15.25, currency: EUR}}
-    - {entity: acct-1004, occurrence: "2026-01", payload: {amount: 42.00, currency: EUR}}
-  workers: 2
-EOF
-kubectl -n "${NS}" wait processingrun/invoices-2026-01-again --for=condition=Complete --timeout=180s
-kubectl -n "${NS}" get processingruns
-handled="$(kubectl -n "${NS}" get processingrun invoices-2026-01-again -o jsonpath='{.status.alreadyHandled}')"
-completed="$(kubectl -n "${NS}" get processingrun invoices-2026-01-again -o jsonpath='{.status.completed}')"
-info "invoices-2026-01-again: ${completed} completed, ${handled} already handled (committed once, by the first run)"
-info "the ledger (PostgreSQL), one committed row per key:"
-psql "$("${CLUSTER}" dsn)" -X -q -c \
-  "SELECT entity, occurrence, run_name, shard, attempt FROM runledger.ledger WHERE state = 'committed' ORDER BY entity" |
-  sed 's/^/    /'
-
-cat <<EOF
-
-${BOLD}Done in $(clock).${PLAIN} The cluster keeps running. Use kubectl against it:
-
-    source <(hack/cluster.sh env)      # KUBECONFIG, PATH (kubectl), RUNLEDGER_DATABASE_URL
-    kubectl -n ${NS} get processingruns
-    kubectl -n ${NS} describe processingrun invoices-2026-01-again
-    kubectl -n ${SYSTEM_NS} logs deployment/runledger-manager
-    psql "\$RUNLEDGER_DATABASE_URL" -c 'SELECT * FROM runledger.ledger'
-
-Stop it and leave the host as it was: make demo-down
-EOF
+# --- 6 and later: the story ------------------------------------------------------
+# The ledger set up as docs/migrations.md says, runs with an SQL effect, the
+# same keys again, a failed item retried, a schedule triggered twice
+# (hack/demo/story.sh; its manifests in config/samples/demo).
+# shellcheck source=hack/demo/story.sh
+source "${ROOT}/hack/demo/story.sh"
+story
