@@ -33,9 +33,11 @@
 #   9. a run in which an item fails (the table's CHECK), listed with
 #      runledger items --failed, the cause fixed, retried by a run with
 #      batch.fromRun
-#  10. a schedule's occurrence triggered twice: one run; then the commands
-#      to try next, each run first
-#   Steps 6-10 are hack/demo/story.sh, printing each command a user types
+#  10. a schedule's occurrence triggered twice: one run
+#  11. a processor run: the example processor (examples/processor) charges
+#      each item through the example payment service by its key; then the
+#      commands to try next, each run first
+#   Steps 6-11 are hack/demo/story.sh, printing each command a user types
 #   and its output; their manifests and SQL are in config/samples/demo.
 #
 # Needs root (network namespaces, mounts, cgroups), Go and make.
@@ -48,8 +50,8 @@ SYSTEM_NS=runledger-system
 LEASE=runledger-manager.processing.runledger.dev
 
 T0="${SECONDS}"
-# Steps 1-5 install; the story (hack/demo/story.sh) is steps 6-10.
-STEPS=10
+# Steps 1-5 install; the story (hack/demo/story.sh) is steps 6-11.
+STEPS=11
 BOLD="" PLAIN=""
 if [[ -t 1 ]]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; fi
 say() { printf '\n%s==> %s%s  [%s]\n' "${BOLD}" "$*" "${PLAIN}" "$(clock)"; }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -44,8 +45,10 @@ func TestDemoManifests(t *testing.T) {
 				typed = &v1alpha1.ProcessingRun{}
 			case "ProcessingSchedule":
 				typed = &v1alpha1.ProcessingSchedule{}
+			case "NetworkPolicy":
+				typed = &networkingv1.NetworkPolicy{}
 			default:
-				t.Fatalf("%s, document %d: a %s: the demo's manifests are runs and schedules", f, i, u.GetKind())
+				t.Fatalf("%s, document %d: a %s: the demo's manifests are runs, schedules and network policies", f, i, u.GetKind())
 			}
 			require.NoError(t, yaml.UnmarshalStrict(doc, typed), "%s, document %d: strictly", f, i)
 			require.Equal(t, "runledger-demo", u.GetNamespace(), "%s: in the demo's namespace", f)

@@ -125,6 +125,24 @@ story_schedule() {
   invoices 2026-03
 }
 
+story_processor() {
+  say "11/${STEPS} a processor (examples/processor) charges each item through a payment service, the item's key its Idempotency-Key"
+  note "the example processor's image (make image built it; make push-processor IMG=... pushes it to a registry of yours):"
+  # shellcheck disable=SC2016 # shown as typed, expanded by show's eval
+  show 'PROCESSOR="$(hack/cluster.sh push runledger-example-processor:dev bin/platforms/linux_$(go env GOARCH)/example-processor | tail -1)"'
+  show "echo \"\${PROCESSOR}\""
+  note "the example payment service: it charges each Idempotency-Key once, and counts every call"
+  show "sed \"s|image: runledger-example-processor:dev|image: \${PROCESSOR}|\" examples/processor/payments.yaml | kubectl apply -f -"
+  show "kubectl -n ${NS} rollout status deployment/payments --timeout=120s"
+  note "this cluster has no DNS: the payment service by its ClusterIP; a policy lets the run's pods reach it"
+  show "PAYMENTS=\"\$(kubectl -n ${NS} get service payments -o jsonpath='{.spec.clusterIP}'):8080\""
+  show "kubectl apply -f ${DEMO}/charge-to-payments.yaml"
+  show "sed -e \"s|runledger-example-processor:dev|\${PROCESSOR}|\" -e \"s|payments.runledger-demo.svc:8080|\${PAYMENTS}|\" ${DEMO}/charge-2026-04.yaml | kubectl apply -f -"
+  wait_run charge-2026-04
+  note "three keys, three charges:"
+  show "kubectl get --raw /api/v1/namespaces/${NS}/services/http:payments:8080/proxy/stats"
+}
+
 # next_commands: the commands to try next, one a line; story_next runs them
 # first (in a shell of their own, as a user would), so that each one works.
 next_commands() {
@@ -177,5 +195,6 @@ story() {
   story_again
   story_failure
   story_schedule
+  story_processor
   story_next
 }
