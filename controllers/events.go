@@ -148,14 +148,15 @@ func ledgerChangedNote(shard int32, rep *v1alpha1.ShardReport) string {
 	if rep.ServerChanges == 0 && rep.Reproven == 0 {
 		return ""
 	}
-	note := fmt.Sprintf("Shard %d attempt %d", shard, rep.Attempt)
+	var parts []string
 	if rep.ServerChanges > 0 {
-		note += fmt.Sprintf(": its ledger sessions reached another database server, or a restarted one, %d time(s) (a failover?)", rep.ServerChanges)
+		parts = append(parts, fmt.Sprintf("its ledger sessions reached another database server, or a restarted one, %d time(s) (a failover?)", rep.ServerChanges))
 	}
 	if rep.Reproven > 0 {
-		note += fmt.Sprintf("; the ledger no longer held %d item(s) the shard had counted (their commits lost with the old server): processed again in %d more pass(es), SQL effects once on the new server, a processor's items again with the same key", rep.Reprocessed, rep.Reproven)
+		parts = append(parts, fmt.Sprintf("the ledger no longer held %d item(s) the shard had counted (their commits lost with the old server): processed again in %d more pass(es), SQL effects once on the new server, a processor's items again with the same key", rep.Reprocessed, rep.Reproven))
 	} else {
-		note += "; the ledger held everything the shard had counted"
+		parts = append(parts, "the ledger held everything the shard had counted")
 	}
-	return note + "; the shard's counts are the ledger's, proven before it reported"
+	parts = append(parts, "the shard's counts are the ledger's, proven before it reported")
+	return fmt.Sprintf("Shard %d attempt %d: %s", shard, rep.Attempt, strings.Join(parts, "; "))
 }
