@@ -180,9 +180,10 @@ func (s *Store) ProveRun(ctx context.Context, run RunRecord, batch []Key, fn fun
 // of the batch kept in the database (kept), or the shard's keys given
 // (static, the copies of a key each given), and the failure records the
 // shard wrote. One read-only snapshot, two statements, all on the server:
-// the keys the run's own rows hold by one join with them, the others by
-// one probe of the rule's index each; only the keys that are not plainly
-// held (a failure record, no holder) come back one by one.
+// one probe of the rule's index per key tells its holder and whether it is
+// the run's own (whatever the planner's statistics: sqlProveShardSelect);
+// only the keys that are not plainly held (a failure record, no holder)
+// come back one by one.
 func (s *Store) ProveShard(ctx context.Context, runUID string, shard int, kept bool, static []Key) (RunProof, error) {
 	q, args := sqlProveKeptShard, []any{runUID, shard}
 	if !kept {
