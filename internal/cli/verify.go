@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,14 +32,16 @@ Supersede retired since; its repeats already handled), AlreadyHandled
 or Missing (no row of the run, no row of another run, no failure record:
 nothing proves the verdict the run counted), Mismatched (records that
 contradict each other or the batch). It recomputes completed,
-alreadyHandled and failed from those and compares them with the counts the
-run reported:
+alreadyHandled and failed from those, and payloadChanged (the keys another
+run holds of which a copy in the batch has another payload, as runledger
+items --payload-changed lists them, read after the snapshot), and compares
+them with the counts the run reported:
 
   - the status in the manifest given with -f: what kubectl get prun NAME -o
     yaml prints (the run must be finished: Succeeded or Failed);
   - or --summary FILE: the JSON runledger run --output json printed;
   - or --expect-completed, --expect-already-handled, --expect-failed (and
-    --expect-total, optional).
+    --expect-total and --expect-payload-changed, optional).
 
 The ledger database keeps a query's batch (until runledger prune), but only
 the digest of inline items or a ConfigMap: for such a run give its manifest
@@ -114,6 +117,7 @@ func newVerifyCommand() *cobra.Command {
 	f.Int64Var(&o.expect.AlreadyHandled, "expect-already-handled", 0, "the counts to prove: alreadyHandled")
 	f.Int64Var(&o.expect.Failed, "expect-failed", 0, "the counts to prove: failed")
 	f.Int64Var(&o.expect.Total, "expect-total", 0, "the counts to prove: total (optional)")
+	f.Int64Var(&o.expect.PayloadChanged, "expect-payload-changed", 0, "the counts to prove: payloadChanged (optional)")
 	f.BoolVar(&o.all, "all", false, "list every key of the batch with its verdict and holder, not only the missing and mismatched ones")
 	f.StringVarP(&o.output, "output", "o", "table", "table or json")
 	f.DurationVar(&o.since, "since", 0, "instead of RUN: prove every run whose batch was fixed within this long (e.g. 6h), from the ledger alone, after an incident: which runs' items the ledger no longer holds (no counts compared; runs of inline items or a ConfigMap are listed, not checked)")
@@ -121,6 +125,7 @@ func newVerifyCommand() *cobra.Command {
 	cmd.MarkFlagsRequiredTogether("expect-completed", "expect-already-handled", "expect-failed")
 	cmd.MarkFlagsMutuallyExclusive("summary", "expect-completed")
 	cmd.MarkFlagsMutuallyExclusive("summary", "expect-total")
+	cmd.MarkFlagsMutuallyExclusive("summary", "expect-payload-changed")
 	addDatabaseFlags(cmd, "PostgreSQL connection string of the ledger")
 	return cmd
 }
@@ -129,8 +134,8 @@ func newVerifyCommand() *cobra.Command {
 type reported struct {
 	counts v1alpha1.ItemCounts
 	from   string
-	// total: the counts hold a total to compare.
-	total bool
+	// total, payloadChanged: the counts hold one to compare.
+	total, payloadChanged bool
 }
 
 func (o *verifyOptions) run(cmd *cobra.Command, name string) error {
@@ -167,6 +172,9 @@ func (o *verifyOptions) run(cmd *cobra.Command, name string) error {
 	case errors.Is(err, ledger.ErrBatchPruned):
 		return exitcode.BadInput(fmt.Errorf("proving run %s/%s: %w, and its failure records with it: the ledger can no longer prove its status", run.Namespace, run.Name, err))
 	case err != nil:
+		return exitcode.Redact(exitcode.For(err), secrets)
+	}
+	if proof.PayloadChanged, err = payloadChangedKeys(cmd.Context(), store, run, batch); err != nil {
 		return exitcode.Redact(exitcode.For(err), secrets)
 	}
 	verdict := judge(run, rep, proof)
@@ -220,19 +228,20 @@ func (o *verifyOptions) reported(cmd *cobra.Command, m *manifest) (reported, err
 		if st.Phase != v1alpha1.RunSucceeded && st.Phase != v1alpha1.RunFailed {
 			return reported{}, exitcode.BadInput(fmt.Errorf("%s: the run is not finished (status.phase %s): its counts are not final; verify it once it has Succeeded or Failed", m.source, st.Phase))
 		}
-		out = append(out, reported{counts: st.ItemCounts, from: "the status in " + m.source, total: true})
+		out = append(out, reported{counts: st.ItemCounts, from: "the status in " + m.source, total: true, payloadChanged: true})
 	}
 	if o.summaryFile != "" {
 		c, err := readSummary(o.summaryFile, cmd.InOrStdin())
 		if err != nil {
 			return reported{}, exitcode.BadInput(err)
 		}
-		out = append(out, reported{counts: c, from: "--summary " + o.summaryFile, total: true})
+		out = append(out, reported{counts: c, from: "--summary " + o.summaryFile, total: true, payloadChanged: true})
 	}
 	if cmd.Flags().Changed("expect-completed") {
-		out = append(out, reported{counts: o.expect, from: "--expect-*", total: cmd.Flags().Changed("expect-total")})
-	} else if cmd.Flags().Changed("expect-total") {
-		return reported{}, exitcode.BadInput(errors.New("--expect-total needs --expect-completed, --expect-already-handled and --expect-failed"))
+		out = append(out, reported{counts: o.expect, from: "--expect-*", total: cmd.Flags().Changed("expect-total"),
+			payloadChanged: cmd.Flags().Changed("expect-payload-changed")})
+	} else if cmd.Flags().Changed("expect-total") || cmd.Flags().Changed("expect-payload-changed") {
+		return reported{}, exitcode.BadInput(errors.New("--expect-total and --expect-payload-changed need --expect-completed, --expect-already-handled and --expect-failed"))
 	}
 	switch len(out) {
 	case 0:
@@ -260,6 +269,7 @@ func readSummary(path string, stdin io.Reader) (v1alpha1.ItemCounts, error) {
 	}
 	var s struct {
 		Total, Completed, AlreadyHandled, Failed *int64
+		PayloadChanged                           int64 // omitted when 0
 	}
 	if err := json.Unmarshal(data, &s); err != nil {
 		return v1alpha1.ItemCounts{}, fmt.Errorf("--summary %s: not the JSON object runledger run --output json prints: %w", path, err)
@@ -267,7 +277,7 @@ func readSummary(path string, stdin io.Reader) (v1alpha1.ItemCounts, error) {
 	if s.Total == nil || s.Completed == nil || s.AlreadyHandled == nil || s.Failed == nil {
 		return v1alpha1.ItemCounts{}, fmt.Errorf("--summary %s: want the JSON object runledger run --output json prints, with total, completed, alreadyHandled and failed", path)
 	}
-	return v1alpha1.ItemCounts{Total: *s.Total, Completed: *s.Completed, AlreadyHandled: *s.AlreadyHandled, Failed: *s.Failed}, nil
+	return v1alpha1.ItemCounts{Total: *s.Total, Completed: *s.Completed, AlreadyHandled: *s.AlreadyHandled, Failed: *s.Failed, PayloadChanged: s.PayloadChanged}, nil
 }
 
 func keysOf(items []ledger.Item) []ledger.Key {
@@ -308,6 +318,7 @@ func judge(run ledger.RunRecord, rep reported, p ledger.RunProof) judgement {
 		{"completed", rep.counts.Completed, p.Completed, true},
 		{"alreadyHandled", rep.counts.AlreadyHandled, p.AlreadyHandled, true},
 		{"failed", rep.counts.Failed, p.Failed, true},
+		{"payloadChanged", rep.counts.PayloadChanged, p.PayloadChanged, rep.payloadChanged},
 	} {
 		if c.compare && c.reported != c.have {
 			why = append(why, fmt.Sprintf("%s %d reported, %d in the ledger", c.what, c.reported, c.have))
@@ -348,6 +359,7 @@ type reportedJSON struct {
 	Completed      int64  `json:"completed"`
 	AlreadyHandled int64  `json:"alreadyHandled"`
 	Failed         int64  `json:"failed"`
+	PayloadChanged *int64 `json:"payloadChanged,omitempty"`
 }
 
 // proofCountsJSON is the ledger's side of runledger verify's JSON output.
@@ -382,6 +394,9 @@ func newProofWriter(w io.Writer, output string, run ledger.RunRecord, rep report
 	counts := reportedJSON{Completed: rep.counts.Completed, AlreadyHandled: rep.counts.AlreadyHandled, Failed: rep.counts.Failed}
 	if rep.total {
 		counts.Total = &rep.counts.Total
+	}
+	if rep.payloadChanged {
+		counts.PayloadChanged = &rep.counts.PayloadChanged
 	}
 	head, err := json.Marshal(struct {
 		Run      ledger.RunRef `json:"run"`
@@ -480,6 +495,11 @@ func (pw *proofWriter) close(p ledger.RunProof, j judgement) error {
 	fmt.Fprintf(t, "completed\t%d\t%d\n", rep.Completed, p.Completed)
 	fmt.Fprintf(t, "alreadyHandled\t%d\t%d\n", rep.AlreadyHandled, p.AlreadyHandled)
 	fmt.Fprintf(t, "failed\t%d\t%d\n", rep.Failed, p.Failed)
+	changed := "-"
+	if pw.rep.payloadChanged {
+		changed = fmt.Sprint(rep.PayloadChanged)
+	}
+	fmt.Fprintf(t, "payloadChanged\t%s\t%d\n", changed, p.PayloadChanged)
 	fmt.Fprintf(t, "missing\t-\t%d\n", p.Missing)
 	fmt.Fprintf(t, "mismatched\t-\t%d\n", p.Mismatched)
 	pw.fail(t.Flush())
@@ -488,4 +508,24 @@ func (pw *proofWriter) close(p ledger.RunProof, j judgement) error {
 		pw.fail(err)
 	}
 	return pw.err
+}
+
+// payloadChangedKeys counts run's keys that another run's committed row
+// holds and a copy of which in the batch has another payload (already
+// handled, or failed with class payload-changed under onPayloadChange:
+// Fail), each once: what runledger items --payload-changed lists and the
+// run's payloadChanged counts. A read of its own, after the proof's
+// snapshot.
+func payloadChangedKeys(ctx context.Context, store *ledger.Store, run ledger.RunRecord, batch []ledger.Item) (int64, error) {
+	var n int64
+	err := store.RunItemsOf(ctx, run, batch, []ledger.Outcome{ledger.AlreadyHandled, ledger.Failed}, func(v ledger.ItemVerdict) error {
+		if v.PayloadChanged || v.Outcome == ledger.Failed && v.Class == ledger.ClassPayloadChanged {
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("counting the keys whose payload changed: %w", err)
+	}
+	return n, nil
 }

@@ -27,11 +27,13 @@ func TestRunPayloadChanged(t *testing.T) {
 		}
 		return strings.Join(out, "\n")
 	}
-	run := func(name, jsonl string, extra ...string) result {
+	files := func(name, jsonl string, extra ...string) []string {
 		spec := append([]string{"batch: {configMapRef: {name: june, key: items.jsonl}}", "workers: 2", "chunkSize: 3",
 			`effect: {sql: "INSERT INTO invoices SELECT entity, (payload->>'amount')::numeric FROM claimed"}`}, extra...)
-		return runCLI(t, "", "run", "-f", writeFile(t, "run.yaml", manifest(name, spec...)),
-			"--from-file", writeFile(t, "items.jsonl", jsonl), "--dsn", d.dsn, "--output", "json")
+		return []string{"-f", writeFile(t, "run.yaml", manifest(name, spec...)), "--from-file", writeFile(t, "items.jsonl", jsonl)}
+	}
+	run := func(name, jsonl string, extra ...string) result {
+		return runCLI(t, "", append([]string{"run", "--dsn", d.dsn, "--output", "json"}, files(name, jsonl, extra...)...)...)
 	}
 	r := run("v1", lines(func(i int) string { return fmt.Sprintf(`{"amount": %d, "currency": "EUR"}`, i) }))
 	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
@@ -48,6 +50,7 @@ func TestRunPayloadChanged(t *testing.T) {
 	}
 	r = run("v2", lines(changed))
 	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	r2 := r
 	s := r.summary(t)
 	require.Equal(t, counts{Total: 20, AlreadyHandled: 20}, s.counts())
 	require.EqualValues(t, 5, s.PayloadChanged)
@@ -65,6 +68,24 @@ func TestRunPayloadChanged(t *testing.T) {
 	}
 	slices.Sort(failed)
 	require.Equal(t, []string{"acct-00", "acct-04", "acct-08", "acct-12", "acct-16"}, failed, "exactly the changed ones")
+
+	// runledger verify proves payloadChanged too, already handled (v2) or
+	// failed (v3): against runledger run's JSON, or a count given.
+	for _, v := range []struct {
+		name  string
+		extra []string
+		sum   string
+	}{{"v2", nil, writeFile(t, "v2.json", r2.stdout)}, {"v3", []string{"onPayloadChange: Fail", "maxFailedItems: 5"}, writeFile(t, "v3.json", r.stdout)}} {
+		p, _ := verify(t, d, "", v.name, append(files(v.name, lines(changed), v.extra...), "--summary", v.sum)...)
+		require.True(t, p.Proven, p.Summary)
+		require.EqualValues(t, 5, p.Ledger.PayloadChanged)
+		require.Equal(t, int64(5), *p.Reported.PayloadChanged)
+		c := p.counts()
+		p, _ = verify(t, d, "", v.name, append(files(v.name, lines(changed), v.extra...), "--expect-completed", "0",
+			"--expect-already-handled", fmt.Sprint(c.AlreadyHandled), "--expect-failed", fmt.Sprint(c.Failed), "--expect-payload-changed", "4")...)
+		require.False(t, p.Proven)
+		require.Contains(t, p.Summary, "payloadChanged 4 reported, 5 in the ledger")
+	}
 
 	// They count against maxFailedItems like any failure.
 	r = run("v4", lines(changed), "onPayloadChange: Fail")

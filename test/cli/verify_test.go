@@ -15,9 +15,12 @@ import (
 
 // proof is runledger verify's JSON output.
 type proof struct {
-	Run        runRef `json:"run"`
-	Source     string `json:"source"`
-	Reported   counts `json:"reported"`
+	Run      runRef `json:"run"`
+	Source   string `json:"source"`
+	Reported struct {
+		counts
+		PayloadChanged *int64 `json:"payloadChanged"`
+	} `json:"reported"`
 	ReportedIn string `json:"reportedIn"`
 	Items      []struct {
 		Verdict    string  `json:"verdict"`
@@ -45,6 +48,7 @@ type proofLedger struct {
 	Completed      int64 `json:"completed"`
 	AlreadyHandled int64 `json:"alreadyHandled"`
 	Failed         int64 `json:"failed"`
+	PayloadChanged int64 `json:"payloadChanged"`
 	Missing        int64 `json:"missing"`
 	Mismatched     int64 `json:"mismatched"`
 	Keys           int64 `json:"keys"`
@@ -202,8 +206,12 @@ func TestVerifyQueryBatch(t *testing.T) {
 
 // withStatus is manifest m as kubectl get -o yaml prints it: with the
 // run's status (phase and counts).
-func withStatus(m, phase string, c counts) string {
-	return m + fmt.Sprintf("status:\n  phase: %s\n  total: %d\n  completed: %d\n  alreadyHandled: %d\n  failed: %d\n", phase, c.Total, c.Completed, c.AlreadyHandled, c.Failed)
+func withStatus(m, phase string, c counts, payloadChanged ...int64) string {
+	m += fmt.Sprintf("status:\n  phase: %s\n  total: %d\n  completed: %d\n  alreadyHandled: %d\n  failed: %d\n", phase, c.Total, c.Completed, c.AlreadyHandled, c.Failed)
+	for _, n := range payloadChanged {
+		m += fmt.Sprintf("  payloadChanged: %d\n", n)
+	}
+	return m
 }
 
 // TestVerifyStaticBatch: runs of inline items and of a ConfigMap, whose
@@ -228,11 +236,13 @@ func TestVerifyStaticBatch(t *testing.T) {
 		}
 		return out
 	}
+	var changed int64 // the last run's payloadChanged
 	run := func(name string, m string, args ...string) (string, counts) {
 		t.Helper()
 		file := writeFile(t, name+".yaml", m)
 		r := runCLI(t, "", append([]string{"run", "-f", file, "--dsn", d.dsn, "--output", "json"}, args...)...)
 		require.Equal(t, 0, r.code, r.stderr)
+		changed = r.summary(t).PayloadChanged
 		return m, r.summary(t).counts()
 	}
 	may, mayCounts := run("may", manifest("may", inlineItems(keys(0, 9, 3)...), sinkEffect))
@@ -248,6 +258,10 @@ func TestVerifyStaticBatch(t *testing.T) {
 	julyItems := writeFile(t, "july.jsonl", strings.Join(lines, "\n"))
 	july, julyCounts := run("july", manifest("july", "batch: {configMapRef: {name: july, key: items.jsonl}}", sinkEffect), "--from-file", julyItems)
 	require.Equal(t, counts{Total: 15, Completed: 2, AlreadyHandled: 13}, julyCounts)
+	// Held by may (acct-00..04, amounts 1..5) and june (acct-05..12, 1..8):
+	// all but acct-00 and acct-05 had another amount than july's 1.
+	julyChanged := changed
+	require.EqualValues(t, 11, julyChanged)
 
 	check := func(stdin, name string, want counts, args ...string) proof {
 		t.Helper()
@@ -263,7 +277,7 @@ func TestVerifyStaticBatch(t *testing.T) {
 	p := check("", "may", mayCounts, "-f", writeFile(t, "may-status.yaml", withStatus(may, "Succeeded", mayCounts)))
 	require.Contains(t, p.Summary, "is proven by the ledger: 10 completed, 1 already handled, 0 failed of 11 items")
 	check(withStatus(june, "Succeeded", juneCounts), "june", juneCounts, "-f", "-")
-	check("", "july", julyCounts, "-f", writeFile(t, "july-status.yaml", withStatus(july, "Succeeded", julyCounts)), "--from-file", julyItems)
+	check("", "july", julyCounts, "-f", writeFile(t, "july-status.yaml", withStatus(july, "Succeeded", julyCounts, julyChanged)), "--from-file", julyItems)
 	p = check("", "may", mayCounts, "-f", writeFile(t, "may.yaml", may), "--all", "--expect-completed", "10", "--expect-already-handled", "1", "--expect-failed", "0")
 	v := p.verdicts()
 	require.Equal(t, "Completed", v["acct-05"], "may committed acct-05, june's Supersede retired its row since")
@@ -281,7 +295,7 @@ func TestVerifyStaticBatch(t *testing.T) {
 	require.Equal(t, map[string]string{"acct-06": "Missing"}, p.verdicts())
 	require.Contains(t, r.stderr, "is not proven by the ledger: 1 item missing")
 	require.Contains(t, r.stderr, "(counts from the status in stdin)")
-	p, _ = verify(t, d, "", "july", "-f", writeFile(t, "july-status.yaml", withStatus(july, "Succeeded", julyCounts)), "--from-file", julyItems)
+	p, _ = verify(t, d, "", "july", "-f", writeFile(t, "july-status.yaml", withStatus(july, "Succeeded", julyCounts, julyChanged)), "--from-file", julyItems)
 	require.False(t, p.Proven)
 	require.Equal(t, map[string]string{"acct-06": "Missing"}, p.verdicts(), "july found acct-06 already handled: its holder vanished")
 
