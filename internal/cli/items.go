@@ -66,9 +66,12 @@ whose batch is neither kept nor given); 1 for any other failure.`
 type itemsOptions struct {
 	batchInput
 	namespace, uid, output string
-	failed, completed      bool
-	alreadyHandled         bool
-	payloadChanged         bool
+	// derived: uid is the one runledger run derives from a manifest
+	// without metadata.uid (runPick).
+	derived           bool
+	failed, completed bool
+	alreadyHandled    bool
+	payloadChanged    bool
 }
 
 func newItemsCommand() *cobra.Command {
@@ -126,7 +129,7 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 	if o.namespace, err = namespaceOr(o.namespace); err != nil {
 		return err
 	}
-	store, secrets, run, done, err := openRun(cmd, "listing", o.namespace, name, o.uid, batch)
+	store, secrets, run, done, err := openRun(cmd, "listing", o.namespace, name, runPick{uid: o.uid, derived: o.derived}, batch)
 	if err != nil {
 		return err
 	}
@@ -160,7 +163,7 @@ func (o *itemsOptions) run(cmd *cobra.Command, name string) error {
 // openRun opens the ledger and finds the run namespace/name (the one of
 // uid, if given) whose batch batch, if given, is (checkGiven): what items
 // and verify do first. done closes the ledger's pool.
-func openRun(cmd *cobra.Command, verb, namespace, name, uid string, batch []ledger.Item) (
+func openRun(cmd *cobra.Command, verb, namespace, name string, pick runPick, batch []ledger.Item) (
 	store *ledger.Store, secrets *redact.Redactor, run ledger.RunRecord, done func(), err error) {
 	pool, secrets, err := openOwnerPool(cmd)
 	if err != nil {
@@ -172,7 +175,7 @@ func openRun(cmd *cobra.Command, verb, namespace, name, uid string, batch []ledg
 		pool.Close()
 		return nil, nil, run, nil, exitcode.Redact(exitcode.For(err), secrets)
 	}
-	if run, err = pickRun(cmd.ErrOrStderr(), verb, namespace, name, uid, runs); err == nil {
+	if run, err = pickRun(cmd.ErrOrStderr(), verb, namespace, name, pick, runs); err == nil {
 		err = checkGiven(run, batch)
 	}
 	if err != nil {
@@ -217,9 +220,18 @@ func (o *itemsOptions) givenBatch(cmd *cobra.Command, name string) ([]ledger.Ite
 		return nil, exitcode.BadInput(fmt.Errorf("%s: -f is for a run of inline items or a ConfigMap; the ledger database keeps the batch of any other", m.source))
 	}
 	if o.uid == "" {
-		o.uid = plan.Run.UID // its metadata.uid, or the one runledger run derives
+		o.uid, o.derived = plan.Run.UID, m.run.UID == "" // its metadata.uid, or the one runledger run derives
 	}
 	return static.Items(), nil
+}
+
+// runPick is how openRun picks a run of a name: by uid, or the latest.
+// derived: uid is the one runledger run derives from a manifest without
+// metadata.uid, which a run a cluster made does not have: without a run of
+// that uid, the latest is picked.
+type runPick struct {
+	uid     string
+	derived bool
 }
 
 // checkGiven refuses a batch given for run that is not the one the run
@@ -240,14 +252,21 @@ func checkGiven(run ledger.RunRecord, batch []ledger.Item) error {
 
 // pickRun chooses the run named namespace/name among runs: the one of uid,
 // or the latest (saying on stderr, after verb, when there were others).
-func pickRun(stderr io.Writer, verb, namespace, name, uid string, runs []ledger.RunRecord) (ledger.RunRecord, error) {
-	if uid != "" {
+func pickRun(stderr io.Writer, verb, namespace, name string, pick runPick, runs []ledger.RunRecord) (ledger.RunRecord, error) {
+	if pick.uid != "" {
 		for _, r := range runs {
-			if r.UID == uid {
+			if r.UID == pick.uid {
 				return r, nil
 			}
 		}
-		return ledger.RunRecord{}, &exitcode.Error{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database has no run %s/%s of uid %s", namespace, name, uid)}
+		if !pick.derived || len(runs) == 0 {
+			return ledger.RunRecord{}, &exitcode.Error{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database has no run %s/%s of uid %s", namespace, name, pick.uid)}
+		}
+		// A manifest kept without metadata.uid (in git, say) of a run a
+		// cluster made: its uid is the API server's. The batch given is
+		// checked against the run's digest (checkGiven).
+		fmt.Fprintf(stderr, "runledger: note: the manifest has no metadata.uid and no run %s/%s has the uid runledger run derives from it: %s the latest run of that name, whose batch must be the manifest's\n",
+			namespace, name, verb)
 	}
 	if len(runs) == 0 {
 		return ledger.RunRecord{}, &exitcode.Error{Code: v1alpha1.ExitNotFound, Err: fmt.Errorf("the ledger database has no run %s/%s (no shard of it ever started; is --namespace right?)", namespace, name)}

@@ -77,6 +77,7 @@ run's batch, a static run without its manifest, a pruned batch).`
 type verifyOptions struct {
 	batchInput
 	namespace, uid, output string
+	derived                bool // as itemsOptions'
 	all                    bool
 	summaryFile            string
 	expect                 v1alpha1.ItemCounts
@@ -153,7 +154,7 @@ func (o *verifyOptions) run(cmd *cobra.Command, name string) error {
 	if o.namespace, err = namespaceOr(o.namespace); err != nil {
 		return err
 	}
-	store, secrets, run, done, err := openRun(cmd, "proving", o.namespace, name, o.uid, batch)
+	store, secrets, run, done, err := openRun(cmd, "proving", o.namespace, name, runPick{uid: o.uid, derived: o.derived}, batch)
 	if err != nil {
 		return err
 	}
@@ -211,7 +212,7 @@ func (o *verifyOptions) given(cmd *cobra.Command, name string) ([]ledger.Item, *
 		return nil, nil, exitcode.BadInput(fmt.Errorf("%s is run %s/%s, not %s/%s", m.source, plan.Run.Namespace, plan.Run.Name, o.namespace, name))
 	}
 	if o.uid == "" {
-		o.uid = plan.Run.UID // its metadata.uid, or the one runledger run derives
+		o.uid, o.derived = plan.Run.UID, m.run.UID == "" // its metadata.uid, or the one runledger run derives
 	}
 	if static, ok := plan.Source.(*worker.StaticSource); ok {
 		return static.Items(), m, nil

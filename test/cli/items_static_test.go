@@ -147,3 +147,42 @@ func TestItemsOfAStaticBatch(t *testing.T) {
 	require.Equal(t, committed+1, d.int(t, `SELECT count(*) FROM invoices`), "the effect ran once per committed item")
 	require.Equal(t, committed+1, d.int(t, `SELECT count(DISTINCT account) FROM invoices`))
 }
+
+// TestItemsOfAClusterRunFromItsManifestInGit: a run a cluster made has a
+// uid of the API server's, which the manifest kept in git does not carry:
+// items and verify, given that manifest, take the latest run of its name
+// (saying so) and check its items against the run's batch; items that are
+// not the run's batch are refused, and a uid given that no run has is not
+// found.
+func TestItemsOfAClusterRunFromItsManifestInGit(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	d.exec(t, fmt.Sprintf(sinkSchema, 0.0))
+	keys := [][2]string{{"acct-1", "2024-06"}, {"acct-2", "2024-06"}}
+	first := runCLI(t, "", "run", "-f", writeFile(t, "first.yaml", manifest("first", inlineItems(keys...), sinkEffect)), "--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, first.code, first.stderr)
+	inGit := manifest("again", inlineItems(append(keys, [2]string{"acct-3", "2024-06"})...), sinkEffect)
+	// As the API server stored it: with a uid of its own.
+	stored := strings.Replace(inGit, "  namespace: billing\n", "  namespace: billing\n  uid: 6c1f4d52-3e0b-4f55-9d8e-0b7f2a1c9e11\n", 1)
+	r := runCLI(t, "", "run", "-f", writeFile(t, "stored.yaml", stored), "--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, counts{Total: 3, Completed: 1, AlreadyHandled: 2}, r.summary(t).counts())
+
+	file := writeFile(t, "again.yaml", inGit)
+	res := runCLI(t, "", "items", "again", "-n", "billing", "-f", file, "--already-handled", "--output", "json", "--dsn", d.dsn)
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stderr, "the manifest has no metadata.uid")
+	require.Len(t, decodeItems(t, res), 2)
+	p, _ := verify(t, d, "", "again", "-f", file, "--expect-completed", "1", "--expect-already-handled", "2", "--expect-failed", "0")
+	require.True(t, p.Proven, p.Summary)
+	require.Equal(t, "6c1f4d52-3e0b-4f55-9d8e-0b7f2a1c9e11", p.Run.UID)
+
+	edited := writeFile(t, "edited.yaml", strings.Replace(inGit, "acct-3", "acct-4", 1))
+	res = runCLI(t, "", "items", "again", "-n", "billing", "-f", edited, "--already-handled", "--dsn", d.dsn)
+	require.Equal(t, v1alpha1.ExitBadInput, res.code, res.stderr)
+	require.Contains(t, res.stderr, "not run billing/again's batch")
+	require.Empty(t, res.stdout)
+	wrong := writeFile(t, "wrong.yaml", strings.Replace(stored, "6c1f4d52", "00000000", 1))
+	res = runCLI(t, "", "items", "again", "-n", "billing", "-f", wrong, "--already-handled", "--dsn", d.dsn)
+	require.Equal(t, v1alpha1.ExitNotFound, res.code, res.stderr)
+}
