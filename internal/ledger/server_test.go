@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -60,14 +61,7 @@ func TestCommitChunk_CommitWaitingForAStandbyIsNoticed(t *testing.T) {
 	t.Cleanup(pool.Close)
 	_, err = ledger.Migrate(ctx, pool)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'ghost'`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `SELECT pg_catalog.pg_reload_conf()`)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		var names string
-		return pool.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&names) == nil && names == "ghost"
-	}, 10*time.Second, 50*time.Millisecond)
+	awaitGhostStandby(t, pool)
 
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second) // without a bound: until then
 	defer cancel()
@@ -104,14 +98,7 @@ func TestWritesOutsideChunksAnswerWithoutAStandby(t *testing.T) {
 	store := ledger.NewStore(pool).WithBounds(time.Hour, time.Second)
 	lease := store.ShardLease("uid-ghost", 0)
 	require.NoError(t, lease.Acquire(ctx, 0, nil))
-	_, err = pool.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'ghost'`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `SELECT pg_catalog.pg_reload_conf()`)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		var names string
-		return pool.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&names) == nil && names == "ghost"
-	}, 10*time.Second, 50*time.Millisecond)
+	awaitGhostStandby(t, pool)
 
 	tctx, cancel := context.WithTimeout(ctx, time.Minute) // without a bound: until then
 	defer cancel()
@@ -147,4 +134,20 @@ func TestWritesOutsideChunksAnswerWithoutAStandby(t *testing.T) {
 			require.True(t, ledger.IsRetryable(err), "%s: %v", name, err)
 		}
 	}
+}
+
+// awaitGhostStandby makes pool's server wait, at every COMMIT, for a
+// synchronous standby that never comes (an old primary a failover left
+// behind), and waits until it does.
+func awaitGhostStandby(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'ghost'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `SELECT pg_catalog.pg_reload_conf()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var names string
+		return pool.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&names) == nil && names == "ghost"
+	}, 10*time.Second, 50*time.Millisecond)
 }
