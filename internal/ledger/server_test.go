@@ -53,20 +53,13 @@ func TestCommitChunk_CommitWaitingForAStandbyIsNoticed(t *testing.T) {
 	t.Parallel()
 	testtier.Needs(t, "PostgreSQL")
 	ctx := context.Background()
-	c, err := pgtest.StartCluster(ctx, pgtest.Options{Settings: map[string]string{"synchronous_commit": "on"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Stop() })
-	pool, err := ledger.Open(ctx, c.DSN("postgres"), 2, ledger.NetworkTimeout(2*time.Second))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = ledger.Migrate(ctx, pool)
-	require.NoError(t, err)
+	pool := migratedServer(t, ledger.NetworkTimeout(2*time.Second))
 	awaitGhostStandby(t, pool)
 
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second) // without a bound: until then
 	defer cancel()
 	start := time.Now()
-	_, err = ledger.NewStore(pool).CommitChunk(tctx, runNamed("uid-ghost"), []ledger.Item{{Key: ledger.Key{Entity: "a", Occurrence: "b"}}},
+	_, err := ledger.NewStore(pool).CommitChunk(tctx, runNamed("uid-ghost"), []ledger.Item{{Key: ledger.Key{Entity: "a", Occurrence: "b"}}},
 		ledger.ChunkOptions{LockTimeout: time.Second, NetworkTimeout: 2 * time.Second})
 	require.NoError(t, tctx.Err(), "ended by the bound, not by the test's own deadline")
 	require.Less(t, time.Since(start), 15*time.Second)
@@ -87,14 +80,7 @@ func TestWritesOutsideChunksAnswerWithoutAStandby(t *testing.T) {
 	t.Parallel()
 	testtier.Needs(t, "PostgreSQL")
 	ctx := context.Background()
-	c, err := pgtest.StartCluster(ctx, pgtest.Options{Settings: map[string]string{"synchronous_commit": "on"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Stop() })
-	pool, err := ledger.Open(ctx, c.DSN("postgres"), 4)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = ledger.Migrate(ctx, pool)
-	require.NoError(t, err)
+	pool := migratedServer(t)
 	store := ledger.NewStore(pool).WithBounds(time.Hour, time.Second)
 	lease := store.ShardLease("uid-ghost", 0)
 	require.NoError(t, lease.Acquire(ctx, 0, nil))
@@ -150,4 +136,20 @@ func awaitGhostStandby(t *testing.T, pool *pgxpool.Pool) {
 		var names string
 		return pool.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&names) == nil && names == "ghost"
 	}, 10*time.Second, 50*time.Millisecond)
+}
+
+// migratedServer is a pool of 4 on a server of its own (synchronous_commit
+// on, no standby yet), its ledger migrated.
+func migratedServer(t *testing.T, opts ...ledger.Option) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgtest.StartCluster(ctx, pgtest.Options{Settings: map[string]string{"synchronous_commit": "on"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	pool, err := ledger.Open(ctx, c.DSN("postgres"), 4, opts...)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = ledger.Migrate(ctx, pool)
+	require.NoError(t, err)
+	return pool
 }
