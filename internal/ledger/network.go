@@ -89,11 +89,11 @@ const writeAnswerGrace = 10 * time.Second
 
 // answered bounds, on the client, a small write of the Store outside a
 // chunk: its answer must arrive within the Store's lock timeout and
-// writeAnswerGrace. Its statements end sooner on the server; the bound is
-// for a COMMIT that waits for a synchronous standby a failover took away
-// (an old primary's: it never answers, whatever statement_timeout says) and
-// for a server that is gone. The write is idempotent and tried again, on a
-// new session.
+// writeAnswerGrace. The bound is for a COMMIT that waits for a synchronous
+// standby a failover took away (an old primary's: it waits as long as the
+// Store's statement timeout, an hour by default, or for ever without one)
+// and for a server that is gone. The write is idempotent and tried again,
+// on a new session.
 func (s *Store) answered(ctx context.Context) (context.Context, context.CancelFunc) {
 	lock := s.lockTimeout
 	if lock <= 0 {
