@@ -442,11 +442,6 @@ func readChunk(ctx context.Context, st stream, size int) ([]entry, error) {
 	return chunk, nil
 }
 
-// ErrPayloadChanged is the failure of an item already handled by another
-// run whose payload differs from the committed row's, under
-// spec.onPayloadChange: Fail.
-var ErrPayloadChanged = errors.New("already handled by another run, whose committed row has a different payload (spec.onPayloadChange: Fail); nothing was written")
-
 // tally is one chunk's outcome, added to the report only once the chunk is
 // settled, so that a chunk abandoned mid-way counts nothing.
 type tally struct {
@@ -466,22 +461,30 @@ func (t *tally) failed(f Failure) {
 	t.failures = append(t.failures, f)
 }
 
-// process settles one chunk: its copies grouped by key, the preload, the
-// commit with its retries, and the tally of the outcomes. An empty chunk
-// ends the batch: it counts the last group if it waited (carried.pending).
+// process settles one chunk: its copies grouped by key with what the fetch
+// found, the ledger's verdict of every key (ledger.Store.Settle: the
+// preload, the claim with its retries, the outcomes), and their tally. An
+// empty chunk ends the batch: it counts the last group if it waited
+// (carried.pending).
 func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 	work, stop := s.drainContext(ctx)
 	defer stop()
 	g := groupFirstCopies(chunk, s.carry.pending != nil)
-	if err := s.preload(ctx, work, &g); err != nil {
-		return err
-	}
-	results, err := s.commit(ctx, work, g.toCommit(s.cfg.OnExisting), g.expectFresh())
+	settled, err := s.store.Settle(work, s.cfg.Run, g.groups, ledger.SettleOptions{
+		ChunkOptions: ledger.ChunkOptions{
+			Effect: s.cfg.Effect, Processor: s.cfg.Processor, OnExisting: s.cfg.OnExisting, Lease: s.lease,
+			ExpectFresh:   g.fresh,
+			EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock, NetworkTimeout: s.cfg.Timeouts.Network,
+		},
+		FailOnPayloadChange: s.cfg.FailOnPayloadChange,
+		Retry:               s.retry(ctx),
+		Stop:                func() error { return stopCause(ctx) },
+	})
 	if err != nil {
 		return err
 	}
-	s.st.sawHeld(claimFoundHeld(results))
-	t, err := s.tallyChunk(chunk, g, results)
+	s.st.sawHeld(settled.ClaimFoundHeld)
+	t, err := s.tallyChunk(chunk, g, settled.Decisions)
 	if err != nil {
 		return err
 	}
@@ -490,6 +493,13 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 	}
 	s.settle(t)
 	return nil
+}
+
+// retry is the shard's back-off for the ledger's steps, until ctx is done.
+func (s *shardRun) retry(ctx context.Context) ledger.Retry {
+	return func(step string, retryable func(error) bool, try func(int) error) error {
+		return s.cfg.Retry.DoWhile(ctx, step, retryable, s.onRetry(step), try)
+	}
 }
 
 // record writes the chunk's failed items to the ledger database, exactly the
@@ -551,55 +561,29 @@ func (s *shardRun) drainContext(ctx context.Context) (context.Context, func()) {
 // of them, and the claim, or the preload, compares every payload they did
 // not settle.
 type firstCopies struct {
-	// firsts[i] is group i's item as the claim is sent it: its key and its
-	// first copy's payload or, when the fetch left that out (the lookup
-	// found it the same as the holding row's), its first other copy's.
-	firsts []ledger.Item
-	// copies[i] are group i's later copies whose payload the claim (or the
-	// preload) compares besides firsts[i]'s: those the lookups did not
-	// settle, other than firsts[i]'s bytes. nil: none in the chunk.
-	copies [][]ledger.Item
-	// firstIdx maps an entry of the chunk to its group in firsts, or -1 (a
-	// bad entry, or a repeat of the previous chunk's last key).
+	// groups[i] is group i as the ledger settles it: its item as the claim
+	// is sent it (its key and its first copy's payload or, when the fetch
+	// left that out, the lookup having found it the same as the holding
+	// row's, its first other copy's), its later copies whose payload the
+	// claim (or the preload) compares besides (those the lookups did not
+	// settle, other than the item's bytes), and what the lookups found
+	// (by index, not a map by key: a chunk of an already handled batch is
+	// all held, and hashing every key was a sixth of a shard's CPU).
+	groups []ledger.Group
+	// firstIdx maps an entry of the chunk to its group, or -1 (a bad entry,
+	// or a repeat of the previous chunk's last key).
 	firstIdx []int
-	// held[i] is what is known of group i's committed row: by whom and,
-	// for another run's row, whether a payload differs (HolderNone: not
-	// known committed; by index, not a map by key: a chunk of an already
-	// handled batch is all held, and hashing every key was a sixth of a
-	// shard's CPU); unchecked are the indexes of the groups the source did
-	// not check. A key another run holds whose payloads the lookups could
-	// not compare is not held: the claim compares them.
-	held      []ledger.Held
-	nheld     int
-	unchecked []int
-	// unsure counts the groups found held by another run whose payloads
-	// the lookup could not compare: the claim meets their rows.
-	unsure int
+	// fresh: no lookup found a key held by another run whose payloads it
+	// could not compare (ledger.ChunkOptions.ExpectFresh).
+	fresh bool
 	// cont: group 0 is the chunk's leading repeats of the previous chunk's
 	// last key, whose copies are not counted yet (carried.pending).
 	cont bool
 }
 
-// expectFresh says whether the claim should expect none of the keys it is
-// sent held (ledger.ChunkOptions.ExpectFresh, which a Supersede run's claim
-// ignores): every first copy sent was looked up or preloaded and found
-// unheld, or comes from a source that stopped looking up after finding none
-// held.
-func (g firstCopies) expectFresh() bool { return g.unsure == 0 }
-
 // hold records what a lookup found of group i's key.
 func (g *firstCopies) hold(i int, h ledger.Held) {
-	if h.Holder == ledger.HolderNone {
-		return
-	}
-	if h.Holder == ledger.HolderOtherRun && h.Payload == ledger.PayloadUnknown {
-		g.unsure++
-		return
-	}
-	if g.held[i].Holder == ledger.HolderNone {
-		g.nheld++
-	}
-	g.held[i] = h
+	g.fresh = g.groups[i].Know(h) && g.fresh
 }
 
 // lookups is what the entries of one group say of its key.
@@ -609,7 +593,7 @@ type lookups struct {
 	h       ledger.Held // the first checked entry's, payloads merged (ledger.MergeMatch)
 	checked bool        // some entry was looked up
 	static  bool        // the source asks the preload (neither checked nor direct)
-	hasItem bool        // firsts[i] has a payload the fetch did not leave out
+	hasItem bool        // the group's item has a payload the fetch did not leave out
 }
 
 func (l *lookups) add(e entry) {
@@ -639,13 +623,13 @@ func (l *lookups) add(e entry) {
 func (g *firstCopies) close(i int, l lookups) {
 	switch {
 	case l.static:
-		g.unchecked = append(g.unchecked, i)
+		g.groups[i].Unchecked = true
 	case l.checked && l.h.Holder == ledger.HolderOtherRun && l.h.Payload == ledger.PayloadDiffers:
 		g.hold(i, l.h)
 	case l.all && l.agree:
 		g.hold(i, l.h)
 	case l.checked && (l.h.Holder != ledger.HolderNone || !l.agree):
-		g.unsure++ // held when looked up: the claim will find it so
+		g.fresh = false // held when looked up: the claim will find it so
 	}
 }
 
@@ -653,7 +637,7 @@ func (g *firstCopies) close(i int, l lookups) {
 // the previous chunk's last group, not counted yet (carried.pending), and
 // are a group of their own (cont), compared like any other.
 func groupFirstCopies(chunk []entry, continues bool) firstCopies {
-	g := firstCopies{held: make([]ledger.Held, 0, len(chunk)), firstIdx: make([]int, len(chunk)), firsts: make([]ledger.Item, 0, len(chunk))}
+	g := firstCopies{groups: make([]ledger.Group, 0, len(chunk)), firstIdx: make([]int, len(chunk)), fresh: true}
 	last := -1
 	var l lookups
 	for i, e := range chunk {
@@ -665,9 +649,8 @@ func groupFirstCopies(chunk []entry, continues bool) firstCopies {
 				g.close(last, l)
 			}
 			g.cont = g.cont || e.repeat
-			last = len(g.firsts)
-			g.firsts = append(g.firsts, e.item)
-			g.held = append(g.held, ledger.Held{})
+			last = len(g.groups)
+			g.groups = append(g.groups, ledger.Group{Item: e.item})
 			g.firstIdx[i] = last
 			l = lookups{all: true, hasItem: !e.omitted}
 			l.add(e)
@@ -685,138 +668,28 @@ func groupFirstCopies(chunk []entry, continues bool) firstCopies {
 
 // addCopy keeps a later copy of group i for the claim to compare, unless
 // the fetch left its payload out (the lookup found it the same) or it is
-// firsts[i]'s, byte for byte; the first one the fetch did not leave out
-// stands for a first copy it did.
+// the group item's, byte for byte; the first one the fetch did not leave
+// out stands for a first copy it did.
 func (g *firstCopies) addCopy(i int, l *lookups, e entry) {
+	grp := &g.groups[i]
 	switch p := e.item.Payload; {
 	case e.omitted:
 	case !l.hasItem:
-		g.firsts[i].Payload, l.hasItem = p, true
-	case (p == nil) == (g.firsts[i].Payload == nil) && bytes.Equal(p, g.firsts[i].Payload):
+		grp.Item.Payload, l.hasItem = p, true
+	case (p == nil) == (grp.Item.Payload == nil) && bytes.Equal(p, grp.Item.Payload):
 	default:
-		if g.copies == nil {
-			g.copies = make([][]ledger.Item, cap(g.firsts)) // the chunk's length: no group index reaches it
-		}
-		g.copies[i] = append(g.copies[i], e.item)
+		grp.Copies = append(grp.Copies, e.item)
 	}
 }
 
-// withCopies is group i's item and its copies to compare.
-func (g firstCopies) withCopies(out []ledger.Item, i int) []ledger.Item {
-	out = append(out, g.firsts[i])
-	if g.copies != nil {
-		out = append(out, g.copies[i]...)
+// verdictOf is the worker's form of the ledger's verdict v of item it: a
+// Failed one with its failure record.
+func verdictOf(it ledger.Item, v ledger.Decision) verdict {
+	out := verdict{outcome: v.Outcome, payloadChanged: v.PayloadChanged}
+	if v.Outcome == ledger.Failed {
+		out.failure = &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: errString(v.Err), Class: v.Class, payload: it.Payload}
 	}
 	return out
-}
-
-// toCommit are the groups the preload did not settle, each with its copies
-// to compare (a Supersede run compares none: its first copy only).
-func (g firstCopies) toCommit(onExisting ledger.OnExisting) []ledger.Item {
-	out := make([]ledger.Item, 0, max(0, len(g.firsts)-g.nheld))
-	for i, it := range g.firsts {
-		switch h := g.held[i].Holder; {
-		case onExisting == ledger.Supersede && h != ledger.HolderSameRun:
-			out = append(out, it)
-		case h == ledger.HolderNone:
-			out = g.withCopies(out, i)
-		}
-	}
-	return out
-}
-
-// preload asks which unchecked groups' keys are committed already, and by
-// whom, with what the text of every copy's payload says.
-func (s *shardRun) preload(ctx, work context.Context, g *firstCopies) error {
-	if len(g.unchecked) == 0 {
-		return nil
-	}
-	items := make([]ledger.Item, 0, len(g.unchecked))
-	for _, i := range g.unchecked {
-		items = g.withCopies(items, i)
-	}
-	return s.cfg.Retry.Do(ctx, "preloading committed keys", s.onRetry("preload"), func(int) error {
-		h, err := s.store.PreloadItems(work, s.cfg.Run.UID, items)
-		for _, i := range g.unchecked {
-			if v, ok := h[g.firsts[i].Key]; ok {
-				g.hold(i, v)
-			}
-		}
-		return err
-	})
-}
-
-// commit commits items, with retries. Items a processor asked to retry are
-// sent again after the back-off; once the retries are spent, they, or the
-// items of calls that kept failing, are Failed with the processor's error.
-// fresh (the lookups found none of items held) is the first try's
-// ExpectFresh: a retry may find rows its earlier try committed.
-func (s *shardRun) commit(ctx, work context.Context, items []ledger.Item, fresh bool) (map[ledger.Key]ledger.Result, error) {
-	results := make(map[ledger.Key]ledger.Result, len(items))
-	if len(items) == 0 {
-		return results, nil
-	}
-	if ctx.Err() != nil {
-		return nil, context.Cause(ctx) // stop before starting a commit
-	}
-	pending := items
-	err := s.cfg.Retry.Do(ctx, "committing", s.onRetry("commit"), func(attempt int) error {
-		res, err := s.store.CommitChunk(work, s.cfg.Run, pending, ledger.ChunkOptions{
-			Effect: s.cfg.Effect, Processor: s.cfg.Processor, OnExisting: s.cfg.OnExisting, Lease: s.lease,
-			ExpectFresh:   fresh && attempt == 1,
-			EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock, NetworkTimeout: s.cfg.Timeouts.Network,
-		})
-		if err != nil {
-			return err
-		}
-		if len(res) != len(pending) {
-			return fmt.Errorf("the ledger returned %d results for %d items", len(res), len(pending))
-		}
-		var again []ledger.Item
-		var why error
-		for i, r := range res {
-			if r.Holder != ledger.HolderSameChunk { // a copy sent to compare its payload: its first carries the key's result
-				results[r.Key] = r
-			}
-			if r.Outcome == ledger.Failed && errors.Is(r.Err, ledger.ErrRetryItem) {
-				again, why = append(again, pending[i]), r.Err
-			}
-		}
-		pending = again
-		if len(again) > 0 {
-			return &ledger.ProcessorError{Err: fmt.Errorf("%d items to retry, e.g. %w", len(again), why)}
-		}
-		return nil
-	})
-	var perr *ledger.ProcessorError
-	if err == nil || !errors.As(err, &perr) || stopped(ctx) {
-		return results, err
-	}
-	// A try whose COMMIT lost its answer may have committed some of them:
-	// the ledger says which, and those are completed.
-	held, err := s.heldBySameRun(ctx, work, pending)
-	if err != nil {
-		return nil, err
-	}
-	for _, it := range pending {
-		if r, ok := results[it.Key]; held[it.Key] {
-			results[it.Key] = ledger.Result{Key: it.Key, Outcome: ledger.Completed, Holder: ledger.HolderSameRun}
-		} else if !ok || !errors.Is(r.Err, ledger.ErrRetryItem) {
-			results[it.Key] = ledger.Result{Key: it.Key, Outcome: ledger.Failed, Err: perr}
-		}
-	}
-	return results, nil
-}
-
-// claimFoundHeld says whether the claim found any of its keys committed
-// already (by another run, or by this one earlier).
-func claimFoundHeld(results map[ledger.Key]ledger.Result) bool {
-	for _, r := range results {
-		if r.Holder == ledger.HolderOtherRun || r.Holder == ledger.HolderSameRun {
-			return true
-		}
-	}
-	return false
 }
 
 // verdict is the outcome of a group: its key's.
@@ -824,36 +697,6 @@ type verdict struct {
 	outcome        ledger.Outcome
 	payloadChanged bool     // already handled by another run, with another payload
 	failure        *Failure // outcome Failed
-}
-
-// verdictOf is the outcome of group i: from the commit, or from the lookup
-// that found its key held (it was not sent).
-func (s *shardRun) verdictOf(i int, g firstCopies, results map[ledger.Key]ledger.Result) verdict {
-	it, held := g.firsts[i], g.held[i]
-	var v verdict
-	r, committed := results[it.Key]
-	switch {
-	case !committed && held.Holder == ledger.HolderSameRun:
-		v.outcome = ledger.Completed
-	case !committed:
-		v = verdict{outcome: ledger.AlreadyHandled, payloadChanged: held.Payload == ledger.PayloadDiffers}
-	case r.Outcome == ledger.Failed:
-		v = verdict{outcome: ledger.Failed, failure: &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: errString(r.Err),
-			Class: ledger.FailureClass(r.Err), payload: it.Payload}}
-	default:
-		v = verdict{outcome: r.Outcome, payloadChanged: r.Outcome == ledger.AlreadyHandled && r.PayloadChanged}
-	}
-	return s.onPayloadChange(v, it)
-}
-
-// onPayloadChange fails v, already handled with another payload, under
-// spec.onPayloadChange: Fail.
-func (s *shardRun) onPayloadChange(v verdict, it ledger.Item) verdict {
-	if v.payloadChanged && s.cfg.FailOnPayloadChange && v.outcome == ledger.AlreadyHandled {
-		v.outcome, v.failure = ledger.Failed, &Failure{Entity: it.Entity, Occurrence: it.Occurrence, Error: ErrPayloadChanged.Error(),
-			Class: ledger.ClassPayloadChanged, payload: it.Payload}
-	}
-	return v
 }
 
 // defers says whether a chunk's last group, of verdict v, waits for the
@@ -864,26 +707,29 @@ func (s *shardRun) defers(v verdict) bool {
 	return v.outcome == ledger.AlreadyHandled && s.cfg.OnExisting != ledger.Supersede
 }
 
-// tallyChunk counts the chunk's outcomes, in the chunk's order; a group
-// continued from the previous chunk (g.cont) and one the next chunk may
-// continue are counted whole, with the chunk that ends them. An empty
-// chunk ends the batch.
-func (s *shardRun) tallyChunk(chunk []entry, g firstCopies, results map[ledger.Key]ledger.Result) (tally, error) {
+// tallyChunk counts the chunk's outcomes, in the chunk's order, from the
+// ledger's verdict of each group; a group continued from the previous chunk
+// (g.cont) and one the next chunk may continue are counted whole, with the
+// chunk that ends them. An empty chunk ends the batch.
+func (s *shardRun) tallyChunk(chunk []entry, g firstCopies, decided []ledger.Decision) (tally, error) {
 	t := tally{carry: s.carry}
-	verdicts := make([]verdict, len(g.firsts))
-	for i := range g.firsts {
-		verdicts[i] = s.verdictOf(i, g, results)
+	if len(decided) != len(g.groups) {
+		return tally{}, fmt.Errorf("internal error: the ledger decided %d verdicts for %d keys", len(decided), len(g.groups))
+	}
+	verdicts := make([]verdict, len(g.groups))
+	for i, grp := range g.groups {
+		verdicts[i] = verdictOf(grp.Item, decided[i])
 	}
 	p := t.carry.pending
 	switch {
 	case p == nil:
 	case g.cont: // the chunk goes on with its copies: the key's verdict is theirs there and here
 		verdicts[0] = s.merge(*p, verdicts[0])
-	case len(g.firsts) > 0 || len(chunk) == 0: // another key follows, or the batch ended: its verdict stands
+	case len(g.groups) > 0 || len(chunk) == 0: // another key follows, or the batch ended: its verdict stands
 		t.countGroup(p.first, p.copies, verdict{outcome: ledger.AlreadyHandled, payloadChanged: p.changed})
 		t.flushed, t.carry.pending = &p.key, nil
 	}
-	tail := len(g.firsts) - 1
+	tail := len(g.groups) - 1
 	deferTail := tail >= 0 && s.defers(verdicts[tail])
 	whole := [2]int64{} // entries of group 0 (continued) and of the tail (deferred)
 	for i, e := range chunk {
@@ -916,22 +762,22 @@ func (s *shardRun) tallyChunk(chunk []entry, g firstCopies, results map[ledger.K
 	case deferTail && g.cont && tail == 0:
 		t.carry.pending = &pending{key: p.key, first: p.first, copies: p.copies + whole[1], changed: verdicts[0].payloadChanged}
 	case deferTail:
-		k := g.firsts[tail].Key
-		t.carry = carried{ok: true, key: k, pending: &pending{key: k, first: g.firsts[tail], copies: whole[1], changed: verdicts[tail].payloadChanged}}
+		k := g.groups[tail].Item.Key
+		t.carry = carried{ok: true, key: k, pending: &pending{key: k, first: g.groups[tail].Item, copies: whole[1], changed: verdicts[tail].payloadChanged}}
 	case tail >= 0:
-		t.carry = carried{ok: true, key: g.firsts[tail].Key, failed: verdicts[tail].failure}
+		t.carry = carried{ok: true, key: g.groups[tail].Item.Key, failed: verdicts[tail].failure}
 	}
 	return t, nil
 }
 
 // merge is the verdict of a key whose copies p, counted nowhere yet, another
 // run held, and whose later copies' group has verdict v: v, changed if p's
-// payloads were.
+// payloads were (the ledger's rule, ledger.OnPayloadChange).
 func (s *shardRun) merge(p pending, v verdict) verdict {
-	if v.outcome == ledger.AlreadyHandled {
-		v.payloadChanged = v.payloadChanged || p.changed
+	if v.outcome != ledger.AlreadyHandled {
+		return v
 	}
-	return s.onPayloadChange(v, p.first)
+	return verdictOf(p.first, ledger.OnPayloadChange(ledger.Decision{Outcome: v.outcome, PayloadChanged: v.payloadChanged || p.changed}, s.cfg.FailOnPayloadChange))
 }
 
 // count counts a group's first copy, of verdict v.
@@ -984,23 +830,6 @@ func (s *shardRun) settle(t tally) {
 		s.rep.Failures = append(s.rep.Failures, f)
 	}
 	s.cfg.Budget.add(t.counts.Failed)
-}
-
-// heldBySameRun says which of items' keys this run has committed.
-func (s *shardRun) heldBySameRun(ctx, work context.Context, items []ledger.Item) (map[ledger.Key]bool, error) {
-	keys := make([]ledger.Key, len(items))
-	for i, it := range items {
-		keys[i] = it.Key
-	}
-	held := make(map[ledger.Key]bool, len(keys))
-	err := s.cfg.Retry.Do(ctx, "reading which keys this run committed", s.onRetry("preload"), func(int) error {
-		h, err := s.store.Preload(work, s.cfg.Run.UID, keys)
-		for k, v := range h {
-			held[k] = v == ledger.HolderSameRun
-		}
-		return err
-	})
-	return held, err
 }
 
 // countRepeat counts a later copy of a key: already handled (its first copy

@@ -107,3 +107,12 @@ func stopped(ctx context.Context) bool {
 	d, ok := ctx.Deadline()
 	return ctx.Err() != nil || ok && !time.Now().Before(d)
 }
+
+// stopCause is why the caller's context is done (stopped), nil while it is
+// not.
+func stopCause(ctx context.Context) error {
+	if !stopped(ctx) {
+		return nil
+	}
+	return cmp.Or(context.Cause(ctx), context.DeadlineExceeded)
+}
