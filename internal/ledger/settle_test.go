@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -62,20 +63,27 @@ func (p *retryUntil) Process(_ context.Context, _ ledger.Run, items []ledger.Cla
 	return out, nil
 }
 
-func groupsOf(its []ledger.Item) []ledger.Group {
-	out := make([]ledger.Group, len(its))
-	for i, it := range its {
-		out[i] = ledger.Group{Item: it}
+// groupsOf are its as groups nothing looked up yet.
+func groupsOf(its []ledger.Item) (out []ledger.Group) {
+	for _, it := range its {
+		out = append(out, ledger.Group{Item: it})
 	}
 	return out
 }
 
-func outcomes(s ledger.Settled) []ledger.Outcome {
-	out := make([]ledger.Outcome, len(s.Decisions))
-	for i, d := range s.Decisions {
-		out[i] = d.Outcome
+func outcomes(s ledger.Settled) (out []ledger.Outcome) {
+	for _, d := range s.Decisions {
+		out = append(out, d.Outcome)
 	}
 	return out
+}
+
+// settling is a ledger a worker login writes, and its owner's pool.
+func settling(t *testing.T) (*pgxpool.Pool, *ledger.Store) {
+	t.Helper()
+	owner := newPool(t)
+	worker, _ := workerRole(t, owner)
+	return owner, ledger.NewStore(worker)
 }
 
 // TestSettle_ProcessorRetries: the items a processor asks to retry are sent
@@ -85,9 +93,7 @@ func outcomes(s ledger.Settled) []ledger.Outcome {
 // Completed, and once the tries are spent Failed as retries exhausted.
 func TestSettle_ProcessorRetries(t *testing.T) {
 	t.Parallel()
-	owner := newPool(t)
-	worker, _ := workerRole(t, owner)
-	s := ledger.NewStore(worker)
+	owner, s := settling(t)
 	ctx := context.Background()
 
 	p := &retryUntil{okFrom: 2}
@@ -121,9 +127,7 @@ func TestSettle_ProcessorRetries(t *testing.T) {
 // nothing.
 func TestSettle_CallThatKeepsFailing(t *testing.T) {
 	t.Parallel()
-	owner := newPool(t)
-	worker, _ := workerRole(t, owner)
-	s := ledger.NewStore(worker)
+	owner, s := settling(t)
 	p := &funcProcessor{err: errors.New("connection refused")}
 	r := &tries{n: 2}
 	got, err := s.Settle(context.Background(), runNamed("settle-down"), groupsOf(keyed("1", "2")),
@@ -145,9 +149,7 @@ func TestSettle_CallThatKeepsFailing(t *testing.T) {
 // a stopped caller starts no claim.
 func TestSettle_WhatTheCallerKnows(t *testing.T) {
 	t.Parallel()
-	owner := newPool(t)
-	worker, _ := workerRole(t, owner)
-	s := ledger.NewStore(worker)
+	owner, s := settling(t)
 	ctx := context.Background()
 	holder := keyed("held")
 	commit(t, s, runNamed("holder"), holder, ledger.ChunkOptions{})
