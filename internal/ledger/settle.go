@@ -48,6 +48,9 @@ var ErrPayloadChanged = errors.New("already handled by another run, whose commit
 // error wraps try's last). step names what is retried, for the caller's log.
 type Retry func(step string, retryable func(error) bool, try func(attempt int) error) error
 
+// once is the Retry of a caller without one: a single try.
+func once(_ string, _ func(error) bool, try func(int) error) error { return try(1) }
+
 // SettleOptions are CommitChunk's options and what decides a verdict.
 type SettleOptions struct {
 	ChunkOptions
@@ -55,7 +58,8 @@ type SettleOptions struct {
 	// handled by another run with another payload is Failed
 	// (ErrPayloadChanged) instead of AlreadyHandled.
 	FailOnPayloadChange bool
-	Retry               Retry
+	// Retry is the caller's back-off (nil: one try).
+	Retry Retry
 	// Stop, if set, says why the caller was asked to stop (nil: it was
 	// not): no claim starts then, and a chunk whose processor retries were
 	// cut short is not decided, its error returned.
@@ -106,8 +110,12 @@ func retryableOrItems(err error) bool {
 // committed after all (a COMMIT whose answer was lost), and returns each
 // key's final outcome: Completed (this run's row, now or earlier),
 // AlreadyHandled (another run's, PayloadChanged if a copy differs) or
-// Failed (its error and class).
+// Failed (its error and class). What the preload finds is recorded in
+// groups.
 func (s *Store) Settle(ctx context.Context, run Run, groups []Group, opts SettleOptions) (Settled, error) {
+	if opts.Retry == nil {
+		opts.Retry = once
+	}
 	fresh := opts.ExpectFresh
 	if err := s.preloadGroups(ctx, run.UID, groups, &fresh, opts.Retry); err != nil {
 		return Settled{}, err
@@ -198,7 +206,13 @@ func (s *Store) preloadGroups(ctx context.Context, runUID string, groups []Group
 // toClaim are the groups no lookup settled, each with its copies to compare
 // (a Supersede run compares none, and claims every key but its own).
 func toClaim(groups []Group, onExisting OnExisting) []Item {
-	out := make([]Item, 0, len(groups))
+	n := 0
+	for _, g := range groups {
+		if g.Held.Holder == HolderNone || onExisting == Supersede && g.Held.Holder != HolderSameRun {
+			n += 1 + len(g.Copies)
+		}
+	}
+	out := make([]Item, 0, n) // none for a chunk found all held
 	for _, g := range groups {
 		switch h := g.Held.Holder; {
 		case onExisting == Supersede && h != HolderSameRun:
