@@ -1,0 +1,377 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// readmeCommandLangs are the fenced blocks of README.md that hold commands:
+// each is run by a test, as written.
+var readmeCommandLangs = map[string]bool{"sh": true, "console": true, "bash": true, "shell": true}
+
+// readmeRunElsewhere are the README's marked sections whose blocks other
+// tests run word for word (with the settings they name replaced).
+var readmeRunElsewhere = map[string]string{
+	"readme-install":    "TestReadmeInstall",
+	"readme-helm":       "TestHelmInstall",
+	"readme-helm-adopt": "TestUpgradeWithRunInFlight",
+}
+
+// readmeNotRun are the README's commands TestReadmeExamples does not run,
+// each with the reason: every other command of a command block is run.
+var readmeNotRun = map[string]string{
+	"kubectl krew install --manifest=runledger.yaml": "needs krew and a release's runledger.yaml and archives " +
+		"(hack/tools/release's tests check the manifest and its checksums)",
+}
+
+// mdBlock is a fenced block of Markdown.
+type mdBlock struct {
+	lang    string
+	line    int    // of the opening fence, 1-based
+	section string // the marked section it is in (<!-- NAME:begin -->), if any
+	body    string
+}
+
+var mdMarker = regexp.MustCompile(`^<!-- ([a-z0-9-]+):(begin|end) -->$`)
+
+// markdownBlocks are the fenced blocks of a Markdown document, in order.
+func markdownBlocks(doc string) []mdBlock {
+	var (
+		blocks  []mdBlock
+		cur     *mdBlock
+		body    strings.Builder
+		section string
+	)
+	for i, line := range strings.Split(doc, "\n") {
+		if cur != nil {
+			if line == "```" {
+				cur.body = body.String()
+				blocks = append(blocks, *cur)
+				cur = nil
+				continue
+			}
+			body.WriteString(line + "\n")
+			continue
+		}
+		if m := mdMarker.FindStringSubmatch(line); m != nil {
+			if m[2] == "begin" {
+				section = m[1]
+			} else {
+				section = ""
+			}
+			continue
+		}
+		if lang, ok := strings.CutPrefix(line, "```"); ok {
+			cur = &mdBlock{lang: strings.TrimSpace(lang), line: i + 1, section: section}
+			body.Reset()
+		}
+	}
+	return blocks
+}
+
+// example is one command of a README block and the output the README shows
+// for it (none: not checked).
+type example struct {
+	line int // in README.md
+	cmd  string
+	want []string
+}
+
+var heredoc = regexp.MustCompile(`<<-?\s*'?"?([A-Za-z_][A-Za-z0-9_]*)'?"?`)
+
+// blockExamples splits a block into its commands: in a console block each
+// `$ ` line (with its here-document or continuation lines) and the output
+// lines after it; in an sh block each line (likewise), without output.
+func blockExamples(b mdBlock) []example {
+	lines := strings.Split(strings.TrimRight(b.body, "\n"), "\n")
+	var out []example
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		if b.lang == "console" {
+			if !strings.HasPrefix(l, "$ ") {
+				if len(out) > 0 {
+					out[len(out)-1].want = append(out[len(out)-1].want, l)
+				}
+				continue
+			}
+			l = strings.TrimPrefix(l, "$ ")
+		}
+		if strings.TrimSpace(l) == "" || strings.HasPrefix(strings.TrimSpace(l), "#") {
+			continue
+		}
+		ex := example{line: b.line + 1 + i, cmd: l}
+		for strings.HasSuffix(ex.cmd, `\`) && i+1 < len(lines) {
+			i++
+			ex.cmd += "\n" + lines[i]
+		}
+		if m := heredoc.FindStringSubmatch(ex.cmd); m != nil {
+			for i+1 < len(lines) {
+				i++
+				ex.cmd += "\n" + lines[i]
+				if lines[i] == m[1] {
+					break
+				}
+			}
+		}
+		out = append(out, ex)
+	}
+	return out
+}
+
+// What differs from one run of an example to the next, and is not compared.
+var (
+	rfc3339   = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)`)
+	uuid      = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+	kubeAge   = regexp.MustCompile(`(^|\s)\d+(d|h|m|s|ms)(\d+(h|m|s))?(\s|$)`)
+	blankRuns = regexp.MustCompile(`\s+`)
+)
+
+// normalized is an output line with its times, uids and kubectl's ages
+// replaced and its runs of white space (a table's alignment) made one.
+func normalized(l string) string {
+	l = rfc3339.ReplaceAllString(l, "<time>")
+	l = uuid.ReplaceAllString(l, "<uid>")
+	l = blankRuns.ReplaceAllString(strings.TrimSpace(l), " ")
+	for kubeAge.MatchString(l) {
+		l = kubeAge.ReplaceAllString(l, "$1<age>$5")
+	}
+	return l
+}
+
+// requireOutput: the command's output is the one the README shows, line by
+// line, normalized; "..." in a shown line stands for any text.
+func requireOutput(t *testing.T, ex example, got string) {
+	t.Helper()
+	gotLines := strings.Split(strings.TrimRight(got, "\n"), "\n")
+	want := make([]string, len(ex.want))
+	for i, w := range ex.want {
+		want[i] = normalized(w)
+	}
+	have := make([]string, len(gotLines))
+	for i, g := range gotLines {
+		have[i] = normalized(g)
+	}
+	same := len(want) == len(have)
+	for i := 0; same && i < len(want); i++ {
+		parts := strings.Split(want[i], "...")
+		for j := range parts {
+			parts[j] = regexp.QuoteMeta(parts[j])
+		}
+		same = regexp.MustCompile("^" + strings.Join(parts, ".*") + "$").MatchString(have[i])
+	}
+	if !same {
+		t.Errorf("README.md:%d: $ %s\nits output is not the README's (normalized: times, uids, ages and alignment aside)\nREADME:\n  %s\ngot:\n  %s",
+			ex.line, ex.cmd, strings.Join(want, "\n  "), strings.Join(have, "\n  "))
+	}
+}
+
+// billingWorld is the world README.md's examples assume (see its section
+// "The CLI"): a ledger database set up as docs/migrations.md says (an
+// owner, the worker login runledger_worker in the runs' Secret billing-db,
+// the effect role runledger_effect), config/samples/billing/billing.sql's
+// tables, namespace billing with the workers' ServiceAccount, and the run
+// june-invoices applied and finished; a HOME whose ~/.config/billing.dsn
+// and $RUNLEDGER_DATABASE_URL are the owner's DSN.
+type billingWorld struct {
+	env []string // HOME, PATH, RUNLEDGER_DATABASE_URL (KUBECONFIG is the harness's)
+	dsn string   // the owner's
+	mon *podMonitor
+}
+
+const (
+	billingNS     = "billing"
+	billingWorker = "runledger_worker"
+	// podCIDR is the cluster's pods' addresses (hack/cluster/lib/common.sh,
+	// CLUSTER_POD_CIDR): where the worker login logs in from.
+	podCIDR = "10.244.0.0/16"
+)
+
+// asDBA runs psql as the cluster's superuser on the node's socket (peer
+// authentication), as a database administrator does; the SQL goes on stdin
+// (it may hold a password).
+func (e *env) asDBA(ctx context.Context, t *testing.T, stateDir, sql string) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, "runuser", "-u", "postgres", "--", "psql", "-h", filepath.Join(stateDir, "postgres", "run"),
+		"-d", "postgres", "-X", "-q", "-v", "ON_ERROR_STOP=1")
+	cmd.Stdin = strings.NewReader(sql)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "psql as postgres: %s", out)
+}
+
+// newBillingWorld sets the README's world up; it is taken down when the
+// test ends (the namespace billing deleted: TestReadmeInstall creates it).
+func newBillingWorld(ctx context.Context, t *testing.T, e *env, root string) *billingWorld {
+	t.Helper()
+	shell(ctx, t, root, "make -s build >&2")
+	out, err := exec.CommandContext(ctx, e.clusterSh, "state-dir").Output()
+	require.NoError(t, err, "hack/cluster.sh state-dir")
+	stateDir := strings.TrimSpace(string(out))
+
+	// The administrator: the worker login, allowed in from the pods (the
+	// effect role, runledger_effect, is the cluster's).
+	db := "e2e_billing_" + randSuffix()
+	password := randSuffix() + randSuffix() + randSuffix()
+	e.asDBA(ctx, t, stateDir, fmt.Sprintf(`SET client_min_messages = warning;
+DROP ROLE IF EXISTS %[1]s;
+CREATE ROLE %[1]s LOGIN PASSWORD '%[2]s';`, billingWorker, password))
+	hbaPath := filepath.Join(stateDir, "postgres", "data", "pg_hba.conf")
+	hbaLine := fmt.Sprintf("host %s %s %s scram-sha-256 # %s\n", db, billingWorker, podCIDR, t.Name())
+	hba, err := os.ReadFile(hbaPath)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(hbaPath, append(hba, hbaLine...), 0o600))
+	e.asDBA(ctx, t, stateDir, "SELECT pg_reload_conf();")
+	dsn := e.createDatabase(t, db)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if t.Failed() {
+			(&fixture{env: e, t: t, ctx: ctx, ns: billingNS}).dump()
+		}
+		out, err := e.kubectlRun(ctx, "delete", "namespace", billingNS, "--ignore-not-found", "--wait=true")
+		require.NoError(t, err, out)
+		if err := e.dropDatabase(db); err != nil {
+			t.Errorf("drop database %s: %v", db, err)
+		}
+		if hba, err := os.ReadFile(hbaPath); err == nil {
+			require.NoError(t, os.WriteFile(hbaPath, bytes.ReplaceAll(hba, []byte(hbaLine), nil), 0o600))
+		}
+		e.asDBA(ctx, t, stateDir, "SELECT pg_reload_conf(); DROP ROLE IF EXISTS "+billingWorker+";")
+	})
+
+	// The owner: its tables, the migrations and the grants.
+	schema, err := os.ReadFile(filepath.Join(root, "config", "samples", "billing", "billing.sql"))
+	require.NoError(t, err)
+	_, err = e.sql(ctx, dsn, string(schema))
+	require.NoError(t, err, "config/samples/billing/billing.sql")
+	shell(ctx, t, root, "bin/runledger migrate --grant-to "+billingWorker+" --effect-role "+effectRole+" >&2", "RUNLEDGER_DATABASE_URL="+dsn)
+
+	// The namespace, the workers' ServiceAccount, the Secret: the worker's DSN.
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	u.User = url.UserPassword(billingWorker, password)
+	out2, err := e.kubectlRun(ctx, "delete", "namespace", billingNS, "--ignore-not-found", "--wait=true")
+	require.NoError(t, err, out2)
+	for _, args := range [][]string{
+		{"create", "namespace", billingNS},
+		{"label", "namespace", billingNS, "pod-security.kubernetes.io/enforce=restricted"},
+		{"-n", billingNS, "create", "serviceaccount", workerSA},
+		{"-n", billingNS, "create", "rolebinding", workerSA, "--clusterrole=runledger-worker", "--serviceaccount=" + billingNS + ":" + workerSA},
+		{"-n", billingNS, "create", "secret", "generic", "billing-db", "--from-literal=dsn=" + u.String()},
+	} {
+		out, err := e.kubectlRun(ctx, args...)
+		require.NoError(t, err, "kubectl %s: %s", args[:3], out)
+	}
+	mon := startPodMonitor(ctx, t, e.cs, billingNS)
+
+	// A HOME of the user's, and a PATH with runledger and kubectl.
+	home := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(home, ".config"), 0o700))
+	require.NoError(t, os.MkdirAll(filepath.Join(home, ".local", "bin"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(home, ".config", "billing.dsn"), []byte(dsn+"\n"), 0o600))
+	bin := t.TempDir()
+	require.NoError(t, os.Symlink(filepath.Join(root, "bin", "runledger"), filepath.Join(bin, "runledger")))
+	w := &billingWorld{dsn: dsn, mon: mon, env: []string{
+		"HOME=" + home,
+		"PATH=" + strings.Join([]string{filepath.Join(home, ".local", "bin"), bin, filepath.Dir(e.kubectl), os.Getenv("PATH")}, ":"),
+		"RUNLEDGER_DATABASE_URL=" + dsn,
+	}}
+
+	// The run the examples name, finished.
+	out2, err = e.kubectlRun(ctx, "apply", "-f", filepath.Join(root, "config", "samples", "billing", "june-invoices.yaml"))
+	require.NoError(t, err, out2)
+	out2, err = e.kubectlRun(ctx, "-n", billingNS, "wait", "processingrun/june-invoices", "--for=condition=Complete", "--timeout=300s")
+	require.NoError(t, err, "june-invoices: %s", out2)
+	return w
+}
+
+// TestReadmeExamples runs every command of README.md's command blocks (sh
+// and console) as written, but for those the install and Helm tests run
+// (readmeRunElsewhere) and the few readmeNotRun names with the reason, in
+// the world they assume (billingWorld), in the README's order; where the
+// README shows a command's output, its output must be that (times, uids,
+// ages and alignment aside). A new block is run unless it is named here.
+// Only the environment differs from a user's shell: HOME, PATH,
+// KUBECONFIG and RUNLEDGER_DATABASE_URL. It runs alone (namespace billing,
+// the role runledger_worker: no t.Parallel).
+func TestReadmeExamples(t *testing.T) {
+	e := setup(t)
+	root := repoRoot(t)
+	raw, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	var examples []example
+	notRun := map[string]bool{}
+	for _, b := range markdownBlocks(string(raw)) {
+		if !readmeCommandLangs[b.lang] {
+			continue
+		}
+		if by, ok := readmeRunElsewhere[b.section]; ok {
+			t.Logf("README.md:%d: run by %s", b.line, by)
+			continue
+		}
+		for _, ex := range blockExamples(b) {
+			bare, _, _ := strings.Cut(ex.cmd, " #")
+			bare = strings.TrimSpace(bare)
+			if why, ok := readmeNotRun[bare]; ok {
+				t.Logf("README.md:%d: not run: $ %s\n  (%s)", ex.line, ex.cmd, why)
+				notRun[bare] = true
+				continue
+			}
+			examples = append(examples, ex)
+		}
+	}
+	for cmd := range readmeNotRun {
+		require.True(t, notRun[cmd], "readmeNotRun names %q, which README.md no longer holds: remove it", cmd)
+	}
+	require.GreaterOrEqual(t, len(examples), 15, "README.md's examples")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	w := newBillingWorld(ctx, t, e, root)
+	for _, ex := range examples {
+		t0 := time.Now()
+		cmd := exec.CommandContext(ctx, "bash", "-c", "set -euo pipefail\n"+ex.cmd) // no -x: no DSN is shown
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), w.env...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		t.Logf("README.md:%d ($ %s) in %s:\n%s%s", ex.line, ex.cmd, time.Since(t0).Round(time.Millisecond), stdout.String(), stderr.String())
+		if err != nil {
+			t.Fatalf("README.md:%d: $ %s\n%v\nstdout:\n%s\nstderr:\n%s", ex.line, ex.cmd, err, stdout.String(), stderr.String())
+		}
+		if len(ex.want) > 0 {
+			requireOutput(t, ex, stdout.String())
+		}
+	}
+
+	// What the examples promised happened, in the ledger's own tables.
+	f := &fixture{env: e, t: t, ctx: ctx, dsn: w.dsn}
+	require.EqualValues(t, 3, f.int(`SELECT count(*) FROM invoices WHERE period = '2026-05'`), "may-invoices wrote three invoices, once")
+	require.EqualValues(t, 50, f.int(`SELECT count(*) FROM invoices WHERE period = '2026-06'`), "june-invoices and its retry: one invoice per account")
+	require.EqualValues(t, 49, f.int(`SELECT count(*) FROM invoices WHERE period = '2026-07'`), "the schedule's run of 2026-07")
+	require.Zero(t, f.int(`SELECT count(*) FROM (SELECT 1 FROM runledger.ledger WHERE state = 'committed' GROUP BY entity, occurrence HAVING count(*) > 1) d`),
+		"no business key has two committed ledger rows")
+	var runs v1alpha1.ProcessingRunList
+	require.NoError(t, e.c.List(ctx, &runs, client.InNamespace(billingNS)))
+	for _, r := range runs.Items {
+		t.Logf("run %s: %s", r.Name, statusLine(&r))
+	}
+	w.mon.stop()
+	require.Empty(t, w.mon.violations(), "a shard had two live pods at once")
+}
