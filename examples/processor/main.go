@@ -8,9 +8,12 @@
 //
 //	processor -listen :8080 -payments http://payments:8080
 //
-// Without -payments it only logs the items. With -serve-payments it is
-// instead a tiny payment service (for the demo and the e2e test): POST
-// /charge records each call by its Idempotency-Key and charges a key once;
+// Without -payments it only logs the items. -delay-answer holds each
+// answer after the items were charged: a window in which a crash (the demo
+// deletes the worker pod in it) leaves charged items uncommitted, so that
+// they come again, with the same keys. With -serve-payments it is instead a
+// tiny payment service (for the demo and the e2e test): POST /charge records
+// each call by its Idempotency-Key, charges a key once and logs each call;
 // GET /stats answers {"calls": N, "keys": N}.
 package main
 
@@ -38,6 +41,7 @@ func main() {
 	payments := flag.String("payments", os.Getenv("PAYMENTS_URL"), "base URL of the payment service (default $PAYMENTS_URL; empty: only log the items)")
 	servePayments := flag.Bool("serve-payments", false, "be the example payment service instead")
 	delay := flag.Duration("delay", 0, "wait this long per call (to watch a run, or kill a pod mid-run)")
+	delayAnswer := flag.Duration("delay-answer", 0, "wait this long after charging a call's items before answering (a window to kill the worker pod between the charge and the commit)")
 	flag.Parse()
 
 	var h http.Handler
@@ -48,7 +52,7 @@ func main() {
 		process := processor.Handler(charger{base: *payments, client: &http.Client{Timeout: 10 * time.Second}}.process)
 		mux.Handle("POST /process", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			time.Sleep(*delay)
-			process.ServeHTTP(w, r)
+			delayedAnswer(process, *delayAnswer).ServeHTTP(w, r)
 		}))
 		h = mux
 	}
@@ -73,6 +77,41 @@ func main() {
 		log.Fatal(err)
 	}
 }
+
+// delayedAnswer is h, its answer held for d once h has done its work (or
+// until the caller gives up).
+func delayedAnswer(h http.Handler, d time.Duration) http.Handler {
+	if d <= 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		held := &heldResponse{header: http.Header{}, status: http.StatusOK}
+		h.ServeHTTP(held, r)
+		log.Printf("answering in %s", d)
+		select {
+		case <-time.After(d):
+		case <-r.Context().Done():
+			log.Printf("the caller went away before the answer: %v", context.Cause(r.Context()))
+			return
+		}
+		for k, v := range held.header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(held.status)
+		_, _ = w.Write(held.body.Bytes())
+	})
+}
+
+// heldResponse is an answer kept until it is sent.
+type heldResponse struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (h *heldResponse) Header() http.Header         { return h.header }
+func (h *heldResponse) WriteHeader(status int)      { h.status = status }
+func (h *heldResponse) Write(b []byte) (int, error) { return h.body.Write(b) }
 
 // charger processes an item by charging its payload's amount.
 type charger struct {
@@ -124,12 +163,19 @@ func newPaymentService() http.Handler {
 			http.Error(w, "no Idempotency-Key", http.StatusBadRequest)
 			return
 		}
-		_, _ = io.Copy(io.Discard, r.Body)
+		var charge struct{ Account, Period string }
+		_ = json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&charge)
 		s.mu.Lock()
 		s.calls++
 		s.keys[key]++
-		replay := s.keys[key] > 1
+		n := s.keys[key]
 		s.mu.Unlock()
+		replay := n > 1
+		if replay {
+			log.Printf("%s/%s Idempotency-Key %s: call %d of this key: already charged, not charged again", charge.Account, charge.Period, key, n)
+		} else {
+			log.Printf("%s/%s Idempotency-Key %s: charged", charge.Account, charge.Period, key)
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"charged": !replay, "replay": replay})
 	})
