@@ -35,7 +35,9 @@
 #      batch.fromRun
 #  10. a schedule's occurrence triggered twice: one run
 #  11. a processor run: the example processor (examples/processor) charges
-#      each item through the example payment service by its key; then the
+#      each item through the example payment service by its key; the worker
+#      pod deleted after the charges, before the commit, its replacement
+#      sends the items again with the same keys: each charged once; then the
 #      commands to try next, each run first
 #   Steps 6-11 are hack/demo/story.sh, printing each command a user types
 #   and its output; their manifests and SQL are in config/samples/demo.

@@ -138,9 +138,16 @@ story_processor() {
   show "PAYMENTS=\"\$(kubectl -n ${NS} get service payments -o jsonpath='{.spec.clusterIP}'):8080\""
   show "kubectl apply -f ${DEMO}/charge-to-payments.yaml"
   show "sed -e \"s|runledger-example-processor:dev|\${PROCESSOR}|\" -e \"s|payments.runledger-demo.svc:8080|\${PAYMENTS}|\" ${DEMO}/charge-2026-04.yaml | kubectl apply -f -"
+  note "the payment service has charged the three keys, the processor holds its ok 6 s (-delay-answer); the worker pod dies in that window:"
+  show "timeout 60 sh -c 'until kubectl get --raw /api/v1/namespaces/${NS}/services/http:payments:8080/proxy/stats | grep -q calls.:3; do sleep 0.2; done'"
+  show "kubectl -n ${NS} delete pod -l processing.runledger.dev/run=charge-2026-04 --grace-period=0 --force"
+  note "its replacement sends the three items again, with the same keys:"
   wait_run charge-2026-04
-  note "three keys, three charges:"
+  show "kubectl -n ${NS} logs deployment/payments | grep Idempotency-Key"
+  note "three keys, each sent twice, charged once:"
   show "kubectl get --raw /api/v1/namespaces/${NS}/services/http:payments:8080/proxy/stats"
+  [[ "$(kubectl get --raw "/api/v1/namespaces/${NS}/services/http:payments:8080/proxy/stats")" == *'"calls":6,"keys":3'* ]] ||
+    die "the payment service did not see each key twice: the worker pod was deleted too late (after the commit)"
 }
 
 # next_commands: the commands to try next, one a line; story_next runs them
