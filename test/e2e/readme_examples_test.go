@@ -154,20 +154,20 @@ func normalized(l string) string {
 	return l
 }
 
-// requireOutput: the command's output is the one the README shows, line by
-// line, normalized; "..." in a shown line stands for any text.
-func requireOutput(t *testing.T, ex example, got string) {
-	t.Helper()
+// sameOutput reports whether got is the output shown (shown), line by line,
+// normalized; "..." in a shown line stands for any text. It returns both
+// normalized.
+func sameOutput(shown []string, got string) (want, have []string, same bool) {
 	gotLines := strings.Split(strings.TrimRight(got, "\n"), "\n")
-	want := make([]string, len(ex.want))
-	for i, w := range ex.want {
+	want = make([]string, len(shown))
+	for i, w := range shown {
 		want[i] = normalized(w)
 	}
-	have := make([]string, len(gotLines))
+	have = make([]string, len(gotLines))
 	for i, g := range gotLines {
 		have[i] = normalized(g)
 	}
-	same := len(want) == len(have)
+	same = len(want) == len(have)
 	for i := 0; same && i < len(want); i++ {
 		parts := strings.Split(want[i], "...")
 		for j := range parts {
@@ -175,7 +175,13 @@ func requireOutput(t *testing.T, ex example, got string) {
 		}
 		same = regexp.MustCompile("^" + strings.Join(parts, ".*") + "$").MatchString(have[i])
 	}
-	if !same {
+	return want, have, same
+}
+
+// requireOutput: the command's output is the one the README shows (sameOutput).
+func requireOutput(t *testing.T, ex example, got string) {
+	t.Helper()
+	if want, have, same := sameOutput(ex.want, got); !same {
 		t.Errorf("README.md:%d: $ %s\nits output is not the README's (normalized: times, uids, ages and alignment aside)\nREADME:\n  %s\ngot:\n  %s",
 			ex.line, ex.cmd, strings.Join(want, "\n  "), strings.Join(have, "\n  "))
 	}
@@ -374,4 +380,40 @@ func TestReadmeExamples(t *testing.T) {
 	}
 	w.mon.stop()
 	require.Empty(t, w.mon.violations(), "a shard had two live pods at once")
+}
+
+// TestReadmeExamplesParse: how TestReadmeExamples reads README.md (no
+// cluster needed: go test -tags e2e -run TestReadmeExamplesParse ./test/e2e):
+// a console block's commands with their here-documents and the output lines
+// after them, an sh block's lines, the marked sections; and what its
+// comparison leaves aside.
+func TestReadmeExamplesParse(t *testing.T) {
+	doc := "intro\n<!-- readme-install:begin -->\n```sh\nmake push\n```\n<!-- readme-install:end -->\n" +
+		"```console\n$ kubectl apply -f - <<'YAML'\nkind: X\n$ not a command\nYAML\nx created\n$ runledger key a b   # a comment\nkey  a / b\n  more\n```\n" +
+		"```sh\nfirst \\\n  --flag\n# a comment\n\nsecond\n```\n```text\n$ not run\n```\n"
+	blocks := markdownBlocks(doc)
+	require.Len(t, blocks, 4)
+	require.Equal(t, "readme-install", blocks[0].section)
+	require.Equal(t, mdBlock{lang: "console", line: 7, body: blocks[1].body}, blocks[1])
+	require.Equal(t, []example{
+		{line: 8, cmd: "kubectl apply -f - <<'YAML'\nkind: X\n$ not a command\nYAML", want: []string{"x created"}},
+		{line: 13, cmd: "runledger key a b   # a comment", want: []string{"key  a / b", "  more"}},
+	}, blockExamples(blocks[1]))
+	require.Equal(t, []example{{line: 18, cmd: "first \\\n  --flag"}, {line: 22, cmd: "second"}}, blockExamples(blocks[2]))
+	require.Equal(t, "text", blocks[3].lang)
+
+	for in, want := range map[string]string{
+		"june-invoices-retry   Succeeded   1    0     1s         3m5s":                   "june-invoices-retry Succeeded 1 0 <age> <age>",
+		"Failed   acct-37  2026-06     1      0        2026-07-01T02:14:09Z  23503: x":   "Failed acct-37 2026-06 1 0 <time> 23503: x",
+		"committed by  billing/june-invoices (uid 2e118509-7867-4709-8c1d-ee5045670b75)": "committed by billing/june-invoices (uid <uid>)",
+		`{"total":4,"completed":3}`: `{"total":4,"completed":3}`,
+	} {
+		require.Equal(t, want, normalized(in), in)
+	}
+	_, _, same := sameOutput([]string{"a ... c", "VERDICT  ENTITY"}, "a b c\nVERDICT ENTITY\n")
+	require.True(t, same, "... stands for any text, alignment aside")
+	_, _, same = sameOutput([]string{"VERDICT  ENTITY", "Failed  acct-37"}, "VERDICT ENTITY\n")
+	require.False(t, same, "a line shown and not printed")
+	_, _, same = sameOutput([]string{`{"total":4,"completed":3}`}, `{"total":4,"completed":2}`)
+	require.False(t, same, "another count")
 }
