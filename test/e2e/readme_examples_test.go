@@ -5,12 +5,16 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -178,12 +182,12 @@ func sameOutput(shown []string, got string) (want, have []string, same bool) {
 	return want, have, same
 }
 
-// requireOutput: the command's output is the one the README shows (sameOutput).
-func requireOutput(t *testing.T, ex example, got string) {
+// requireOutput: the command's output is the one file shows (sameOutput).
+func requireOutput(t *testing.T, file string, ex example, got string) {
 	t.Helper()
 	if want, have, same := sameOutput(ex.want, got); !same {
-		t.Errorf("README.md:%d: $ %s\nits output is not the README's (normalized: times, uids, ages and alignment aside)\nREADME:\n  %s\ngot:\n  %s",
-			ex.line, ex.cmd, strings.Join(want, "\n  "), strings.Join(have, "\n  "))
+		t.Errorf("%s:%d: $ %s\nits output is not the one shown (normalized: times, uids, ages and alignment aside)\nshown:\n  %s\ngot:\n  %s",
+			file, ex.line, ex.cmd, strings.Join(want, "\n  "), strings.Join(have, "\n  "))
 	}
 }
 
@@ -220,6 +224,21 @@ func (e *env) asDBA(ctx context.Context, t *testing.T, stateDir, sql string) {
 	require.NoError(t, err, "psql as postgres: %s", out)
 }
 
+// ownerLedger creates database db and does what its owner does for the
+// README's examples: config/samples/billing/billing.sql's tables, then
+// runledger migrate with the two roles (the worker login must exist). The
+// caller drops db.
+func ownerLedger(ctx context.Context, t *testing.T, e *env, root, db string) string {
+	t.Helper()
+	dsn := e.createDatabase(t, db)
+	schema, err := os.ReadFile(filepath.Join(root, "config", "samples", "billing", "billing.sql"))
+	require.NoError(t, err)
+	_, err = e.sql(ctx, dsn, string(schema))
+	require.NoError(t, err, "config/samples/billing/billing.sql")
+	shell(ctx, t, root, "bin/runledger migrate --grant-to "+billingWorker+" --effect-role "+effectRole+" >&2", "RUNLEDGER_DATABASE_URL="+dsn)
+	return dsn
+}
+
 // newBillingWorld sets the README's world up; it is taken down when the
 // test ends (the namespace billing deleted: TestReadmeInstall creates it).
 func newBillingWorld(ctx context.Context, t *testing.T, e *env, root string) *billingWorld {
@@ -242,7 +261,7 @@ CREATE ROLE %[1]s LOGIN PASSWORD '%[2]s';`, billingWorker, password))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(hbaPath, append(hba, hbaLine...), 0o600))
 	e.asDBA(ctx, t, stateDir, "SELECT pg_reload_conf();")
-	dsn := e.createDatabase(t, db)
+	dsn := ownerLedger(ctx, t, e, root, db)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
@@ -259,13 +278,6 @@ CREATE ROLE %[1]s LOGIN PASSWORD '%[2]s';`, billingWorker, password))
 		}
 		e.asDBA(ctx, t, stateDir, "SELECT pg_reload_conf(); DROP ROLE IF EXISTS "+billingWorker+";")
 	})
-
-	// The owner: its tables, the migrations and the grants.
-	schema, err := os.ReadFile(filepath.Join(root, "config", "samples", "billing", "billing.sql"))
-	require.NoError(t, err)
-	_, err = e.sql(ctx, dsn, string(schema))
-	require.NoError(t, err, "config/samples/billing/billing.sql")
-	shell(ctx, t, root, "bin/runledger migrate --grant-to "+billingWorker+" --effect-role "+effectRole+" >&2", "RUNLEDGER_DATABASE_URL="+dsn)
 
 	// The namespace, the workers' ServiceAccount, the Secret: the worker's DSN.
 	u, err := url.Parse(dsn)
@@ -285,18 +297,7 @@ CREATE ROLE %[1]s LOGIN PASSWORD '%[2]s';`, billingWorker, password))
 	}
 	mon := startPodMonitor(ctx, t, e.cs, billingNS)
 
-	// A HOME of the user's, and a PATH with runledger and kubectl.
-	home := t.TempDir()
-	require.NoError(t, os.MkdirAll(filepath.Join(home, ".config"), 0o700))
-	require.NoError(t, os.MkdirAll(filepath.Join(home, ".local", "bin"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(home, ".config", "billing.dsn"), []byte(dsn+"\n"), 0o600))
-	bin := t.TempDir()
-	require.NoError(t, os.Symlink(filepath.Join(root, "bin", "runledger"), filepath.Join(bin, "runledger")))
-	w := &billingWorld{dsn: dsn, mon: mon, env: []string{
-		"HOME=" + home,
-		"PATH=" + strings.Join([]string{filepath.Join(home, ".local", "bin"), bin, filepath.Dir(e.kubectl), os.Getenv("PATH")}, ":"),
-		"RUNLEDGER_DATABASE_URL=" + dsn,
-	}}
+	w := &billingWorld{dsn: dsn, mon: mon, env: userEnv(t, e, root, dsn)}
 
 	// The run the examples name, finished.
 	out2, err = e.kubectlRun(ctx, "apply", "-f", filepath.Join(root, "config", "samples", "billing", "june-invoices.yaml"))
@@ -304,6 +305,43 @@ CREATE ROLE %[1]s LOGIN PASSWORD '%[2]s';`, billingWorker, password))
 	out2, err = e.kubectlRun(ctx, "-n", billingNS, "wait", "processingrun/june-invoices", "--for=condition=Complete", "--timeout=300s")
 	require.NoError(t, err, "june-invoices: %s", out2)
 	return w
+}
+
+// userEnv is a user's environment: a HOME whose ~/.config/billing.dsn and
+// $RUNLEDGER_DATABASE_URL are dsn, with a ~/.local/bin on PATH, and
+// runledger (this checkout's bin/runledger) and kubectl on PATH.
+func userEnv(t *testing.T, e *env, root, dsn string) []string {
+	t.Helper()
+	home := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(home, ".config"), 0o700))
+	require.NoError(t, os.MkdirAll(filepath.Join(home, ".local", "bin"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(home, ".config", "billing.dsn"), []byte(dsn+"\n"), 0o600))
+	bin := t.TempDir()
+	require.NoError(t, os.Symlink(filepath.Join(root, "bin", "runledger"), filepath.Join(bin, "runledger")))
+	return []string{
+		"HOME=" + home,
+		"PATH=" + strings.Join([]string{filepath.Join(home, ".local", "bin"), bin, filepath.Dir(e.kubectl), os.Getenv("PATH")}, ":"),
+		"RUNLEDGER_DATABASE_URL=" + dsn,
+	}
+}
+
+// runExample runs one example as written in dir with env added to the
+// test's environment, and returns its stdout and stderr; the test fails if
+// it exits non-zero.
+func runExample(ctx context.Context, t *testing.T, file, dir string, env []string, ex example) (stdout, stderr string) {
+	t.Helper()
+	t0 := time.Now()
+	cmd := exec.CommandContext(ctx, "bash", "-c", "set -euo pipefail\n"+ex.cmd) // no -x: no DSN is shown
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	t.Logf("%s:%d ($ %s) in %s:\n%s%s", file, ex.line, ex.cmd, time.Since(t0).Round(time.Millisecond), out.String(), errOut.String())
+	if err != nil {
+		t.Fatalf("%s:%d: $ %s\n%v\nstdout:\n%s\nstderr:\n%s", file, ex.line, ex.cmd, err, out.String(), errOut.String())
+	}
+	return out.String(), errOut.String()
 }
 
 // TestReadmeExamples runs every command of README.md's command blocks (sh
@@ -350,21 +388,13 @@ func TestReadmeExamples(t *testing.T) {
 	defer cancel()
 	w := newBillingWorld(ctx, t, e, root)
 	for _, ex := range examples {
-		t0 := time.Now()
-		cmd := exec.CommandContext(ctx, "bash", "-c", "set -euo pipefail\n"+ex.cmd) // no -x: no DSN is shown
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), w.env...)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		t.Logf("README.md:%d ($ %s) in %s:\n%s%s", ex.line, ex.cmd, time.Since(t0).Round(time.Millisecond), stdout.String(), stderr.String())
-		if err != nil {
-			t.Fatalf("README.md:%d: $ %s\n%v\nstdout:\n%s\nstderr:\n%s", ex.line, ex.cmd, err, stdout.String(), stderr.String())
-		}
+		stdout, _ := runExample(ctx, t, "README.md", root, w.env, ex)
 		if len(ex.want) > 0 {
-			requireOutput(t, ex, stdout.String())
+			requireOutput(t, "README.md", ex, stdout)
 		}
 	}
+
+	runCLIDocExamples(ctx, t, e, root)
 
 	// What the examples promised happened, in the ledger's own tables.
 	f := &fixture{env: e, t: t, ctx: ctx, dsn: w.dsn}
@@ -410,10 +440,156 @@ func TestReadmeExamplesParse(t *testing.T) {
 	} {
 		require.Equal(t, want, normalized(in), in)
 	}
+	m, err := logfmt(`time=2026-06-30T09:12:01.198Z level=INFO msg="a \"b\": c" run=billing/x synchronousStandbyNames="" total=3`)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"time": "2026-06-30T09:12:01.198Z", "level": "INFO", "msg": `a "b": c`, "run": "billing/x", "synchronousStandbyNames": "", "total": "3"}, m)
+
+	logged := `{"time":"2026-12-06T15:36:49.34Z","level":"INFO","msg":"shard finished","run":"billing/x","shard":0,"failed":0,"proven":true,"elapsed":"62ms"}` + "\n"
+	missing, err := notLogged([]string{`time=2026-06-30T09:12:01.251Z level=INFO msg="shard finished" run=billing/x shard=0 failed=0 proven=true elapsed=31ms`}, logged)
+	require.NoError(t, err)
+	require.Empty(t, missing, "the same line, time and duration aside")
+	missing, err = notLogged([]string{`time=2026-06-30T09:12:01.251Z level=INFO msg="shard finished" run=billing/x shard=0 failed=0 elapsed=31ms`}, logged)
+	require.NoError(t, err)
+	require.Len(t, missing, 1, "a key logged is not shown")
+
 	_, _, same := sameOutput([]string{"a ... c", "VERDICT  ENTITY"}, "a b c\nVERDICT ENTITY\n")
 	require.True(t, same, "... stands for any text, alignment aside")
 	_, _, same = sameOutput([]string{"VERDICT  ENTITY", "Failed  acct-37"}, "VERDICT ENTITY\n")
 	require.False(t, same, "a line shown and not printed")
 	_, _, same = sameOutput([]string{`{"total":4,"completed":3}`}, `{"total":4,"completed":2}`)
 	require.False(t, same, "another count")
+}
+
+// runCLIDocExamples runs docs/cli.md's first examples (its section
+// <!-- cli-run-examples -->) as written: runledger run of the manifest it
+// shows, june-invoices.yaml, and of its copy under another name, in a
+// directory holding both, against a ledger of their own (their run
+// june-invoices runs on this machine; the README's is the cluster's). The
+// output must be the one shown; the log lines shown (text, as on a
+// terminal) must be among the JSON lines it logs on stderr (times and
+// durations aside).
+func runCLIDocExamples(ctx context.Context, t *testing.T, e *env, root string) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(root, "docs", "cli.md"))
+	require.NoError(t, err)
+	var manifest string
+	var examples []example
+	for _, b := range markdownBlocks(string(raw)) {
+		switch {
+		case b.section != "cli-run-examples":
+		case b.lang == "yaml":
+			manifest = b.body
+		case b.lang == "console":
+			examples = append(examples, blockExamples(b)...)
+		}
+	}
+	require.Len(t, examples, 2, "docs/cli.md's run examples")
+	name, ok := strings.CutPrefix(strings.SplitN(manifest, "\n", 2)[0], "# ")
+	require.True(t, ok, "docs/cli.md's manifest names its file on its first line: %q", manifest)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(manifest), 0o644))
+	again := strings.Replace(manifest, "\n  name: june-invoices\n", "\n  name: june-invoices-again\n", 1)
+	require.NotEqual(t, manifest, again, "the manifest is run june-invoices")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "june-invoices-again.yaml"), []byte(again), 0o644))
+
+	db := "e2e_clidoc_" + randSuffix()
+	dsn := ownerLedger(ctx, t, e, root, db)
+	t.Cleanup(func() {
+		if err := e.dropDatabase(db); err != nil {
+			t.Errorf("drop database %s: %v", db, err)
+		}
+	})
+	env := userEnv(t, e, root, dsn)
+	for _, ex := range examples {
+		stdout, stderr := runExample(ctx, t, "docs/cli.md", dir, env, ex)
+		var logs, out []string
+		for _, l := range ex.want {
+			if strings.HasPrefix(l, "time=") {
+				logs = append(logs, l)
+			} else {
+				out = append(out, l)
+			}
+		}
+		requireOutput(t, "docs/cli.md", example{line: ex.line, cmd: ex.cmd, want: out}, stdout)
+		requireLogged(t, ex, logs, stderr)
+	}
+}
+
+// requireLogged: each log line shown (slog's text form) is one of the JSON
+// lines logged (notLogged).
+func requireLogged(t *testing.T, ex example, shown []string, logged string) {
+	t.Helper()
+	missing, err := notLogged(shown, logged)
+	require.NoError(t, err, "docs/cli.md:%d", ex.line)
+	require.Empty(t, missing, "docs/cli.md:%d: $ %s\nthe log lines shown are not logged (as JSON on stderr):\n%s", ex.line, ex.cmd, logged)
+}
+
+// notLogged are the log lines of shown (slog's text form) that are none of
+// the JSON lines logged, their keys and values the same but for the time
+// and durations.
+func notLogged(shown []string, logged string) ([]string, error) {
+	var got []map[string]string
+	for _, l := range strings.Split(strings.TrimSpace(logged), "\n") {
+		var rec map[string]any
+		dec := json.NewDecoder(strings.NewReader(l))
+		dec.UseNumber()
+		if dec.Decode(&rec) != nil {
+			continue
+		}
+		m := map[string]string{}
+		for k, v := range rec {
+			m[k] = fmt.Sprint(v)
+		}
+		got = append(got, withoutClock(m))
+	}
+	var missing []string
+	for _, l := range shown {
+		want, err := logfmt(l)
+		if err != nil {
+			return nil, fmt.Errorf("log line %q: %w", l, err)
+		}
+		if !slices.ContainsFunc(got, func(g map[string]string) bool { return maps.Equal(g, withoutClock(want)) }) {
+			missing = append(missing, l)
+		}
+	}
+	return missing, nil
+}
+
+func withoutClock(m map[string]string) map[string]string {
+	delete(m, "time")
+	delete(m, "elapsed")
+	return m
+}
+
+// logfmt reads a line of slog's text handler: key=value pairs, a value
+// quoted (Go syntax) when it must be.
+func logfmt(l string) (map[string]string, error) {
+	m := map[string]string{}
+	for l = strings.TrimSpace(l); l != ""; l = strings.TrimSpace(l) {
+		key, rest, ok := strings.Cut(l, "=")
+		if !ok {
+			return nil, fmt.Errorf("no = after %q", l)
+		}
+		if strings.HasPrefix(rest, `"`) {
+			end := 1
+			for end < len(rest) && rest[end] != '"' {
+				if rest[end] == '\\' {
+					end++
+				}
+				end++
+			}
+			if end >= len(rest) {
+				return nil, fmt.Errorf("unterminated quote in %q", rest)
+			}
+			v, err := strconv.Unquote(rest[:end+1])
+			if err != nil {
+				return nil, err
+			}
+			m[key], l = v, rest[end+1:]
+			continue
+		}
+		v, next, _ := strings.Cut(rest, " ")
+		m[key], l = v, next
+	}
+	return m, nil
 }
