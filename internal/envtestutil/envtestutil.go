@@ -390,3 +390,18 @@ func (e *Env) InstallOwnPodPolicy(t testing.TB, ns string) {
 		t.Fatalf("config/policy holds %d objects named runledger-worker-own-pod, want the policy and its binding", n)
 	}
 }
+
+// User adds a user name (in no group) to the Env's apiserver and returns a
+// kubeconfig of theirs: they may do what RBAC grants them, nothing else.
+func (e *Env) User(t testing.TB, name string) []byte {
+	t.Helper()
+	u, err := e.env.AddUser(envtest.User{Name: name}, nil)
+	if err != nil {
+		t.Fatalf("adding user %s: %v", name, err)
+	}
+	kc, err := u.KubeConfig()
+	if err != nil {
+		t.Fatalf("kubeconfig of user %s: %v", name, err)
+	}
+	return kc
+}
