@@ -1696,4 +1696,11 @@ SELECT (SELECT pg_catalog.count(*) FROM mine),
 SELECT shard, attempt, total, completed, already_handled, failed, payload_changed, message, done,
        extract(epoch FROM pg_catalog.now() - updated_at)::float8
 FROM ` + Schema + `.shard_progress WHERE run_uid = $1 ORDER BY shard`
+
+	// sqlRunCounts: run $1's ledger rows (ledger_run_uid_idx; committed
+	// or superseded since) and the items of its failure records (their
+	// primary key).
+	sqlRunCounts = `
+SELECT (SELECT pg_catalog.count(*) FROM ` + Schema + `.ledger WHERE run_uid = $1),
+       (SELECT coalesce(pg_catalog.sum(items), 0)::bigint FROM ` + Schema + `.item_failure WHERE run_uid = $1)`
 )
