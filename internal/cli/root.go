@@ -51,6 +51,7 @@ func NewRootCommand() *cobra.Command {
 		newKeyCommand(),
 		newVerifyCommand(),
 		newScheduleCommand(),
+		newConsoleCommand(),
 	)
 	return root
 }
@@ -111,7 +112,7 @@ func asPlugin(root *cobra.Command) *cobra.Command {
 // commandLine is "runledger CMD" where a text names a command a user types
 // (not "schema runledger", runledger_worker, nor the manager and worker,
 // which pods run as /runledger).
-var commandLine = regexp.MustCompile(`(^|[^A-Za-z0-9_./-])runledger ((?:version|migrate|run|prune|items|key|verify|schedule|completion|help)\b)`)
+var commandLine = regexp.MustCompile(`(^|[^A-Za-z0-9_./-])runledger ((?:version|migrate|run|prune|items|key|verify|schedule|console|completion|help)\b)`)
 
 // addDatabaseFlags adds --dsn and --dsn-file.
 func addDatabaseFlags(cmd *cobra.Command, what string) {

@@ -1,0 +1,136 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// action is what the console may do to a run, each through the API server
+// as the user.
+type action struct {
+	Name     string
+	Verb     string // the confirmation's button
+	Question string // what the confirmation asks, of the run's name
+	do       func(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error)
+}
+
+var actions = map[string]action{
+	"retry": {Name: "retry", Verb: "Create the retry run",
+		Question: "Create a run whose batch is the failed items of %s (batch.fromRun), with its spec otherwise?", do: retry},
+	"suspend": {Name: "suspend", Verb: "Suspend",
+		Question: "Suspend %s (spec.suspend: true): its worker pods stop, and it waits?", do: suspend(true)},
+	"resume": {Name: "resume", Verb: "Resume",
+		Question: "Resume %s (spec.suspend: false)?", do: suspend(false)},
+	"delete": {Name: "delete", Verb: "Delete",
+		Question: "Delete the finished run %s? Its ledger rows stay (runledger items and key still read them).", do: remove},
+}
+
+// RetryName is the name of the run retrying run name's failed items (a
+// suffix of the API server's added).
+func RetryName(name string) string {
+	const suffix = "-retry-"
+	if len(name) > 63-len(suffix)-5 {
+		name = strings.TrimRight(name[:63-len(suffix)-5], "-.")
+	}
+	return name + suffix
+}
+
+// retry creates a run whose batch is run's failed items: its spec, with
+// batch {fromRun: {name: run}} and not suspended, as README's "Retry what
+// failed" does by hand.
+func retry(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error) {
+	spec := *run.Spec.DeepCopy()
+	spec.Batch = v1alpha1.BatchSpec{FromRun: &v1alpha1.FromRunSource{Name: run.Name, Verdict: v1alpha1.FromRunFailed}}
+	spec.Suspend = false
+	next := &v1alpha1.ProcessingRun{
+		ObjectMeta: metav1.ObjectMeta{Namespace: run.Namespace, GenerateName: RetryName(run.Name)},
+		Spec:       spec,
+	}
+	if err := c.Create(ctx, next); err != nil {
+		return "", fmt.Errorf("creating a run retrying %s/%s: %w", run.Namespace, run.Name, err)
+	}
+	return next.Name, nil
+}
+
+func suspend(on bool) func(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error) {
+	return func(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error) {
+		patch := fmt.Appendf(nil, `{"metadata":{"uid":%q},"spec":{"suspend":%t}}`, run.UID, on)
+		if err := c.Patch(ctx, run, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			return "", fmt.Errorf("setting spec.suspend of %s/%s to %t: %w", run.Namespace, run.Name, on, err)
+		}
+		return run.Name, nil
+	}
+}
+
+var errUnfinished = errors.New("the run has not finished (phase Succeeded or Failed): suspend it first, or wait")
+
+func remove(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error) {
+	if !finished(run) {
+		return "", fmt.Errorf("deleting %s/%s: %w", run.Namespace, run.Name, errUnfinished)
+	}
+	if err := c.Delete(ctx, run, client.Preconditions{UID: &run.UID, ResourceVersion: &run.ResourceVersion}); err != nil {
+		return "", fmt.Errorf("deleting %s/%s: %w", run.Namespace, run.Name, err)
+	}
+	return "", nil
+}
+
+// confirmData is a confirmation page's.
+type confirmData struct {
+	Namespace, Name string
+	Action          action
+	Question        string
+}
+
+func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
+	a, ok := actions[r.PathValue("action")]
+	if !ok || s.o.Kube == nil {
+		s.fail(w, "action", fmt.Errorf("action %q: %w (actions need a cluster)", r.PathValue("action"), errNotFound))
+		return
+	}
+	ns, name := r.PathValue("namespace"), r.PathValue("name")
+	s.render(w, http.StatusOK, "confirm", a.Verb+" "+ns+"/"+name, confirmData{
+		Namespace: ns, Name: name, Action: a, Question: fmt.Sprintf(a.Question, ns+"/"+name),
+	})
+}
+
+// act does a confirmed action (ServeHTTP checked its origin and token)
+// and sends the browser on to the run's page (the new run's for a retry,
+// the runs' after a delete).
+func (s *Server) act(w http.ResponseWriter, r *http.Request) {
+	a, ok := actions[r.PathValue("action")]
+	if !ok || s.o.Kube == nil {
+		s.fail(w, "action", fmt.Errorf("action %q: %w (actions need a cluster)", r.PathValue("action"), errNotFound))
+		return
+	}
+	ns, name := r.PathValue("namespace"), r.PathValue("name")
+	what := a.Verb + " " + ns + "/" + name
+	run := &v1alpha1.ProcessingRun{}
+	if err := s.o.Kube.Get(r.Context(), types.NamespacedName{Namespace: ns, Name: name}, run); err != nil {
+		s.fail(w, what, err)
+		return
+	}
+	to, err := a.do(r.Context(), s.o.Kube, run)
+	if err != nil {
+		if errors.Is(err, errUnfinished) {
+			err = apierrors.NewConflict(v1alpha1.GroupVersion.WithResource("processingruns").GroupResource(), name, err)
+		}
+		s.fail(w, what, err)
+		return
+	}
+	s.o.Log.Info("action done", "action", a.Name, "run", ns+"/"+name, "result", to)
+	target := "/"
+	if to != "" {
+		target = "/runs/" + ns + "/" + to
+	}
+	http.Redirect(w, r, target, http.StatusSeeOther)
+}

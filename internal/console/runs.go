@@ -1,0 +1,175 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// runWatch holds the runs of the console's namespace (all namespaces for
+// "") as an informer of the API server keeps them: one list, then one
+// watch, as kubectl get --watch would, never polled. Every change closes
+// changed, which the pages' event streams wait on.
+type runWatch struct {
+	informer cache.SharedIndexInformer
+
+	mu      sync.Mutex
+	changed chan struct{}
+	err     error // the last list or watch error (a refusal of RBAC, say), nil once it lists again
+}
+
+func newRunWatch(c client.WithWatch, namespace string) *runWatch {
+	w := &runWatch{changed: make(chan struct{})}
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			list := &v1alpha1.ProcessingRunList{}
+			err := c.List(ctx, list, client.InNamespace(namespace), &client.ListOptions{Raw: &opts})
+			w.setErr(err)
+			return list, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return c.Watch(ctx, &v1alpha1.ProcessingRunList{}, client.InNamespace(namespace), &client.ListOptions{Raw: &opts})
+		},
+	}
+	w.informer = cache.NewSharedIndexInformer(lw, &v1alpha1.ProcessingRun{}, 0, cache.Indexers{})
+	_ = w.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) { w.setErr(err) })
+	notify := func(any) { w.notify() }
+	_, _ = w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    notify,
+		UpdateFunc: func(_, obj any) { notify(obj) },
+		DeleteFunc: notify,
+	})
+	return w
+}
+
+func (w *runWatch) setErr(err error) {
+	w.mu.Lock()
+	changed := errText(w.err) != errText(err)
+	w.err = err
+	w.mu.Unlock()
+	if changed {
+		w.notify()
+	}
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func (w *runWatch) notify() {
+	w.mu.Lock()
+	close(w.changed)
+	w.changed = make(chan struct{})
+	w.mu.Unlock()
+}
+
+// state is the runs now, a channel closed at the next change, and the
+// error of the last list or watch.
+func (w *runWatch) state() ([]*v1alpha1.ProcessingRun, <-chan struct{}, error) {
+	w.mu.Lock()
+	err, changed := w.err, w.changed
+	w.mu.Unlock()
+	var runs []*v1alpha1.ProcessingRun
+	for _, obj := range w.informer.GetStore().List() {
+		if run, ok := obj.(*v1alpha1.ProcessingRun); ok {
+			runs = append(runs, run)
+		}
+	}
+	return runs, changed, err
+}
+
+// runRow is one line of the runs page, as the page renders it and the
+// event stream sends it.
+type runRow struct {
+	Namespace      string `json:"namespace"`
+	Name           string `json:"name"`
+	Phase          string `json:"phase"`
+	Total          int64  `json:"total"`
+	Completed      int64  `json:"completed"`
+	AlreadyHandled int64  `json:"alreadyHandled"`
+	Failed         int64  `json:"failed"`
+	// Percent processed (completed, already handled and failed) of total.
+	Percent  int    `json:"percent"`
+	Age      string `json:"age"`
+	Schedule string `json:"schedule"`
+	// Ledger: the row comes from the ledger database alone (no cluster).
+	Ledger bool `json:"ledger,omitempty"`
+}
+
+func rowOf(run *v1alpha1.ProcessingRun, now time.Time) runRow {
+	st := run.Status
+	phase := string(st.Phase)
+	if phase == "" {
+		phase = "Pending"
+	}
+	return runRow{
+		Namespace: run.Namespace, Name: run.Name, Phase: phase,
+		Total: st.Total, Completed: st.Completed, AlreadyHandled: st.AlreadyHandled, Failed: st.Failed,
+		Percent:  percent(st.Processed(), st.Total),
+		Age:      age(now.Sub(run.CreationTimestamp.Time)),
+		Schedule: scheduleOf(run),
+	}
+}
+
+// scheduleOf is the name of the schedule that created run, if one did.
+func scheduleOf(run *v1alpha1.ProcessingRun) string {
+	for _, ref := range run.OwnerReferences {
+		if ref.Kind == "ProcessingSchedule" {
+			return ref.Name
+		}
+	}
+	return run.Labels[v1alpha1.LabelSchedule]
+}
+
+func percent(done, total int64) int {
+	if total <= 0 {
+		return 0
+	}
+	return int(min(100, done*100/total))
+}
+
+// age is d as kubectl prints an age: 42s, 5m, 3h, 2d.
+func age(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < 2*time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < 2*time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+// rows are runs in namespace ns ("" for all), newest first.
+func rows(runs []*v1alpha1.ProcessingRun, ns string, now time.Time) []runRow {
+	sort.Slice(runs, func(i, j int) bool {
+		a, b := runs[i], runs[j]
+		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+			return b.CreationTimestamp.Before(&a.CreationTimestamp)
+		}
+		return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
+	})
+	out := []runRow{}
+	for _, run := range runs {
+		if ns == "" || run.Namespace == ns {
+			out = append(out, rowOf(run, now))
+		}
+	}
+	return out
+}

@@ -1,0 +1,114 @@
+package console
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+)
+
+// fakeServer is a console on a fake API server holding one run, default/june,
+// as if listening at 127.0.0.1:7480.
+func fakeServer(t *testing.T) (*Server, *v1alpha1.ProcessingRun) {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	require.NoError(t, v1alpha1.AddToScheme(scheme))
+	run := &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "june", UID: "u-1"}}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(run).Build()
+	s, err := New(Options{Kube: c, Namespace: "default"}, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 7480})
+	require.NoError(t, err)
+	return s, run
+}
+
+func post(s *Server, host, origin, site, token string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/runs/default/june/suspend", strings.NewReader(url.Values{"token": {token}}.Encode()))
+	r.Host = host
+	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if origin != "" {
+		r.Header.Set("Origin", origin)
+	}
+	if site != "" {
+		r.Header.Set("Sec-Fetch-Site", site)
+	}
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, r)
+	return w
+}
+
+// TestStateChangesNeedTheConsolesOwnPage: a POST acts only with the
+// process's token, from the console's own origin, at its own Host; the
+// run stays unsuspended otherwise.
+func TestStateChangesNeedTheConsolesOwnPage(t *testing.T) {
+	s, run := fakeServer(t)
+	const own = "http://127.0.0.1:7480"
+	for _, tc := range []struct {
+		name, host, origin, site, token string
+		code                            int
+		body                            string
+	}{
+		{"no token", "127.0.0.1:7480", own, "same-origin", "", http.StatusForbidden, "no valid token"},
+		{"a wrong token", "127.0.0.1:7480", own, "same-origin", "x" + s.token, http.StatusForbidden, "no valid token"},
+		{"another origin", "127.0.0.1:7480", "http://evil.example", "", s.token, http.StatusForbidden, "not the console's"},
+		{"no origin", "127.0.0.1:7480", "", "", s.token, http.StatusForbidden, "no Origin"},
+		{"cross-site", "127.0.0.1:7480", own, "cross-site", s.token, http.StatusForbidden, "cross-site"},
+		{"DNS rebinding", "evil.example:7480", "http://evil.example:7480", "same-origin", s.token, http.StatusMisdirectedRequest, "own loopback address"},
+		{"another port", "127.0.0.1:7481", "http://127.0.0.1:7481", "same-origin", s.token, http.StatusMisdirectedRequest, "own loopback address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := post(s, tc.host, tc.origin, tc.site, tc.token)
+			require.Equal(t, tc.code, w.Code, w.Body.String())
+			require.Contains(t, w.Body.String(), tc.body)
+			got := &v1alpha1.ProcessingRun{}
+			require.NoError(t, s.o.Kube.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: "june"}, got))
+			require.False(t, got.Spec.Suspend, "refused, the run is not suspended")
+		})
+	}
+	w := post(s, "localhost:7480", "http://localhost:7480", "same-origin", s.token)
+	require.Equal(t, http.StatusSeeOther, w.Code, w.Body.String())
+	require.Equal(t, "/runs/default/june", w.Header().Get("Location"))
+	got := &v1alpha1.ProcessingRun{}
+	require.NoError(t, s.o.Kube.Get(context.Background(), types.NamespacedName{Namespace: run.Namespace, Name: run.Name}, got))
+	require.True(t, got.Spec.Suspend, "from its own page, with its token, the run is suspended")
+}
+
+// TestPagesAreGuarded: every page carries a CSP that allows no other
+// origin's script, and the page's token is the only way to it.
+func TestPagesAreGuarded(t *testing.T) {
+	s, _ := fakeServer(t)
+	r := httptest.NewRequest(http.MethodGet, "/runs/default/june/confirm/suspend", nil)
+	r.Host = "127.0.0.1:7480"
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, r)
+	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
+	require.Contains(t, w.Header().Get("Content-Security-Policy"), "default-src 'self'")
+	require.Contains(t, w.Header().Get("Content-Security-Policy"), "frame-ancestors 'none'")
+	require.Contains(t, w.Body.String(), `name="token" value="`+s.token+`"`)
+}
+
+func TestRetryName(t *testing.T) {
+	require.Equal(t, "june-retry-", RetryName("june"))
+	long := RetryName(strings.Repeat("a", 63))
+	require.LessOrEqual(t, len(long)+5, 63, "room for the API server's 5 characters")
+}
+
+func TestAge(t *testing.T) {
+	for d, want := range map[string]string{"5s": "5s", "3m": "3m", "5h": "5h", "72h": "3d"} {
+		dur, err := timeParse(d)
+		require.NoError(t, err)
+		require.Equal(t, want, age(dur))
+	}
+}
+
+var timeParse = time.ParseDuration
