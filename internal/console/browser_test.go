@@ -1,0 +1,424 @@
+package console_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/cli"
+	"github.com/runledger/runledger/internal/envtestutil"
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/testtier"
+)
+
+func TestMain(m *testing.M) { envtestutil.Main(m, pgtest.Stop) }
+
+// EnvScreenshots names a directory the browser test saves its screenshots
+// into (docs/images/console for the docs); a temporary one without it.
+const EnvScreenshots = "RUNLEDGER_CONSOLE_SCREENSHOTS"
+
+// consoleSchema: invoices whose amount must be positive (the items of
+// accounts 1 to 3 carry 0 or less: their effect fails).
+const consoleSchema = `CREATE TABLE invoices (account text NOT NULL, period text NOT NULL, amount numeric NOT NULL CHECK (amount > 0))`
+
+// runSpec is a run's spec over accounts lo..hi of 2026-06, the amount of
+// account i being i-3.
+func runSpec(lo, hi int) string {
+	return fmt.Sprintf(`database: {secretRef: {name: ledger, key: dsn}}
+batch:
+  query: "SELECT 'acct-' || i AS entity, '2026-06' AS occurrence, jsonb_build_object('amount', i - 3) AS payload FROM generate_series(%d, %d) i"
+effect: {sql: "INSERT INTO invoices SELECT entity, occurrence, (payload->>'amount')::numeric FROM claimed"}
+maxFailedItems: 10
+`, lo, hi)
+}
+
+// fixture is a real apiserver and ledger database holding two runs, may
+// (accounts 30..40, all committed) and june (accounts 1..40: 3 failed, 11
+// already handled by may, 26 completed), made by runledger run under the
+// uids of their ProcessingRuns.
+type fixture struct {
+	env        *envtestutil.Env
+	ns         string
+	dsnFile    string
+	kubeconfig string
+	shots      string
+	counts     map[string]v1alpha1.ItemCounts
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	env := envtestutil.Get(t)
+	dsn := pgtest.NewDatabase(t)
+	f := &fixture{env: env, ns: env.Namespace(t), counts: map[string]v1alpha1.ItemCounts{}}
+	dir := t.TempDir()
+	f.dsnFile = filepath.Join(dir, "ledger.dsn")
+	require.NoError(t, os.WriteFile(f.dsnFile, []byte(dsn), 0o600))
+	f.kubeconfig = filepath.Join(dir, "kubeconfig")
+	require.NoError(t, os.WriteFile(f.kubeconfig, env.KubeConfig, 0o600))
+	f.shots = os.Getenv(EnvScreenshots)
+	if f.shots == "" {
+		f.shots = t.TempDir()
+	}
+	require.NoError(t, os.MkdirAll(f.shots, 0o755))
+	pool := pgtest.Pool(t, pgtest.Direct(t, dsn))
+	_, err := pool.Exec(context.Background(), consoleSchema)
+	require.NoError(t, err)
+	store := ledger.NewStore(pool)
+	for _, r := range []struct {
+		name   string
+		lo, hi int
+	}{{"may", 30, 40}, {"june", 1, 40}} {
+		run := &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: r.name}}
+		require.NoError(t, yaml.Unmarshal([]byte(runSpec(r.lo, r.hi)), &run.Spec))
+		require.NoError(t, env.Client.Create(context.Background(), run))
+		manifest := fmt.Sprintf("apiVersion: processing.runledger.dev/v1alpha1\nkind: ProcessingRun\nmetadata: {name: %s, namespace: %s, uid: %s}\nspec:\n  %s",
+			r.name, f.ns, run.UID, strings.ReplaceAll(strings.TrimSpace(runSpec(r.lo, r.hi)), "\n", "\n  "))
+		file := filepath.Join(dir, r.name+".yaml")
+		require.NoError(t, os.WriteFile(file, []byte(manifest), 0o600))
+		root := cli.NewRootCommand()
+		root.SetArgs([]string{"run", "-f", file, "--dsn-file", f.dsnFile})
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		_ = root.ExecuteContext(context.Background()) // june's failed items fail it (exit 1): the ledger's counts below say what it did
+		recs, err := store.FindRuns(context.Background(), f.ns, r.name)
+		require.NoError(t, err)
+		require.Len(t, recs, 1)
+		require.Equal(t, string(run.UID), recs[0].UID, "runledger run kept the ProcessingRun's uid")
+		var c v1alpha1.ItemCounts
+		require.NoError(t, store.RunItems(context.Background(), recs[0], []ledger.Outcome{ledger.Completed, ledger.Failed, ledger.AlreadyHandled}, func(v ledger.ItemVerdict) error {
+			switch v.Outcome {
+			case ledger.Completed:
+				c.Completed++
+			case ledger.Failed:
+				c.Failed++
+			case ledger.AlreadyHandled:
+				c.AlreadyHandled++
+			}
+			return nil
+		}))
+		c.Total = int64(r.hi - r.lo + 1)
+		f.counts[r.name] = c
+	}
+	require.Equal(t, v1alpha1.ItemCounts{Total: 40, Completed: 26, AlreadyHandled: 11, Failed: 3}, f.counts["june"], "june's verdicts in the ledger")
+	return f
+}
+
+// setStatus writes run name's status as the controller would.
+func (f *fixture) setStatus(t *testing.T, name string, phase v1alpha1.RunPhase, c v1alpha1.ItemCounts) {
+	t.Helper()
+	run := &v1alpha1.ProcessingRun{}
+	require.NoError(t, f.env.Client.Get(context.Background(), types.NamespacedName{Namespace: f.ns, Name: name}, run))
+	now := metav1.Now()
+	run.Status.Phase, run.Status.ItemCounts, run.Status.StartTime = phase, c, &now
+	run.Status.Shards = []v1alpha1.ShardStatus{{Index: 0, Pod: name + "-0-0", Phase: v1alpha1.ShardRunning, ItemCounts: c}}
+	cond := metav1.Condition{Type: v1alpha1.ConditionComplete, Status: metav1.ConditionFalse, Reason: "Running", Message: "the shards run", LastTransitionTime: now}
+	if phase == v1alpha1.RunSucceeded {
+		run.Status.CompletionTime = &now
+		run.Status.Shards[0].Phase = v1alpha1.ShardSucceeded
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "Succeeded", "every shard succeeded"
+	}
+	run.Status.Conditions = []metav1.Condition{cond}
+	require.NoError(t, f.env.Client.Status().Update(context.Background(), run))
+}
+
+// event records a Warning Event of run name, as the controller would.
+func (f *fixture) event(t *testing.T, name, reason, message string) {
+	t.Helper()
+	run := &v1alpha1.ProcessingRun{}
+	require.NoError(t, f.env.Client.Get(context.Background(), types.NamespacedName{Namespace: f.ns, Name: name}, run))
+	now := metav1.Now()
+	require.NoError(t, f.env.Client.Create(context.Background(), &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Namespace: f.ns, Name: name + "." + strings.ToLower(reason)},
+		InvolvedObject: corev1.ObjectReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: "ProcessingRun", Namespace: f.ns, Name: name, UID: run.UID},
+		Type:           corev1.EventTypeWarning, Reason: reason, Message: message, Count: 1, FirstTimestamp: now, LastTimestamp: now,
+	}))
+}
+
+// startConsole runs runledger console as the user of kubeconfig, on a free
+// loopback port, until the test ends, and returns its URL.
+// ("" for none: the ledger alone).
+func (f *fixture) startConsole(t *testing.T, kubeconfig string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	root := cli.NewRootCommand()
+	args := []string{"console", "--address", "127.0.0.1:0", "-n", f.ns, "--dsn-file", f.dsnFile}
+	if kubeconfig == "" {
+		args = append(args, "--no-cluster")
+	} else {
+		args = append(args, "--kubeconfig", kubeconfig)
+	}
+	root.SetArgs(args)
+	out, w := io.Pipe()
+	root.SetOut(w)
+	var logs strings.Builder
+	root.SetErr(&logs)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx); _ = w.Close() }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		dsn, err := os.ReadFile(f.dsnFile)
+		require.NoError(t, err)
+		require.NotContains(t, logs.String(), strings.TrimSpace(string(dsn)), "the DSN is not logged")
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, "the console's first line")
+	go func() { _, _ = io.Copy(io.Discard, out) }()
+	fields := strings.Fields(line)
+	require.GreaterOrEqual(t, len(fields), 3, line)
+	return strings.TrimSuffix(fields[2], "/")
+}
+
+// browser is a headless Chromium (Debian's), for the test's length.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	testtier.Needs(t, "Chromium (apt-get install -y chromium)")
+	path := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		t.Fatal("needs Chromium: apt-get install -y chromium (Debian's; .ci/run installs it)")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.WindowSize(1280, 860))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	ctx, cancelTimeout := context.WithTimeout(ctx, 3*time.Minute)
+	t.Cleanup(cancelTimeout)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("about:blank")), "starting %s", path)
+	return ctx
+}
+
+func do(t *testing.T, ctx context.Context, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	require.NoError(t, chromedp.Do(ctx, steps...), "on %s", location(ctx))
+}
+
+// stepTimeout bounds each step in the browser.
+const stepTimeout = 30 * time.Second
+
+// location is the page's URL and heading, for a failure's message.
+func location(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.href + " (" + (document.querySelector("h1") || {}).textContent + "): " + document.body.innerText.slice(0, 400)`))
+	if err != nil {
+		return err.Error()
+	}
+	return s
+}
+
+func get[T any](t *testing.T, ctx context.Context, a chromedp.Action[T]) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	v, err := chromedp.Run(ctx, a)
+	require.NoError(t, err, "on %s", location(ctx))
+	return v
+}
+
+// colorScheme has the page's prefers-color-scheme be scheme.
+func colorScheme(scheme string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, target *chromedp.Target) error {
+		_, err := cdp.Call(ctx, target, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: scheme}}})
+		return err
+	})
+}
+
+func (f *fixture) shot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	b := get(t, ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, os.WriteFile(filepath.Join(f.shots, name), b, 0o644))
+}
+
+func text(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	return strings.TrimSpace(get(t, ctx, chromedp.Text(chromedp.CSS(sel))))
+}
+
+func count(t *testing.T, ctx context.Context, sel string) int {
+	t.Helper()
+	return get(t, ctx, chromedp.Evaluate[int](fmt.Sprintf("document.querySelectorAll(%q).length", sel)))
+}
+
+// TestConsoleInABrowser drives runledger console in Debian's Chromium,
+// against a real apiserver and ledger database: the runs page shows the
+// runs' status and follows a change of it without a reload (the watch,
+// through Server-Sent Events); a run's page shows its status and the
+// ledger's failed and already handled items, searchable; a key's page its
+// holder and failures; the retry action creates the fromRun run; a user
+// whom RBAC refuses sees the API server's refusal; a cross-site POST, even
+// one that knows the token, is refused.
+func TestConsoleInABrowser(t *testing.T) {
+	f := newFixture(t)
+	june := f.counts["june"]
+	running := june
+	running.Completed = 10
+	f.setStatus(t, "may", v1alpha1.RunSucceeded, f.counts["may"])
+	f.setStatus(t, "june", v1alpha1.RunRunning, running)
+	f.event(t, "june", "ShardFailed", "shard 0 attempt 0 failed: the pod was evicted")
+	url := f.startConsole(t, f.kubeconfig)
+	ctx := browser(t)
+	row := fmt.Sprintf(`tr[data-run="%s/june"]`, f.ns)
+
+	t.Run("the runs page follows the watch", func(t *testing.T) {
+		do(t, ctx, chromedp.Navigate(url+"/"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)))
+		require.Equal(t, "Running", text(t, ctx, row+" .phase"))
+		require.Equal(t, fmt.Sprint(running.Completed), text(t, ctx, row+" .completed"))
+		require.Equal(t, fmt.Sprint(running.AlreadyHandled), text(t, ctx, row+" .already-handled"))
+		require.Equal(t, fmt.Sprint(running.Failed), text(t, ctx, row+" .failed"))
+		require.Equal(t, fmt.Sprint(running.Total), text(t, ctx, row+" .total"))
+		require.Equal(t, "60%", text(t, ctx, row+" .pct"), "(10+11+3)/40")
+		do(t, ctx, chromedp.Evaluate[chromedp.Void](`window.notReloaded = true`))
+		f.setStatus(t, "june", v1alpha1.RunSucceeded, june)
+		_, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`document.querySelector(%q).textContent.trim() === "Succeeded"`, row+" .phase"), chromedp.WithPollingTimeout(30*time.Second)))
+		require.NoError(t, err, "the page follows june to Succeeded")
+		kept := get(t, ctx, chromedp.Evaluate[bool](`window.notReloaded === true`))
+		require.True(t, kept, "without a reload")
+		require.Equal(t, fmt.Sprint(june.Completed), text(t, ctx, row+" .completed"))
+		require.Equal(t, "100%", text(t, ctx, row+" .pct"))
+		f.shot(t, ctx, "runs.png")
+		do(t, ctx, colorScheme("dark"))
+		f.shot(t, ctx, "runs-dark.png")
+		do(t, ctx, colorScheme("light"))
+	})
+
+	t.Run("a run's page: status and the ledger's items", func(t *testing.T) {
+		do(t, ctx, chromedp.Click(chromedp.CSS(row+" .name a")), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
+		require.Equal(t, fmt.Sprint(june.Completed), text(t, ctx, "#counts .completed"))
+		require.Equal(t, fmt.Sprint(june.AlreadyHandled), text(t, ctx, "#counts .already-handled"))
+		require.Equal(t, fmt.Sprint(june.Failed), text(t, ctx, "#counts .failed"))
+		require.Equal(t, fmt.Sprint(june.Total), text(t, ctx, "#counts .total"))
+		require.Equal(t, int(june.Failed), count(t, ctx, "#failed tbody tr"), "a row per failed item of the ledger")
+		require.Equal(t, "23514", text(t, ctx, "#failed tbody tr:first-child .class"), "the class: the CHECK's SQLSTATE")
+		require.Contains(t, text(t, ctx, "#failed tbody tr:first-child .err"), "invoices_amount_check")
+		require.Equal(t, int(june.AlreadyHandled), count(t, ctx, "#handled tbody tr"))
+		require.Equal(t, f.ns+"/may", text(t, ctx, "#handled tbody tr:first-child td:nth-child(3)"), "the run that holds the key")
+		require.Equal(t, 1, count(t, ctx, "#shards tbody tr"))
+		require.Contains(t, text(t, ctx, "#events tbody"), "ShardFailed", "the run's Event")
+		f.shot(t, ctx, "run.png")
+		do(t, ctx, chromedp.SetValue(chromedp.CSS("#q"), "acct-2"), chromedp.Submit(chromedp.CSS("#q")),
+			chromedp.WaitVisible(chromedp.CSS(`#failed`)))
+		require.Equal(t, 1, count(t, ctx, "#failed tbody tr"), "the search finds acct-2 alone")
+		require.Equal(t, "acct-2", text(t, ctx, "#failed tbody tr td:first-child"))
+	})
+
+	t.Run("a key's page", func(t *testing.T) {
+		do(t, ctx, chromedp.Click(chromedp.CSS(`#failed tbody tr td:first-child a`)), chromedp.WaitVisible(chromedp.CSS(`#failures`)))
+		require.Contains(t, text(t, ctx, "#no-holder"), "No committed row")
+		require.Contains(t, text(t, ctx, "#failures tbody"), f.ns+"/june")
+		do(t, ctx, chromedp.Navigate(url+"/key?entity=acct-35&occurrence=2026-06"), chromedp.WaitVisible(chromedp.CSS(`#rows`)))
+		require.Contains(t, text(t, ctx, "#rows .state-committed"), f.ns+"/may", "acct-35 committed by may")
+		f.shot(t, ctx, "key.png")
+	})
+
+	t.Run("retry creates the fromRun run", func(t *testing.T) {
+		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june"), chromedp.Click(chromedp.CSS(`#action-retry`)),
+			chromedp.WaitVisible(chromedp.CSS(`#confirm`)))
+		f.shot(t, ctx, "confirm.png")
+		do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#counts`)))
+		loc := get(t, ctx, chromedp.Location())
+		require.Contains(t, loc, "/runs/"+f.ns+"/june-retry-")
+		runs := &v1alpha1.ProcessingRunList{}
+		require.NoError(t, f.env.Client.List(context.Background(), runs, client.InNamespace(f.ns)))
+		var retries []v1alpha1.ProcessingRun
+		for _, r := range runs.Items {
+			if r.Spec.Batch.FromRun != nil {
+				retries = append(retries, r)
+			}
+		}
+		require.Len(t, retries, 1)
+		orig := &v1alpha1.ProcessingRun{}
+		require.NoError(t, f.env.Client.Get(context.Background(), types.NamespacedName{Namespace: f.ns, Name: "june"}, orig))
+		require.Equal(t, "june", retries[0].Spec.Batch.FromRun.Name)
+		require.Equal(t, orig.Spec.Effect, retries[0].Spec.Effect, "the original's spec otherwise")
+		require.Equal(t, orig.Spec.Database, retries[0].Spec.Database)
+		require.True(t, strings.HasSuffix(loc, "/"+retries[0].Name), "the browser is on the new run's page")
+	})
+
+	t.Run("a user whom RBAC refuses sees the refusal", func(t *testing.T) {
+		viewer := "viewer-" + f.ns
+		ctxb := context.Background()
+		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "viewer"}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"processingruns"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"list"}},
+		}}
+		binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "viewer"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "viewer"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: viewer}}}
+		require.NoError(t, f.env.Client.Create(ctxb, role))
+		require.NoError(t, f.env.Client.Create(ctxb, binding))
+		kc := filepath.Join(t.TempDir(), "viewer.kubeconfig")
+		require.NoError(t, os.WriteFile(kc, f.env.User(t, viewer), 0o600))
+		vurl := f.startConsole(t, kc)
+		do(t, ctx, chromedp.Navigate(vurl+"/runs/"+f.ns+"/june"), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
+		require.Equal(t, fmt.Sprint(june.Failed), text(t, ctx, "#counts .failed"), "the viewer reads the run")
+		do(t, ctx, chromedp.Click(chromedp.CSS(`#action-retry`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+			chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#message`)))
+		msg := text(t, ctx, "#message")
+		require.Contains(t, msg, `User "`+viewer+`" cannot create resource "processingruns"`, "the API server's own message")
+		require.Contains(t, text(t, ctx, ".refusal"), "Refused by the API server (HTTP 403)")
+		f.shot(t, ctx, "refused.png")
+	})
+
+	t.Run("without a cluster, the ledger alone", func(t *testing.T) {
+		lurl := f.startConsole(t, "")
+		do(t, ctx, chromedp.Navigate(lurl+"/"), chromedp.WaitVisible(chromedp.CSS(row)))
+		require.Equal(t, fmt.Sprint(june.Completed), text(t, ctx, row+" .completed"), "the ledger's rows of june")
+		require.Equal(t, "—", text(t, ctx, row+" .already-handled"), "not counted without the batch")
+		require.Equal(t, fmt.Sprint(june.Failed), text(t, ctx, row+" .failed"))
+		require.Equal(t, fmt.Sprint(june.Total), text(t, ctx, row+" .total"))
+		do(t, ctx, chromedp.Click(chromedp.CSS(row+" .name a")), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
+		require.Equal(t, int(june.Failed), count(t, ctx, "#failed tbody tr"))
+		require.Equal(t, int(june.AlreadyHandled), count(t, ctx, "#handled tbody tr"))
+	})
+
+	t.Run("a cross-site POST is refused", func(t *testing.T) {
+		// Another site's page (another origin) that even knows the token posts
+		// a suspend of june to the console.
+		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june/confirm/suspend"))
+		token := get(t, ctx, chromedp.Value(chromedp.CSS(`input[name="token"]`)))
+		require.NotEmpty(t, token)
+		evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprintf(w, `<!doctype html><form id="f" method="post" action="%s/runs/%s/june/suspend"><input name="token" value="%s"></form>
+<script>document.getElementById("f").submit()</script>`, url, f.ns, token)
+		}))
+		defer evil.Close()
+		do(t, ctx, chromedp.Navigate(evil.URL),
+			chromedp.Poll[chromedp.Void](`location.href.indexOf("/suspend") > 0 && document.body && document.body.innerText.length > 0`, chromedp.WithPollingTimeout(20*time.Second)))
+		body := text(t, ctx, "body")
+		require.Regexp(t, `refused: (a (same|cross)-site request|from origin)`, body, "refused for where it came from, though it knew the token")
+		run := &v1alpha1.ProcessingRun{}
+		require.NoError(t, f.env.Client.Get(context.Background(), types.NamespacedName{Namespace: f.ns, Name: "june"}, run))
+		require.False(t, run.Spec.Suspend, "june is not suspended")
+	})
+}
