@@ -341,6 +341,23 @@ func TestConsoleInABrowser(t *testing.T) {
 		f.shot(t, ctx, "key.png")
 	})
 
+	t.Run("a run's page follows its status", func(t *testing.T) {
+		may := f.counts["may"]
+		half := may
+		half.Completed = 5
+		f.setStatus(t, "may", v1alpha1.RunRunning, half)
+		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/may"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)),
+			chromedp.Evaluate[chromedp.Void](`window.notReloaded = true`))
+		require.Equal(t, "5", text(t, ctx, "#counts .completed"))
+		require.Equal(t, "Running", text(t, ctx, "#counts .phase"))
+		f.setStatus(t, "may", v1alpha1.RunSucceeded, may)
+		_, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector("#counts .phase").textContent.trim() === "Succeeded" && window.notReloaded === true`,
+			chromedp.WithPollingTimeout(30*time.Second)))
+		require.NoError(t, err, "the page follows may to Succeeded, without a reload")
+		require.Equal(t, fmt.Sprint(may.Completed), text(t, ctx, "#counts .completed"))
+		require.Equal(t, "100%", text(t, ctx, "#counts .pct"))
+	})
+
 	t.Run("retry creates the fromRun run", func(t *testing.T) {
 		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june"), chromedp.Click(chromedp.CSS(`#action-retry`)),
 			chromedp.WaitVisible(chromedp.CSS(`#confirm`)))

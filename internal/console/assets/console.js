@@ -1,6 +1,46 @@
 // runledger console: the runs page follows the console's watch of the API
 // server through Server-Sent Events (/events); no framework, no CDN.
 "use strict";
+
+// countUpdate counts the updates a page applied (the tests read it).
+function countUpdate() {
+  document.body.dataset.updates = String(Number(document.body.dataset.updates || "0") + 1);
+}
+
+// A run's page follows the run's phase and counts in the same stream.
+(function () {
+  const counts = document.getElementById("counts");
+  if (!counts || !counts.dataset.live || !window.EventSource) {
+    return;
+  }
+  function set(cls, text) {
+    const el = counts.querySelector("." + cls);
+    if (el) {
+      el.textContent = text;
+    }
+  }
+  const source = new EventSource(counts.dataset.live);
+  source.addEventListener("runs", function (ev) {
+    const r = JSON.parse(ev.data).runs.find(function (x) {
+      return x.namespace + "/" + x.name === counts.dataset.run;
+    });
+    if (!r) {
+      return;
+    }
+    const badge = counts.querySelector(".phase .badge");
+    badge.className = "badge phase-" + r.phase;
+    badge.textContent = r.phase;
+    set("completed", String(r.completed));
+    set("already-handled", String(r.alreadyHandled));
+    set("failed", String(r.failed));
+    set("total", String(r.total));
+    set("pct", r.percent + "%");
+    const bar = counts.querySelector("progress");
+    bar.value = r.percent;
+    countUpdate();
+  });
+})();
+
 (function () {
   const table = document.getElementById("runs");
   if (!table || !table.dataset.live || !window.EventSource) {
@@ -71,7 +111,7 @@
     live.hidden = false;
     live.classList.remove("stale");
     live.textContent = "live";
-    document.body.dataset.updates = String(Number(document.body.dataset.updates || "0") + 1);
+    countUpdate();
   });
   source.onerror = function () {
     live.classList.add("stale");
