@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -356,6 +357,31 @@ func TestConsoleInABrowser(t *testing.T) {
 		require.NoError(t, err, "the page follows may to Succeeded, without a reload")
 		require.Equal(t, fmt.Sprint(may.Completed), text(t, ctx, "#counts .completed"))
 		require.Equal(t, "100%", text(t, ctx, "#counts .pct"))
+	})
+
+	t.Run("keyboard: skip link, then a run's link by Tab and Enter", func(t *testing.T) {
+		do(t, ctx, chromedp.Navigate(url+"/"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)))
+		do(t, ctx, chromedp.KeyEvent("\t"))
+		require.Equal(t, "Skip to content", get(t, ctx, chromedp.Evaluate[string](`document.activeElement.textContent`)), "the first Tab stop")
+		do(t, ctx, chromedp.KeyEvent("\r"))
+		for range 20 {
+			if get(t, ctx, chromedp.Evaluate[string](`document.activeElement.textContent`)) == "may" {
+				break
+			}
+			do(t, ctx, chromedp.KeyEvent("\t"))
+		}
+		require.Equal(t, "may", get(t, ctx, chromedp.Evaluate[string](`document.activeElement.textContent`)), "a run's link is reached by Tab")
+		do(t, ctx, chromedp.KeyEvent("\r"), chromedp.WaitVisible(chromedp.CSS(`#counts`)))
+		require.Contains(t, get(t, ctx, chromedp.Location()), "/runs/"+f.ns+"/may")
+	})
+
+	t.Run("delete a finished run", func(t *testing.T) {
+		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/may"), chromedp.Click(chromedp.CSS(`#action-delete`)),
+			chromedp.WaitVisible(chromedp.CSS(`#confirm`)), chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#runs`)))
+		_, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`document.querySelector('tr[data-run="%s/may"]') === null`, f.ns), chromedp.WithPollingTimeout(30*time.Second)))
+		require.NoError(t, err, "may leaves the runs page")
+		err = f.env.Client.Get(context.Background(), types.NamespacedName{Namespace: f.ns, Name: "may"}, &v1alpha1.ProcessingRun{})
+		require.True(t, apierrors.IsNotFound(err), "may is deleted: %v", err)
 	})
 
 	t.Run("retry creates the fromRun run", func(t *testing.T) {

@@ -33,7 +33,11 @@ func fakeServer(t *testing.T) (*Server, *v1alpha1.ProcessingRun) {
 }
 
 func post(s *Server, host, origin, site, token string) *httptest.ResponseRecorder {
-	r := httptest.NewRequest(http.MethodPost, "/runs/default/june/suspend", strings.NewReader(url.Values{"token": {token}}.Encode()))
+	return postAction(s, "suspend", host, origin, site, token)
+}
+
+func postAction(s *Server, action, host, origin, site, token string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/runs/default/june/"+action, strings.NewReader(url.Values{"token": {token}}.Encode()))
 	r.Host = host
 	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	if origin != "" {
@@ -95,6 +99,16 @@ func TestPagesAreGuarded(t *testing.T) {
 	require.Contains(t, w.Header().Get("Content-Security-Policy"), "default-src 'self'")
 	require.Contains(t, w.Header().Get("Content-Security-Policy"), "frame-ancestors 'none'")
 	require.Contains(t, w.Body.String(), `name="token" value="`+s.token+`"`)
+}
+
+// TestDeleteOnlyAFinishedRun: deleting a run that has not finished is
+// refused (409), with why; the run stays.
+func TestDeleteOnlyAFinishedRun(t *testing.T) {
+	s, _ := fakeServer(t)
+	w := postAction(s, "delete", "127.0.0.1:7480", "http://127.0.0.1:7480", "same-origin", s.token)
+	require.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+	require.Contains(t, w.Body.String(), "the run has not finished")
+	require.NoError(t, s.o.Kube.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: "june"}, &v1alpha1.ProcessingRun{}))
 }
 
 func TestRetryName(t *testing.T) {
