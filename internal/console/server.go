@@ -224,15 +224,25 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// await waits for changed, sending a comment at each heartbeat to keep
-// the stream open; false when the request ended or its writer failed.
+// coalesce is how long a stream waits after a change for more, so that a
+// burst of status updates (many shards reporting) is sent once.
+const coalesce = 200 * time.Millisecond
+
+// await waits for changed (and coalesce more), sending a comment at each
+// heartbeat to keep the stream open; false when the request ended or its
+// writer failed.
 func (s *Server) await(ctx context.Context, w http.ResponseWriter, flusher http.Flusher, changed <-chan struct{}, heartbeat <-chan time.Time) bool {
 	for {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-changed:
-			return true
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(coalesce):
+				return true
+			}
 		case <-heartbeat:
 			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
 				return false
