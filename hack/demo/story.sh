@@ -166,14 +166,44 @@ kubectl -n ${SYSTEM_NS} logs deployment/runledger-manager --tail=20
 EOF
 }
 
+# console_works starts the web console as next_commands' shell would (its
+# runs page on a free port), checks its runs page lists invoices-2026-02,
+# and stops it by its PID.
+console_works() {
+  local out pid url i
+  out="$(mktemp)"
+  env -u KUBECONFIG -u RUNLEDGER_DATABASE_URL bash -c "set -euo pipefail
+$(next_commands | head -n 2)
+exec bin/runledger console -n ${NS} --address 127.0.0.1:0" >"${out}" 2>&1 &
+  pid=$!
+  url=""
+  for ((i = 0; i < 100; i++)); do
+    url="$(sed -n 's|^runledger console: \(http://[^ ]*\) .*|\1|p' "${out}")"
+    [[ -n "${url}" ]] && break
+    sleep 0.1
+  done
+  if [[ -z "${url}" ]] || ! curl -fsS --max-time 10 "${url}" | grep -q 'invoices-2026-02'; then
+    kill "${pid}" 2>/dev/null || true
+    cat "${out}" >&2
+    rm -f "${out}"
+    die "runledger console does not list the runs (its output above)"
+  fi
+  kill "${pid}"
+  wait "${pid}" 2>/dev/null || true
+  rm -f "${out}"
+}
+
 story_next() {
   local script
   script="set -euo pipefail"$'\n'"$(next_commands)"
   env -u KUBECONFIG -u RUNLEDGER_DATABASE_URL bash -c "${script}" >"${STORY_OUT}" 2>&1 ||
     { cat "${STORY_OUT}" >&2; die "a command to try next does not work (its output above)"; }
+  console_works
   printf '\n%sThe story took %ds; the demo %s.%s The cluster keeps running. Try next (from %s):\n\n' \
     "${BOLD}" "$((SECONDS - STORY_T0))" "$(clock)" "${PLAIN}" "${ROOT}"
   next_commands | sed 's/^/    /'
+  printf '\nLook at it in a browser: the web console (docs/console.md), as you, with the same two lines first:\n\n'
+  printf '    bin/runledger console -n %s    # then open http://127.0.0.1:7480/\n' "${NS}"
   printf '\nStop it and leave the host as it was: make demo-down\n'
 }
 
