@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/controllers"
 )
 
 // action is what the console may do to a run, each through the API server
@@ -49,6 +50,18 @@ func RetryName(name string) string {
 // batch {fromRun: {name: run}} and not suspended, as README's "Retry what
 // failed" does by hand.
 func retry(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error) {
+	next := retryRun(run)
+	if err := c.Create(ctx, next); err != nil {
+		return "", fmt.Errorf("creating a run retrying %s/%s: %w", run.Namespace, run.Name, err)
+	}
+	return next.Name, nil
+}
+
+// retryRun is the run retrying run's failed items: run's spec, with batch
+// {fromRun: {name: run}} and not suspended, in run's Kueue queue if it has
+// one (no other label: a schedule's would make it look like one of its
+// occurrences).
+func retryRun(run *v1alpha1.ProcessingRun) *v1alpha1.ProcessingRun {
 	spec := *run.Spec.DeepCopy()
 	spec.Batch = v1alpha1.BatchSpec{FromRun: &v1alpha1.FromRunSource{Name: run.Name, Verdict: v1alpha1.FromRunFailed}}
 	spec.Suspend = false
@@ -56,10 +69,10 @@ func retry(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (s
 		ObjectMeta: metav1.ObjectMeta{Namespace: run.Namespace, GenerateName: RetryName(run.Name)},
 		Spec:       spec,
 	}
-	if err := c.Create(ctx, next); err != nil {
-		return "", fmt.Errorf("creating a run retrying %s/%s: %w", run.Namespace, run.Name, err)
+	if q, ok := run.Labels[controllers.LabelQueueName]; ok {
+		next.Labels = map[string]string{controllers.LabelQueueName: q}
 	}
-	return next.Name, nil
+	return next
 }
 
 func suspend(on bool) func(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error) {

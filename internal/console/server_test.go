@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/controllers"
 )
 
 // fakeServer is a console on a fake API server holding one run, default/june,
@@ -126,3 +127,31 @@ func TestAge(t *testing.T) {
 }
 
 var timeParse = time.ParseDuration
+
+// TestRetryRun: the retry of a run's failed items is its spec with the
+// failed items as batch, not suspended, in the run's Kueue queue and
+// without its other labels.
+func TestRetryRun(t *testing.T) {
+	t.Parallel()
+	run := &v1alpha1.ProcessingRun{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "june", Labels: map[string]string{
+			controllers.LabelQueueName: "team-a", v1alpha1.LabelSchedule: "invoices",
+		}},
+		Spec: v1alpha1.ProcessingRunSpec{
+			Suspend: true,
+			Batch:   v1alpha1.BatchSpec{Query: "SELECT 1"},
+			Effect:  &v1alpha1.EffectSpec{SQL: "INSERT INTO t SELECT 1"},
+		},
+	}
+	next := retryRun(run)
+	require.Equal(t, "billing", next.Namespace)
+	require.Equal(t, "june-retry-", next.GenerateName)
+	require.Equal(t, map[string]string{controllers.LabelQueueName: "team-a"}, next.Labels)
+	require.Equal(t, v1alpha1.BatchSpec{FromRun: &v1alpha1.FromRunSource{Name: "june", Verdict: v1alpha1.FromRunFailed}}, next.Spec.Batch)
+	require.False(t, next.Spec.Suspend)
+	require.Equal(t, run.Spec.Effect, next.Spec.Effect)
+	require.Equal(t, "SELECT 1", run.Spec.Batch.Query, "the run itself is left as it was")
+
+	delete(run.Labels, controllers.LabelQueueName)
+	require.Empty(t, retryRun(run).Labels)
+}
