@@ -104,13 +104,22 @@ type confirmData struct {
 	Question        string
 }
 
-func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
-	a, ok := actions[r.PathValue("action")]
+// actionOf is the request's action and run, or false once it answered
+// that there is no such action (or no cluster to act on).
+func (s *Server) actionOf(w http.ResponseWriter, r *http.Request) (a action, ns, name string, ok bool) {
+	a, ok = actions[r.PathValue("action")]
 	if !ok || s.o.Kube == nil {
 		s.fail(w, "action", fmt.Errorf("action %q: %w (actions need a cluster)", r.PathValue("action"), errNotFound))
+		return action{}, "", "", false
+	}
+	return a, r.PathValue("namespace"), r.PathValue("name"), true
+}
+
+func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
+	a, ns, name, ok := s.actionOf(w, r)
+	if !ok {
 		return
 	}
-	ns, name := r.PathValue("namespace"), r.PathValue("name")
 	s.render(w, http.StatusOK, "confirm", a.Verb+" "+ns+"/"+name, confirmData{
 		Namespace: ns, Name: name, Action: a, Question: fmt.Sprintf(a.Question, ns+"/"+name),
 	})
@@ -120,12 +129,10 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 // and sends the browser on to the run's page (the new run's for a retry,
 // the runs' after a delete).
 func (s *Server) act(w http.ResponseWriter, r *http.Request) {
-	a, ok := actions[r.PathValue("action")]
-	if !ok || s.o.Kube == nil {
-		s.fail(w, "action", fmt.Errorf("action %q: %w (actions need a cluster)", r.PathValue("action"), errNotFound))
+	a, ns, name, ok := s.actionOf(w, r)
+	if !ok {
 		return
 	}
-	ns, name := r.PathValue("namespace"), r.PathValue("name")
 	what := a.Verb + " " + ns + "/" + name
 	run := &v1alpha1.ProcessingRun{}
 	if err := s.o.Kube.Get(r.Context(), types.NamespacedName{Namespace: ns, Name: name}, run); err != nil {
