@@ -75,13 +75,13 @@ do not apply to a manual run.`,
 			}
 			at := time.Time{}
 			if !cmd.Flags().Changed("occurrence") {
-				tick := p.TickAt(p.WallOf(time.Now()).Truncate(time.Minute))
+				tick := p.TriggerTick(time.Now())
 				occurrence, at = tick.Occurrence, tick.Time
 			}
 			if err := checkOccurrence(occurrence); err != nil {
 				return err
 			}
-			return createRuns(cmd.Context(), cmd.OutOrStdout(), c, sched, []occurrenceAt{{occurrence, at}}, schedule.CreatedByTrigger)
+			return createRuns(cmd.Context(), cmd.OutOrStdout(), c, sched, []schedule.Tick{{Occurrence: occurrence, Time: at}}, schedule.CreatedByTrigger)
 		},
 	}
 	cmd.Flags().StringVar(&occurrence, "occurrence", "", "the occurrence to run, exactly (e.g. 2026-10)")
@@ -111,32 +111,19 @@ suspend say.`,
 			if err != nil {
 				return exitcode.BadInput(fmt.Errorf("schedule %s: %w", sched.Name, err))
 			}
-			fromW, err := parseWall(p, from)
+			fromW, err := p.ParseWall(from)
 			if err != nil {
 				return exitcode.BadInput(fmt.Errorf("--from: %w", err))
 			}
-			toW, err := parseWall(p, to)
+			toW, err := p.ParseWall(to)
 			if err != nil {
 				return exitcode.BadInput(fmt.Errorf("--to: %w", err))
 			}
-			if toW.Before(fromW) {
-				return exitcode.BadInput(fmt.Errorf("--to %s is before --from %s", to, from))
-			}
-			ticks, err := p.Between(fromW, toW, maxBackfill)
+			ticks, err := p.Backfill(sched.Spec.Schedule, fromW, toW, maxBackfill)
 			if err != nil {
-				return exitcode.BadInput(err)
+				return exitcode.BadInput(fmt.Errorf("--from %s --to %s: %w", from, to, err))
 			}
-			if len(ticks) == 0 {
-				return exitcode.BadInput(fmt.Errorf("schedule %q names no time from %s to %s (%s)", sched.Spec.Schedule, from, to, p.Location()))
-			}
-			var occs []occurrenceAt
-			for _, t := range ticks {
-				if len(occs) > 0 && occs[len(occs)-1].occurrence == t.Occurrence {
-					continue // one run per occurrence
-				}
-				occs = append(occs, occurrenceAt{t.Occurrence, t.Time})
-			}
-			return createRuns(cmd.Context(), cmd.OutOrStdout(), c, sched, occs, schedule.CreatedByBackfill)
+			return createRuns(cmd.Context(), cmd.OutOrStdout(), c, sched, ticks, schedule.CreatedByBackfill)
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", "", "first scheduled time (inclusive), in the schedule's time zone")
@@ -155,51 +142,22 @@ func checkOccurrence(occ string) error {
 	return nil
 }
 
-// wallLayouts are the forms of --from and --to without an offset.
-var wallLayouts = []string{"2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02", "2006-01"}
-
-// parseWall reads a time as a wall-clock time of the schedule's zone (an
-// RFC 3339 time with an offset is converted to it).
-func parseWall(p *schedule.Schedule, s string) (time.Time, error) {
-	if t, err := time.Parse(time.RFC3339, s); err == nil {
-		return p.WallOf(t), nil
-	}
-	for _, l := range wallLayouts {
-		if t, err := time.Parse(l, s); err == nil {
-			return t, nil
-		}
-	}
-	return time.Time{}, fmt.Errorf("%q is not a time: use 2006-01, 2006-01-02, 2006-01-02T15:04[:05] (the schedule's zone) or RFC 3339", s)
-}
-
-type occurrenceAt struct {
-	occurrence string
-	at         time.Time
-}
-
-// createRuns creates the run of each occurrence and prints a line per run:
-// "created NAME (occurrence X)" or "exists NAME (occurrence X)". A name
-// taken by a run that is not this schedule's of that occurrence is an error.
-func createRuns(ctx context.Context, out io.Writer, c client.Client, sched *v1alpha1.ProcessingSchedule, occs []occurrenceAt, by string) error {
-	for _, o := range occs {
-		run := schedule.NewRun(sched, o.occurrence, o.at, by)
-		err := c.Create(ctx, run)
+// createRuns creates the run of each tick's occurrence and prints a line
+// per run: "created NAME (occurrence X)" or "exists NAME (occurrence X)". A
+// name taken by a run that is not this schedule's of that occurrence is an
+// error.
+func createRuns(ctx context.Context, out io.Writer, c client.Client, sched *v1alpha1.ProcessingSchedule, ticks []schedule.Tick, by string) error {
+	for _, t := range ticks {
+		name, created, err := schedule.CreateManualRun(ctx, c, sched, t.Occurrence, t.Time, by)
 		switch {
-		case err == nil:
-			fmt.Fprintf(out, "created processingrun/%s (occurrence %s)\n", run.Name, o.occurrence)
-		case apierrors.IsAlreadyExists(err):
-			existing := &v1alpha1.ProcessingRun{}
-			if err := c.Get(ctx, client.ObjectKeyFromObject(run), existing); err != nil {
-				return fmt.Errorf("reading run %s, which exists: %w", run.Name, err)
-			}
-			if !schedule.IsRunOf(existing, sched, o.occurrence) {
-				return fmt.Errorf("run name %s (occurrence %s) is taken by a ProcessingRun that is not this schedule's run of that occurrence", run.Name, o.occurrence)
-			}
-			fmt.Fprintf(out, "exists processingrun/%s (occurrence %s)\n", run.Name, o.occurrence)
 		case apierrors.IsInvalid(err):
-			return exitcode.BadInput(fmt.Errorf("run %s of occurrence %s: %w", run.Name, o.occurrence, err))
+			return exitcode.BadInput(err)
+		case err != nil:
+			return err
+		case created:
+			fmt.Fprintf(out, "created processingrun/%s (occurrence %s)\n", name, t.Occurrence)
 		default:
-			return fmt.Errorf("creating run %s: %w", run.Name, err)
+			fmt.Fprintf(out, "exists processingrun/%s (occurrence %s)\n", name, t.Occurrence)
 		}
 	}
 	return nil
