@@ -31,6 +31,7 @@ import (
 	"github.com/runledger/runledger/internal/envtestutil"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/schedule"
 	"github.com/runledger/runledger/internal/testtier"
 )
 
@@ -155,6 +156,29 @@ func (f *fixture) event(t *testing.T, name, reason, message string) {
 		InvolvedObject: corev1.ObjectReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: "ProcessingRun", Namespace: f.ns, Name: name, UID: run.UID},
 		Type:           corev1.EventTypeWarning, Reason: reason, Message: message, Count: 1, FirstTimestamp: now, LastTimestamp: now,
 	}))
+}
+
+// schedule creates schedule invoices (monthly in Europe/Paris, billing
+// the month before) with two ticks missed in its status, as the controller
+// would write it.
+func (f *fixture) schedule(t *testing.T) *v1alpha1.ProcessingSchedule {
+	t.Helper()
+	sc := &v1alpha1.ProcessingSchedule{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "invoices"},
+		Spec: v1alpha1.ProcessingScheduleSpec{Schedule: "@monthly", TimeZone: "Europe/Paris",
+			Occurrence: &v1alpha1.OccurrenceSpec{Format: "2006-01", Shift: &v1alpha1.OccurrenceShift{Months: -1}}},
+	}
+	require.NoError(t, yaml.Unmarshal([]byte(runSpec(41, 42)), &sc.Spec.RunTemplate.Spec))
+	require.NoError(t, f.env.Client.Create(context.Background(), sc))
+	sc.Status.TimeZone, sc.Status.MissedTicks = "Europe/Paris", 2
+	for _, m := range []string{"2025-12", "2026-01"} {
+		at, err := time.Parse("2006-01", m)
+		require.NoError(t, err)
+		sc.Status.Missed = append(sc.Status.Missed, v1alpha1.MissedTick{ScheduledTime: metav1.NewTime(at.AddDate(0, 1, 0).Add(-time.Hour)),
+			Occurrence: m, Reason: v1alpha1.MissedSuspended})
+	}
+	require.NoError(t, f.env.Client.Status().Update(context.Background(), sc))
+	return sc
 }
 
 // startConsole runs runledger console as the user of kubeconfig, on a free
@@ -373,6 +397,54 @@ func TestConsoleInABrowser(t *testing.T) {
 		require.Equal(t, "may", get(t, ctx, chromedp.Evaluate[string](`document.activeElement.textContent`)), "a run's link is reached by Tab")
 		do(t, ctx, chromedp.KeyEvent("\r"), chromedp.WaitVisible(chromedp.CSS(`#counts`)))
 		require.Contains(t, get(t, ctx, chromedp.Location()), "/runs/"+f.ns+"/may")
+	})
+
+	t.Run("schedules: next ticks, missed ticks, trigger, backfill, suspend", func(t *testing.T) {
+		sc := f.schedule(t)
+		p, err := schedule.Parse(sc.Name, &sc.Spec)
+		require.NoError(t, err)
+		srow := fmt.Sprintf(`tr[data-schedule="%s/invoices"]`, f.ns)
+		do(t, ctx, chromedp.Navigate(url+"/schedules"), chromedp.WaitVisible(chromedp.CSS(srow)))
+		require.Equal(t, "2", text(t, ctx, srow+" .missed"), "the status's missed ticks")
+		do(t, ctx, chromedp.Click(chromedp.CSS(srow+" .name a")), chromedp.WaitVisible(chromedp.CSS(`#next`)))
+		next, ok := p.NextAfter(p.WallOf(time.Now()))
+		require.True(t, ok)
+		require.Equal(t, next.LocalTime(), text(t, ctx, "#next tbody tr:first-child .wall"), "the next tick in Europe/Paris")
+		require.Equal(t, next.Occurrence, text(t, ctx, "#next tbody tr:first-child .occurrence"))
+		require.Equal(t, 5, count(t, ctx, "#next tbody tr"))
+		require.Equal(t, 2, count(t, ctx, "#missed tbody tr"))
+		require.Equal(t, "Suspended", text(t, ctx, "#missed tbody tr:first-child .reason"))
+
+		// Trigger an occurrence: its run, as runledger schedule trigger makes it.
+		do(t, ctx, chromedp.SetValue(chromedp.CSS("#occurrence"), "2026-03"), chromedp.Click(chromedp.CSS("#action-trigger")),
+			chromedp.WaitVisible(chromedp.CSS(`#confirm`)))
+		require.Equal(t, "2026-03", text(t, ctx, "#planned tbody .occurrence"))
+		do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#counts`)))
+		require.True(t, strings.HasSuffix(get(t, ctx, chromedp.Location()), "/runs/"+f.ns+"/invoices-2026-03"), "on the occurrence's run")
+		run := &v1alpha1.ProcessingRun{}
+		require.NoError(t, f.env.Client.Get(context.Background(), types.NamespacedName{Namespace: f.ns, Name: "invoices-2026-03"}, run))
+		require.True(t, schedule.IsRunOf(run, sc, "2026-03"))
+		require.Equal(t, schedule.CreatedByTrigger, run.Annotations[v1alpha1.AnnotationCreatedBy])
+		// Again: found, not duplicated, and said so.
+		do(t, ctx, chromedp.Navigate(url+"/schedules/"+f.ns+"/invoices/confirm/trigger?occurrence=2026-03"),
+			chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#note`)))
+		require.Contains(t, text(t, ctx, "#note"), "existed already")
+
+		// Backfill the ticks of 1 April to 1 June: occurrences 2026-03 (found), 2026-04 and 2026-05.
+		do(t, ctx, chromedp.Navigate(url+"/schedules/"+f.ns+"/invoices"), chromedp.SetValue(chromedp.CSS("#from"), "2026-04"),
+			chromedp.SetValue(chromedp.CSS("#to"), "2026-06"), chromedp.Click(chromedp.CSS("#action-backfill")), chromedp.WaitVisible(chromedp.CSS(`#confirm`)))
+		require.Equal(t, 3, count(t, ctx, "#planned tbody tr"))
+		do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#note`)))
+		require.Contains(t, text(t, ctx, "#note"), "2 runs created, 1 found")
+		require.Equal(t, 3, count(t, ctx, "#occurrences tbody tr"), "the run of each occurrence")
+		require.Equal(t, "2026-05", text(t, ctx, "#occurrences tbody tr:first-child .occurrence"))
+		require.Equal(t, schedule.CreatedByBackfill, text(t, ctx, "#occurrences tbody tr:first-child .created-by"))
+		f.shot(t, ctx, "schedule.png")
+
+		do(t, ctx, chromedp.Click(chromedp.CSS(`#action-suspend`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+			chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#action-resume`)))
+		require.NoError(t, f.env.Client.Get(context.Background(), client.ObjectKeyFromObject(sc), sc))
+		require.True(t, sc.Spec.Suspend, "suspended through the API")
 	})
 
 	t.Run("delete a finished run", func(t *testing.T) {

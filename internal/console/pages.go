@@ -41,7 +41,7 @@ func (s *Server) parseTemplates() error {
 		"pct": percent,
 	}
 	s.tmpl = map[string]*template.Template{}
-	for _, page := range []string{"runs", "run", "key", "confirm", "error"} {
+	for _, page := range []string{"runs", "run", "key", "confirm", "error", "schedules", "schedule", "sconfirm"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templates, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return fmt.Errorf("the console's template %s: %w", page, err)
@@ -144,9 +144,22 @@ func (s *Server) ledgerRows(ctx context.Context, ns string) ([]runRow, error) {
 	return out, nil
 }
 
+// The notes a run's page shows after an action sent the browser there
+// (a code in the URL, never text from it).
+const (
+	noteTriggerFound = "trigger-found"
+	noteRetryFound   = "retry-found"
+)
+
+var notes = map[string]string{
+	noteTriggerFound: "The occurrence's run existed already (the schedule, or an earlier trigger, made it): nothing was created; here it is.",
+	noteRetryFound:   "This run retries those failed items already (an earlier retry, or a second click): nothing was created; here it is.",
+}
+
 // runData is a run's page's.
 type runData struct {
 	Namespace, Name string
+	Note            string
 	Run             *v1alpha1.ProcessingRun
 	Events          []corev1.Event
 	EventsError     string
@@ -168,7 +181,7 @@ type itemsPage struct {
 }
 
 func (s *Server) runPage(w http.ResponseWriter, r *http.Request) {
-	d := runData{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}
+	d := runData{Namespace: r.PathValue("namespace"), Name: r.PathValue("name"), Note: notes[r.URL.Query().Get("note")]}
 	ctx := r.Context()
 	uid := ""
 	if s.o.Kube != nil {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -14,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/controllers"
 )
 
 // runWatch holds the runs of the console's namespace (all namespaces for
@@ -105,6 +107,11 @@ type runRow struct {
 	Percent  int    `json:"percent"`
 	Age      string `json:"age"`
 	Schedule string `json:"schedule"`
+	// Queue is the run's Kueue LocalQueue (its queue-name label), Admission
+	// its Admitted condition's reason (Queued, Admitted, Evicted: the
+	// Admission printer column's value).
+	Queue     string `json:"queue,omitempty"`
+	Admission string `json:"admission,omitempty"`
 	// Ledger: the row comes from the ledger database alone (no cluster).
 	Ledger bool `json:"ledger,omitempty"`
 }
@@ -118,10 +125,21 @@ func rowOf(run *v1alpha1.ProcessingRun, now time.Time) runRow {
 	return runRow{
 		Namespace: run.Namespace, Name: run.Name, Phase: phase,
 		Total: st.Total, Completed: st.Completed, AlreadyHandled: st.AlreadyHandled, Failed: st.Failed,
-		Percent:  percent(st.Processed(), st.Total),
-		Age:      age(now.Sub(run.CreationTimestamp.Time)),
-		Schedule: scheduleOf(run),
+		Percent:   percent(st.Processed(), st.Total),
+		Age:       age(now.Sub(run.CreationTimestamp.Time)),
+		Schedule:  scheduleOf(run),
+		Queue:     run.Labels[controllers.LabelQueueName],
+		Admission: admission(run),
 	}
+}
+
+// admission is the reason of run's Admitted condition ("" without one: a
+// run in no Kueue queue).
+func admission(run *v1alpha1.ProcessingRun) string {
+	if c := meta.FindStatusCondition(run.Status.Conditions, v1alpha1.ConditionAdmitted); c != nil {
+		return c.Reason
+	}
+	return ""
 }
 
 // scheduleOf is the name of the schedule that created run, if one did.

@@ -125,6 +125,10 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /runs/{namespace}/{name}/confirm/{action}", s.confirmPage)
 	m.HandleFunc("POST /runs/{namespace}/{name}/{action}", s.act)
 	m.HandleFunc("GET /key", s.keyPage)
+	m.HandleFunc("GET /schedules", s.schedulesPage)
+	m.HandleFunc("GET /schedules/{namespace}/{name}", s.schedulePage)
+	m.HandleFunc("GET /schedules/{namespace}/{name}/confirm/{action}", s.scheduleConfirmPage)
+	m.HandleFunc("POST /schedules/{namespace}/{name}/{action}", s.scheduleAct)
 	s.mux = m
 }
 

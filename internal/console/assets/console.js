@@ -88,7 +88,20 @@ function countUpdate() {
     cell(tr, "num failed", String(r.failed));
     cell(tr, "num total", String(r.total));
     cell(tr, "age", r.age);
-    cell(tr, "schedule", r.schedule || "");
+    const sched = cell(tr, "schedule", "");
+    if (r.schedule) {
+      const sa = document.createElement("a");
+      sa.href = "/schedules/" + encodeURIComponent(r.namespace) + "/" + encodeURIComponent(r.schedule);
+      sa.textContent = r.schedule;
+      sched.appendChild(sa);
+    }
+    const queue = cell(tr, "queue", r.queue || "");
+    if (r.queue && r.admission) {
+      const adm = document.createElement("span");
+      adm.className = "admission";
+      adm.textContent = r.admission;
+      queue.append(": ", adm);
+    }
     return tr;
   }
 
