@@ -375,12 +375,21 @@ func TestConsoleInABrowser(t *testing.T) {
 			chromedp.Evaluate[chromedp.Void](`window.notReloaded = true`))
 		require.Equal(t, "5", text(t, ctx, "#counts .completed"))
 		require.Equal(t, "Running", text(t, ctx, "#counts .phase"))
+		require.Equal(t, "Running", text(t, ctx, "#shards tbody tr:first-child td:nth-child(2)"))
+		require.Equal(t, "Running", text(t, ctx, "#conditions tbody tr:first-child td:nth-child(3)"))
 		f.setStatus(t, "may", v1alpha1.RunSucceeded, may)
 		_, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector("#counts .phase").textContent.trim() === "Succeeded" && window.notReloaded === true`,
 			chromedp.WithPollingTimeout(30*time.Second)))
 		require.NoError(t, err, "the page follows may to Succeeded, without a reload")
 		require.Equal(t, fmt.Sprint(may.Completed), text(t, ctx, "#counts .completed"))
 		require.Equal(t, "100%", text(t, ctx, "#counts .pct"))
+		require.Equal(t, "Succeeded", text(t, ctx, "#shards tbody tr:first-child td:nth-child(2)"), "the shards follow")
+		require.Equal(t, "Succeeded", text(t, ctx, "#conditions tbody tr:first-child td:nth-child(3)"), "the conditions follow")
+		require.Equal(t, 1, count(t, ctx, "#action-delete"), "the actions follow (a finished run may be deleted)")
+		f.event(t, "may", "ShardRetried", "shard 0 attempt 1 started")
+		_, err = chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector("#events tbody").textContent.indexOf("ShardRetried") >= 0 && window.notReloaded === true`,
+			chromedp.WithPollingTimeout(30*time.Second)))
+		require.NoError(t, err, "the Events follow (their watch), without a reload")
 	})
 
 	t.Run("keyboard: skip link, then a run's link by Tab and Enter", func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -15,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -160,14 +160,19 @@ var notes = map[string]string{
 type runData struct {
 	Namespace, Name string
 	Note            string
-	Run             *v1alpha1.ProcessingRun
-	Events          []corev1.Event
-	EventsError     string
-	Finished        bool
-	Record          *ledger.RunRecord
-	LedgerError     string
-	Items           itemsPage
-	Handled         itemsPage
+	// LiveURL: the stream of the page's live part ("" for none); Live
+	// that part, rendered, and LiveVersion its digest.
+	LiveURL     string
+	Live        template.HTML
+	LiveVersion string
+	Run         *v1alpha1.ProcessingRun
+	Events      []corev1.Event
+	EventsError string
+	Finished    bool
+	Record      *ledger.RunRecord
+	LedgerError string
+	Items       itemsPage
+	Handled     itemsPage
 }
 
 // itemsPage is one page of a run's items of one verdict, filtered.
@@ -193,7 +198,7 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, "run "+d.Namespace+"/"+d.Name, err)
 			return
 		default:
-			d.Run, uid, d.Finished = run, string(run.UID), finished(run)
+			d.Run, uid, d.Finished, d.LiveURL = run, string(run.UID), finished(run), s.liveURL(d.Namespace, d.Name)
 			d.Events, d.EventsError = s.runEvents(ctx, run)
 		}
 	}
@@ -204,6 +209,9 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request) {
 			d.Items = s.items(ctx, *d.Record, ledger.Failed, q.Get("q"), offset(q.Get("offset")))
 			d.Handled = s.items(ctx, *d.Record, ledger.AlreadyHandled, q.Get("hq"), offset(q.Get("hoffset")))
 		}
+	}
+	if d.Run != nil {
+		d.Live, d.LiveVersion = s.liveHTML(d)
 	}
 	if d.Run == nil && d.Record == nil {
 		s.fail(w, "run "+d.Namespace+"/"+d.Name, fmt.Errorf("run %s/%s: %w in the cluster nor in the ledger database%s", d.Namespace, d.Name, errNotFound, suffix(d.LedgerError)))
@@ -235,10 +243,10 @@ func finished(run *v1alpha1.ProcessingRun) bool {
 // runEvents are run's Events, oldest first, or why they could not be read.
 func (s *Server) runEvents(ctx context.Context, run *v1alpha1.ProcessingRun) ([]corev1.Event, string) {
 	list := &corev1.EventList{}
-	sel := fields.SelectorFromSet(fields.Set{"involvedObject.name": run.Name, "involvedObject.uid": string(run.UID)})
-	if err := s.o.Kube.List(ctx, list, client.InNamespace(run.Namespace), client.MatchingFieldsSelector{Selector: sel}); err != nil {
+	if err := s.o.Kube.List(ctx, list, client.InNamespace(run.Namespace), eventSelector(run)); err != nil {
 		return nil, s.shown(err)
 	}
+	sort.SliceStable(list.Items, func(i, j int) bool { return eventTime(list.Items[i]).Before(eventTime(list.Items[j])) })
 	return list.Items, ""
 }
 

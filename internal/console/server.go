@@ -122,6 +122,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /{$}", s.runsPage)
 	m.HandleFunc("GET /events", s.events)
 	m.HandleFunc("GET /runs/{namespace}/{name}", s.runPage)
+	m.HandleFunc("GET /runs/{namespace}/{name}/live", s.runLive)
 	m.HandleFunc("GET /runs/{namespace}/{name}/confirm/{action}", s.confirmPage)
 	m.HandleFunc("POST /runs/{namespace}/{name}/{action}", s.act)
 	m.HandleFunc("GET /key", s.keyPage)

@@ -1,5 +1,6 @@
 // runledger console: the runs page follows the console's watch of the API
-// server through Server-Sent Events (/events); no framework, no CDN.
+// server through Server-Sent Events (/events), a run's page its run
+// (/runs/NS/NAME/live); no framework, no CDN.
 "use strict";
 
 // countUpdate counts the updates a page applied (the tests read it).
@@ -7,36 +8,35 @@ function countUpdate() {
   document.body.dataset.updates = String(Number(document.body.dataset.updates || "0") + 1);
 }
 
-// A run's page follows the run's phase and counts in the same stream.
+// A run's page follows the run: the server renders its live part (status,
+// actions, shards, conditions, Events) at each change and sends it here.
 (function () {
-  const counts = document.getElementById("counts");
-  if (!counts || !counts.dataset.live || !window.EventSource) {
+  const live = document.getElementById("live");
+  if (!live || !live.dataset.live || !window.EventSource) {
     return;
   }
-  function set(cls, text) {
-    const el = counts.querySelector("." + cls);
-    if (el) {
-      el.textContent = text;
-    }
-  }
-  const source = new EventSource(counts.dataset.live);
-  source.addEventListener("runs", function (ev) {
-    const r = JSON.parse(ev.data).runs.find(function (x) {
-      return x.namespace + "/" + x.name === counts.dataset.run;
-    });
-    if (!r) {
+  const source = new EventSource(live.dataset.live);
+  source.addEventListener("run", function (ev) {
+    const msg = JSON.parse(ev.data);
+    if (msg.gone) {
+      source.close();
+      live.insertAdjacentHTML("afterbegin", '<p class="error" role="alert" id="gone">The run was deleted.</p>');
       return;
     }
-    const badge = counts.querySelector(".phase .badge");
-    badge.className = "badge phase-" + r.phase;
-    badge.textContent = r.phase;
-    set("completed", String(r.completed));
-    set("already-handled", String(r.alreadyHandled));
-    set("failed", String(r.failed));
-    set("total", String(r.total));
-    set("pct", r.percent + "%");
-    const bar = counts.querySelector("progress");
-    bar.value = r.percent;
+    if (msg.version === live.dataset.version) {
+      countUpdate(); // the page shows it already
+      return;
+    }
+    // Keep the keyboard focus on the control it was on.
+    const focused = live.contains(document.activeElement) ? document.activeElement.id : "";
+    live.innerHTML = msg.html;
+    live.dataset.version = msg.version;
+    if (focused) {
+      const again = document.getElementById(focused);
+      if (again) {
+        again.focus();
+      }
+    }
     countUpdate();
   });
 })();
