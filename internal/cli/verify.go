@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -175,7 +174,7 @@ func (o *verifyOptions) run(cmd *cobra.Command, name string) error {
 	case err != nil:
 		return exitcode.Redact(exitcode.For(err), secrets)
 	}
-	if proof.PayloadChanged, err = payloadChangedKeys(cmd.Context(), store, run, batch); err != nil {
+	if proof.PayloadChanged, err = store.PayloadChangedKeys(cmd.Context(), run, batch); err != nil {
 		return exitcode.Redact(exitcode.For(err), secrets)
 	}
 	verdict := judge(run, rep, proof)
@@ -300,31 +299,7 @@ type judgement struct {
 
 // judge compares what the ledger proves of run with what it reported.
 func judge(run ledger.RunRecord, rep reported, p ledger.RunProof) judgement {
-	var why []string
-	if p.Missing > 0 {
-		why = append(why, fmt.Sprintf("%d %s missing (no committed row, no row of the run, no failure record)", p.Missing, plural(p.Missing, "item", "items")))
-	}
-	if p.Mismatched > 0 {
-		why = append(why, fmt.Sprintf("%d %s mismatched", p.Mismatched, plural(p.Mismatched, "key", "keys")))
-	}
-	if p.Unmatched != p.BadRows {
-		why = append(why, fmt.Sprintf("its failure records under no key of the batch count %d failed, for %d rows of the batch that could not become items", p.Unmatched, p.BadRows))
-	}
-	for _, c := range []struct {
-		what           string
-		reported, have int64
-		compare        bool
-	}{
-		{"total", rep.counts.Total, p.Total, rep.total},
-		{"completed", rep.counts.Completed, p.Completed, true},
-		{"alreadyHandled", rep.counts.AlreadyHandled, p.AlreadyHandled, true},
-		{"failed", rep.counts.Failed, p.Failed, true},
-		{"payloadChanged", rep.counts.PayloadChanged, p.PayloadChanged, rep.payloadChanged},
-	} {
-		if c.compare && c.reported != c.have {
-			why = append(why, fmt.Sprintf("%s %d reported, %d in the ledger", c.what, c.reported, c.have))
-		}
-	}
+	why := p.Disagreements(rep.counts, rep.total, rep.payloadChanged)
 	id := fmt.Sprintf("run %s/%s (uid %s)", run.Namespace, run.Name, run.UID)
 	if len(why) > 0 {
 		return judgement{summary: fmt.Sprintf("%s is not proven by the ledger: %s (counts from %s)", id, strings.Join(why, "; "), rep.from)}
@@ -509,24 +484,4 @@ func (pw *proofWriter) close(p ledger.RunProof, j judgement) error {
 		pw.fail(err)
 	}
 	return pw.err
-}
-
-// payloadChangedKeys counts run's keys that another run's committed row
-// holds and a copy of which in the batch has another payload (already
-// handled, or failed with class payload-changed under onPayloadChange:
-// Fail), each once: what runledger items --payload-changed lists and the
-// run's payloadChanged counts. A read of its own, after the proof's
-// snapshot.
-func payloadChangedKeys(ctx context.Context, store *ledger.Store, run ledger.RunRecord, batch []ledger.Item) (int64, error) {
-	var n int64
-	err := store.RunItemsOf(ctx, run, batch, []ledger.Outcome{ledger.AlreadyHandled, ledger.Failed}, func(v ledger.ItemVerdict) error {
-		if v.PayloadChanged || v.Outcome == ledger.Failed && v.Class == ledger.ClassPayloadChanged {
-			n++
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("counting the keys whose payload changed: %w", err)
-	}
-	return n, nil
 }
