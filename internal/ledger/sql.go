@@ -1703,4 +1703,12 @@ FROM ` + Schema + `.shard_progress WHERE run_uid = $1 ORDER BY shard`
 	sqlRunCounts = `
 SELECT (SELECT pg_catalog.count(*) FROM ` + Schema + `.ledger WHERE run_uid = $1),
        (SELECT coalesce(pg_catalog.sum(items), 0)::bigint FROM ` + Schema + `.item_failure WHERE run_uid = $1)`
+
+	// sqlRunFailureClasses: run $1's failure records by class (the item
+	// failure's primary key leads with run_uid): the records and the
+	// items they count failed, the most items first.
+	sqlRunFailureClasses = `
+SELECT class, pg_catalog.count(*), coalesce(pg_catalog.sum(items), 0)::bigint
+FROM ` + Schema + `.item_failure WHERE run_uid = $1
+GROUP BY class ORDER BY 3 DESC, class COLLATE "C"`
 )
