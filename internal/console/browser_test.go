@@ -46,14 +46,15 @@ const EnvScreenshots = "RUNLEDGER_CONSOLE_SCREENSHOTS"
 const consoleSchema = `CREATE TABLE invoices (account text NOT NULL, period text NOT NULL, amount numeric NOT NULL CHECK (amount > 0))`
 
 // runSpec is a run's spec over accounts lo..hi of 2026-06, the amount of
-// account i being i-3.
-func runSpec(lo, hi int) string {
+// account i being i-3, plus bump for accounts 39 and 40 (another payload
+// than may's: june's payload-changed items).
+func runSpec(lo, hi, bump int) string {
 	return fmt.Sprintf(`database: {secretRef: {name: ledger, key: dsn}}
 batch:
-  query: "SELECT 'acct-' || i AS entity, '2026-06' AS occurrence, jsonb_build_object('amount', i - 3) AS payload FROM generate_series(%d, %d) i"
+  query: "SELECT 'acct-' || i AS entity, '2026-06' AS occurrence, jsonb_build_object('amount', i - 3 + CASE WHEN i > 38 THEN %d ELSE 0 END) AS payload FROM generate_series(%d, %d) i"
 effect: {sql: "INSERT INTO invoices SELECT entity, occurrence, (payload->>'amount')::numeric FROM claimed"}
 maxFailedItems: 10
-`, lo, hi)
+`, bump, lo, hi)
 }
 
 // fixture is a real apiserver and ledger database holding two runs, may
@@ -89,14 +90,14 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, err)
 	store := ledger.NewStore(pool)
 	for _, r := range []struct {
-		name   string
-		lo, hi int
-	}{{"may", 30, 40}, {"june", 1, 40}} {
+		name         string
+		lo, hi, bump int
+	}{{"may", 30, 40, 0}, {"june", 1, 40, 100}} {
 		run := &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: r.name}}
-		require.NoError(t, yaml.Unmarshal([]byte(runSpec(r.lo, r.hi)), &run.Spec))
+		require.NoError(t, yaml.Unmarshal([]byte(runSpec(r.lo, r.hi, r.bump)), &run.Spec))
 		require.NoError(t, env.Client.Create(context.Background(), run))
 		manifest := fmt.Sprintf("apiVersion: processing.runledger.dev/v1alpha1\nkind: ProcessingRun\nmetadata: {name: %s, namespace: %s, uid: %s}\nspec:\n  %s",
-			r.name, f.ns, run.UID, strings.ReplaceAll(strings.TrimSpace(runSpec(r.lo, r.hi)), "\n", "\n  "))
+			r.name, f.ns, run.UID, strings.ReplaceAll(strings.TrimSpace(runSpec(r.lo, r.hi, r.bump)), "\n", "\n  "))
 		file := filepath.Join(dir, r.name+".yaml")
 		require.NoError(t, os.WriteFile(file, []byte(manifest), 0o600))
 		root := cli.NewRootCommand()
@@ -117,13 +118,16 @@ func newFixture(t *testing.T) *fixture {
 				c.Failed++
 			case ledger.AlreadyHandled:
 				c.AlreadyHandled++
+				if v.PayloadChanged {
+					c.PayloadChanged++
+				}
 			}
 			return nil
 		}))
 		c.Total = int64(r.hi - r.lo + 1)
 		f.counts[r.name] = c
 	}
-	require.Equal(t, v1alpha1.ItemCounts{Total: 40, Completed: 26, AlreadyHandled: 11, Failed: 3}, f.counts["june"], "june's verdicts in the ledger")
+	require.Equal(t, v1alpha1.ItemCounts{Total: 40, Completed: 26, AlreadyHandled: 11, Failed: 3, PayloadChanged: 2}, f.counts["june"], "june's verdicts in the ledger")
 	return f
 }
 
@@ -168,7 +172,7 @@ func (f *fixture) schedule(t *testing.T) *v1alpha1.ProcessingSchedule {
 		Spec: v1alpha1.ProcessingScheduleSpec{Schedule: "@monthly", TimeZone: "Europe/Paris",
 			Occurrence: &v1alpha1.OccurrenceSpec{Format: "2006-01", Shift: &v1alpha1.OccurrenceShift{Months: -1}}},
 	}
-	require.NoError(t, yaml.Unmarshal([]byte(runSpec(41, 42)), &sc.Spec.RunTemplate.Spec))
+	require.NoError(t, yaml.Unmarshal([]byte(runSpec(41, 42, 0)), &sc.Spec.RunTemplate.Spec))
 	require.NoError(t, f.env.Client.Create(context.Background(), sc))
 	sc.Status.TimeZone, sc.Status.MissedTicks = "Europe/Paris", 2
 	for _, m := range []string{"2025-12", "2026-01"} {
@@ -350,7 +354,28 @@ func TestConsoleInABrowser(t *testing.T) {
 		require.Equal(t, f.ns+"/may", text(t, ctx, "#handled tbody tr:first-child td:nth-child(3)"), "the run that holds the key")
 		require.Equal(t, 1, count(t, ctx, "#shards tbody tr"))
 		require.Contains(t, text(t, ctx, "#events tbody"), "ShardFailed", "the run's Event")
+		require.Equal(t, 1, count(t, ctx, "#classes tbody tr"), "failures by class")
+		require.Equal(t, "23514", text(t, ctx, "#classes tbody .class"))
+		require.Equal(t, fmt.Sprint(june.Failed), text(t, ctx, "#classes tbody .items"))
+		require.Equal(t, 2, count(t, ctx, "#changed tbody tr"), "acct-39 and acct-40 came with another payload than may's")
+		require.Equal(t, "acct-39", text(t, ctx, "#changed tbody tr:first-child td:first-child"))
 		f.shot(t, ctx, "run.png")
+		// The proof, as runledger verify computes it, against the status.
+		do(t, ctx, chromedp.Click(chromedp.CSS("#action-prove")), chromedp.WaitVisible(chromedp.CSS("#proof-verdict")))
+		require.Contains(t, text(t, ctx, "#proof-verdict"), "Proven")
+		require.Equal(t, fmt.Sprint(june.Completed), text(t, ctx, `#proof-counts tr[data-count="completed"] .ledger`))
+		require.Equal(t, fmt.Sprint(june.Completed), text(t, ctx, `#proof-counts tr[data-count="completed"] .reported`))
+		require.Equal(t, "2", text(t, ctx, `#proof-counts tr[data-count="payloadChanged"] .ledger`))
+		require.Equal(t, 0, count(t, ctx, "#proof-counts tr.differs"))
+		f.shot(t, ctx, "proof.png")
+		wrong := june
+		wrong.Completed++
+		f.setStatus(t, "june", v1alpha1.RunSucceeded, wrong)
+		do(t, ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#proof-verdict")))
+		require.Contains(t, text(t, ctx, "#proof-verdict"), fmt.Sprintf("Not proven: completed %d reported, %d in the ledger", wrong.Completed, june.Completed))
+		require.Equal(t, 1, count(t, ctx, "#proof-counts tr.differs"))
+		f.setStatus(t, "june", v1alpha1.RunSucceeded, june)
+		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june"), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
 		do(t, ctx, chromedp.SetValue(chromedp.CSS("#q"), "acct-2"), chromedp.Submit(chromedp.CSS("#q")),
 			chromedp.WaitVisible(chromedp.CSS(`#failed`)))
 		require.Equal(t, 1, count(t, ctx, "#failed tbody tr"), "the search finds acct-2 alone")

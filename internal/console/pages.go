@@ -173,6 +173,12 @@ type runData struct {
 	LedgerError string
 	Items       itemsPage
 	Handled     itemsPage
+	// Changed: the items whose payload changed; Classes the failures by
+	// class; Proof the run's, when asked.
+	Changed      itemsPage
+	Classes      []classRow
+	ClassesError string
+	Proof        proofData
 }
 
 // itemsPage is one page of a run's items of one verdict, filtered.
@@ -205,9 +211,7 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request) {
 	if s.o.Store != nil {
 		d.Record, d.LedgerError = s.record(ctx, d.Namespace, d.Name, uid)
 		if d.Record != nil {
-			q := r.URL.Query()
-			d.Items = s.items(ctx, *d.Record, ledger.Failed, q.Get("q"), offset(q.Get("offset")))
-			d.Handled = s.items(ctx, *d.Record, ledger.AlreadyHandled, q.Get("hq"), offset(q.Get("hoffset")))
+			s.ledgerPart(ctx, &d, r.URL.Query())
 		}
 	}
 	if d.Run != nil {
@@ -268,17 +272,67 @@ func (s *Server) record(ctx context.Context, ns, name, uid string) (*ledger.RunR
 	return &recs[0], ""
 }
 
+// ledgerPart reads what a run's page shows of the ledger: its failed,
+// already handled and payload-changed items (a page of each), its
+// failures by class, and its proof when asked (?proof=1: it reads every
+// key of the batch).
+func (s *Server) ledgerPart(ctx context.Context, d *runData, q url.Values) {
+	rec := *d.Record
+	d.Items = s.items(ctx, rec, []ledger.Outcome{ledger.Failed}, matching(q.Get("q")), offset(q.Get("offset")))
+	d.Handled = s.items(ctx, rec, []ledger.Outcome{ledger.AlreadyHandled}, matching(q.Get("hq")), offset(q.Get("hoffset")))
+	d.Handled.Query = q.Get("hq")
+	d.Items.Query = q.Get("q")
+	d.Changed = s.items(ctx, rec, []ledger.Outcome{ledger.AlreadyHandled, ledger.Failed}, payloadChanged, offset(q.Get("coffset")))
+	classes, err := s.o.Store.FailureClasses(ctx, rec.UID)
+	if err != nil {
+		d.ClassesError = s.shown(err)
+	}
+	d.Classes = classesOf(classes)
+	if q.Get("proof") != "" {
+		d.Proof = s.prove(ctx, rec, d.Run)
+	}
+}
+
+// classRow is a class of a run's failures, with its share of the most
+// frequent one's items (the bar's length).
+type classRow struct {
+	ledger.ClassCount
+	Share int
+}
+
+func classesOf(cs []ledger.ClassCount) []classRow {
+	out := make([]classRow, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, classRow{ClassCount: c, Share: percent(c.Items, cs[0].Items)})
+	}
+	return out
+}
+
+// matching keeps the items whose key, class or error holds q
+// (case-insensitively).
+func matching(q string) func(ledger.ItemVerdict) bool {
+	needle := strings.ToLower(q)
+	return func(it ledger.ItemVerdict) bool {
+		return needle == "" || strings.Contains(strings.ToLower(it.Entity+"\x00"+it.Occurrence+"\x00"+it.Class+"\x00"+it.Error), needle)
+	}
+}
+
+// payloadChanged keeps the items whose payload changed: already handled
+// by a row of another payload, or failed for it (onPayloadChange: Fail).
+func payloadChanged(it ledger.ItemVerdict) bool {
+	return it.PayloadChanged || it.Outcome == ledger.Failed && it.Class == ledger.ClassPayloadChanged
+}
+
 // errEnough stops reading items once a page is full.
 var errEnough = errors.New("page full")
 
-// items reads one page of run's items of verdict v whose key, class or
-// error holds q (case-insensitively), from offset on.
-func (s *Server) items(ctx context.Context, run ledger.RunRecord, v ledger.Outcome, q string, from int) itemsPage {
-	p := itemsPage{Query: q, Offset: from, Items: []ledger.ItemVerdict{}, Prev: max(0, from-pageSize), Next: from + pageSize}
-	needle := strings.ToLower(q)
+// items reads one page of run's items of the outcomes asked that keep
+// keeps, from offset on.
+func (s *Server) items(ctx context.Context, run ledger.RunRecord, outcomes []ledger.Outcome, keep func(ledger.ItemVerdict) bool, from int) itemsPage {
+	p := itemsPage{Offset: from, Items: []ledger.ItemVerdict{}, Prev: max(0, from-pageSize), Next: from + pageSize}
 	seen := 0
-	err := s.o.Store.RunItems(ctx, run, []ledger.Outcome{v}, func(it ledger.ItemVerdict) error {
-		if needle != "" && !strings.Contains(strings.ToLower(it.Entity+"\x00"+it.Occurrence+"\x00"+it.Class+"\x00"+it.Error), needle) {
+	err := s.o.Store.RunItems(ctx, run, outcomes, func(it ledger.ItemVerdict) error {
+		if !keep(it) {
 			return nil
 		}
 		seen++
