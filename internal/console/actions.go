@@ -2,6 +2,8 @@ package console
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -22,7 +24,13 @@ type action struct {
 	Name     string
 	Verb     string // the confirmation's button
 	Question string // what the confirmation asks, of the run's name
-	do       func(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error)
+	do       func(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (result, error)
+}
+
+// result is where an action sends the browser: the page of run (the
+// runs' without one), with a note.
+type result struct {
+	run, note string
 }
 
 var actions = map[string]action{
@@ -36,25 +44,47 @@ var actions = map[string]action{
 		Question: "Delete the finished run %s? Its ledger rows stay (runledger items and key still read them).", do: remove},
 }
 
-// RetryName is the name of the run retrying run name's failed items (a
-// suffix of the API server's added).
-func RetryName(name string) string {
-	const suffix = "-retry-"
-	if len(name) > 63-len(suffix)-5 {
-		name = strings.TrimRight(name[:63-len(suffix)-5], "-.")
+// RetryName is the name of the run retrying the failed items of the run
+// named name whose uid is uid: NAME-retry-HASH, HASH the first hex digits
+// of the uid's SHA-256, so that a second retry of the same run (a double
+// submit, a second tab) finds the first instead of creating another, and a
+// run of the same name made later (another uid) gets a retry of its own.
+func RetryName(name string, uid types.UID) string {
+	sum := sha256.Sum256([]byte(uid))
+	suffix := "-retry-" + hex.EncodeToString(sum[:])[:retryHashLen]
+	if len(name) > v1alpha1.MaxRunNameLength-len(suffix) {
+		name = strings.TrimRight(name[:v1alpha1.MaxRunNameLength-len(suffix)], "-.")
 	}
 	return name + suffix
 }
 
-// retry creates a run whose batch is run's failed items: its spec, with
-// batch {fromRun: {name: run}} and not suspended, as README's "Retry what
-// failed" does by hand.
-func retry(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error) {
+// retryHashLen is the length of the hash of a retry's name.
+const retryHashLen = 6
+
+// errNotTheRetry: a retry's name is taken by a run that does not retry
+// that run's failed items.
+var errNotTheRetry = errors.New("is taken by a run that does not retry this run's failed items")
+
+// retry creates the run whose batch is run's failed items (retryRun), or
+// finds it there already (its name is the run's own: a second submit
+// creates nothing).
+func retry(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (result, error) {
 	next := retryRun(run)
-	if err := c.Create(ctx, next); err != nil {
-		return "", fmt.Errorf("creating a run retrying %s/%s: %w", run.Namespace, run.Name, err)
+	err := c.Create(ctx, next)
+	if apierrors.IsAlreadyExists(err) {
+		existing := &v1alpha1.ProcessingRun{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(next), existing); err != nil {
+			return result{}, fmt.Errorf("reading run %s, which exists: %w", next.Name, err)
+		}
+		if from := existing.Spec.Batch.FromRun; from == nil || from.Name != run.Name || from.Verdict != v1alpha1.FromRunFailed {
+			return result{}, fmt.Errorf("creating a run retrying %s/%s: the name %s %w", run.Namespace, run.Name, next.Name, errNotTheRetry)
+		}
+		return result{run: next.Name, note: noteRetryFound}, nil
 	}
-	return next.Name, nil
+	if err != nil {
+		return result{}, fmt.Errorf("creating a run retrying %s/%s: %w", run.Namespace, run.Name, err)
+	}
+	return result{run: next.Name}, nil
 }
 
 // retryRun is the run retrying run's failed items: run's spec, with batch
@@ -66,7 +96,7 @@ func retryRun(run *v1alpha1.ProcessingRun) *v1alpha1.ProcessingRun {
 	spec.Batch = v1alpha1.BatchSpec{FromRun: &v1alpha1.FromRunSource{Name: run.Name, Verdict: v1alpha1.FromRunFailed}}
 	spec.Suspend = false
 	next := &v1alpha1.ProcessingRun{
-		ObjectMeta: metav1.ObjectMeta{Namespace: run.Namespace, GenerateName: RetryName(run.Name)},
+		ObjectMeta: metav1.ObjectMeta{Namespace: run.Namespace, Name: RetryName(run.Name, run.UID)},
 		Spec:       spec,
 	}
 	if q, ok := run.Labels[controllers.LabelQueueName]; ok {
@@ -75,26 +105,26 @@ func retryRun(run *v1alpha1.ProcessingRun) *v1alpha1.ProcessingRun {
 	return next
 }
 
-func suspend(on bool) func(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error) {
-	return func(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error) {
+func suspend(on bool) func(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (result, error) {
+	return func(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (result, error) {
 		patch := fmt.Appendf(nil, `{"metadata":{"uid":%q},"spec":{"suspend":%t}}`, run.UID, on)
 		if err := c.Patch(ctx, run, client.RawPatch(types.MergePatchType, patch)); err != nil {
-			return "", fmt.Errorf("setting spec.suspend of %s/%s to %t: %w", run.Namespace, run.Name, on, err)
+			return result{}, fmt.Errorf("setting spec.suspend of %s/%s to %t: %w", run.Namespace, run.Name, on, err)
 		}
-		return run.Name, nil
+		return result{run: run.Name}, nil
 	}
 }
 
 var errUnfinished = errors.New("the run has not finished (phase Succeeded or Failed): suspend it first, or wait")
 
-func remove(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (string, error) {
+func remove(ctx context.Context, c client.Client, run *v1alpha1.ProcessingRun) (result, error) {
 	if !finished(run) {
-		return "", fmt.Errorf("deleting %s/%s: %w", run.Namespace, run.Name, errUnfinished)
+		return result{}, fmt.Errorf("deleting %s/%s: %w", run.Namespace, run.Name, errUnfinished)
 	}
 	if err := c.Delete(ctx, run, client.Preconditions{UID: &run.UID, ResourceVersion: &run.ResourceVersion}); err != nil {
-		return "", fmt.Errorf("deleting %s/%s: %w", run.Namespace, run.Name, err)
+		return result{}, fmt.Errorf("deleting %s/%s: %w", run.Namespace, run.Name, err)
 	}
-	return "", nil
+	return result{}, nil
 }
 
 // confirmData is a confirmation page's.
@@ -139,18 +169,21 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, what, err)
 		return
 	}
-	to, err := a.do(r.Context(), s.o.Kube, run)
+	res, err := a.do(r.Context(), s.o.Kube, run)
 	if err != nil {
-		if errors.Is(err, errUnfinished) {
+		if errors.Is(err, errUnfinished) || errors.Is(err, errNotTheRetry) {
 			err = apierrors.NewConflict(v1alpha1.GroupVersion.WithResource("processingruns").GroupResource(), name, err)
 		}
 		s.fail(w, what, err)
 		return
 	}
-	s.o.Log.Info("action done", "action", a.Name, "run", ns+"/"+name, "result", to)
+	s.o.Log.Info("action done", "action", a.Name, "run", ns+"/"+name, "result", res.run, "note", res.note)
 	target := "/"
-	if to != "" {
-		target = "/runs/" + ns + "/" + to
+	if res.run != "" {
+		target = "/runs/" + ns + "/" + res.run
+	}
+	if res.note != "" {
+		target += "?note=" + res.note
 	}
 	http.Redirect(w, r, target, http.StatusSeeOther)
 }

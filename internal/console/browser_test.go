@@ -28,6 +28,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/cli"
+	"github.com/runledger/runledger/internal/console"
 	"github.com/runledger/runledger/internal/envtestutil"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/pgtest"
@@ -512,6 +513,19 @@ func TestConsoleInABrowser(t *testing.T) {
 		require.Equal(t, orig.Spec.Effect, retries[0].Spec.Effect, "the original's spec otherwise")
 		require.Equal(t, orig.Spec.Database, retries[0].Spec.Database)
 		require.True(t, strings.HasSuffix(loc, "/"+retries[0].Name), "the browser is on the new run's page")
+		require.Equal(t, console.RetryName("june", orig.UID), retries[0].Name)
+		// A second submit (the form posted again) finds the retry: no second run.
+		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june/confirm/retry"), chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#note`)))
+		require.Contains(t, get(t, ctx, chromedp.Location()), "/runs/"+f.ns+"/"+retries[0].Name+"?")
+		require.Contains(t, text(t, ctx, "#note"), "nothing was created")
+		require.NoError(t, f.env.Client.List(context.Background(), runs, client.InNamespace(f.ns)))
+		n := 0
+		for _, r := range runs.Items {
+			if r.Spec.Batch.FromRun != nil {
+				n++
+			}
+		}
+		require.Equal(t, 1, n, "one retry run")
 	})
 
 	t.Run("a user whom RBAC refuses sees the refusal", func(t *testing.T) {

@@ -112,10 +112,42 @@ func TestDeleteOnlyAFinishedRun(t *testing.T) {
 	require.NoError(t, s.o.Kube.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: "june"}, &v1alpha1.ProcessingRun{}))
 }
 
+// TestRetryName: a run's retry has one name, made of the run's name and
+// uid, at most 63 characters; another uid (a run of the same name made
+// again) has another.
 func TestRetryName(t *testing.T) {
-	require.Equal(t, "june-retry-", RetryName("june"))
-	long := RetryName(strings.Repeat("a", 63))
-	require.LessOrEqual(t, len(long)+5, 63, "room for the API server's 5 characters")
+	name := RetryName("june", "u-1")
+	require.Regexp(t, `^june-retry-[0-9a-f]{6}$`, name)
+	require.Equal(t, name, RetryName("june", "u-1"), "deterministic")
+	require.NotEqual(t, name, RetryName("june", "u-2"))
+	long := RetryName(strings.Repeat("a", 63), "u-1")
+	require.Len(t, long, v1alpha1.MaxRunNameLength)
+	require.Equal(t, strings.TrimPrefix(name, "june"), strings.TrimLeft(long, "a"), "the same suffix")
+}
+
+// TestRetryTwice: a second retry of a run (a double submit) creates no
+// second run: it sends the browser to the first, with a note; a name
+// taken by a run that is not the retry is refused (409).
+func TestRetryTwice(t *testing.T) {
+	s, run := fakeServer(t)
+	w := postAction(s, "retry", "127.0.0.1:7480", "http://127.0.0.1:7480", "same-origin", s.token)
+	require.Equal(t, http.StatusSeeOther, w.Code, w.Body.String())
+	require.Equal(t, "/runs/default/"+RetryName("june", run.UID), w.Header().Get("Location"))
+	w = postAction(s, "retry", "127.0.0.1:7480", "http://127.0.0.1:7480", "same-origin", s.token)
+	require.Equal(t, http.StatusSeeOther, w.Code, w.Body.String())
+	require.Equal(t, "/runs/default/"+RetryName("june", run.UID)+"?note="+noteRetryFound, w.Header().Get("Location"), "the first retry, with a note")
+	list := &v1alpha1.ProcessingRunList{}
+	require.NoError(t, s.o.Kube.List(context.Background(), list))
+	require.Len(t, list.Items, 2, "june and one retry")
+
+	// A name taken by a run that is not june's retry.
+	require.NoError(t, s.o.Kube.Delete(context.Background(), &list.Items[0]))
+	require.NoError(t, s.o.Kube.Delete(context.Background(), &list.Items[1]))
+	require.NoError(t, s.o.Kube.Create(context.Background(), &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "june", UID: run.UID}}))
+	require.NoError(t, s.o.Kube.Create(context.Background(), &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: RetryName("june", run.UID)}}))
+	w = postAction(s, "retry", "127.0.0.1:7480", "http://127.0.0.1:7480", "same-origin", s.token)
+	require.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+	require.Contains(t, w.Body.String(), "does not retry this run")
 }
 
 func TestAge(t *testing.T) {
@@ -145,7 +177,7 @@ func TestRetryRun(t *testing.T) {
 	}
 	next := retryRun(run)
 	require.Equal(t, "billing", next.Namespace)
-	require.Equal(t, "june-retry-", next.GenerateName)
+	require.Equal(t, RetryName("june", run.UID), next.Name)
 	require.Equal(t, map[string]string{controllers.LabelQueueName: "team-a"}, next.Labels)
 	require.Equal(t, v1alpha1.BatchSpec{FromRun: &v1alpha1.FromRunSource{Name: "june", Verdict: v1alpha1.FromRunFailed}}, next.Spec.Batch)
 	require.False(t, next.Spec.Suspend)
