@@ -416,6 +416,8 @@ func TestConsoleInABrowser(t *testing.T) {
 		_, err = chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector("#events tbody").textContent.indexOf("ShardRetried") >= 0 && window.notReloaded === true`,
 			chromedp.WithPollingTimeout(30*time.Second)))
 		require.NoError(t, err, "the Events follow (their watch), without a reload")
+		require.Contains(t, get(t, ctx, chromedp.AttributeValue(chromedp.CSS("#rate svg"), "aria-label")).Value, "items per second", "the items/s chart of the samples the console kept")
+		f.shot(t, ctx, "run-live.png")
 	})
 
 	t.Run("keyboard: skip link, then a run's link by Tab and Enter", func(t *testing.T) {

@@ -74,7 +74,7 @@ func (s *Server) runLive(w http.ResponseWriter, r *http.Request) {
 			Gone    bool          `json:"gone,omitempty"`
 		}{Gone: run == nil}
 		if run != nil {
-			d := runData{Namespace: run.Namespace, Name: run.Name, Run: run, Finished: finished(run)}
+			d := runData{Namespace: run.Namespace, Name: run.Name, Run: run, Finished: finished(run), Chart: rateChart(s.watch.samplesOf(ns, name))}
 			d.Events, d.EventsError = feed.list(ctx, s)
 			msg.HTML, msg.Version = s.liveHTML(d)
 		}

@@ -165,6 +165,8 @@ type runData struct {
 	LiveURL     string
 	Live        template.HTML
 	LiveVersion string
+	// Chart: items/s from the samples the console kept of the run.
+	Chart       template.HTML
 	Run         *v1alpha1.ProcessingRun
 	Events      []corev1.Event
 	EventsError string
@@ -215,6 +217,9 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if d.Run != nil {
+		if s.watch != nil {
+			d.Chart = rateChart(s.watch.samplesOf(d.Namespace, d.Name))
+		}
 		d.Live, d.LiveVersion = s.liveHTML(d)
 	}
 	if d.Run == nil && d.Record == nil {

@@ -28,10 +28,13 @@ type runWatch struct {
 	mu      sync.Mutex
 	changed chan struct{}
 	err     error // the last list or watch error (a refusal of RBAC, say), nil once it lists again
+	// samples are each run's progress as the watch saw it (its chart).
+	samples map[string][]sample
+	now     func() time.Time
 }
 
 func newRunWatch(c client.WithWatch, namespace string) *runWatch {
-	w := &runWatch{changed: make(chan struct{})}
+	w := &runWatch{changed: make(chan struct{}), samples: map[string][]sample{}, now: time.Now}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			list := &v1alpha1.ProcessingRunList{}
@@ -45,11 +48,10 @@ func newRunWatch(c client.WithWatch, namespace string) *runWatch {
 	}
 	w.informer = cache.NewSharedIndexInformer(lw, &v1alpha1.ProcessingRun{}, 0, cache.Indexers{})
 	_ = w.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) { w.setErr(err) })
-	notify := func(any) { w.notify() }
 	_, _ = w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    notify,
-		UpdateFunc: func(_, obj any) { notify(obj) },
-		DeleteFunc: notify,
+		AddFunc:    func(obj any) { w.record(obj); w.notify() },
+		UpdateFunc: func(_, obj any) { w.record(obj); w.notify() },
+		DeleteFunc: func(obj any) { w.forget(obj); w.notify() },
 	})
 	return w
 }
