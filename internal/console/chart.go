@@ -103,7 +103,7 @@ func rateChart(ss []sample) template.HTML {
 		fmt.Fprintf(&pts, "%.1f,%.1f %.1f,%.1f ", x(ss[i].at), y(r), x(ss[i+1].at), y(r))
 	}
 	label := fmt.Sprintf("items per second: %s now, %s at most, over the last %s (%d samples)",
-		rateText(rates[len(rates)-1]), rateText(peak), age(time.Duration(span*float64(time.Second))), len(ss))
+		rateText(rates[len(rates)-1]), rateText(peak), spanText(span), len(ss))
 	return template.HTML(fmt.Sprintf(`<figure class="chart" id="rate"><svg viewBox="0 0 %.0f %.0f" width="%.0f" height="%.0f" role="img" aria-label="%s">`+ //nolint:gosec // numbers only
 		`<line class="axis" x1="0" y1="%.1f" x2="%.0f" y2="%.1f"/><polyline class="rate" points="%s"/></svg>`+
 		`<figcaption>%s</figcaption></figure>`,
@@ -120,4 +120,12 @@ func rateText(r float64) string {
 		return fmt.Sprintf("%.1f/s", r)
 	}
 	return fmt.Sprintf("%.2f/s", r)
+}
+
+// spanText is a span of seconds as a person reads it: 0.8s, 42s, 3m20s.
+func spanText(seconds float64) string {
+	if seconds < 10 {
+		return fmt.Sprintf("%.1fs", seconds)
+	}
+	return time.Duration(seconds * float64(time.Second)).Round(time.Second).String()
 }

@@ -30,6 +30,8 @@ func TestRateChart(t *testing.T) {
 	require.Contains(t, svg, `<svg viewBox="0 0 600 120"`)
 	require.Contains(t, svg, "10.0/s at most", "100 items in 10 s, then 200 in 20 s")
 	require.Contains(t, svg, "0.00/s now", "a fall of the count draws 0")
+	require.Contains(t, svg, "over the last 40s (4 samples)")
+	require.Equal(t, "0.8s", spanText(0.83))
 	points := strings.Split(strings.Split(svg, `points="`)[1], `"`)[0]
 	require.Len(t, strings.Fields(points), 6, "three steps of two points each")
 	for i := range maxSamples + 10 {
