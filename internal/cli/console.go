@@ -30,11 +30,15 @@ import (
 
 const consoleLong = `Serve a web console on this machine's loopback address: the runs of a
 namespace as a live list (the API server's watch, pushed to the page), a
-run's shards, conditions, Events, failed and already handled items (from the
-ledger database, as runledger items lists them), a key's history (as
-runledger key shows it), and actions on a run, each behind a confirmation:
-retry its failed items (a run with batch.fromRun), suspend, resume, delete a
-finished run.
+run's status, items/s, shards, conditions and Events, live; its failures by
+class, failed, already handled and payload-changed items (from the ledger
+database, as runledger items lists them) and its proof (as runledger verify
+computes it); a key's history (as runledger key shows it); the schedules,
+their next ticks in their time zone, missed ticks and the run of each
+occurrence; and actions, each behind a confirmation: retry a run's failed
+items (a run with batch.fromRun, once), suspend, resume, delete a finished
+run; trigger or backfill a schedule's occurrences (as runledger schedule
+does), suspend or resume it.
 
 The console has no identity of its own: it reads and acts on the cluster
 as the kubeconfig's user (as kubectl would: --kubeconfig, $KUBECONFIG,
@@ -63,7 +67,7 @@ func newConsoleCommand() *cobra.Command {
 	var o consoleOptions
 	cmd := &cobra.Command{
 		Use:   "console [--address 127.0.0.1:7480] [--namespace NS | --all-namespaces]",
-		Short: "Serve a web console on localhost: runs live, a run's items and Events, keys, and retry, suspend, resume, delete (as you)",
+		Short: "Serve a web console on localhost: runs live, a run's items, Events and proof, keys, schedules, and their actions (as you)",
 		Long:  consoleLong,
 		Example: `  RUNLEDGER_DATABASE_URL=... runledger console -n billing
   runledger console --all-namespaces --dsn-file ledger.dsn --address 127.0.0.1:9000
