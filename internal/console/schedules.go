@@ -179,6 +179,13 @@ func planned(sc *v1alpha1.ProcessingSchedule, a string, form url.Values) ([]sche
 		if msg := v1alpha1.KeyPartProblem(occ); msg != "" {
 			return nil, fmt.Errorf("occurrence %s", msg)
 		}
+		// The current minute's tick, confirmed: its scheduled time too (as
+		// runledger schedule trigger records it), if it is that occurrence's.
+		if at, err := time.Parse(time.RFC3339, form.Get("at")); err == nil {
+			if t := p.TickAt(p.WallOf(at)); t.Occurrence == occ && t.Time.Equal(at) {
+				return []schedule.Tick{t}, nil
+			}
+		}
 		return []schedule.Tick{{Occurrence: occ, RunName: schedule.RunName(sc.Name, occ)}}, nil
 	case "backfill":
 		from, err := p.ParseWall(form.Get("from"))
@@ -239,6 +246,9 @@ func (s *Server) scheduleConfirmPage(w http.ResponseWriter, r *http.Request) {
 		d.Ticks = ticks
 		if a.Name == "trigger" {
 			d.Form["occurrence"] = ticks[0].Occurrence
+			if !ticks[0].Time.IsZero() {
+				d.Form["at"] = ticks[0].Time.UTC().Format(time.RFC3339)
+			}
 			d.Question = fmt.Sprintf("Create the run of occurrence %s of %s now, as the schedule would (found, not duplicated, if it exists)?", ticks[0].Occurrence, id)
 		} else {
 			d.Form["from"], d.Form["to"] = r.URL.Query().Get("from"), r.URL.Query().Get("to")
