@@ -187,3 +187,17 @@ func TestRetryRun(t *testing.T) {
 	delete(run.Labels, controllers.LabelQueueName)
 	require.Empty(t, retryRun(run).Labels)
 }
+
+// TestRowQueue: a run in a Kueue queue shows the queue and its Admitted
+// condition's reason (the Admission column's value); another shows none.
+func TestRowQueue(t *testing.T) {
+	run := &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "june",
+		Labels: map[string]string{controllers.LabelQueueName: "team-a"}}}
+	run.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionAdmitted, Status: metav1.ConditionFalse, Reason: "Queued"}}
+	row := rowOf(run, time.Now())
+	require.Equal(t, "team-a", row.Queue)
+	require.Equal(t, "Queued", row.Admission)
+	row = rowOf(&v1alpha1.ProcessingRun{}, time.Now())
+	require.Empty(t, row.Queue)
+	require.Empty(t, row.Admission)
+}
