@@ -14,6 +14,7 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/schedule"
+	"github.com/runledger/runledger/internal/schedule/manualrun"
 )
 
 // maxBackfill bounds the runs one backfill creates.
@@ -148,7 +149,7 @@ func checkOccurrence(occ string) error {
 // error.
 func createRuns(ctx context.Context, out io.Writer, c client.Client, sched *v1alpha1.ProcessingSchedule, ticks []schedule.Tick, by string) error {
 	for _, t := range ticks {
-		name, created, err := schedule.CreateManualRun(ctx, c, sched, t.Occurrence, t.Time, by)
+		name, created, err := manualrun.Create(ctx, c, sched, t.Occurrence, t.Time, by)
 		switch {
 		case apierrors.IsInvalid(err):
 			return exitcode.BadInput(err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/schedule"
+	"github.com/runledger/runledger/internal/schedule/manualrun"
 )
 
 // nextTicks is how many of a schedule's next ticks its page lists.
@@ -295,9 +296,9 @@ func (s *Server) scheduleAct(w http.ResponseWriter, r *http.Request) {
 	created, found := 0, 0
 	name := ""
 	for _, t := range ticks {
-		n, made, err := schedule.CreateManualRun(r.Context(), s.o.Kube, sc, t.Occurrence, t.Time, by)
+		n, made, err := manualrun.Create(r.Context(), s.o.Kube, sc, t.Occurrence, t.Time, by)
 		if err != nil {
-			if errors.Is(err, schedule.ErrNameTaken) {
+			if errors.Is(err, manualrun.ErrNameTaken) {
 				err = apierrors.NewConflict(v1alpha1.GroupVersion.WithResource("processingruns").GroupResource(), n, err)
 			}
 			s.fail(w, what, fmt.Errorf("%d created, %d found before: %w", created, found, err))

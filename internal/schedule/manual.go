@@ -1,19 +1,12 @@
 package schedule
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"time"
-
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/runledger/runledger/api/v1alpha1"
 )
 
 // The manual runs of a schedule (runledger schedule trigger and backfill,
-// the console's trigger and backfill): which ticks, and their creation.
+// the console's trigger and backfill): which ticks (manualrun creates them).
 
 // TriggerTick is the tick of the current minute in the schedule's zone: the
 // occurrence a trigger that names none starts.
@@ -60,36 +53,4 @@ func (s *Schedule) Backfill(spec string, from, to time.Time, limit int) ([]Tick,
 		out = append(out, t)
 	}
 	return out, nil
-}
-
-// ErrNameTaken: the name of an occurrence's run is taken by a run that is
-// not the schedule's run of that occurrence.
-var ErrNameTaken = errors.New("is taken by a ProcessingRun that is not this schedule's run of that occurrence")
-
-// CreateManualRun creates the run of occurrence occ of sched (at: its
-// scheduled time, zero for none), as NewRun makes it, with createdBy
-// CreatedByTrigger or CreatedByBackfill: created false when the
-// occurrence's run was there already (found, not duplicated). A name taken
-// by any other run is ErrNameTaken; an invalid run is the API server's
-// Invalid error, wrapped.
-func CreateManualRun(ctx context.Context, c client.Client, sched *v1alpha1.ProcessingSchedule, occ string, at time.Time, createdBy string) (name string, created bool, err error) {
-	run := NewRun(sched, occ, at, createdBy)
-	err = c.Create(ctx, run)
-	switch {
-	case err == nil:
-		return run.Name, true, nil
-	case apierrors.IsAlreadyExists(err):
-		existing := &v1alpha1.ProcessingRun{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(run), existing); err != nil {
-			return run.Name, false, fmt.Errorf("reading run %s, which exists: %w", run.Name, err)
-		}
-		if !IsRunOf(existing, sched, occ) {
-			return run.Name, false, fmt.Errorf("run name %s (occurrence %s) %w", run.Name, occ, ErrNameTaken)
-		}
-		return run.Name, false, nil
-	case apierrors.IsInvalid(err):
-		return run.Name, false, fmt.Errorf("run %s of occurrence %s: %w", run.Name, occ, err)
-	default:
-		return run.Name, false, fmt.Errorf("creating run %s: %w", run.Name, err)
-	}
 }

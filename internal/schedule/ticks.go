@@ -1,8 +1,7 @@
 // Package schedule holds the pure decisions of ProcessingSchedules: which
 // ticks are due, which of them start runs and which are missed, each tick's
-// occurrence and the name of its run. No I/O (but CreateManualRun, the one
-// creation of a manual run that runledger schedule and the console share):
-// the controller and `runledger schedule` feed it a spec, the status's last
+// occurrence and the name of its run. No I/O (package manualrun creates a
+// manual run through the API): the controller and `runledger schedule` feed it a spec, the status's last
 // tick and a clock.
 package schedule
 
