@@ -37,16 +37,22 @@
 #                       stop/start the cluster's PostgreSQL (tests of outages;
 #                       restart --immediate: an immediate shutdown, crash
 #                       recovery on start)
-#   ha up|down|state|failover [--crash]|dsn
+#   ha up|down|state|dsn|failover [--crash [--hold-wal MS]]|sync on|off|restart [--immediate]
 #                       an HA PostgreSQL run by pg_auto_failover (installed
 #                       from Debian if missing): a monitor and two nodes on
 #                       ${CP_IP}:5433/5434 (hack/cluster/lib/ha.sh); state: each
 #                       node's name, port, reported and assigned state;
 #                       failover: `pg_autoctl perform failover`, or with
-#                       --crash a kill -9 of the primary's postmaster, then
+#                       --crash a kill -9 of the primary's postmaster (after
+#                       --hold-wal: the standby's WAL held MS milliseconds
+#                       first, a network hiccup, until it is promoted), then
 #                       waits until the old primary follows the new one and
-#                       prints the new one; dsn: the DSN naming both nodes
-#                       (target_session_attrs=read-write)
+#                       prints the new one; sync on|off: synchronous
+#                       replication (the default) or asynchronous; restart:
+#                       the primary's PostgreSQL shut down fast (or
+#                       immediately), started again by its keeper or failed
+#                       over, prints the primary; dsn: the DSN naming both
+#                       nodes (target_session_attrs=read-write)
 #   smoke               run pods that show the cluster works: a local image
 #                       runs, pods reach the apiserver ClusterIP and PostgreSQL
 #   node-env NAME       print what a test needs to power node NAME off or

@@ -93,6 +93,7 @@ ha_up() {
   ha_start_node node1
   WATCH=ha-node1 wait_for "node1 to be the single primary" 60 ha_in_state node1 single
   ha_roles
+  ha_max_connections
   # node2's base backup waits for a checkpoint, spread over minutes unless
   # one is asked for: ask until it is a secondary.
   ha_start_node node2
@@ -134,6 +135,23 @@ EOF
   echo "postgres://${PG_USER}:${pw}@${CP_IP}:${HA_PORT[node1]},${CP_IP}:${HA_PORT[node2]}/${PG_DB}?sslmode=disable&target_session_attrs=read-write" >"${HA_DIR}/dsn"
 }
 
+# ha_max_connections: node1 (single: no failover) takes max_connections
+# 300, as the cluster's PostgreSQL has (the soak's runs, workers and
+# processors at once): ALTER SYSTEM, then a fast shutdown its keeper
+# starts again from; node2's base backup copies the setting (a standby
+# needs at least its primary's).
+ha_max_connections() {
+  local pid
+  ha_sql "${HA_PORT[node1]}" "ALTER SYSTEM SET max_connections = 300" >/dev/null
+  read -r pid <"${HA_DIR}/node1/postmaster.pid"
+  kill -s INT "${pid}"
+  WATCH=ha-node1 wait_for "node1 to restart with max_connections 300" 60 ha_setting_is "${HA_PORT[node1]}" max_connections 300 ||
+    die "node1 did not come back with max_connections 300; see ${LOGS}/ha-node1.log"
+}
+
+# ha_setting_is PORT NAME VALUE: the server on PORT answers and has NAME = VALUE.
+ha_setting_is() { [[ "$(ha_sql "$1" "SHOW $2" 2>/dev/null)" == "$3" ]]; }
+
 ha_down() {
   local name
   for name in "${HA_NODES[@]}" monitor; do
@@ -143,14 +161,28 @@ ha_down() {
   rm -rf "${HA_DIR}"
 }
 
-# ha_failover [--crash]: fail the primary over, wait for the new primary and
-# (for up to a minute) until the old one follows it.
+# ha_failover [--crash [--hold-wal MS]]: fail the primary over, wait for the
+# new primary and (for up to a minute) until the old one follows it.
+# --hold-wal MS: first a network hiccup between the two, MS milliseconds
+# long: the standby stops receiving WAL (ha_hold_wal), then the crash, the
+# WAL held until the standby is promoted. On an asynchronous primary (ha
+# sync off) the commits of the hiccup are acknowledged and lost with it;
+# on a synchronous one they wait, unacknowledged.
 ha_failover() {
   ha_whole || die "the HA PostgreSQL is not a primary and a secondary: $(ha_states | tr '\n' ';')"
-  local old new pid
+  local old new pid hold=""
   old="$(ha_primary)"
   case "${1:-}" in
     --crash)
+      case "${2:-}" in
+        "") ;;
+        --hold-wal) [[ "${3:-}" =~ ^[0-9]+$ ]] || usage; hold="$3" ;;
+        *) usage ;;
+      esac
+      if [[ -n "${hold}" ]]; then
+        ha_hold_wal "${old}"
+        sleep "$(printf '%d.%03d' $((hold / 1000)) $((hold % 1000)))"
+      fi
       # A crash: kill -9 of the primary's postmaster; its keeper reports it
       # and the monitor promotes the secondary.
       read -r pid <"${HA_DIR}/${old}/postmaster.pid"
@@ -167,6 +199,7 @@ ha_failover() {
   wait_for "a new primary" 120 ha_new_primary "${old}" || die "no new primary: $(ha_states | tr '\n' ';')"
   new="$(ha_primary)"
   step "${new} is primary"
+  ha_release_wal
   # The old primary's rejoin can take minutes (its keeper's fast stop of
   # the restarted server under load): waited for, not required.
   if wait_for "${old} to follow ${new}" 60 ha_whole; then
@@ -179,6 +212,90 @@ ha_failover() {
 
 ha_new_primary() { local p; p="$(ha_primary)"; [[ -n "${p}" && "${p}" != "$1" ]]; }
 
+# ha_hold_wal PRIMARY: drop, in CP_NETNS, what PRIMARY sends its standby's
+# walreceiver (its replication connection's port, from pg_stat_replication):
+# the standby stops receiving WAL, its connection looks alive (a network
+# hiccup; SIGSTOP of the walreceiver would read what the kernel buffered
+# when it resumes). ha_release_wal removes the rule; so does the script's
+# exit.
+HA_HOLD_RULE=()
+ha_hold_wal() {
+  local port
+  port="$(ha_sql "${HA_PORT[$1]}" "SELECT client_port FROM pg_stat_replication WHERE application_name LIKE 'pgautofailover_standby_%' AND client_port > 0 LIMIT 1")"
+  [[ "${port}" =~ ^[0-9]+$ ]] || die "$1 has no standby streaming from it"
+  HA_HOLD_RULE=(OUTPUT -p tcp -s "${CP_IP}" --sport "${HA_PORT[$1]}" -d "${CP_IP}" --dport "${port}" -j DROP)
+  trap ha_release_wal EXIT
+  in_ns "${CP_NETNS}" iptables -w -I "${HA_HOLD_RULE[@]}"
+  step "holding $1's WAL to its standby (dropping ${CP_IP}:${HA_PORT[$1]} -> port ${port})"
+}
+
+ha_release_wal() {
+  ((${#HA_HOLD_RULE[@]} > 0)) || return 0
+  in_ns "${CP_NETNS}" iptables -w -D "${HA_HOLD_RULE[@]}" || warn "could not remove the WAL hold rule"
+  HA_HOLD_RULE=()
+  step "released the WAL hold"
+}
+
+# ha_sync on|off: every node's replication-quorum (pg_autoctl set node):
+# on, pg_auto_failover's default, the primary acknowledges a commit once
+# its standby has it (synchronous_standby_names 'ANY 1 (...)'); off, at
+# once (asynchronous: a failover can lose the latest commits). Waits, when
+# the formation is whole, until the primary's setting says so.
+ha_sync() {
+  local quorum name primary
+  case "${1:-}" in
+    on) quorum=true ;;
+    off) quorum=false ;;
+    *) usage ;;
+  esac
+  for name in "${HA_NODES[@]}"; do
+    # (pg_autoctl 2.0 logs a failed get_nodes() here, and sets it all the same.)
+    as_ha pg_autoctl set node replication-quorum "${quorum}" --pgdata "${HA_DIR}/${name}" >>"${LOGS}/ha-sync.log" 2>&1 ||
+      die "pg_autoctl set node replication-quorum ${quorum} for ${name} failed; see ${LOGS}/ha-sync.log"
+  done
+  ha_whole || { step "replication-quorum ${quorum} (the formation is not whole: the primary has no standby yet)"; return 0; }
+  primary="$(ha_primary)"
+  if [[ "${quorum}" == true ]]; then
+    wait_for "${primary} to be synchronous" 60 ha_synchronous "${HA_PORT[${primary}]}" || die "${primary} is not synchronous"
+  else
+    wait_for "${primary} to be asynchronous" 60 ha_setting_is "${HA_PORT[${primary}]}" synchronous_standby_names "" ||
+      die "${primary} is not asynchronous"
+  fi
+  step "${primary}: synchronous_standby_names '$(ha_sql "${HA_PORT[${primary}]}" "SHOW synchronous_standby_names")'"
+}
+
+ha_synchronous() { [[ -n "$(ha_sql "$1" "SHOW synchronous_standby_names" 2>/dev/null)" ]]; }
+
+# ha_restart [--immediate]: the primary's PostgreSQL shut down fast (SIGINT)
+# or immediately (SIGQUIT: no checkpoint, crash recovery); its keeper starts
+# it again, or the monitor fails over to the standby meanwhile. Waits until
+# a primary answers again and prints its name.
+ha_restart() {
+  local sig=INT old pid
+  case "${1:-}" in
+    "") ;;
+    --immediate) sig=QUIT ;;
+    *) usage ;;
+  esac
+  old="$(ha_primary)"
+  [[ -n "${old}" ]] || die "the HA PostgreSQL has no primary: $(ha_states | tr '\n' ';')"
+  read -r pid <"${HA_DIR}/${old}/postmaster.pid"
+  kill -s "${sig}" "${pid}"
+  step "SIG${sig} to ${old}'s postmaster (pid ${pid})"
+  wait_for "a primary that answers" 120 ha_restarted "${old}" "${pid}" || die "no primary answers: $(ha_states | tr '\n' ';')"
+  step "$(ha_primary) is primary"
+  ha_primary
+}
+
+# ha_restarted OLD PID: a primary answers, and it is not OLD's server of PID.
+ha_restarted() {
+  local p now=""
+  p="$(ha_primary)"
+  [[ -n "${p}" ]] || return 1
+  read -r now 2>/dev/null <"${HA_DIR}/${p}/postmaster.pid" || return 1
+  [[ "${p}" != "$1" || "${now}" != "$2" ]] && ha_sql "${HA_PORT[${p}]}" "SELECT 1" >/dev/null 2>&1
+}
+
 cmd_ha() {
   [[ -d "${RUN}" ]] || die "the cluster is not up"
   # User postgres runs everything here: from a directory it may enter (a
@@ -188,6 +305,8 @@ cmd_ha() {
     up) ha_up ;;
     down) ha_down ;;
     failover) ha_failover "${@:2}" ;;
+    sync) ha_sync "${@:2}" ;;
+    restart) ha_restart "${@:2}" ;;
     state) ha_states ;;
     dsn) cat "${HA_DIR}/dsn" 2>/dev/null || die "the HA PostgreSQL is not up (hack/cluster.sh ha up)" ;;
     *) usage ;;
