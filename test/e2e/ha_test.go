@@ -79,6 +79,13 @@ func TestLedgerFailover(t *testing.T) {
 // hosts and ports, as a user's own policy would.
 func (f *fixture) allowLedgerNodes(run string) {
 	f.t.Helper()
+	f.allowLedgerNodesTo(run+"-to-ledger-nodes", metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelRun: run}})
+}
+
+// allowLedgerNodesTo is allowLedgerNodes for the pods of selector, in a
+// NetworkPolicy of that name (the soak's: every run's pods).
+func (f *fixture) allowLedgerNodesTo(name string, selector metav1.LabelSelector) {
+	f.t.Helper()
 	cfg, err := pgconn.ParseConfig(f.dsn)
 	require.NoError(f.t, err)
 	var to []networkingv1.NetworkPolicyPeer
@@ -88,9 +95,9 @@ func (f *fixture) allowLedgerNodes(run string) {
 		ports = append(ports, networkingv1.NetworkPolicyPort{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(int32(h.Port)))})
 	}
 	require.NoError(f.t, f.c.Create(f.ctx, &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: run + "-to-ledger-nodes"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name},
 		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelRun: run}},
+			PodSelector: selector,
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
 			Egress:      []networkingv1.NetworkPolicyEgressRule{{To: to, Ports: ports}},
 		},
@@ -131,6 +138,19 @@ func (e *env) clusterCmd(t *testing.T, timeout time.Duration, args ...string) st
 	err := cmd.Run()
 	require.NoError(t, err, "hack/cluster.sh %s:\n%s", strings.Join(args, " "), logs.String())
 	t.Logf("$ hack/cluster.sh %s\n%s", strings.Join(args, " "), logs.String())
+	return out.String()
+}
+
+// clusterCmdQuiet is clusterCmd without the log of a command that
+// succeeded (a poll).
+func (e *env) clusterCmdQuiet(t *testing.T, timeout time.Duration, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var out, logs bytes.Buffer
+	cmd := exec.CommandContext(ctx, e.clusterSh, args...)
+	cmd.Stdout, cmd.Stderr = &out, &logs
+	require.NoError(t, cmd.Run(), "hack/cluster.sh %s:\n%s", strings.Join(args, " "), logs.String())
 	return out.String()
 }
 

@@ -15,13 +15,17 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/worker"
 )
 
 // soakData is what the database holds at the end.
@@ -37,10 +41,25 @@ type soakData struct {
 	ledger        map[string]map[bizKey]int  // run uid -> its rows (any state) by key
 	committed     map[bizKey]int             // committed ledger rows by key
 	failureErrors map[string][]string        // run uid -> failure records' errors
+	// runIdems: the idempotency keys each run sent for each business key
+	// (run name -> key -> idempotency keys).
+	runIdems map[string]map[bizKey]map[string]bool
+	// proofs: what the ledger proves of each finished run (run uid ->),
+	// as runledger verify reads it (ledger.Store.ProveRun).
+	proofs map[string]runProof
 }
 
-func (s *soak) load() *soakData {
-	f := s.f
+// runProof is what the ledger proves of a run's counts: Proven when it
+// proves a verdict for every item; Unproven names the first items it does
+// not (or why the proof could not be read).
+type runProof struct {
+	v1alpha1.ItemCounts
+	Proven   bool
+	Unproven []string
+}
+
+func (s *soak) load(runs []*soakRun) *soakData {
+	f, svc := s.f, s.svc
 	d := &soakData{}
 	key := func(r pgx.Rows, extra ...any) (bizKey, error) {
 		var k bizKey
@@ -64,21 +83,27 @@ func (s *soak) load() *soakData {
 		d.effectRows++
 		return err
 	}, `SELECT entity, occurrence, run FROM soak_effect_log`)
-	f.rows(func() { d.work = map[bizKey][]string{} }, func(r pgx.Rows) error {
+	svc.rows(func() { d.work = map[bizKey][]string{} }, func(r pgx.Rows) error {
 		var idem string
 		k, err := key(r, &idem)
 		d.work[k] = append(d.work[k], idem)
 		return err
 	}, `SELECT entity, occurrence, key FROM soak_processor_work`)
-	f.rows(func() {
+	svc.rows(func() {
 		d.requested, d.keyBiz, d.requests = map[string]map[bizKey]bool{}, map[string]map[bizKey]bool{}, 0
+		d.runIdems = map[string]map[bizKey]map[string]bool{}
 	}, func(r pgx.Rows) error {
 		var run, idem string
 		k, err := key(r, &run, &idem)
 		if d.requested[run] == nil {
 			d.requested[run] = map[bizKey]bool{}
+			d.runIdems[run] = map[bizKey]map[string]bool{}
 		}
 		d.requested[run][k] = true
+		if d.runIdems[run][k] == nil {
+			d.runIdems[run][k] = map[string]bool{}
+		}
+		d.runIdems[run][k][idem] = true
 		if d.keyBiz[idem] == nil {
 			d.keyBiz[idem] = map[bizKey]bool{}
 		}
@@ -104,7 +129,66 @@ func (s *soak) load() *soakData {
 		d.failureErrors[uid] = append(d.failureErrors[uid], msg)
 		return err
 	}, `SELECT run_uid, error FROM runledger.item_failure`)
+	d.proofs = s.proofs(runs)
 	return d
+}
+
+// proofs is what the ledger (of the server the soak's DSN reaches: after
+// failovers, the survivor) proves of each finished run, as runledger
+// verify does: its batch's items and their holders, the counts recomputed.
+func (s *soak) proofs(runs []*soakRun) map[string]runProof {
+	out := map[string]runProof{}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, s.f.dsn)
+	if err != nil {
+		s.f.t.Fatalf("connect to the ledger: %v", err)
+	}
+	defer pool.Close()
+	store := ledger.NewStore(pool)
+	for _, r := range runs {
+		if !finished(r.obj) {
+			continue
+		}
+		out[string(r.obj.UID)] = proveSoakRun(ctx, store, r)
+	}
+	return out
+}
+
+func proveSoakRun(ctx context.Context, store *ledger.Store, r *soakRun) runProof {
+	var p runProof
+	records, err := store.FindRuns(ctx, r.obj.Namespace, r.obj.Name)
+	if err != nil {
+		p.Unproven = append(p.Unproven, err.Error())
+		return p
+	}
+	i := slices.IndexFunc(records, func(rec ledger.RunRecord) bool { return rec.UID == string(r.obj.UID) })
+	if i < 0 {
+		p.Unproven = append(p.Unproven, "the ledger has no record of the run")
+		return p
+	}
+	var batch []ledger.Key
+	if records[i].Source == ledger.BatchSourceStatic {
+		for _, k := range r.keys() {
+			batch = append(batch, ledger.Key{Entity: k.entity, Occurrence: k.occurrence})
+		}
+	}
+	proof, err := store.ProveRun(ctx, records[i], batch, func(k ledger.KeyProof, v ledger.KeyVerdict) error {
+		if v.Problem != "" && len(p.Unproven) < 5 {
+			p.Unproven = append(p.Unproven, fmt.Sprintf("%s/%s %s (%s)", k.Entity, k.Occurrence, v.Verdict, v.Problem))
+		}
+		return nil
+	})
+	if err != nil {
+		p.Unproven = append(p.Unproven, err.Error())
+		return p
+	}
+	p.ItemCounts = proof.ItemCounts
+	p.Proven = proof.Proven()
+	if !p.Proven && len(p.Unproven) == 0 {
+		p.Unproven = append(p.Unproven, fmt.Sprintf("%+v", proof))
+	}
+	return p
 }
 
 // soakReport is the checker's verdict and the summary's figures.
@@ -116,6 +200,9 @@ type soakReport struct {
 	replacements, failedAttempts          int
 	requests, redeliveries                int
 	processorRestarts                     int // the processor containers' restarts (its crashes)
+	supersedeRekeyed                      int // keys a Supersede run sent under two keys (a concurrent commit between its tries)
+	serverChangesLogged                   int // worker logs: the ledger's server changed under a shard
+	serverChangedEvents                   int // Events LedgerServerChanged: a shard succeeded across such a change
 	chunkRetries                          int // retries the workers logged
 
 	lost, double, mismatch, notTerminal, leaks, harness []string
@@ -139,7 +226,8 @@ func (r *soakReport) problems() []string {
 }
 
 // check reads the end state and holds every run to it.
-func (s *soak) check() *soakReport {
+func (s *soak) check(t *testing.T) *soakReport {
+	t.Helper()
 	f := s.f
 	rep := &soakReport{}
 	var list v1alpha1.ProcessingRunList
@@ -151,11 +239,13 @@ func (s *soak) check() *soakReport {
 		byName[list.Items[i].Name] = &list.Items[i]
 	}
 	runs := s.checkedRuns(byName, rep)
-	s.verdict(runs, s.load(), rep)
+	s.verdict(runs, s.load(runs), rep)
 	var pods corev1.PodList
 	if err := f.c.List(f.ctx, &pods, client.InNamespace(f.ns), client.HasLabels{v1alpha1.LabelRunUID}); err == nil {
 		for _, p := range pods.Items {
-			rep.chunkRetries += s.retriesLogged(p.Name)
+			retries, changes := s.podLogged(p.Name)
+			rep.chunkRetries += retries
+			rep.serverChangesLogged += changes
 			for _, c := range p.Status.InitContainerStatuses {
 				if c.Name == v1alpha1.ProcessorContainerName {
 					rep.processorRestarts += int(c.RestartCount)
@@ -163,20 +253,31 @@ func (s *soak) check() *soakReport {
 			}
 		}
 	}
+	var events corev1.EventList
+	if err := f.c.List(f.ctx, &events, client.InNamespace(f.ns)); err == nil {
+		for _, e := range events.Items {
+			if e.Reason == "LedgerServerChanged" {
+				rep.serverChangedEvents++
+				t.Logf("Event %s on %s: %s", e.Reason, e.InvolvedObject.Name, e.Message)
+			}
+		}
+	}
 	return rep
 }
 
-// retriesLogged is the number of retries a worker pod's log shows (a
-// retryable error, the database unreachable); 0 when the log is gone with
-// its node.
-func (s *soak) retriesLogged(pod string) int {
+// podLogged is the number of retries a worker pod's log shows (a
+// retryable error, the database unreachable), and of the times it noticed
+// that the ledger's server changed (a failover, a restart); 0 when the log
+// is gone with its node.
+func (s *soak) podLogged(pod string) (retries, serverChanges int) {
 	ctx, cancel := context.WithTimeout(s.f.ctx, 20*time.Second)
 	defer cancel()
 	b, err := s.f.cs.CoreV1().Pods(s.f.ns).GetLogs(pod, &corev1.PodLogOptions{Container: v1alpha1.WorkerContainerName}).DoRaw(ctx)
 	if err != nil {
-		return 0
+		return 0, 0
 	}
-	return strings.Count(string(b), `"msg":"retrying after a retryable error"`) + strings.Count(string(b), `"msg":"database not reachable, retrying"`)
+	return strings.Count(string(b), `"msg":"retrying after a retryable error"`) + strings.Count(string(b), `"msg":"database not reachable, retrying"`),
+		strings.Count(string(b), `"msg":"the ledger's database is another server now`)
 }
 
 // verdict holds the runs to the data, into rep.
@@ -272,14 +373,14 @@ func (s *soak) checkRun(r *soakRun, d *soakData, rep *soakReport) {
 	if st.Total != int64(len(keys)) {
 		mismatch("total %d, its batch has %d items", st.Total, len(keys))
 	}
-	ledger := d.ledger[uid]
-	if st.Completed != int64(len(ledger)) {
-		mismatch("completed %d, the ledger holds %d rows of it", st.Completed, len(ledger))
+	rows := d.ledger[uid]
+	if st.Completed != int64(len(rows)) {
+		mismatch("completed %d, the ledger holds %d rows of it", st.Completed, len(rows))
 	}
 	// applied: the keys this run's effect did, by the user's tables.
 	applied := map[bizKey]bool{}
 	if r.processor() {
-		for k := range ledger {
+		for k := range rows {
 			if !d.requested[r.name][k] {
 				mismatch("the ledger holds %s/%s for it, the processor was never sent it by this run", k.entity, k.occurrence)
 			}
@@ -297,15 +398,48 @@ func (s *soak) checkRun(r *soakRun, d *soakData, rep *soakReport) {
 		if st.Completed != int64(len(applied)) {
 			mismatch("completed %d, its effect applied %d keys (soak_sink)", st.Completed, len(applied))
 		}
-		for k := range ledger {
+		for k := range rows {
 			if !applied[k] {
 				mismatch("the ledger holds %s/%s for it, its effect never applied it", k.entity, k.occurrence)
 			}
 		}
 		for k := range applied {
-			if ledger[k] == 0 {
+			if rows[k] == 0 {
 				mismatch("its effect applied %s/%s, the ledger has no row of it", k.entity, k.occurrence)
 			}
+		}
+	}
+	if r.processor() {
+		for _, k := range sortedKeys(d.runIdems[r.name]) {
+			idems := d.runIdems[r.name][k]
+			first := worker.IdempotencyKey(ledger.Key{Entity: k.entity, Occurrence: k.occurrence}, 0)
+			switch {
+			case r.policy == v1alpha1.OnExistingSkip && (len(idems) > 1 || !idems[first]):
+				rep.double = append(rep.double, fmt.Sprintf("run %s (Skip) sent %s/%s under %d idempotency keys, not only its first generation's: %v",
+					r.name, k.entity, k.occurrence, len(idems), slices.Sorted(maps.Keys(idems))))
+			case len(idems) > 1:
+				// A Supersede run's key names the row its claim replaces:
+				// another only when a concurrent run committed the key
+				// between its tries.
+				rep.supersedeRekeyed++
+			}
+		}
+	}
+	// A Succeeded run's counts are what the ledger (the survivor's, after
+	// failovers) proves, item by item, as runledger verify judges them.
+	// (payloadChanged aside: ProveRun does not count it. A Failed run's
+	// unprocessed items are missing by design; its completed is held to
+	// its ledger rows above.)
+	if isTrue(obj, v1alpha1.ConditionComplete) {
+		got := st.ItemCounts
+		got.PayloadChanged = 0
+		switch p, ok := d.proofs[uid]; {
+		case !ok:
+			mismatch("the ledger was not asked to prove it")
+		case !p.Proven:
+			mismatch("the ledger does not prove its items: %s", strings.Join(p.Unproven, "; "))
+		case p.ItemCounts != got:
+			mismatch("its counts %s, the ledger proves %s", countsLine(got), countsLine(p.ItemCounts))
 		}
 	}
 	var sum int64
@@ -335,6 +469,10 @@ func (s *soak) checkRun(r *soakRun, d *soakData, rep *soakReport) {
 			rep.failedVisibly += int64(n)
 		}
 	}
+}
+
+func countsLine(c v1alpha1.ItemCounts) string {
+	return fmt.Sprintf("total=%d completed=%d alreadyHandled=%d failed=%d", c.Total, c.Completed, c.AlreadyHandled, c.Failed)
 }
 
 // unaccounted is the number of the batch's keys neither applied by the run
@@ -429,6 +567,15 @@ func sortedKeys[V any](m map[bizKey]V) []bizKey {
 	return ks
 }
 
+// databases are the soak's databases: the ledger's, and the processor's
+// when it has its own.
+func (s *soak) databases() []*fixture {
+	if s.svc == nil || s.svc.dsn == s.f.dsn {
+		return []*fixture{s.f}
+	}
+	return []*fixture{s.f, s.svc}
+}
+
 // leaks waits until no worker pod is live, and no session nor lock of the
 // soak's database remains (but the checker's own), for up to timeout.
 func (s *soak) leaks(timeout time.Duration) []string {
@@ -445,18 +592,20 @@ func (s *soak) leaks(timeout time.Duration) []string {
 				out = append(out, fmt.Sprintf("worker pod %s still %s on %s (deleting: %v)", p.Name, p.Status.Phase, p.Spec.NodeName, p.DeletionTimestamp != nil))
 			}
 		}
-		f.rows(func() {}, func(r pgx.Rows) error {
-			var pid int32
-			var app, state string
-			err := r.Scan(&pid, &app, &state)
-			out = append(out, fmt.Sprintf("session %d (%s) still open, %s", pid, app, state))
-			return err
-		}, `SELECT pid, application_name, coalesce(state, '') FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
-		if n := f.int(`SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database WHERE d.datname = current_database() AND l.pid <> pg_backend_pid()`); n > 0 {
-			out = append(out, fmt.Sprintf("%d locks still held in the database", n))
-		}
-		if n := f.int(`SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()`); n > 0 {
-			out = append(out, fmt.Sprintf("%d prepared transactions left", n))
+		for _, db := range s.databases() {
+			db.rows(func() {}, func(r pgx.Rows) error {
+				var pid int32
+				var app, state string
+				err := r.Scan(&pid, &app, &state)
+				out = append(out, fmt.Sprintf("session %d (%s) still open in %s, %s", pid, app, db.db, state))
+				return err
+			}, `SELECT pid, application_name, coalesce(state, '') FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+			if n := db.int(`SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database WHERE d.datname = current_database() AND l.pid <> pg_backend_pid()`); n > 0 {
+				out = append(out, fmt.Sprintf("%d locks still held in %s", n, db.db))
+			}
+			if n := db.int(`SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()`); n > 0 {
+				out = append(out, fmt.Sprintf("%d prepared transactions left in %s", n, db.db))
+			}
 		}
 		if len(out) == 0 {
 			return nil
@@ -477,7 +626,7 @@ func (r *soakReport) summary(s *soak) string {
 	}
 	total := 0
 	var faults []string
-	for _, k := range slices.Sorted(maps.Keys(soakFaultWeights)) {
+	for _, k := range slices.Sorted(maps.Keys(s.cfg.faultWeights())) {
 		faults = append(faults, fmt.Sprintf("%s=%d", k, s.faults[k]))
 		total += s.faults[k]
 	}
@@ -486,13 +635,23 @@ func (r *soakReport) summary(s *soak) string {
 		verdict = "FAIL"
 	}
 	fmt.Fprintf(&b, "runledger soak %s: seed=%d duration=%s  %s\n", s.cfg.Name, s.cfg.Seed, s.cfg.Duration, verdict)
+	ledgerOn := "the cluster's PostgreSQL"
+	if s.cfg.Failovers {
+		ledgerOn = "an HA formation (pg_auto_failover: a primary and its standby)"
+	}
+	fmt.Fprintf(&b, "  ledger on %s; the counts of every succeeded run proven by its ledger item by item\n", ledgerOn)
 	fmt.Fprintf(&b, "  runs=%d (succeeded=%d failed=%d, of them schedule=%d) items=%d in %s items/s=%.1f\n",
 		r.runs, r.succeeded, r.failed, r.scheduleRuns, r.items, r.elapsed.Round(time.Second), perSec)
 	fmt.Fprintf(&b, "  faults=%d: %s\n", total, strings.Join(faults, " "))
 	fmt.Fprintf(&b, "  observed: worker-retries=%d pod-replacements=%d shard-failed-attempts=%d processor-requests=%d processor-redeliveries=%d processor-restarts=%d items-failed-visibly=%d\n",
 		r.chunkRetries, r.replacements, r.failedAttempts, r.requests, r.redeliveries, r.processorRestarts, r.failedVisibly)
+	fmt.Fprintf(&b, "  ledger server changes: noticed-by-shards=%d LedgerServerChanged-events=%d\n", r.serverChangesLogged, r.serverChangedEvents)
 	fmt.Fprintf(&b, "  lost=%d double=%d count-mismatches=%d not-terminal=%d leaks=%d\n",
 		len(r.lost), len(r.double), len(r.mismatch), len(r.notTerminal), len(r.leaks))
-	fmt.Fprintf(&b, "  replay: make soak SEED=%d DURATION=%s", s.cfg.Seed, s.cfg.Duration)
+	failovers := 0
+	if s.cfg.Failovers {
+		failovers = 1
+	}
+	fmt.Fprintf(&b, "  replay: make soak SEED=%d DURATION=%s FAILOVERS=%d", s.cfg.Seed, s.cfg.Duration, failovers)
 	return b.String()
 }

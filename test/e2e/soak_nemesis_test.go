@@ -8,9 +8,11 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -38,30 +40,72 @@ var soakFaultWeights = map[string]int{
 	"node-partition":       1,
 }
 
-// nemesis injects faults until ctx ends, 2-6 s apart.
-func (s *soak) nemesis(t *testing.T, ctx context.Context) {
-	rng := rand.New(rand.NewPCG(s.cfg.Seed, 2))
-	var kinds, bag []string
-	for k, w := range soakFaultWeights {
-		kinds = append(kinds, k)
+// soakFailoverWeights are the faults of a soak whose ledger is the HA
+// formation (soakConfig.Failovers), beside soakFaultWeights: a crash of
+// the primary under synchronous replication (pg_auto_failover's default),
+// and under asynchronous replication after a hiccup of the standby's WAL
+// (the failover that loses acknowledged commits). A soak without them
+// draws its faults as it always did: kept seeds replay their schedule.
+var soakFailoverWeights = map[string]int{
+	"pg-failover":       1,
+	"pg-failover-async": 1,
+}
+
+// faultWeights are the soak's kinds of fault and their weights.
+func (c soakConfig) faultWeights() map[string]int {
+	w := maps.Clone(soakFaultWeights)
+	if c.Failovers {
+		maps.Copy(w, soakFailoverWeights)
+	}
+	return w
+}
+
+// faultPlan is the nemesis' seeded schedule: before each fault a gap of
+// 2-6 s, then its kind, every kind once in a seeded order first, then by
+// weight. Its rng is also the faults' own (victims, durations), drawn in
+// the order they are injected.
+type faultPlan struct {
+	rng        *rand.Rand
+	kinds, bag []string
+	n          int
+}
+
+func newFaultPlan(seed uint64, weights map[string]int) *faultPlan {
+	p := &faultPlan{rng: rand.New(rand.NewPCG(seed, 2))}
+	for k, w := range weights {
+		p.kinds = append(p.kinds, k)
 		for range w {
-			bag = append(bag, k)
+			p.bag = append(p.bag, k)
 		}
 	}
-	sort.Strings(kinds)
-	sort.Strings(bag)
-	rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
-	for i := 0; ; i++ {
+	sort.Strings(p.kinds)
+	sort.Strings(p.bag)
+	p.rng.Shuffle(len(p.kinds), func(i, j int) { p.kinds[i], p.kinds[j] = p.kinds[j], p.kinds[i] })
+	return p
+}
+
+// next is the gap before the next fault and its kind.
+func (p *faultPlan) next() (time.Duration, string) {
+	gap := time.Duration(2000+p.rng.IntN(4000)) * time.Millisecond
+	kind := p.bag[p.rng.IntN(len(p.bag))]
+	if p.n < len(p.kinds) {
+		kind = p.kinds[p.n]
+	}
+	p.n++
+	return gap, kind
+}
+
+// nemesis injects faults until ctx ends, 2-6 s apart.
+func (s *soak) nemesis(t *testing.T, ctx context.Context) {
+	plan := newFaultPlan(s.cfg.Seed, s.cfg.faultWeights())
+	for {
+		gap, kind := plan.next()
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Duration(2000+rng.IntN(4000)) * time.Millisecond):
+		case <-time.After(gap):
 		}
-		kind := bag[rng.IntN(len(bag))]
-		if i < len(kinds) {
-			kind = kinds[i]
-		}
-		what, ok := s.inject(t, kind, rng)
+		what, ok := s.inject(t, kind, plan.rng)
 		if ok {
 			s.faults[kind]++
 		}
@@ -89,6 +133,10 @@ func (s *soak) inject(t *testing.T, kind string, rng *rand.Rand) (string, bool) 
 		return s.restartPostgres(t)
 	case "pg-restart-immediate":
 		return s.restartPostgres(t, "--immediate")
+	case "pg-failover":
+		return s.failover(t, rng, true)
+	case "pg-failover-async":
+		return s.failover(t, rng, false)
 	case "node-power-off":
 		return s.nodeFault(t, rng, true)
 	case "node-partition":
@@ -192,39 +240,55 @@ func (s *soak) terminateBackends(rng *rand.Rand) (string, bool) {
 }
 
 // stallLocks holds an EXCLUSIVE lock on the effects' tables for 3-15 s:
-// their inserts wait, beyond the runs' 10 s lock timeout sometimes.
+// their inserts wait, beyond the runs' 10 s lock timeout sometimes. (With
+// failovers the processor's table is in its own database: locked there.)
 func (s *soak) stallLocks(rng *rand.Rand) (string, bool) {
 	hold := time.Duration(3+rng.IntN(13)) * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), hold+time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, s.f.dsn)
-	if err != nil {
-		return fmt.Sprintf("connect: %v", err), false
+	locks := []struct{ dsn, tables string }{{s.f.dsn, "soak_sink, soak_processor_work"}}
+	if dbs := s.databases(); len(dbs) > 1 {
+		locks = []struct{ dsn, tables string }{{s.f.dsn, "soak_sink"}, {s.svc.dsn, "soak_processor_work"}}
 	}
-	defer func() { _ = conn.Close(context.Background()) }()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return fmt.Sprintf("begin: %v", err), false
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
 	start := time.Now()
-	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '30s'`); err != nil {
-		return fmt.Sprintf("lock timeout: %v", err), false
-	}
-	if _, err := tx.Exec(ctx, `LOCK TABLE soak_sink, soak_processor_work IN EXCLUSIVE MODE`); err != nil {
-		return fmt.Sprintf("lock: %v", err), false
+	var txs []pgx.Tx
+	defer func() {
+		for _, tx := range txs {
+			_ = tx.Rollback(context.Background())
+			_ = tx.Conn().Close(context.Background())
+		}
+	}()
+	for _, l := range locks {
+		conn, err := pgx.Connect(ctx, l.dsn)
+		if err != nil {
+			return fmt.Sprintf("connect: %v", err), false
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			_ = conn.Close(context.Background())
+			return fmt.Sprintf("begin: %v", err), false
+		}
+		txs = append(txs, tx)
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '30s'`); err != nil {
+			return fmt.Sprintf("lock timeout: %v", err), false
+		}
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+l.tables+` IN EXCLUSIVE MODE`); err != nil {
+			return fmt.Sprintf("lock: %v", err), false
+		}
 	}
 	got := time.Since(start)
 	time.Sleep(hold)
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Sprintf("held the lock, commit: %v", err), true
+	for _, tx := range txs {
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Sprintf("held the lock, commit: %v", err), true
+		}
 	}
 	return fmt.Sprintf("held EXCLUSIVE on soak_sink and soak_processor_work for %s (got it in %s)", hold, got.Round(time.Millisecond)), true
 }
 
 // processorFault tells the processors to crash or answer slowly for a while.
 func (s *soak) processorFault(kind string, rate, seconds float64, d time.Duration) (string, bool) {
-	s.f.int(`INSERT INTO soak_fault (kind, until, rate, seconds) VALUES ($1, now() + make_interval(secs => $2), $3, $4)
+	s.svc.int(`INSERT INTO soak_fault (kind, until, rate, seconds) VALUES ($1, now() + make_interval(secs => $2), $3, $4)
 		ON CONFLICT (kind) DO UPDATE SET until = EXCLUDED.until, rate = EXCLUDED.rate, seconds = EXCLUDED.seconds`,
 		kind, d.Seconds(), rate, seconds)
 	if kind == "slow" {
@@ -233,13 +297,95 @@ func (s *soak) processorFault(kind string, rate, seconds float64, d time.Duratio
 	return fmt.Sprintf("processors exit after the work and before the answer on %.0f%% of calls for %s", rate*100, d), true
 }
 
-// restartPostgres restarts the cluster's PostgreSQL (fast, or immediate).
+// restartPostgres restarts the ledger's PostgreSQL (fast, or immediate):
+// the cluster's, or on the HA formation its current primary (whose keeper
+// starts it again, or whose monitor fails over meanwhile).
 func (s *soak) restartPostgres(t *testing.T, args ...string) (string, bool) {
+	if s.cfg.Failovers {
+		before := s.haPrimary(t)
+		after := strings.TrimSpace(s.f.clusterCmd(t, 3*time.Minute, append([]string{"ha", "restart"}, args...)...))
+		what := strings.TrimSpace("hack/cluster.sh ha restart " + strings.Join(args, " "))
+		if after != before {
+			return fmt.Sprintf("%s: primary %s restarted, the monitor failed over to %s meanwhile", what, before, after), true
+		}
+		return fmt.Sprintf("%s: primary %s restarted in place", what, before), true
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, s.f.clusterSh, append([]string{"postgres", "restart"}, args...)...).CombinedOutput()
 	require.NoError(t, err, "hack/cluster.sh postgres restart %v:\n%s", args, out)
 	return strings.TrimSpace("hack/cluster.sh postgres restart " + strings.Join(args, " ")), true
+}
+
+// haStates is `hack/cluster.sh ha state`: each node's name, port,
+// reported and assigned state.
+func (s *soak) haStates(t *testing.T) [][]string {
+	var out [][]string
+	for _, line := range strings.Split(strings.TrimSpace(s.f.clusterCmdQuiet(t, time.Minute, "ha", "state")), "\n") {
+		if f := strings.Fields(line); len(f) == 4 {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// haPrimary is the node that takes writes ("" when none does).
+func (s *soak) haPrimary(t *testing.T) string {
+	for _, n := range s.haStates(t) {
+		if n[2] == n[3] && (n[2] == "primary" || n[2] == "wait_primary") {
+			return n[0]
+		}
+	}
+	return ""
+}
+
+// haWhole reports whether one node is primary and the other its
+// secondary, waiting up to timeout for it (after a failover the old
+// primary rejoins as a standby, in seconds or, under load, minutes).
+func (s *soak) haWhole(t *testing.T, timeout time.Duration) (bool, string) {
+	for deadline := time.Now().Add(timeout); ; time.Sleep(2 * time.Second) {
+		states := s.haStates(t)
+		roles := map[string]int{}
+		var line []string
+		for _, n := range states {
+			line = append(line, strings.Join(n, " "))
+			if n[2] == n[3] {
+				roles[n[2]]++
+			}
+		}
+		if roles["primary"] == 1 && roles["secondary"] == 1 {
+			return true, ""
+		}
+		if time.Now().After(deadline) {
+			return false, strings.Join(line, "; ")
+		}
+	}
+}
+
+// failover crashes the HA formation's primary (kill -9 of its postmaster)
+// after a hiccup of 0.5-3 s in which its standby receives no WAL; the
+// monitor promotes the standby. sync: under synchronous replication (the
+// hiccup's commits wait, unacknowledged, and are never lost); else under
+// asynchronous replication, set for the fault (the hiccup's commits are
+// acknowledged and lost with the old primary), synchronous again after.
+// Nothing to hit when the formation is not whole (the last failover's old
+// primary not back) within 2 minutes.
+func (s *soak) failover(t *testing.T, rng *rand.Rand, sync bool) (string, bool) {
+	hold := time.Duration(500+rng.IntN(2500)) * time.Millisecond
+	if whole, states := s.haWhole(t, 2*time.Minute); !whole {
+		return "the formation is not a primary and its secondary after 2m: " + states, false
+	}
+	mode := "synchronous"
+	if !sync {
+		mode = "asynchronous"
+		s.f.clusterCmd(t, 2*time.Minute, "ha", "sync", "off")
+		defer s.f.clusterCmd(t, 2*time.Minute, "ha", "sync", "on")
+	}
+	before := s.haPrimary(t)
+	t0 := time.Now()
+	after := strings.TrimSpace(s.f.clusterCmd(t, 5*time.Minute, "ha", "failover", "--crash", "--hold-wal", strconv.Itoa(int(hold.Milliseconds()))))
+	return fmt.Sprintf("%s replication: %s's WAL held from its standby for %s, then its postmaster SIGKILLed; %s primary (the command took %s)",
+		mode, before, hold, after, time.Since(t0).Round(time.Second)), true
 }
 
 // nodeFault powers a node off (or cuts it off the control plane) until it

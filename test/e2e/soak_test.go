@@ -22,6 +22,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/runledger/runledger/api/v1alpha1"
 )
 
 // soakConfig is one soak: its seed and how long the nemesis and the
@@ -30,21 +33,33 @@ type soakConfig struct {
 	Name     string `json:"-"`
 	Seed     uint64 `json:"seed"`
 	Duration string `json:"duration"`
+	// Failovers: the ledger is an HA formation (pg_auto_failover,
+	// hack/cluster.sh ha) and the nemesis fails it over too
+	// (soakFailoverWeights); without, the ledger is the cluster's
+	// PostgreSQL and the faults are drawn as before failovers existed, so
+	// that the seeds kept then replay their schedule.
+	Failovers bool `json:"failovers,omitempty"`
 	// Found is what the soak found when this seed was kept (a kept seed's file).
 	Found string `json:"found,omitempty"`
 }
 
-// The CI short version: these seeds for ciDuration each, then every seed
-// kept under test/soak/seeds/.
-var ciSeeds = []uint64{20261202}
+// The CI short version: these soaks for ciDuration each, then every seed
+// kept under test/soak/seeds/. Its seed's first round of faults reaches
+// both failovers before the first node fault, well within ciDuration
+// (TestSoakSchedule); 20261202's, the seed before failovers, only after it.
+var ciSoaks = []soakConfig{{Seed: ciSeed, Failovers: true}}
 
-const ciDuration = "2m"
+const (
+	ciSeed     = 20261204
+	ciDuration = "2m"
+)
 
 // soakSeedsDir holds the seeds of soaks that failed, each a replayable case.
 const soakSeedsDir = "../soak/seeds"
 
 // soakConfigs: RUNLEDGER_SOAK_DURATION (and RUNLEDGER_SOAK_SEED, random when
-// unset) ask for one soak (make soak); without them, the CI short version.
+// unset; RUNLEDGER_SOAK_FAILOVERS=1 for the HA ledger and its failovers)
+// ask for one soak (make soak); without them, the CI short version.
 func soakConfigs(t *testing.T) []soakConfig {
 	t.Helper()
 	if d := os.Getenv("RUNLEDGER_SOAK_DURATION"); d != "" {
@@ -54,11 +69,23 @@ func soakConfigs(t *testing.T) []soakConfig {
 			seed, err = strconv.ParseUint(s, 10, 64)
 			require.NoError(t, err, "RUNLEDGER_SOAK_SEED=%q: a seed is a non-negative integer", s)
 		}
-		return []soakConfig{{Name: fmt.Sprintf("seed-%d", seed), Seed: seed, Duration: d}}
+		var failovers bool
+		switch v := os.Getenv("RUNLEDGER_SOAK_FAILOVERS"); v {
+		case "1":
+			failovers = true
+		case "", "0":
+		default:
+			t.Fatalf("RUNLEDGER_SOAK_FAILOVERS=%q: 1 (the HA ledger and its failovers) or 0", v)
+		}
+		return []soakConfig{{Name: fmt.Sprintf("seed-%d", seed), Seed: seed, Duration: d, Failovers: failovers}}
 	}
 	var out []soakConfig
-	for _, s := range ciSeeds {
-		out = append(out, soakConfig{Name: fmt.Sprintf("ci-%d", s), Seed: s, Duration: ciDuration})
+	for _, c := range ciSoaks {
+		c.Name, c.Duration = fmt.Sprintf("ci-%d", c.Seed), ciDuration
+		if c.Failovers {
+			c.Name += "-failovers"
+		}
+		out = append(out, c)
 	}
 	files, err := filepath.Glob(filepath.Join(soakSeedsDir, "*.json"))
 	require.NoError(t, err)
@@ -90,11 +117,17 @@ func TestSoak(t *testing.T) {
 // soak is one soak's state, shared by the generator, the nemesis and the
 // checker.
 type soak struct {
-	f      *fixture
-	cfg    soakConfig
-	image  string
-	start  time.Time
-	faults map[string]int
+	f *fixture // the ledger's database (and the effects')
+	// svc is the processor's own database, where it keeps what it did
+	// (soak_processor_*, and soak_fault): f's, or with failovers one on
+	// the cluster's PostgreSQL, which no failover touches (as a payment
+	// service's own records), behind Secret svcSecret.
+	svc       *fixture
+	svcSecret string
+	cfg       soakConfig
+	image     string
+	start     time.Time
+	faults    map[string]int
 
 	mu   sync.Mutex
 	runs []*soakRun // generated, in order of creation
@@ -104,14 +137,30 @@ func runSoak(t *testing.T, cfg soakConfig) {
 	d, err := time.ParseDuration(cfg.Duration)
 	require.NoError(t, err, "soak duration %q", cfg.Duration)
 	e := setup(t)
+	if cfg.Failovers {
+		e = haEnv(t) // hack/cluster.sh ha up; down again at the end
+	}
 	e.scaleManager(t, 2) // a standby: the nemesis kills leaders
 	t.Cleanup(func() { e.scaleManager(t, 1) })
-	f := newFixture(t, "soak", 0)
+	f := newFixtureOn(t, e, "soak", 0, true)
 	_, err = e.sql(f.ctx, f.dsn, soakSchema)
 	require.NoError(t, err, "soak schema")
-	s := &soak{f: f, cfg: cfg, faults: map[string]int{}}
+	s := &soak{f: f, svc: f, svcSecret: secretName, cfg: cfg, faults: map[string]int{}}
+	if cfg.Failovers {
+		f.allowLedgerNodesTo("soak-to-ledger-nodes", metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: v1alpha1.LabelRun, Operator: metav1.LabelSelectorOpExists}}})
+		s.svc, s.svcSecret = f.serviceDatabase(t, setup(t)), "soak-service-db"
+		s.svc.createSecret(s.svcSecret)
+	}
+	_, err = e.sql(f.ctx, s.svc.dsn, soakServiceSchema)
+	require.NoError(t, err, "soak service schema")
 	s.image = f.pushImage("../soak/processor", "runledger-soak-processor:soak")
-	t.Logf("soak %s: seed %d for %s (replay: make soak SEED=%d DURATION=%s)", cfg.Name, cfg.Seed, d, cfg.Seed, cfg.Duration)
+	replay := fmt.Sprintf("make soak SEED=%d DURATION=%s", cfg.Seed, cfg.Duration)
+	if cfg.Failovers {
+		t.Logf("soak %s: seed %d for %s, the ledger on the HA formation and failovers among the faults (replay: %s FAILOVERS=1)", cfg.Name, cfg.Seed, d, replay)
+	} else {
+		t.Logf("soak %s: seed %d for %s, the ledger on the cluster's PostgreSQL, no failovers (replay: %s FAILOVERS=0)", cfg.Name, cfg.Seed, d, replay)
+	}
 
 	s.start = time.Now()
 	s.createSchedule()
@@ -127,7 +176,7 @@ func runSoak(t *testing.T, cfg soakConfig) {
 	s.suspendSchedule()
 	waits := s.drain(15 * time.Minute)
 	leaks := s.leaks(3 * time.Minute)
-	rep := s.check()
+	rep := s.check(t)
 	rep.notTerminal = append(rep.notTerminal, waits...)
 	rep.leaks = append(rep.leaks, leaks...)
 	summary := rep.summary(s)
@@ -142,6 +191,26 @@ func runSoak(t *testing.T, cfg soakConfig) {
 	}
 }
 
+// serviceDatabase is a database of the fixture's own on e's PostgreSQL
+// (the cluster's), as a fixture of the same namespace: the processor's
+// store in a soak with failovers. Dropped at the end unless the test failed.
+func (f *fixture) serviceDatabase(t *testing.T, e *env) *fixture {
+	t.Helper()
+	name := f.db + "_service"
+	svc := *f
+	svc.db, svc.dsn = name, e.createDatabase(t, name)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kept the processor's database %s for debugging", name)
+			return
+		}
+		if err := e.dropDatabase(name); err != nil {
+			t.Logf("drop database %s: %v", name, err)
+		}
+	})
+	return &svc
+}
+
 // keepSeed writes the failing seed as a replayable case under
 // test/soak/seeds/ of the checkout (hack/e2e.sh runs the tests from a copy).
 func (s *soak) keepSeed(t *testing.T, problems []string) {
@@ -153,7 +222,7 @@ func (s *soak) keepSeed(t *testing.T, problems []string) {
 		dir = filepath.Join(co, "test", "soak", "seeds")
 	}
 	found := strings.Join(problems[:min(len(problems), 5)], "; ")
-	b, _ := json.MarshalIndent(soakConfig{Seed: s.cfg.Seed, Duration: s.cfg.Duration, Found: found}, "", "  ")
+	b, _ := json.MarshalIndent(soakConfig{Seed: s.cfg.Seed, Duration: s.cfg.Duration, Failovers: s.cfg.Failovers, Found: found}, "", "  ")
 	path := filepath.Join(dir, fmt.Sprintf("kept-%d.json", s.cfg.Seed))
 	if err := os.MkdirAll(dir, 0o755); err == nil {
 		err = os.WriteFile(path, append(b, '\n'), 0o644)

@@ -22,13 +22,11 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 )
 
-// soakSchema is the user's side: soak_sink is what the SQL effects do, with
-// the user's own unique constraint (a run applies a key at most once);
-// soak_effect_log gets a row for every applied effect call (a trigger, in
-// the effect's transaction); the processor logs every request to
-// soak_processor_log and does each key's work once in soak_processor_work.
-// The effect role may only INSERT: both logs are append-only to it.
-// soak_fault is where the nemesis tells the processor to misbehave.
+// soakSchema is the user's side, in the ledger's database: soak_sink is
+// what the SQL effects do, with the user's own unique constraint (a run
+// applies a key at most once); soak_effect_log gets a row for every applied
+// effect call (a trigger, in the effect's transaction). The effect role may
+// only INSERT: the log is append-only to it.
 // (public: the login's "$user" schema is the ledger's, runledger.)
 const soakSchema = `
 SET search_path = public;
@@ -43,7 +41,15 @@ CREATE TRIGGER soak_log AFTER INSERT ON soak_sink FOR EACH ROW EXECUTE FUNCTION 
 CREATE FUNCTION soak_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$;
 CREATE TRIGGER soak_slow AFTER INSERT ON soak_sink FOR EACH STATEMENT EXECUTE FUNCTION soak_slow();
 GRANT INSERT ON soak_sink, soak_effect_log TO runledger_effect;
-GRANT USAGE ON SEQUENCE soak_effect_log_id_seq TO runledger_effect;
+GRANT USAGE ON SEQUENCE soak_effect_log_id_seq TO runledger_effect;`
+
+// soakServiceSchema is the processor's side, in its own database (the
+// ledger's, or with failovers one that no failover touches): it logs every
+// request to soak_processor_log and does each key's work once in
+// soak_processor_work; soak_fault is where the nemesis tells it to
+// misbehave.
+const soakServiceSchema = `
+SET search_path = public;
 CREATE TABLE soak_processor_log (id bigserial PRIMARY KEY, key text NOT NULL, entity text NOT NULL, occurrence text NOT NULL,
   run text NOT NULL, run_uid text NOT NULL, shard int NOT NULL, attempt int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE soak_processor_work (key text PRIMARY KEY, entity text NOT NULL, occurrence text NOT NULL, run text NOT NULL,
@@ -158,7 +164,7 @@ func (s *soak) soakSpec(spec *v1alpha1.ProcessingRunSpec, processor bool) {
 		spec.Effect = &v1alpha1.EffectSpec{Processor: &v1alpha1.ProcessorSpec{
 			Image: s.image, MaxItemsPerCall: 20, Timeout: &metav1.Duration{Duration: 5 * time.Second},
 			Env: []corev1.EnvVar{{Name: "SOAK_DSN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-				LocalObjectReference: corev1.LocalObjectReference{Name: secretName}, Key: secretKey}}}},
+				LocalObjectReference: corev1.LocalObjectReference{Name: s.svcSecret}, Key: secretKey}}}},
 		}}
 	}
 	spec.BackoffLimit = ptr.To[int32](10)
