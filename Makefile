@@ -292,13 +292,17 @@ e2e: ## End-to-end tests on a real local cluster (root; hack/e2e.sh: up, deploy,
 	$(ROOT)/hack/e2e.sh $(E2E_ARGS)
 
 # make soak: DURATION of faults and runs (the drain and the checks follow),
-# SEED of the generator and the nemesis (empty: a random one, printed).
+# SEED of the generator and the nemesis (empty: a random one, printed),
+# FAILOVERS=1 the ledger on an HA formation (pg_auto_failover) that the
+# nemesis fails over too, FAILOVERS=0 on the cluster's PostgreSQL (the seeds
+# kept before failovers, whose files have no "failovers": true).
 DURATION ?= 10m
 SEED ?=
+FAILOVERS ?= 1
 
 .PHONY: soak
-soak: ## The soak on a real two-node cluster (root; hack/e2e.sh -run TestSoak): a stream of runs while a seeded nemesis injects faults, an independent checker, one summary (items/s, faults by kind, lost=0 double=0). make soak DURATION=10m SEED=N replays a seed.
-	RUNLEDGER_SOAK_DURATION=$(DURATION) RUNLEDGER_SOAK_SEED=$(SEED) $(ROOT)/hack/e2e.sh -run '^TestSoak$$' -timeout 120m
+soak: ## The soak on a real two-node cluster (root; hack/e2e.sh -run TestSoak): a stream of runs while a seeded nemesis injects faults (failovers of the HA ledger included; FAILOVERS=0 without), an independent checker, one summary (items/s, faults by kind, lost=0 double=0). make soak DURATION=10m SEED=N replays a seed.
+	RUNLEDGER_SOAK_DURATION=$(DURATION) RUNLEDGER_SOAK_SEED=$(SEED) RUNLEDGER_SOAK_FAILOVERS=$(FAILOVERS) $(ROOT)/hack/e2e.sh -run '^TestSoak$$' -timeout 120m
 
 ##@ Tools
 
