@@ -203,6 +203,7 @@ type soakReport struct {
 	supersedeRekeyed                      int // keys a Supersede run sent under two keys (a concurrent commit between its tries)
 	serverChangesLogged                   int // worker logs: the ledger's server changed under a shard
 	serverChangedEvents                   int // Events LedgerServerChanged: a shard succeeded across such a change
+	proofsNotOnStandby                    int // worker logs: a shard's proof reported before a standby was known to have it
 	chunkRetries                          int // retries the workers logged
 
 	lost, double, mismatch, notTerminal, leaks, harness []string
@@ -243,9 +244,10 @@ func (s *soak) check(t *testing.T) *soakReport {
 	var pods corev1.PodList
 	if err := f.c.List(f.ctx, &pods, client.InNamespace(f.ns), client.HasLabels{v1alpha1.LabelRunUID}); err == nil {
 		for _, p := range pods.Items {
-			retries, changes := s.podLogged(p.Name)
-			rep.chunkRetries += retries
-			rep.serverChangesLogged += changes
+			l := s.podLogged(p.Name)
+			rep.chunkRetries += l.retries
+			rep.serverChangesLogged += l.serverChanges
+			rep.proofsNotOnStandby += l.notOnStandby
 			for _, c := range p.Status.InitContainerStatuses {
 				if c.Name == v1alpha1.ProcessorContainerName {
 					rep.processorRestarts += int(c.RestartCount)
@@ -265,19 +267,27 @@ func (s *soak) check(t *testing.T) *soakReport {
 	return rep
 }
 
-// podLogged is the number of retries a worker pod's log shows (a
-// retryable error, the database unreachable), and of the times it noticed
-// that the ledger's server changed (a failover, a restart); 0 when the log
-// is gone with its node.
-func (s *soak) podLogged(pod string) (retries, serverChanges int) {
+// podLog is what a worker pod's log shows (nothing when the log is gone
+// with its node): retries (a retryable error, the database unreachable),
+// the times it noticed that the ledger's server changed (a failover, a
+// restart), and the shard proofs no standby was known to have when
+// reported (a failover then can lose them).
+type podLog struct{ retries, serverChanges, notOnStandby int }
+
+func (s *soak) podLogged(pod string) podLog {
 	ctx, cancel := context.WithTimeout(s.f.ctx, 20*time.Second)
 	defer cancel()
 	b, err := s.f.cs.CoreV1().Pods(s.f.ns).GetLogs(pod, &corev1.PodLogOptions{Container: v1alpha1.WorkerContainerName}).DoRaw(ctx)
 	if err != nil {
-		return 0, 0
+		return podLog{}
 	}
-	return strings.Count(string(b), `"msg":"retrying after a retryable error"`) + strings.Count(string(b), `"msg":"database not reachable, retrying"`),
-		strings.Count(string(b), `"msg":"the ledger's database is another server now`)
+	l := string(b)
+	return podLog{
+		retries:       strings.Count(l, `"msg":"retrying after a retryable error"`) + strings.Count(l, `"msg":"database not reachable, retrying"`),
+		serverChanges: strings.Count(l, `"msg":"the ledger's database is another server now`),
+		notOnStandby: strings.Count(l, `"msg":"no standby of the ledger's server has the shard's proof yet`) +
+			strings.Count(l, `"msg":"whether a standby of the ledger's server has the shard's proof is unknown`),
+	}
 }
 
 // verdict holds the runs to the data, into rep.
@@ -645,7 +655,8 @@ func (r *soakReport) summary(s *soak) string {
 	fmt.Fprintf(&b, "  faults=%d: %s\n", total, strings.Join(faults, " "))
 	fmt.Fprintf(&b, "  observed: worker-retries=%d pod-replacements=%d shard-failed-attempts=%d processor-requests=%d processor-redeliveries=%d processor-restarts=%d items-failed-visibly=%d\n",
 		r.chunkRetries, r.replacements, r.failedAttempts, r.requests, r.redeliveries, r.processorRestarts, r.failedVisibly)
-	fmt.Fprintf(&b, "  ledger server changes: noticed-by-shards=%d LedgerServerChanged-events=%d\n", r.serverChangesLogged, r.serverChangedEvents)
+	fmt.Fprintf(&b, "  ledger server changes: noticed-by-shards=%d LedgerServerChanged-events=%d proofs-reported-not-on-a-standby=%d\n",
+		r.serverChangesLogged, r.serverChangedEvents, r.proofsNotOnStandby)
 	fmt.Fprintf(&b, "  lost=%d double=%d count-mismatches=%d not-terminal=%d leaks=%d\n",
 		len(r.lost), len(r.double), len(r.mismatch), len(r.notTerminal), len(r.leaks))
 	failovers := 0
