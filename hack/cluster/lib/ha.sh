@@ -261,6 +261,8 @@ ha_sync() {
     wait_for "${primary} to be asynchronous" 60 ha_setting_is "${HA_PORT[${primary}]}" synchronous_standby_names "" ||
       die "${primary} is not asynchronous"
   fi
+  # The primary passes through apply_settings: back to primary and secondary.
+  wait_for "the formation to settle" 60 ha_whole || die "the formation did not settle: $(ha_states | tr '\n' ';')"
   step "${primary}: synchronous_standby_names '$(ha_sql "${HA_PORT[${primary}]}" "SHOW synchronous_standby_names")'"
 }
 
