@@ -168,8 +168,10 @@ ha_down() {
 # WAL held until the standby is promoted. On an asynchronous primary (ha
 # sync off) the commits of the hiccup are acknowledged and lost with it;
 # on a synchronous one they wait, unacknowledged.
+HA_FROZEN=""
 ha_failover() {
-  ha_whole || die "the HA PostgreSQL is not a primary and a secondary: $(ha_states | tr '\n' ';')"
+  wait_for "a primary and its secondary" 120 ha_whole ||
+    die "the HA PostgreSQL is not a primary and a secondary: $(ha_states | tr '\n' ';')"
   local old new pid hold=""
   old="$(ha_primary)"
   case "${1:-}" in
@@ -183,12 +185,20 @@ ha_failover() {
         ha_hold_wal "${old}"
         sleep "$(printf '%d.%03d' $((hold / 1000)) $((hold % 1000)))"
       fi
-      # A crash: kill -9 of the primary's postmaster; its keeper reports it
-      # and the monitor promotes the secondary.
+      # A crash of the primary's server that it does not come back from
+      # at once: its keeper's service that starts it frozen (SIGSTOP:
+      # else it restarts the server within a second, often before the
+      # monitor hears of it, and nothing fails over), its postmaster
+      # SIGKILLed; the keeper reports it down and the monitor promotes the
+      # secondary. The service resumes behind a fence (ha_fence) until the
+      # node has demoted its server.
       read -r pid <"${HA_DIR}/${old}/postmaster.pid"
       [[ "$(cat "/proc/${pid}/comm" 2>/dev/null)" == postgres ]] || die "${old}'s postmaster (pid ${pid}) is not running"
+      ha_keeper_signal "${old}" STOP
+      HA_FROZEN="${old}"
+      trap 'ha_release_wal; ha_keeper_signal "${HA_FROZEN}" CONT' EXIT
       kill -s KILL "${pid}"
-      step "killed ${old}'s postmaster (pid ${pid}, SIGKILL)"
+      step "froze ${old}'s keeper's start/stop service, killed its postmaster (pid ${pid}, SIGKILL)"
       ;;
     "")
       as_ha pg_autoctl perform failover --pgdata "${HA_DIR}/monitor" >>"${LOGS}/ha-failover.log" 2>&1 ||
@@ -200,6 +210,15 @@ ha_failover() {
   new="$(ha_primary)"
   step "${new} is primary"
   ha_release_wal
+  if [[ "${1:-}" == --crash ]]; then
+    ha_fence "${old}" on
+    trap 'ha_fence "${HA_FROZEN}" off' EXIT
+    ha_keeper_signal "${old}" CONT
+    step "${old}'s keeper's start/stop service resumed, its port fenced from clients until it no longer takes writes"
+    wait_for "${old} to demote its server" 120 ha_demoted "${old}" || die "${old} did not demote: $(ha_states | tr '\n' ';')"
+    ha_fence "${old}" off
+    trap - EXIT
+  fi
   # The old primary's rejoin can take minutes (its keeper's fast stop of
   # the restarted server under load): waited for, not required.
   if wait_for "${old} to follow ${new}" 60 ha_whole; then
@@ -236,7 +255,36 @@ ha_release_wal() {
   step "released the WAL hold"
 }
 
-# ha_sync on|off: every node's replication-quorum (pg_autoctl set node):
+# ha_keeper_signal NODE SIGNAL: signal the service of NODE's keeper that
+# starts and stops its PostgreSQL (pg_autoctl's child "start/stop
+# postgres"; the one that reports to the monitor goes on).
+ha_keeper_signal() {
+  local top p cmd
+  top="$(daemon_pid "ha-$1")" || die "ha-$1 is not running"
+  for p in $(pgrep -P "${top}" -x pg_autoctl || true); do
+    cmd="$(tr '\0' ' ' <"/proc/${p}/cmdline" 2>/dev/null || true)"
+    if [[ "${cmd}" == "pg_autoctl: start/stop postgres"* ]]; then kill -s "$2" "${p}" 2>/dev/null || true; fi
+  done
+}
+
+# ha_fence NODE on|off: refuse (TCP reset), in CP_NETNS, connections to
+# NODE's port from anywhere but CP_IP (the monitor, keepers and the
+# standby): clients, whose DSN names every node, reach the others.
+ha_fence() {
+  local rule=(INPUT -p tcp --dport "${HA_PORT[$1]}" ! -s "${CP_IP}" -j REJECT --reject-with tcp-reset)
+  if [[ "$2" == on ]]; then
+    in_ns "${CP_NETNS}" iptables -w -I "${rule[@]}"
+  else
+    in_ns "${CP_NETNS}" iptables -w -D "${rule[@]}" 2>/dev/null || true
+  fi
+}
+
+# ha_demoted NODE: the monitor has NODE reporting a state that takes no writes.
+ha_demoted() {
+  ha_states | awk -v n="$1" '$1 == n && $3 !~ /^(primary|wait_primary|single|draining|demote_timeout|apply_settings|join_primary|prepare_maintenance|stop_replication)$/ { ok = 1 } END { exit !ok }'
+}
+
+# ha_sync on|off: the nodes' replication-quorum (pg_autoctl set node):
 # on, pg_auto_failover's default, the primary acknowledges a commit once
 # its standby has it (synchronous_standby_names 'ANY 1 (...)'); off, at
 # once (asynchronous: a failover can lose the latest commits). Waits, when
@@ -248,12 +296,19 @@ ha_sync() {
     off) quorum=false ;;
     *) usage ;;
   esac
+  primary="$(ha_primary)" # before the first change sends it through apply_settings
   for name in "${HA_NODES[@]}"; do
+    # Off: the standby's only (with the primary's too the monitor finds no
+    # secondary in the quorum, and fails over to none).
+    [[ "${quorum}" == false && "${name}" == "${primary}" ]] && continue
     # (pg_autoctl 2.0 logs a failed get_nodes() here, and sets it all the same.)
     as_ha pg_autoctl set node replication-quorum "${quorum}" --pgdata "${HA_DIR}/${name}" >>"${LOGS}/ha-sync.log" 2>&1 ||
       die "pg_autoctl set node replication-quorum ${quorum} for ${name} failed; see ${LOGS}/ha-sync.log"
   done
-  ha_whole || { step "replication-quorum ${quorum} (the formation is not whole: the primary has no standby yet)"; return 0; }
+  if ! wait_for "a primary and its secondary" 30 ha_whole; then
+    step "replication-quorum ${quorum} (the formation is not whole: the primary has no standby yet)"
+    return 0
+  fi
   primary="$(ha_primary)"
   if [[ "${quorum}" == true ]]; then
     wait_for "${primary} to be synchronous" 60 ha_synchronous "${HA_PORT[${primary}]}" || die "${primary} is not synchronous"
