@@ -185,12 +185,13 @@ ha_failover() {
         ha_hold_wal "${old}"
         sleep "$(printf '%d.%03d' $((hold / 1000)) $((hold % 1000)))"
       fi
-      # A crash of the primary's server that it does not come back from
-      # at once: its keeper's service that starts it frozen (SIGSTOP:
-      # else it restarts the server within a second, often before the
-      # monitor hears of it, and nothing fails over), its postmaster
-      # SIGKILLed; the keeper reports it down and the monitor promotes the
-      # secondary. The service resumes behind a fence (ha_fence) until the
+      # A crash of the primary's machine: its keeper frozen (SIGSTOP: else
+      # it restarts the server within a second, often before the monitor
+      # hears of it, and nothing fails over; frozen, its service that
+      # starts the server alone, it goes on reporting the server running),
+      # its postmaster SIGKILLed; the monitor finds the node silent and
+      # unhealthy and promotes the secondary (in 30-50 s). The keeper
+      # resumes (the machine is back) behind a fence (ha_fence) until the
       # node has demoted its server.
       read -r pid <"${HA_DIR}/${old}/postmaster.pid"
       [[ "$(cat "/proc/${pid}/comm" 2>/dev/null)" == postgres ]] || die "${old}'s postmaster (pid ${pid}) is not running"
@@ -198,7 +199,7 @@ ha_failover() {
       HA_FROZEN="${old}"
       trap 'ha_release_wal; ha_keeper_signal "${HA_FROZEN}" CONT' EXIT
       kill -s KILL "${pid}"
-      step "froze ${old}'s keeper's start/stop service, killed its postmaster (pid ${pid}, SIGKILL)"
+      step "froze ${old}'s keeper, killed its postmaster (pid ${pid}, SIGKILL)"
       ;;
     "")
       as_ha pg_autoctl perform failover --pgdata "${HA_DIR}/monitor" >>"${LOGS}/ha-failover.log" 2>&1 ||
@@ -214,7 +215,7 @@ ha_failover() {
     ha_fence "${old}" on
     trap 'ha_fence "${HA_FROZEN}" off' EXIT
     ha_keeper_signal "${old}" CONT
-    step "${old}'s keeper's start/stop service resumed, its port fenced from clients until it no longer takes writes"
+    step "${old}'s keeper resumed, its port fenced from clients until it no longer takes writes"
     wait_for "${old} to demote its server" 120 ha_demoted "${old}" || die "${old} did not demote: $(ha_states | tr '\n' ';')"
     ha_fence "${old}" off
     trap - EXIT
@@ -255,15 +256,13 @@ ha_release_wal() {
   step "released the WAL hold"
 }
 
-# ha_keeper_signal NODE SIGNAL: signal the service of NODE's keeper that
-# starts and stops its PostgreSQL (pg_autoctl's child "start/stop
-# postgres"; the one that reports to the monitor goes on).
+# ha_keeper_signal NODE SIGNAL: signal NODE's keeper, pg_autoctl and its
+# services (not its PostgreSQL).
 ha_keeper_signal() {
-  local top p cmd
+  local top p
   top="$(daemon_pid "ha-$1")" || die "ha-$1 is not running"
-  for p in $(pgrep -P "${top}" -x pg_autoctl || true); do
-    cmd="$(tr '\0' ' ' <"/proc/${p}/cmdline" 2>/dev/null || true)"
-    if [[ "${cmd}" == "pg_autoctl: start/stop postgres"* ]]; then kill -s "$2" "${p}" 2>/dev/null || true; fi
+  for p in "${top}" $(pgrep -P "${top}" -x pg_autoctl || true); do
+    kill -s "$2" "${p}" 2>/dev/null || true
   done
 }
 
