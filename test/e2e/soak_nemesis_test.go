@@ -362,9 +362,10 @@ func (s *soak) haWhole(t *testing.T, timeout time.Duration) (bool, string) {
 	}
 }
 
-// failover crashes the HA formation's primary (kill -9 of its postmaster)
-// after a hiccup of 0.5-3 s in which its standby receives no WAL; the
-// monitor promotes the standby. sync: under synchronous replication (the
+// failover crashes the HA formation's primary's machine (hack/cluster.sh
+// ha failover --crash: its keeper frozen, its postmaster SIGKILLed) after
+// a hiccup of 0.5-3 s in which its standby receives no WAL; the monitor
+// promotes the standby, the old primary rejoins as its standby. sync: under synchronous replication (the
 // hiccup's commits wait, unacknowledged, and are never lost); else under
 // asynchronous replication, set for the fault (the hiccup's commits are
 // acknowledged and lost with the old primary), synchronous again after.
@@ -384,7 +385,7 @@ func (s *soak) failover(t *testing.T, rng *rand.Rand, sync bool) (string, bool) 
 	before := s.haPrimary(t)
 	t0 := time.Now()
 	after := strings.TrimSpace(s.f.clusterCmd(t, 5*time.Minute, "ha", "failover", "--crash", "--hold-wal", strconv.Itoa(int(hold.Milliseconds()))))
-	return fmt.Sprintf("%s replication: %s's WAL held from its standby for %s, then its postmaster SIGKILLed; %s primary (the command took %s)",
+	return fmt.Sprintf("%s replication: %s's WAL held from its standby for %s, then its keeper frozen and its postmaster SIGKILLed; %s primary (the command took %s)",
 		mode, before, hold, after, time.Since(t0).Round(time.Second)), true
 }
 
