@@ -43,7 +43,9 @@
 #                       ${CP_IP}:5433/5434 (hack/cluster/lib/ha.sh); state: each
 #                       node's name, port, reported and assigned state;
 #                       failover: `pg_autoctl perform failover`, or with
-#                       --crash a kill -9 of the primary's postmaster (after
+#                       --crash a crash of the primary's machine: its keeper
+#                       frozen, its postmaster kill -9, back fenced from
+#                       clients once the standby is promoted (after
 #                       --hold-wal: the standby's WAL held MS milliseconds
 #                       first, a network hiccup, until it is promoted), then
 #                       waits until the old primary follows the new one and
