@@ -5,7 +5,7 @@ package e2e
 // The nemesis' schedule, without a cluster (`go test -tags e2e -run
 // TestSoakSchedule`): a soak without failovers draws its faults as it did
 // before they existed (kept seeds replay their schedule), one with them
-// injects every kind, and the CI seed reaches both failovers early.
+// injects every kind, and the CI seed draws both failovers first.
 
 import (
 	"fmt"
@@ -54,9 +54,8 @@ func TestSoakSchedule(t *testing.T) {
 		}
 		require.NotContains(t, soakConfig{}.faultWeights(), "pg-failover")
 	})
-	t.Run("the CI soak reaches both failovers early", func(t *testing.T) {
-		// Before the first node fault (a minute or more each), within the
-		// CI soak's 2 minutes.
+	t.Run("the CI seed draws both failovers first", func(t *testing.T) {
+		// Before the first node fault (a minute or more each).
 		var c soakConfig
 		for _, s := range ciSoaks {
 			if s.Failovers {

@@ -44,9 +44,10 @@ type soakConfig struct {
 }
 
 // The CI short version: these soaks for ciDuration each, then every seed
-// kept under test/soak/seeds/. Its seed's first round of faults reaches
-// both failovers before the first node fault, well within ciDuration
-// (TestSoakSchedule); 20261202's, the seed before failovers, only after it.
+// kept under test/soak/seeds/. Its seed draws both failovers before any
+// node fault, pg-failover first (TestSoakSchedule; 20261202's, the seed
+// before failovers, ninth and tenth); a failover and the old primary's
+// rejoin take one to two minutes, so ciDuration sees the first.
 var ciSoaks = []soakConfig{{Seed: ciSeed, Failovers: true}}
 
 const (
