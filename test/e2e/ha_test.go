@@ -130,28 +130,30 @@ func haEnv(t *testing.T) *env {
 // lines, on standard error, go to the test's log).
 func (e *env) clusterCmd(t *testing.T, timeout time.Duration, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var out, logs bytes.Buffer
-	cmd := exec.CommandContext(ctx, e.clusterSh, args...)
-	cmd.Stdout, cmd.Stderr = &out, &logs
-	err := cmd.Run()
-	require.NoError(t, err, "hack/cluster.sh %s:\n%s", strings.Join(args, " "), logs.String())
-	t.Logf("$ hack/cluster.sh %s\n%s", strings.Join(args, " "), logs.String())
-	return out.String()
+	out, logs := e.runClusterCmd(t, timeout, args...)
+	t.Logf("$ hack/cluster.sh %s\n%s", strings.Join(args, " "), logs)
+	return out
 }
 
 // clusterCmdQuiet is clusterCmd without the log of a command that
 // succeeded (a poll).
 func (e *env) clusterCmdQuiet(t *testing.T, timeout time.Duration, args ...string) string {
 	t.Helper()
+	out, _ := e.runClusterCmd(t, timeout, args...)
+	return out
+}
+
+// runClusterCmd runs hack/cluster.sh, failing the test (with its log) if
+// it fails, and returns its standard output and its log.
+func (e *env) runClusterCmd(t *testing.T, timeout time.Duration, args ...string) (out, logs string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	var out, logs bytes.Buffer
+	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, e.clusterSh, args...)
-	cmd.Stdout, cmd.Stderr = &out, &logs
-	require.NoError(t, cmd.Run(), "hack/cluster.sh %s:\n%s", strings.Join(args, " "), logs.String())
-	return out.String()
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "hack/cluster.sh %s:\n%s", strings.Join(args, " "), stderr.String())
+	return stdout.String(), stderr.String()
 }
 
 // haFailover fails the HA PostgreSQL's primary over (hack/cluster.sh ha
