@@ -267,11 +267,11 @@ func (s *Store) claimWithRetries(ctx context.Context, run Run, items []Item, opt
 		return nil
 	})
 	var perr *ProcessorError
-	var items2 *errRetryItems
+	var asked *errRetryItems
 	switch {
 	case err == nil:
 		return results, nil
-	case !errors.As(err, &perr) && !errors.As(err, &items2), opts.stop() != nil:
+	case !errors.As(err, &perr) && !errors.As(err, &asked), opts.stop() != nil:
 		return nil, err
 	}
 	return s.settleGivenUp(ctx, run, pending, results, perr, opts.Retry)
