@@ -228,7 +228,7 @@ func growLedger(ctx context.Context, b *testing.B, pool *pgxpool.Pool, shape gro
 	// The migrated definitions, to build the same indexes again.
 	var defs []string
 	rows, err := conn.Query(ctx, `SELECT indexdef FROM pg_indexes WHERE schemaname = 'runledger' AND tablename = 'ledger'
-AND indexname IN ('ledger_business_key_uq', 'ledger_run_uid_idx') ORDER BY indexname`)
+AND indexname IN ('ledger_business_key_uq', 'ledger_run_shard_idx') ORDER BY indexname`)
 	if err == nil {
 		defs, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
@@ -236,7 +236,7 @@ AND indexname IN ('ledger_business_key_uq', 'ledger_run_uid_idx') ORDER BY index
 		b.Fatalf("reading the ledger's index definitions: %v (%d found)", err, len(defs))
 	}
 	exec(`DROP INDEX runledger.ledger_business_key_uq`)
-	exec(`DROP INDEX runledger.ledger_run_uid_idx`)
+	exec(`DROP INDEX runledger.ledger_run_shard_idx`)
 	exec(`
 INSERT INTO runledger.ledger (entity, occurrence, run_namespace, run_name, run_uid, shard, attempt, payload, created_at)
 SELECT `+shape.entityOf+`, `+shape.occurrenceOf+`,

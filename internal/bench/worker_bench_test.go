@@ -48,8 +48,9 @@ type workerRun struct {
 	// peakAnon: the private part of peakRSS (RssAnon: heap, stacks), per
 	// shard; the rest is the binary's pages, shared by every process running it.
 	peakAnon []int64
-	counts   [4]int64  // total, completed, alreadyHandled, failed
-	fifths   []float64 // items/s of each fifth of the items after the first tenth (fifths), on a fresh ledger
+	counts   [4]int64              // total, completed, alreadyHandled, failed
+	shards   []v1alpha1.ItemCounts // each shard's, as it reported them
+	fifths   []float64             // items/s of each fifth of the items after the first tenth (fifths), on a fresh ledger
 }
 
 // BenchmarkWorker runs a batch of workerItems() rows from a query in 4
@@ -333,6 +334,7 @@ func measureShards(b *testing.B, dsn, name string, cmds []*exec.Cmd, counts func
 		if err != nil {
 			b.Fatalf("shard %d of %s: its result: %v\n%s", s, name, err, errs[s])
 		}
+		r.shards = append(r.shards, c)
 		r.counts[0] += c.Total
 		r.counts[1] += c.Completed
 		r.counts[2] += c.AlreadyHandled

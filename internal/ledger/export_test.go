@@ -16,6 +16,7 @@ var (
 	SQLCreateClaimed     = sqlCreateClaimed
 	SQLPinnedSearchPath  = sqlPinnedSearchPath
 	SQLProveKeptShard    = sqlProveKeptShard
+	SQLShardOwnRows      = sqlShardOwnRows
 	SQLBeginPinnedSnap   = sqlBeginPinnedSnapshot
 	SQLHolders           = sqlHolders
 	SQLHoldersPayload    = sqlHoldersPayload

@@ -162,7 +162,7 @@ SELECT entity, occurrence, 'default', 'run-proof-plan', 'proof-plan', 0, 0 FROM 
 	mustExec(t, pool, `INSERT INTO runledger.item_failure (run_uid, entity, occurrence, run_namespace, run_name, shard, attempt, pass, chunk, items, class, error)
 SELECT 'proof-plan', entity, occurrence, 'default', 'run-proof-plan', 0, 0, 'p', 0, 1, '23514', 'refused' FROM src WHERE right(entity, 1) = '7'`)
 
-	p, err := s.ProveShard(ctx, "proof-plan", 0, true, nil)
+	p, err := s.ProveShard(ctx, "proof-plan", 0, true, nil, nil)
 	require.NoError(t, err)
 	require.True(t, p.Proven(), "%+v", p)
 	require.Equal(t, [4]int64{6000, 5400, 0, 600}, [4]int64{p.Total, p.Completed, p.AlreadyHandled, p.Failed})
@@ -175,12 +175,22 @@ SELECT 'proof-plan', entity, occurrence, 'default', 'run-proof-plan', 0, 0, 'p',
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	plan := strings.Join(lines, "\n")
-	for _, scan := range []string{"Seq Scan on ledger", "Bitmap Heap Scan on ledger", "ledger_run_uid_idx", "Join Filter", "Hash Join", "Merge Join"} {
+	for _, scan := range []string{"Seq Scan on ledger", "Bitmap Heap Scan on ledger", "ledger_run_shard_idx", "Join Filter", "Hash Join", "Merge Join"} {
 		require.NotContains(t, plan, scan, "no join over the run's rows or records:\n%s", plan)
 	}
 	require.Equal(t, 1, strings.Count(plan, "Index Scan using "+ledger.BusinessKeyIndex), plan)
 	require.Regexp(t, "Index Scan using "+ledger.BusinessKeyIndex+` on ledger \w+ .*\n\s+`+byKey.String(), plan,
 		"one probe of the rule's index by key:\n%s", plan)
+
+	// The counted proof's count of the shard's rows reads that shard's rows
+	// only (O(shard), not the run's every shard).
+	rows, err = tx.Query(ctx, "EXPLAIN "+ledger.SQLShardOwnRows, "proof-plan", 0)
+	require.NoError(t, err)
+	lines, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan = strings.Join(lines, "\n")
+	require.Regexp(t, `Index (Only )?Scan using ledger_run_shard_idx on ledger \w+ .*\n\s+Index Cond: \(\(run_uid = .*\) AND \(shard = .*\)\)`, plan,
+		"the shard's rows by (run_uid, shard):\n%s", plan)
 }
 
 // byKey is the condition of a probe of the rule's index by one key.

@@ -113,6 +113,9 @@ type RunProof struct {
 	// batch that could not become items and have no record under their
 	// key (each should be one of those).
 	Records, Unmatched, BadRows int64
+	// Counted: ProveShard proved the shard's counts by its server's
+	// unchanged life, not key by key (Counted); Keys is then unknown (0).
+	Counted bool
 }
 
 // Proven reports whether every copy of the batch has a proven verdict and
@@ -175,16 +178,33 @@ func (s *Store) ProveRun(ctx context.Context, run RunRecord, batch []Key, fn fun
 	return p, nil
 }
 
+// Counted is what a shard counted in a pass over its batch, for
+// ProveShard: Server, the ledger's server as read before the pass's first
+// read of the ledger.
+type Counted struct {
+	Server ServerIdentity
+	v1alpha1.ItemCounts
+}
+
 // ProveShard is ProveRun for shard shard of run runUID's batch, in counts
 // only, for the worker before it reports the shard done: the shard's part
 // of the batch kept in the database (kept), or the shard's keys given
 // (static, the copies of a key each given), and the failure records the
-// shard wrote. One read-only snapshot, two statements, all on the server:
-// one probe of the rule's index per key tells its holder and whether it is
-// the run's own (whatever the planner's statistics: sqlProveShardSelect);
-// only the keys that are not plainly held (a failure record, no holder)
-// come back one by one.
-func (s *Store) ProveShard(ctx context.Context, runUID string, shard int, kept bool, static []Key) (RunProof, error) {
+// shard wrote. One read-only snapshot, all on the server.
+//
+// When the server is the same life of the same server as when the pass
+// began (counted.Server: not restarted, not recovered from a crash, not
+// another server or timeline), nothing the pass committed or read since
+// can have been lost: a running server loses no committed row. The shard's
+// counts are then proven by that and by counts on the server (its rows as
+// many as it counted completed, the batch's items as many as it counted, no
+// failure record), with no key read again (Counted).
+// Otherwise, or with a failure, each key is proven: one probe of the rule's
+// index per key tells its holder and whether it is the run's own (whatever
+// the planner's statistics: sqlProveShardSelect); only the keys that are
+// not plainly held (a failure record, no holder) come back one by one. A
+// nil counted always proves key by key.
+func (s *Store) ProveShard(ctx context.Context, runUID string, shard int, kept bool, static []Key, counted *Counted) (RunProof, error) {
 	q, args := sqlProveKeptShard, []any{runUID, shard}
 	if !kept {
 		entities, occurrences := keyColumns(static)
@@ -196,12 +216,47 @@ func (s *Store) ProveShard(ctx context.Context, runUID string, shard int, kept b
 		if err := tx.QueryRow(ctx, sqlProveShardFailures, runUID, shard).Scan(&p.Records, &p.Failed); err != nil {
 			return err
 		}
+		if ok, err := provenByCounts(ctx, tx, counted, runUID, shard, kept, int64(len(static)), &p); ok || err != nil {
+			return err
+		}
 		return scanShardProof(tx.QueryRow(ctx, q, args...), &p)
 	})
 	if err != nil {
 		return RunProof{}, fmt.Errorf("proving shard %d of run %s from the ledger: %w", shard, runUID, err)
 	}
 	return p, nil
+}
+
+// provenByCounts makes p the shard's counts c when they are proven without
+// reading each key again (ProveShard): the server is c.Server's life, the
+// shard has no failure record and counted none, its rows in the ledger are
+// as many as it counted completed (one per key: the rule), and its batch
+// (kept: read again; otherwise the static items given) has as many items as
+// it counted, each with a verdict.
+func provenByCounts(ctx context.Context, tx pgx.Tx, c *Counted, runUID string, shard int, kept bool, static int64, p *RunProof) (bool, error) {
+	if c == nil || !c.Server.Known() || c.Failed != 0 || p.Records != 0 || c.Completed+c.AlreadyHandled != c.Total {
+		return false, nil
+	}
+	now, err := scanServerIdentity(tx.QueryRow(ctx, sqlServerIdentity))
+	if err != nil || !now.Same(c.Server) {
+		return false, err
+	}
+	var own int64
+	if err := tx.QueryRow(ctx, sqlShardOwnRows, runUID, shard).Scan(&own); err != nil {
+		return false, err
+	}
+	items := static
+	if kept {
+		if err := tx.QueryRow(ctx, sqlShardBatchItems, runUID, shard).Scan(&items); err != nil {
+			return false, err
+		}
+	}
+	if items != c.Total || own != c.Completed {
+		return false, nil
+	}
+	p.ItemCounts = v1alpha1.ItemCounts{Total: c.Total, Completed: c.Completed, AlreadyHandled: c.AlreadyHandled}
+	p.Counted = true
+	return true, nil
 }
 
 // scanShardProof adds sqlProveShardSelect's row to p: its plainly held

@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +42,44 @@ func TestServerChanges_Restart(t *testing.T) {
 	require.True(t, ch.To.Started.After(ch.From.Started), "%s -> %s", ch.From, ch.To)
 	require.EqualValues(t, 1, ch.From.Timeline, "a primary's timeline is read")
 	require.Equal(t, ch.From.Timeline, ch.To.Timeline, "a restart keeps the timeline")
+}
+
+// TestServerChanges_CrashRecovery: a server that recovers from a crash
+// (a backend killed: the postmaster restarts every session and replays its
+// WAL, losing what synchronous_commit off acknowledged and never flushed)
+// keeps its start time and timeline, yet it is another life of it, which a
+// pool whose sessions reconnect says, and which the shard's counted proof
+// tells apart (ledger.ServerIdentity.Reset). On the old code the pool saw
+// the same server and the change went unnoticed.
+func TestServerChanges_CrashRecovery(t *testing.T) {
+	t.Parallel()
+	testtier.Needs(t, "PostgreSQL")
+	ctx := context.Background()
+	c, err := pgtest.StartCluster(ctx, pgtest.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	pool, err := ledger.Open(ctx, c.DSN("postgres"), 2)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var backend int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&backend))
+	before, err := ledger.NewStore(pool).Server(ctx)
+	require.NoError(t, err)
+	require.True(t, before.Known(), "%s", before)
+
+	require.NoError(t, syscall.Kill(backend, syscall.SIGKILL))
+	require.Eventually(t, func() bool {
+		_, err := pool.Exec(ctx, `SELECT 1`) // every session is gone: the pool connects again
+		return err == nil && ledger.ServerChanges(pool).Changes > 0
+	}, 30*time.Second, 100*time.Millisecond)
+	ch := ledger.ServerChanges(pool)
+	require.Equal(t, 1, ch.Changes, "%+v", ch)
+	require.True(t, ch.To.Started.Equal(ch.From.Started), "the postmaster kept running: %s -> %s", ch.From, ch.To)
+	require.Equal(t, ch.From.Timeline, ch.To.Timeline, "a crash recovery keeps the timeline")
+	require.True(t, ch.To.Reset.After(ch.From.Reset), "the recovery reset the statistics: %s -> %s", ch.From, ch.To)
+	after, err := ledger.NewStore(pool).Server(ctx)
+	require.NoError(t, err)
+	require.False(t, after.Same(before), "%s and %s are two lives", before, after)
 }
 
 // TestCommitChunk_CommitWaitingForAStandbyIsNoticed: a server that waits

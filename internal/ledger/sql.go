@@ -1269,12 +1269,15 @@ func sqlHoldShardLease(runUID string, shard int, holder string, ttl time.Duratio
 		`, interval '` + milliseconds(ttl) + ` milliseconds')`
 }
 
-// sqlServerIdentity reads which server, and which life of it, a new session
-// reached (serverWatch): its address, its start, and its WAL's timeline
-// (the first 8 hex digits of the current WAL file's name; none on a
-// standby, where there is no current insert position).
+// sqlServerIdentity reads which server, and which life of it, a session
+// reached (serverWatch, the shard's counted proof): its address, its start,
+// its WAL's timeline (the first 8 hex digits of the current WAL file's
+// name, the insert timeline's, right after a promotion too; none on a
+// standby, where there is no current insert position), and when its
+// statistics started (a crash recovery resets them: ServerIdentity.Reset).
 const sqlServerIdentity = `SELECT pg_catalog.host(pg_catalog.inet_server_addr()), pg_catalog.inet_server_port(), pg_catalog.pg_postmaster_start_time(),
-       CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()) END`
+       CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()) END,
+       (SELECT s.stats_reset FROM pg_catalog.pg_stat_bgwriter AS s)`
 
 // sqlBackendPID is the server backend's own process ID (poolerProbe).
 // With it the search_path a session of the pool would have without the pin
@@ -1382,7 +1385,7 @@ SELECT run_uid, run_namespace, run_name, source, shards, items, coalesce(digest,
 FROM ` + Schema + `.batch_run WHERE created_at >= $1 AND ($2::text = '' OR run_namespace = $2::text)
 ORDER BY created_at DESC, run_uid`
 
-	// sqlRunCompleted: run $1's rows (ledger_run_uid_idx), committed or
+	// sqlRunCompleted: run $1's rows (ledger_run_shard_idx), committed or
 	// superseded since.
 	sqlRunCompleted = `
 SELECT entity, occurrence, shard, attempt, created_at, state
@@ -1616,6 +1619,20 @@ ORDER BY k.entity COLLATE pg_catalog."C", k.occurrence COLLATE pg_catalog."C"`
 SELECT pg_catalog.count(*), coalesce(pg_catalog.sum(f.items), 0)::bigint
 FROM ` + Schema + `.item_failure AS f WHERE f.run_uid = $1::text`
 
+	// sqlShardOwnRows: shard $2 of run $1's rows in the ledger, committed
+	// or superseded since (ledger_run_shard_idx: the shard's rows only).
+	sqlShardOwnRows = `
+SELECT pg_catalog.count(*) FROM ` + Schema + `.ledger AS l WHERE l.run_uid = $1::text AND l.shard = $2::integer`
+
+	// sqlShardBatchItems: the items of shard $2 of run $1's batch kept in
+	// the ledger (its blocks: the batch's primary key's range), a row with a
+	// NULL key part included.
+	sqlShardBatchItems = `
+SELECT coalesce(pg_catalog.sum(pg_catalog.cardinality(b.entities)), 0)::bigint
+FROM ` + Schema + `.batch_run AS r
+JOIN ` + Schema + `.batch AS b ON b.batch_id = r.id AND b.shard = $2::integer
+WHERE r.run_uid = $1::text`
+
 	// sqlProveShardFailures: sqlProveFailures of the records shard $2 wrote.
 	sqlProveShardFailures = sqlProveFailures + ` AND f.shard = $2::integer`
 )
@@ -1697,7 +1714,7 @@ SELECT shard, attempt, total, completed, already_handled, failed, payload_change
        extract(epoch FROM pg_catalog.now() - updated_at)::float8
 FROM ` + Schema + `.shard_progress WHERE run_uid = $1 ORDER BY shard`
 
-	// sqlRunCounts: run $1's ledger rows (ledger_run_uid_idx; committed
+	// sqlRunCounts: run $1's ledger rows (ledger_run_shard_idx; committed
 	// or superseded since) and the items of its failure records (their
 	// primary key).
 	sqlRunCounts = `

@@ -138,6 +138,9 @@ type shardRun struct {
 	serversBefore int
 	// batchLost: the pass stopped because the batch went (errBatchLost).
 	batchLost bool
+	// server: the ledger's server as the pass began, before its first read
+	// of the ledger (zero: unknown), for the pass's proof (ledger.Counted).
+	server ledger.ServerIdentity
 }
 
 type carried struct {
@@ -215,6 +218,7 @@ func (s *shardRun) run(ctx context.Context) {
 func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) bool {
 	// Once per pass, under the lease: no other pass of the shard writes now.
 	s.pass = ledger.Pass{Run: s.cfg.Run, ID: rand.Text(), Lease: s.lease}
+	s.server = s.readServer(ctx)
 	err := s.cfg.Retry.Do(ctx, "looking up earlier failure records", s.onRetry("failures"), func(int) error {
 		var err error
 		s.forget, err = s.store.RunHasFailures(ctx, s.cfg.Run.UID)
@@ -279,6 +283,18 @@ func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) boo
 		s.rep.WaitingForConnection = false
 		s.progress()
 	}
+}
+
+// readServer reads which server, and which life of it, the ledger's
+// database is as the pass begins; unknown (the login may not read it, or
+// a session failed), every key of the pass is proven again at its end.
+func (s *shardRun) readServer(ctx context.Context) ledger.ServerIdentity {
+	id, err := s.store.Server(ctx)
+	if err != nil || !id.Known() {
+		s.log().V(1).Info("which server the ledger's database is, and since when, is unknown: the shard's proof will read every key again", "error", errString(err))
+		return ledger.ServerIdentity{}
+	}
+	return id
 }
 
 // noticeServer says so when the ledger's sessions reached another server,
@@ -368,7 +384,7 @@ func (s *shardRun) prove(ctx context.Context, pass int) (bool, error) {
 	var p ledger.RunProof
 	err := s.cfg.Retry.Do(ctx, "proving the shard's counts from the ledger", s.onRetry("proof"), func(int) error {
 		var err error
-		p, err = s.store.ProveShard(ctx, s.cfg.Run.UID, s.cfg.Run.Shard, kept, keys)
+		p, err = s.store.ProveShard(ctx, s.cfg.Run.UID, s.cfg.Run.Shard, kept, keys, &ledger.Counted{Server: s.server, ItemCounts: s.rep.ItemCounts})
 		return err
 	})
 	if err != nil {
@@ -394,7 +410,12 @@ func (s *shardRun) prove(ctx context.Context, pass int) (bool, error) {
 			"talliedCompleted", tallied.Completed, "talliedAlreadyHandled", tallied.AlreadyHandled, "talliedFailed", tallied.Failed)
 	}
 	s.rep.Completed, s.rep.AlreadyHandled, s.rep.Failed = p.Completed, p.AlreadyHandled, p.Failed
-	s.rep.Proven = true
+	s.rep.Proven, s.rep.ProvenByKey = true, !p.Counted
+	how := "by its server's unchanged life (nothing committed or read since the pass began can be lost), the batch read again"
+	if !p.Counted {
+		how = "key by key"
+	}
+	s.log().V(1).Info("the ledger proved the shard's counts", "how", how)
 	return false, nil
 }
 

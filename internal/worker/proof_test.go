@@ -76,6 +76,7 @@ func TestShardProvesItsCounts_LostCommits(t *testing.T) {
 			require.Zero(t, reports[1].Reproven, "shard 1 lost nothing")
 			require.GreaterOrEqual(t, reports[0].Reprocessed, lost, "every item whose row was lost processed again (a key's copies with it)")
 			require.Zero(t, reports[1].Reprocessed)
+			require.False(t, reports[1].ProvenByKey, "shard 1: the same server life, counts the ledger agrees with: proven by counts")
 			for _, r := range reports {
 				require.True(t, r.Proven, "shard %d's counts are the ledger's", r.Shard)
 				require.Equal(t, r.Completed, ledgerRows(t, f, uid, r.Shard), "shard %d: completed == its rows in the ledger", r.Shard)

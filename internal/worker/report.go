@@ -54,6 +54,11 @@ type Report struct {
 	// made again because the ledger did not hold what it had counted.
 	Proven   bool
 	Reproven int
+	// ProvenByKey: the proof read every key of the batch again (the
+	// ledger's server changed, or restarted, during the pass, or the shard
+	// failed items); otherwise it proved the counts by the server's
+	// unchanged life (ledger.ProveShard).
+	ProvenByKey bool
 	// Reprocessed counts the items the ledger did not hold at the end of a
 	// pass, processed again in the next.
 	Reprocessed int64
