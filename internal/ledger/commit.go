@@ -306,6 +306,7 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, copies []*stri
 	}
 	if opts.OnExisting == Supersede {
 		c.supersededRow = make([]int64, len(items))
+		c.generation = make([]int64, len(items))
 	}
 	if opts.Effect != "" {
 		if _, err := tx.Exec(ctx, sqlClearClaimed); err != nil {
@@ -347,6 +348,7 @@ type claimer struct {
 	opts          ChunkOptions
 	out           []Result // Outcome 0: not resolved yet
 	supersededRow []int64  // Supersede: the row superseded for item i, if any
+	generation    []int64  // Supersede: item i's new row's Claim.Generation
 	claimed       int
 }
 
@@ -370,6 +372,7 @@ func (c *claimer) claimedBy(i int) {
 	c.out[i].Outcome = Completed
 	if c.supersededRow != nil {
 		c.out[i].supersededRow = c.supersededRow[i]
+		c.out[i].generation = c.generation[i]
 		c.out[i].Superseded = c.supersededRow[i] != 0
 	}
 	c.claimed++
@@ -404,6 +407,11 @@ func (c *claimer) round(ctx context.Context, mode claimMode) error {
 				}
 				if c.supersededRow[i], err = parseRowID(rest[0]); err != nil {
 					idErr = err
+				}
+				if retired, err := strconv.ParseInt(string(rest[1]), 10, 64); err != nil {
+					idErr = fmt.Errorf("reading the key's retired rows: %w", err)
+				} else {
+					c.generation[i] = retired + 1 // the rows retired before, and the one retired now
 				}
 			})
 		}

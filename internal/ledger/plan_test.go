@@ -120,7 +120,13 @@ SELECT %s, 'occ-' || i, 'default', 'big', 'big-run', 0, 0 FROM generate_series(%
 						require.Contains(t, plan, "Conflict Arbiter Indexes: "+ledger.BusinessKeyIndex, "the insert's arbiter is the rule:\n%s", plan)
 					}
 					// Every probe is by key (an Index Cond), never a walk of the whole index.
-					require.Len(t, byKey.FindAllString(plan, -1), probes, "each probe by key:\n%s", plan)
+					byKeys := probes
+					if strings.Contains(st.name, "supersede") {
+						byKeys++ // the retired row's key history, counted for the new row's generation
+						require.Regexp(t, `Index Only Scan using ledger_retired_key_idx on ledger_retired g .*\n\s+Index Cond: \(\(occurrence = l\.occurrence\) AND \(entity = l\.entity\)\)`, plan,
+							"a superseded key's retired rows are counted by one probe of its key:\n%s", plan)
+					}
+					require.Len(t, byKey.FindAllString(plan, -1), byKeys, "each probe by key:\n%s", plan)
 					require.Equal(t, strings.Count(plan, "Index Scan using")+strings.Count(plan, "Index Only Scan using"), strings.Count(plan, "Index Cond:"),
 						"every index scan has its condition:\n%s", plan)
 					require.NotContains(t, plan, "hashed SubPlan", "the lookup must probe per key, not hash a whole run:\n%s", plan)

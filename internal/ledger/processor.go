@@ -21,13 +21,16 @@ type Processor interface {
 // of its key's processing.
 type Claim struct {
 	Item
-	// Replaces is the id of the committed row the claim superseded
-	// (onExisting: Supersede), 0 if no committed row held the key. With the
-	// key it names the logical work: the same on every retry, attempt and
-	// run that claims the key while that row (or no row) is its committed
-	// one, another once a Supersede has committed a new generation. Row ids
-	// are never reused, pruned history included.
-	Replaces int64
+	// Generation counts the key's committed rows before the one the claim
+	// makes: 0 for the key's first; for a Supersede claim, the rows retired
+	// before the one it retires, and that one (ledger_retired: the history
+	// pruning leaves). With the key it names the logical work: the same on
+	// every retry, attempt and run that claims the key in that generation,
+	// another once a Supersede has committed a new one. It counts what the
+	// ledger holds, not which rows: a failover that lost a Supersede's row
+	// lost its record too, so the generation processed again (under a new
+	// row id) has the same number, and so has the one after it.
+	Generation int64
 }
 
 // Verdict is a processor's answer for one item.
@@ -77,7 +80,7 @@ func process(ctx context.Context, tx pgx.Tx, run Run, items []Item, out []Result
 	}
 	batch := make([]Claim, len(sent))
 	for j, i := range sent {
-		batch[j] = Claim{Item: items[i], Replaces: out[i].supersededRow}
+		batch[j] = Claim{Item: items[i], Generation: out[i].generation}
 	}
 	verdicts, err := p.Process(ctx, run, batch)
 	if err == nil && len(verdicts) != len(batch) {

@@ -523,9 +523,12 @@ const (
 // and the new one committed atomically.
 //
 // It answers one row per key it settled: (entity, occurrence, the id of the
-// row it superseded), or (entity, occurrence, NULL) for a key this run
-// committed before (the row of the run read back in this statement, its
-// proof). Keys it does not name have no committed row, or one that a
+// row it superseded, the key's committed rows retired before that one), or
+// (entity, occurrence, NULL, NULL) for a key this run committed before (the
+// row of the run read back in this statement, its proof). The rows retired
+// before are ledger_retired's records of the key, in the statement's
+// snapshot (the record of this row, its trigger's, comes after): with the
+// retired row, the new row's generation (Claim.Generation). Keys it does not name have no committed row, or one that a
 // concurrent writer retired meanwhile: the insert decides.
 //
 // Like sqlHolders, it finds the committed row by one probe of the rule's
@@ -562,11 +565,14 @@ up AS (
       -- (TestInsertPathPlansAreOChunk). The same rows (the CHECK allows two
       -- states), re-checked the same way.
       AND l.state <> 'superseded' AND l.run_uid <> $3
-    RETURNING l.entity, l.occurrence, l.id
+    RETURNING l.entity, l.occurrence, l.id, (
+        SELECT pg_catalog.count(*) FROM ` + Schema + `.ledger_retired AS g
+        WHERE g.occurrence = l.occurrence AND g.entity = l.entity
+    ) AS retired
 )
-SELECT entity, occurrence, id::text FROM up
+SELECT entity, occurrence, id::text, retired::text FROM up
 UNION ALL
-SELECT entity, occurrence, NULL FROM k WHERE mine`
+SELECT entity, occurrence, NULL, NULL FROM k WHERE mine`
 
 // sqlTakeBack takes back, inside the claiming transaction, the claims of the
 // keys a processor did not accept ($1 entities, $2 occurrences): the rows

@@ -128,8 +128,10 @@ type Result struct {
 	// Err is set when Outcome is Failed.
 	Err error
 	// supersededRow is the id of the row this call superseded for the item,
-	// restored if a processor refuses the item.
+	// restored if a processor refuses the item; generation the claim's
+	// Claim.Generation.
 	supersededRow int64
+	generation    int64
 }
 
 // ChunkOptions tunes one CommitChunk call.

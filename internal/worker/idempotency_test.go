@@ -125,3 +125,61 @@ func TestProcessor_KeyNamesTheWorkNotTheRun(t *testing.T) {
 	require.Equal(t, gen2, gen3[:2])
 	require.EqualValues(t, 3, f.committed(t))
 }
+
+// TestProcessor_KeySurvivesAFailoverThatLostGenerations: a failover to an
+// asynchronous standby lost two Supersede runs' commits of a key (the
+// standby never received them), after the processor had done both
+// generations' work. Processed again on the surviving database, each
+// generation is sent under the key it was sent under before, so a service
+// that deduplicates by it does each once. On the old code the key named the
+// id of the row a claim replaced: the first generation processed again got
+// a new row id, and the second generation, replacing that row, a new key.
+func TestProcessor_KeySurvivesAFailoverThatLostGenerations(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	svc := &slowService{keys: map[ledger.Key][]string{}}
+	srv := httptest.NewServer(svc.handler())
+	defer srv.Close()
+	items := occItems("1", "2")
+	attempt := func(uid string, onExisting ledger.OnExisting) {
+		t.Helper()
+		cfg := processorConfig(uid, srv.URL, items, 5*time.Second)
+		cfg.OnExisting = onExisting
+		_, sum := runShards(t, f, cfg)
+		require.Equal(t, v1alpha1.ItemCounts{Total: 2, Completed: 2}, sum, uid)
+	}
+	attempt("uid-gen-first", ledger.Skip)
+	attempt("uid-gen-s1", ledger.Supersede)
+	attempt("uid-gen-s2", ledger.Supersede)
+	before := map[ledger.Key][]string{}
+	for _, it := range items {
+		before[it.Key] = svc.keysOf(it.Key)
+		require.Len(t, before[it.Key], 3, "three generations, three keys")
+	}
+
+	// The failover: the surviving ledger is the one before the Supersede
+	// runs started (WAL never replayed runs no trigger either).
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, q := range []string{
+		`SET LOCAL session_replication_role = replica`,
+		`DELETE FROM runledger.ledger WHERE run_uid IN ('uid-gen-s1', 'uid-gen-s2')`,
+		`UPDATE runledger.ledger SET state = 'committed', superseded_at = NULL WHERE run_uid = 'uid-gen-first'`,
+		`DELETE FROM runledger.ledger_retired WHERE run_uid IN ('uid-gen-first', 'uid-gen-s1')`,
+		`DELETE FROM runledger.batch WHERE batch_id IN (SELECT id FROM runledger.batch_run WHERE run_uid IN ('uid-gen-s1', 'uid-gen-s2'))`,
+		`DELETE FROM runledger.batch_run WHERE run_uid IN ('uid-gen-s1', 'uid-gen-s2')`,
+	} {
+		_, err := tx.Exec(ctx, q)
+		require.NoError(t, err, q)
+	}
+	require.NoError(t, tx.Commit(ctx))
+
+	attempt("uid-gen-s1", ledger.Supersede) // the runs' shards, processing what the ledger lost
+	attempt("uid-gen-s2", ledger.Supersede)
+	for _, it := range items {
+		require.Equal(t, before[it.Key], svc.keysOf(it.Key), "%s: each generation under its key again, no new one", it.Key)
+	}
+	require.EqualValues(t, 2, f.committed(t))
+}

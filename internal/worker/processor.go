@@ -35,17 +35,26 @@ const maxProcessorErrorBodyBytes = 64 << 10
 
 // IdempotencyKey is the key a processor gets for an item: it names the
 // logical work, not the run that asks for it. It is the hex SHA-256 (64
-// ASCII characters) of the business key and of the committed row its claim
-// replaces (ledger.Claim.Replaces: 0 for none), so it is the same for the
-// same business key on every retry, attempt and run (a failed run given a
-// new name included), and another only when a Supersede run deliberately
-// reprocesses the key: each generation of the key's committed row gets its
-// own, the same across that generation's retries.
-func IdempotencyKey(k ledger.Key, replaces int64) string {
+// ASCII characters) of the business key and of the generation its claim
+// commits (ledger.Claim.Generation: 0 for the key's first row), so it is
+// the same for the same business key on every retry, attempt and run (a
+// failed run given a new name included), and another only when a Supersede
+// run deliberately reprocesses the key: each generation of the key's
+// committed row gets its own, the same across that generation's retries,
+// and across a database failover that lost it and the generations after.
+//
+// A first row's key is the one of scheme v2 (which named the replaced
+// row's id, 0 for none); a later generation's names scheme v3, so that no
+// v3 generation's key is a v2 key of another generation.
+func IdempotencyKey(k ledger.Key, generation int64) string {
+	scheme := "runledger.idempotency-key/v2"
+	if generation > 0 {
+		scheme = "runledger.idempotency-key/v3"
+	}
 	h := sha256.New()
 	// Length-prefixed, so that no two different tuples hash alike; the
 	// first part names the scheme.
-	for _, part := range []string{"runledger.idempotency-key/v2", k.Entity, k.Occurrence, strconv.FormatInt(replaces, 10)} {
+	for _, part := range []string{scheme, k.Entity, k.Occurrence, strconv.FormatInt(generation, 10)} {
 		fmt.Fprintf(h, "%d:%s", len(part), part)
 	}
 	return hex.EncodeToString(h.Sum(nil))
@@ -86,7 +95,7 @@ func (p *HTTPProcessor) Process(ctx context.Context, run ledger.Run, items []led
 		Items:   make([]processor.Item, len(items)),
 	}
 	for i, it := range items {
-		req.Items[i] = processor.Item{Key: IdempotencyKey(it.Key, it.Replaces), Entity: it.Entity, Occurrence: it.Occurrence, Payload: it.Payload}
+		req.Items[i] = processor.Item{Key: IdempotencyKey(it.Key, it.Generation), Entity: it.Entity, Occurrence: it.Occurrence, Payload: it.Payload}
 	}
 	body, err := json.Marshal(req)
 	if err != nil {

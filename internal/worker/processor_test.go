@@ -326,6 +326,9 @@ func TestIdempotencyKey(t *testing.T) {
 	// Pinned (sha256 of "28:runledger.idempotency-key/v26:acct-17:2026-011:0"):
 	// a processor's store outlives runledger's versions.
 	require.Equal(t, "e1f2a5e17ab614e2d44bc54add39003504e4d5231004d76cf59426d2289e4e73", k)
+	// A later generation's, scheme v3 (sha256 of
+	// "28:runledger.idempotency-key/v36:acct-17:2026-011:1").
+	require.Equal(t, "eb1bb37dbdf8600ae36fd53d7fe4f81cb10526dc607f9ebf474fb00427e6518a", worker.IdempotencyKey(ledger.Key{Entity: "acct-1", Occurrence: "2026-01"}, 1))
 	for _, other := range []string{
 		worker.IdempotencyKey(ledger.Key{Entity: "acct-1", Occurrence: "2026-01"}, 1),
 		worker.IdempotencyKey(ledger.Key{Entity: "acct-2", Occurrence: "2026-01"}, 0),

@@ -428,9 +428,9 @@ func (s *soak) checkRun(r *soakRun, d *soakData, rep *soakReport) {
 				rep.double = append(rep.double, fmt.Sprintf("run %s (Skip) sent %s/%s under %d idempotency keys, not only its first generation's: %v",
 					r.name, k.entity, k.occurrence, len(idems), slices.Sorted(maps.Keys(idems))))
 			case len(idems) > 1:
-				// A Supersede run's key names the row its claim replaces:
-				// another only when a concurrent run committed the key
-				// between its tries.
+				// A Supersede run's key names the generation its claim
+				// commits: another only when a concurrent Supersede run
+				// committed the key between its tries.
 				rep.supersedeRekeyed++
 			}
 		}
