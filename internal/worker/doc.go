@@ -16,8 +16,8 @@
 // the same engine from a manifest on a laptop. Both prepare the ledger with Prepare
 // (connect, migrate, check); `runledger run` runs its shards with RunShards.
 //
-// Files: item.go (validation), source.go (inline and JSON Lines), query.go
-// (the SQL source), batch.go (the run's fixed batch), prepare.go (Prepare,
+// Files: item.go (validation, whose rules internal/batchitem holds),
+// source.go (inline and JSON Lines), query.go (the SQL source), batch.go (the run's fixed batch), prepare.go (Prepare,
 // RunShards), engine.go (the chunk loop), retry.go (back-off), report.go
 // (reports and failures), progress.go (human progress), kube.go (pod mode),
 // reporter.go (the reports on the pod), podclient.go (their API requests).

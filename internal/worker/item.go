@@ -1,162 +1,30 @@
 package worker
 
 import (
-	"errors"
-	"fmt"
-	"strings"
-
-	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/batchitem"
 	"github.com/runledger/runledger/internal/ledger"
-	"github.com/runledger/runledger/internal/strictjson"
 )
+
+// The rules of an item and the bad-input errors live in internal/batchitem,
+// which internal/batchfile's streaming reader shares (one copy of each
+// check); these names keep the worker's API as it was.
 
 // DefaultMaxPayloadBytes bounds one item's payload. (Key parts are bounded by
 // v1alpha1.MaxKeyPartBytes, the API's rule.)
-const DefaultMaxPayloadBytes = 1 << 20 // 1 MiB
+const DefaultMaxPayloadBytes = batchitem.DefaultMaxPayloadBytes
 
 // InputError is bad input: an item, a line or a row that cannot be processed,
-// or a batch or query that cannot be read. Where names the place (line 3,
-// batch.items[2], query row 17), Field the field when there is one.
-type InputError struct {
-	Where string
-	Field string
-	Msg   string
-}
+// or a batch or query that cannot be read (batchitem.InputError).
+type InputError = batchitem.InputError
 
-func (e *InputError) Error() string {
-	switch {
-	case e.Where != "" && e.Field != "":
-		return fmt.Sprintf("%s: field %q %s", e.Where, e.Field, e.Msg)
-	case e.Field != "":
-		return fmt.Sprintf("field %q %s", e.Field, e.Msg)
-	case e.Where != "":
-		return e.Where + " " + e.Msg
-	}
-	return e.Msg
-}
+// InputErrors is every problem found in a batch (batchitem.InputErrors).
+type InputErrors = batchitem.InputErrors
 
-// maxListedProblems bounds how many problems an InputErrors lists.
-const maxListedProblems = 20
-
-// InputErrors is every problem found in a batch (the first
-// maxListedProblems of them listed), so that a user fixes a file in one go.
-type InputErrors struct {
-	Source string // e.g. "batch.items", "JSON Lines file runs.jsonl"
-	Errs   []*InputError
-	Count  int // problems found, including those not listed
-}
-
-func (e *InputErrors) add(err *InputError) {
-	e.Count++
-	if len(e.Errs) < maxListedProblems {
-		e.Errs = append(e.Errs, err)
-	}
-}
-
-func (e *InputErrors) orNil() error {
-	if e.Count == 0 {
-		return nil
-	}
-	return e
-}
-
-func (e *InputErrors) Error() string {
-	var b strings.Builder
-	if e.Count == 1 {
-		fmt.Fprintf(&b, "invalid %s: %s", e.Source, e.Errs[0])
-		return b.String()
-	}
-	fmt.Fprintf(&b, "invalid %s: %d problems", e.Source, e.Count)
-	for _, err := range e.Errs {
-		b.WriteString("\n  ")
-		b.WriteString(err.Error())
-	}
-	if e.Count > len(e.Errs) {
-		fmt.Fprintf(&b, "\n  ... and %d more", e.Count-len(e.Errs))
-	}
-	return b.String()
-}
+// Limits configures validation (batchitem.Limits).
+type Limits = batchitem.Limits
 
 // IsInputError reports whether err is bad input (exit code 2 in the CLI).
-func IsInputError(err error) bool {
-	var one *InputError
-	var many *InputErrors
-	return errors.As(err, &one) || errors.As(err, &many)
-}
-
-// Limits configures validation.
-type Limits struct {
-	// MaxPayloadBytes bounds one item's payload (DefaultMaxPayloadBytes if 0).
-	MaxPayloadBytes int
-}
-
-func (l Limits) maxPayload() int {
-	if l.MaxPayloadBytes > 0 {
-		return l.MaxPayloadBytes
-	}
-	return DefaultMaxPayloadBytes
-}
-
-// checkPayload validates a payload (nil: none). It returns the problem or "".
-func checkPayload(p []byte, l Limits) string {
-	if len(p) > l.maxPayload() {
-		return fmt.Sprintf("is %s, more than the %s allowed", byteSize(len(p)), byteSize(l.maxPayload()))
-	}
-	if p == nil {
-		return ""
-	}
-	// Strict: the ledger stores it as jsonb, which keeps the last of a
-	// member given twice; and encoding/json would make invalid UTF-8 U+FFFD.
-	if err := strictjson.Check(p); err != nil {
-		var se *strictjson.Error
-		if errors.As(err, &se) && se.Kind != strictjson.Syntax {
-			return strictMsg(se, se.Pointer)
-		}
-		return "is not valid JSON"
-	}
-	return ""
-}
-
-// strictMsg says what se found, of the value whose pointer below the field
-// is below ("": the field itself).
-func strictMsg(se *strictjson.Error, below string) string {
-	switch {
-	case below == "":
-		return se.Msg
-	case se.Kind == strictjson.Duplicate:
-		return "holds " + below + " twice"
-	}
-	return se.Msg + " at " + below
-}
-
-// strictProblem is the problem strictjson found in the object at where (a
-// JSON line), or nil when it is a mere syntax error (err is not an
-// *strictjson.Error of another kind), which the caller describes itself.
-func strictProblem(where string, err error) *InputError {
-	var se *strictjson.Error
-	if !errors.As(err, &se) || se.Kind == strictjson.Syntax {
-		return nil
-	}
-	if f := se.Field(); f != "" {
-		return &InputError{Where: where, Field: f, Msg: strictMsg(se, se.Below())}
-	}
-	return &InputError{Where: where, Msg: se.Msg}
-}
-
-// checkItem validates one item and returns its problems, if any.
-func checkItem(it ledger.Item, where string, l Limits) []*InputError {
-	var out []*InputError
-	if msg := v1alpha1.KeyPartProblem(it.Entity); msg != "" {
-		out = append(out, &InputError{Where: where, Field: "entity", Msg: msg})
-	}
-	if msg := v1alpha1.KeyPartProblem(it.Occurrence); msg != "" {
-		out = append(out, &InputError{Where: where, Field: "occurrence", Msg: msg})
-	}
-	if msg := checkPayload(it.Payload, l); msg != "" {
-		out = append(out, &InputError{Where: where, Field: "payload", Msg: msg})
-	}
-	return out
-}
+func IsInputError(err error) bool { return batchitem.IsInputError(err) }
 
 // ValidateItems checks every item of an inline batch; where(i) names item i in
 // errors (e.g. "batch.items[3]"). It returns an *InputErrors listing every
@@ -164,26 +32,12 @@ func checkItem(it ledger.Item, where string, l Limits) []*InputError {
 func ValidateItems(items []ledger.Item, where func(i int) string, l Limits) error {
 	errs := &InputErrors{Source: "spec.batch.items"}
 	for i, it := range items {
-		for _, e := range checkItem(it, where(i), l) {
-			errs.add(e)
+		for _, e := range batchitem.CheckItem(it, where(i), l) {
+			errs.Add(e)
 		}
 	}
 	if len(items) == 0 {
-		errs.add(&InputError{Msg: "the batch has no items"})
+		errs.Add(&InputError{Msg: "the batch has no items"})
 	}
-	return errs.orNil()
-}
-
-func byteSize(n int) string {
-	switch {
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d bytes", n)
+	return errs.OrNil()
 }

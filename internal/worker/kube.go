@@ -42,7 +42,7 @@ func PodEnvFrom(getenv func(string) string) (PodEnv, error) {
 	str := func(name string) string {
 		v := getenv(name)
 		if v == "" {
-			errs.add(&InputError{Where: name, Msg: "is not set (the controller sets it on worker pods)"})
+			errs.Add(&InputError{Where: name, Msg: "is not set (the controller sets it on worker pods)"})
 		}
 		return v
 	}
@@ -53,7 +53,7 @@ func PodEnvFrom(getenv func(string) string) (PodEnv, error) {
 		}
 		n, err := strconv.Atoi(v)
 		if err != nil || n < lo || n > hi {
-			errs.add(&InputError{Where: name, Msg: fmt.Sprintf("is %q: want an integer from %d to %d", v, lo, hi)})
+			errs.Add(&InputError{Where: name, Msg: fmt.Sprintf("is %q: want an integer from %d to %d", v, lo, hi)})
 		}
 		return n
 	}
@@ -71,9 +71,9 @@ func PodEnvFrom(getenv func(string) string) (PodEnv, error) {
 	}
 	e.Shard = num(v1alpha1.EnvShard, 0, v1alpha1.MaxWorkers-1)
 	if errs.Count == 0 && e.Shard >= e.Shards {
-		errs.add(&InputError{Where: v1alpha1.EnvShard, Msg: fmt.Sprintf("is %d, but there are only %d shards", e.Shard, e.Shards)})
+		errs.Add(&InputError{Where: v1alpha1.EnvShard, Msg: fmt.Sprintf("is %d, but there are only %d shards", e.Shard, e.Shards)})
 	}
-	return e, errs.orNil()
+	return e, errs.OrNil()
 }
 
 // ReadRun reads the worker's run from the file the kubelet mounted from

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/batchitem"
 	"github.com/runledger/runledger/internal/ledger"
 )
 
@@ -403,7 +404,7 @@ func (s *queryStream) rowEntry(e, o *string, p []byte, n int64) entry {
 		}
 	}
 	if p != nil {
-		if msg := checkPayload(p, s.opt.limits); msg != "" {
+		if msg := batchitem.CheckPayload(p, s.opt.limits); msg != "" {
 			bad = append(bad, &InputError{Where: where(), Field: "payload", Msg: msg})
 		}
 	}

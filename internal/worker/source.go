@@ -2,20 +2,16 @@ package worker
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"sort"
-	"strings"
 
 	"github.com/go-logr/logr"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/batchitem"
 	"github.com/runledger/runledger/internal/ledger"
-	"github.com/runledger/runledger/internal/strictjson"
 )
 
 // Source is where a shard's items come from.
@@ -161,34 +157,30 @@ func (s *sliceStream) proofKeys() (bool, []ledger.Key) {
 	return false, keys
 }
 
-// ParseJSONLines reads a JSON Lines batch: one JSON object per line,
-//
-//	{"entity": "acct-1", "occurrence": "2024-06", "payload": {"amount": 12.5}}
-//
-// with entity and occurrence non-empty strings and payload optional (any JSON
-// value). Blank lines are ignored; any other field is an error (a misspelt
-// field would otherwise silently drop data). The whole input is validated
-// before anything is returned: the error, an *InputErrors, lists every
-// problem with its line number and field. name describes the input in errors.
+// ParseJSONLines reads a JSON Lines batch held whole (a ConfigMap or a
+// file): one JSON object per line (batchitem.ParseLine says which), blank
+// lines ignored. The whole input is validated before anything is returned:
+// the error, an *InputErrors, lists every problem with its line number and
+// field. name describes the input in errors. (internal/batchfile streams a
+// batch too large to hold, with the same rules.)
 func ParseJSONLines(r io.Reader, name string, l Limits) ([]ledger.Item, error) {
 	errs := &InputErrors{Source: name}
 	var items []ledger.Item
-	// A line holds a payload and its key, plus JSON syntax.
-	maxLine := l.maxPayload() + 2*v1alpha1.MaxKeyPartBytes + 4096
+	maxLine := batchitem.MaxLine(l)
 	br := bufio.NewReaderSize(r, 64*1024)
 	for lineNo := 1; ; lineNo++ {
-		line, tooLong, err := readLine(br, maxLine)
+		line, tooLong, err := batchitem.ReadLine(br, maxLine)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("reading %s at line %d: %w", name, lineNo, err)
 		}
 		where := fmt.Sprintf("line %d", lineNo)
 		switch {
 		case tooLong:
-			errs.add(&InputError{Where: where, Msg: fmt.Sprintf("is longer than %s (the payload limit is %s)", byteSize(maxLine), byteSize(l.maxPayload()))})
-		case len(bytes.TrimSpace(line)) > 0:
-			it, problems := parseLine(line, where, l)
+			errs.Add(batchitem.LineTooLong(where, l))
+		case !batchitem.IsBlank(line):
+			it, problems := batchitem.ParseLine(line, where, l)
 			for _, p := range problems {
-				errs.add(p)
+				errs.Add(p)
 			}
 			if len(problems) == 0 {
 				items = append(items, it)
@@ -199,105 +191,10 @@ func ParseJSONLines(r io.Reader, name string, l Limits) ([]ledger.Item, error) {
 		}
 	}
 	if errs.Count == 0 && len(items) == 0 {
-		errs.add(&InputError{Msg: "holds no items (expected one JSON object per line)"})
+		errs.Add(&InputError{Msg: "holds no items (expected one JSON object per line)"})
 	}
-	if err := errs.orNil(); err != nil {
+	if err := errs.OrNil(); err != nil {
 		return nil, err
 	}
 	return items, nil
-}
-
-// readLine returns the next line without its end of line. When the line is
-// longer than max, it is consumed and reported as tooLong. err is io.EOF with
-// the last line.
-func readLine(br *bufio.Reader, max int) (line []byte, tooLong bool, err error) {
-	var buf []byte
-	for {
-		chunk, err := br.ReadSlice('\n')
-		if !tooLong {
-			if len(buf)+len(chunk) > max+2 { // + "\r\n"
-				tooLong, buf = true, nil
-			} else {
-				buf = append(buf, chunk...)
-			}
-		}
-		switch {
-		case errors.Is(err, bufio.ErrBufferFull):
-			continue
-		case err != nil:
-			return trimEOL(buf), tooLong, err
-		}
-		return trimEOL(buf), tooLong, nil
-	}
-}
-
-func trimEOL(b []byte) []byte {
-	b = bytes.TrimSuffix(b, []byte("\n"))
-	return bytes.TrimSuffix(b, []byte("\r"))
-}
-
-var jsonlFields = []string{"entity", "occurrence", "payload"}
-
-func parseLine(line []byte, where string, l Limits) (ledger.Item, []*InputError) {
-	// Strict first: encoding/json would turn invalid UTF-8 and lone
-	// surrogates into U+FFFD (two keys into one) and keep the last of a
-	// field given twice.
-	if p := strictProblem(where, strictjson.Check(line)); p != nil {
-		return ledger.Item{}, []*InputError{p}
-	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(line, &obj); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) {
-			return ledger.Item{}, []*InputError{{Where: where, Msg: fmt.Sprintf("is a JSON %s, not an object with entity, occurrence and payload", typeErr.Value)}}
-		}
-		return ledger.Item{}, []*InputError{{Where: where, Msg: "is not valid JSON: " + err.Error()}}
-	}
-	if obj == nil { // the line is `null`
-		return ledger.Item{}, []*InputError{{Where: where, Msg: "is null, not an object with entity, occurrence and payload"}}
-	}
-	var problems []*InputError
-	var unknown []string
-	for k := range obj {
-		if k != "entity" && k != "occurrence" && k != "payload" {
-			unknown = append(unknown, k)
-		}
-	}
-	sort.Strings(unknown)
-	for _, k := range unknown {
-		problems = append(problems, &InputError{Where: where, Field: k, Msg: "is not a known field (want " + strings.Join(jsonlFields, ", ") + ")"})
-	}
-	var it ledger.Item
-	for _, f := range []struct {
-		name string
-		dst  *string
-	}{{"entity", &it.Entity}, {"occurrence", &it.Occurrence}} {
-		raw, ok := obj[f.name]
-		switch {
-		case !ok:
-			problems = append(problems, &InputError{Where: where, Field: f.name, Msg: "is missing"})
-		case string(raw) == "null":
-			problems = append(problems, &InputError{Where: where, Field: f.name, Msg: "is null"})
-		case json.Unmarshal(raw, f.dst) != nil:
-			problems = append(problems, &InputError{Where: where, Field: f.name, Msg: "must be a string, not " + string(abbreviate(raw, 40))})
-		default:
-			if msg := v1alpha1.KeyPartProblem(*f.dst); msg != "" {
-				problems = append(problems, &InputError{Where: where, Field: f.name, Msg: msg})
-			}
-		}
-	}
-	if raw, ok := obj["payload"]; ok && string(raw) != "null" {
-		if msg := checkPayload(raw, l); msg != "" {
-			problems = append(problems, &InputError{Where: where, Field: "payload", Msg: msg})
-		}
-		it.Payload = raw // json.Unmarshal copied it out of the line
-	}
-	return it, problems
-}
-
-func abbreviate(b []byte, n int) []byte {
-	if len(b) <= n {
-		return b
-	}
-	return append(append([]byte(nil), b[:n]...), "..."...)
 }
