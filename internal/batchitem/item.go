@@ -141,6 +141,12 @@ func CheckMembers(p []byte, where string, l Limits) *InputError {
 	if msg := payloadSizeProblem(p, l); msg != "" {
 		return &InputError{Where: where, Field: "payload", Msg: msg}
 	}
+	return CheckObject(p, where)
+}
+
+// CheckObject checks that p is one strict JSON value (strictjson.Check); a
+// problem inside a member of the object p is that member's (Field).
+func CheckObject(p []byte, where string) *InputError {
 	err := strictjson.Check(p)
 	if err == nil {
 		return nil
@@ -148,7 +154,7 @@ func CheckMembers(p []byte, where string, l Limits) *InputError {
 	if prob := strictProblem(where, err); prob != nil {
 		return prob
 	}
-	return &InputError{Where: where, Msg: "is not a valid payload: " + err.Error()}
+	return &InputError{Where: where, Msg: "is not valid JSON: " + err.Error()}
 }
 
 // strictMsg says what se found, of the value whose pointer below the field
@@ -177,15 +183,22 @@ func strictProblem(where string, err error) *InputError {
 	return &InputError{Where: where, Msg: se.Msg}
 }
 
-// CheckItem validates one item and returns its problems, if any.
-func CheckItem(it ledger.Item, where string, l Limits) []*InputError {
+// CheckKey validates an item's key parts (the API's rules) and returns
+// their problems, if any.
+func CheckKey(k ledger.Key, where string) []*InputError {
 	var out []*InputError
-	if msg := v1alpha1.KeyPartProblem(it.Entity); msg != "" {
+	if msg := v1alpha1.KeyPartProblem(k.Entity); msg != "" {
 		out = append(out, &InputError{Where: where, Field: "entity", Msg: msg})
 	}
-	if msg := v1alpha1.KeyPartProblem(it.Occurrence); msg != "" {
+	if msg := v1alpha1.KeyPartProblem(k.Occurrence); msg != "" {
 		out = append(out, &InputError{Where: where, Field: "occurrence", Msg: msg})
 	}
+	return out
+}
+
+// CheckItem validates one item and returns its problems, if any.
+func CheckItem(it ledger.Item, where string, l Limits) []*InputError {
+	out := CheckKey(it.Key, where)
 	if msg := CheckPayload(it.Payload, l); msg != "" {
 		out = append(out, &InputError{Where: where, Field: "payload", Msg: msg})
 	}
