@@ -32,8 +32,17 @@ const (
 	// JSONLines: one JSON object per line, as a ConfigMap batch
 	// (batchitem.ParseLine); blank lines are skipped.
 	JSONLines Format = iota + 1
-	// CSV: RFC 4180 records under a header row that names the entity and
-	// occurrence columns; every other column is the payload's (see readCSV).
+	// CSV: RFC 4180 records (quoted fields, "" for a quote, a configurable
+	// delimiter) under a header row that names an "entity" and an
+	// "occurrence" column, exactly and once each. Every other column is the
+	// payload's: a record's payload is the JSON object of those columns, in
+	// the header's order, each value the cell's text as a JSON string
+	// ({"amount": "12.5"}), for CSV has no types and guessing them would
+	// rewrite data ("007" would become 7); no other column, no payload. An
+	// empty cell is "" (CSV cannot tell empty from absent), empty lines are
+	// skipped, a UTF-8 byte order mark before the header is dropped.
+	// Records are numbered from the header's, record 1, as a spreadsheet
+	// numbers rows; errors also give the line where the record starts.
 	CSV
 )
 
@@ -130,6 +139,9 @@ func (s Stats) Digest() string { return "sha256:" + hex.EncodeToString(s.SHA256[
 // it keeps. Items are handed on before the end of the file is read, so a
 // bad line found later makes the batches already handed on part of a bad
 // file: the caller discards them (rolls their transaction back).
+//
+// ctx is checked before each batch is handed on; r's reads should end with
+// ctx too (an HTTP response body does).
 //
 // Memory is bounded whatever the file's size: a line or record at most
 // batchitem.MaxLine(Limits) long, a batch (BatchItems, BatchBytes), and

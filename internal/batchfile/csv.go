@@ -19,16 +19,8 @@ const utf8BOM = "\ufeff"
 // field not closed, most often), so it is never held whole.
 var errRecordTooLong = errors.New("record too long")
 
-// readCSV reads RFC 4180 records (encoding/csv, strict: no lazy quotes;
-// empty lines are skipped). The first record is the header: it names an
-// "entity" and an "occurrence" column (exactly, once each); every other
-// column is the payload's. A row's payload is a JSON object of its payload
-// columns, in the header's order, each value the cell's text as a JSON
-// string: CSV has no types, and guessing them would rewrite data ("007"
-// would become 7). A header without payload columns makes items without a
-// payload; an empty cell is "" (CSV cannot tell empty from absent). Records
-// are numbered from the header's, record 1, as a spreadsheet numbers rows;
-// the line is where the record starts (a quoted field may hold newlines).
+// readCSV reads the CSV format (see CSV) with encoding/csv, strict (no lazy
+// quotes), and stops at the first bad record, as readJSONLines does.
 func (o *object) readCSV(t *text) error {
 	l := o.opt.Limits
 	lim := &recordLimit{r: t, max: int64(batchitem.MaxLine(l)) + 64<<10}
