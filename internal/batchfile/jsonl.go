@@ -21,15 +21,14 @@ func (o *object) readJSONLines(t *text) error {
 	for {
 		lineNo++
 		line, tooLong, err := batchitem.ReadLine(br, maxLine)
-		where := "line " + strconv.Itoa(lineNo)
 		if err != nil && !errors.Is(err, io.EOF) {
-			return o.failed(where, err)
+			return o.failed(lineWhere(lineNo), err)
 		}
 		switch {
 		case tooLong:
-			return o.bad(batchitem.LineTooLong(where, l))
+			return o.bad(batchitem.LineTooLong(lineWhere(lineNo), l))
 		case !batchitem.IsBlank(line):
-			it, problems := batchitem.ParseLine(line, where, l)
+			it, problems := batchitem.ParseLine(line, lineWhere(lineNo), l)
 			if len(problems) > 0 {
 				return o.bad(problems...)
 			}
@@ -43,6 +42,10 @@ func (o *object) readJSONLines(t *text) error {
 	}
 	return o.noItems("expected one JSON object per line")
 }
+
+// lineWhere names a line; made only for a line that is not blank (a file
+// of blank lines costs no string each).
+func lineWhere(n int) string { return "line " + strconv.Itoa(n) }
 
 // noItems is bad input when the object held no item: it is empty, or holds
 // only blank lines (or a CSV header).
