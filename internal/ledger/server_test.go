@@ -20,15 +20,9 @@ import (
 // looks like to it) says so: another life of the server, named by its start.
 func TestServerChanges_Restart(t *testing.T) {
 	t.Parallel()
-	testtier.Needs(t, "PostgreSQL")
 	ctx := context.Background()
-	c, err := pgtest.StartCluster(ctx, pgtest.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Stop() })
-	pool, err := ledger.Open(ctx, c.DSN("postgres"), 2)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = pool.Exec(ctx, `SELECT 1`)
+	c, pool := serverOfItsOwn(t)
+	_, err := pool.Exec(ctx, `SELECT 1`)
 	require.NoError(t, err)
 	require.Zero(t, ledger.ServerChanges(pool).Changes, "the first server is no change")
 
@@ -53,14 +47,8 @@ func TestServerChanges_Restart(t *testing.T) {
 // the same server and the change went unnoticed.
 func TestServerChanges_CrashRecovery(t *testing.T) {
 	t.Parallel()
-	testtier.Needs(t, "PostgreSQL")
 	ctx := context.Background()
-	c, err := pgtest.StartCluster(ctx, pgtest.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Stop() })
-	pool, err := ledger.Open(ctx, c.DSN("postgres"), 2)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	_, pool := serverOfItsOwn(t)
 	var backend int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&backend))
 	before, err := ledger.NewStore(pool).Server(ctx)
@@ -80,6 +68,21 @@ func TestServerChanges_CrashRecovery(t *testing.T) {
 	after, err := ledger.NewStore(pool).Server(ctx)
 	require.NoError(t, err)
 	require.False(t, after.Same(before), "%s and %s are two lives", before, after)
+}
+
+// serverOfItsOwn starts a server for the test alone (it restarts or
+// crashes it) and opens a pool of 2 on it.
+func serverOfItsOwn(t *testing.T) (*pgtest.Cluster, *pgxpool.Pool) {
+	t.Helper()
+	testtier.Needs(t, "PostgreSQL")
+	ctx := context.Background()
+	c, err := pgtest.StartCluster(ctx, pgtest.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	pool, err := ledger.Open(ctx, c.DSN("postgres"), 2)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return c, pool
 }
 
 // TestCommitChunk_CommitWaitingForAStandbyIsNoticed: a server that waits
