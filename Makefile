@@ -23,6 +23,11 @@ HELM := $(BIN)/helm-$(HELM_VERSION)
 # (hack/tools/promtool pins it; v0.316.0 is Prometheus 3.16.0).
 PROMETHEUS_VERSION := v0.316.0
 PROMTOOL := $(BIN)/promtool-$(PROMETHEUS_VERSION)
+# SeaweedFS' weed, the S3-compatible server of the object-store tests
+# (internal/s3test): the version hack/tools/seaweedfs/go.mod pins (one
+# source), built from the Go module proxy (about 7 CPU-minutes cold).
+SEAWEEDFS_VERSION := $(shell awk '{ for (i = 1; i < NF; i++) if ($$i == "github.com/seaweedfs/seaweedfs") { print $$(i + 1); exit } }' $(ROOT)/hack/tools/seaweedfs/go.mod)
+WEED := $(BIN)/weed-$(SEAWEEDFS_VERSION)
 
 # envtest: kube-apiserver and etcd built from the Go module proxy (hack/k8s-bins.sh).
 ENVTEST_ASSETS = $(shell $(ROOT)/hack/k8s-bins.sh --print-dir kube-apiserver etcd kubectl)
@@ -326,6 +331,18 @@ $(CONTROLLER_GEN):
 	@mkdir -p $(BIN)
 	GOBIN=$(BIN)/.tmp-cgen go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
 	mv $(BIN)/.tmp-cgen/controller-gen $@ && rmdir $(BIN)/.tmp-cgen
+
+.PHONY: weed
+weed: $(WEED) ## Build the pinned SeaweedFS server (hack/tools/seaweedfs/go.mod) into bin/weed-VERSION: the S3-compatible store of the object-store tests (internal/s3test).
+
+# Static, as SeaweedFS' own release builds; COMMIT stamped as its Makefile
+# leaves to the builder (weed version prints it): the pseudo-version's hash.
+$(WEED):
+	@mkdir -p $(BIN)
+	cd $(ROOT)/hack/tools/seaweedfs && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags "-s -w \
+		-X github.com/seaweedfs/seaweedfs/weed/util/version.COMMIT=$(lastword $(subst -, ,$(SEAWEEDFS_VERSION)))" \
+		-o $@.tmp github.com/seaweedfs/seaweedfs/weed
+	mv $@.tmp $@
 
 .PHONY: helm
 helm: $(HELM) ## Build the pinned helm (hack/tools/helm/go.mod) into bin/helm-VERSION.
