@@ -88,6 +88,7 @@ type Server struct {
 	ports   ports
 	cmd     *exec.Cmd
 	exited  chan struct{}
+	exitErr error // how weed exited, once exited is closed
 	logPath string
 }
 
@@ -120,11 +121,14 @@ func Start(ctx context.Context) (_ *Server, err error) {
 	// take one meanwhile, so a start that loses a port is tried again.
 	for attempt := 1; ; attempt++ {
 		err = s.start(ctx, bin)
-		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
-			return s, err
+		if err == nil {
+			return s, nil
+		}
+		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return nil, err
 		}
 		if stopErr := s.shutdown(); stopErr != nil {
-			return s, errors.Join(err, stopErr)
+			return nil, errors.Join(err, stopErr)
 		}
 	}
 }
@@ -224,7 +228,12 @@ func (s *Server) start(ctx context.Context, bin string) error {
 	}
 	s.cmd, s.exited = cmd, make(chan struct{})
 	exited := s.exited
-	go func() { _ = cmd.Wait(); close(exited) }()
+	go func() {
+		if s.exitErr = cmd.Wait(); s.exitErr == nil {
+			s.exitErr = errors.New("exit status 0")
+		}
+		close(exited)
+	}()
 	if err := s.waitReady(ctx, 90*time.Second); err != nil {
 		return err
 	}
@@ -259,7 +268,7 @@ func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
 		}
 		select {
 		case <-s.exited:
-			return fmt.Errorf("weed exited during start-up:\n%s", s.LogTail())
+			return fmt.Errorf("weed exited during start-up (%w):\n%s", s.exitErr, s.LogTail())
 		case <-ctx.Done():
 			return fmt.Errorf("weed not ready after %s: %w\n%s", timeout, last, s.LogTail())
 		case <-time.After(100 * time.Millisecond):
