@@ -16,7 +16,7 @@ import (
 func TestRateChart(t *testing.T) {
 	t0 := time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
 	clock := t0
-	w := &runWatch{changed: make(chan struct{}), samples: map[string][]sample{}, now: func() time.Time { return clock }}
+	w := &runWatch{watched: watched{changed: make(chan struct{})}, samples: map[string][]sample{}, now: func() time.Time { return clock }}
 	run := &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "june"}}
 	for i, done := range []int64{0, 100, 100, 300, 250} {
 		clock = t0.Add(time.Duration(i) * 10 * time.Second)

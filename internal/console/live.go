@@ -22,23 +22,51 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 )
 
+// watches: the console's watch covers namespace ns (its live parts
+// follow the objects there).
+func (s *Server) watches(ns string) bool {
+	return s.watch != nil && (s.o.Namespace == "" || s.o.Namespace == ns)
+}
+
 // liveURL is the event stream of run ns/name's page, "" when the console
 // does not watch its namespace.
 func (s *Server) liveURL(ns, name string) string {
-	if s.watch == nil || s.o.Namespace != "" && s.o.Namespace != ns {
+	if !s.watches(ns) {
 		return ""
 	}
 	return "/runs/" + ns + "/" + name + "/live"
 }
 
-// run is run ns/name as the informer holds it (nil: it has none).
-func (w *runWatch) run(ns, name string) *v1alpha1.ProcessingRun {
-	obj, ok, err := w.informer.GetStore().GetByKey(ns + "/" + name)
-	if err != nil || !ok {
-		return nil
+// liveMessage is what a page's event stream sends: the page's live part,
+// rendered by the server, and its version; or that its object is gone.
+type liveMessage struct {
+	HTML    template.HTML `json:"html"`
+	Version string        `json:"version"`
+	Gone    string        `json:"gone,omitempty"`
+}
+
+// startStream sets the headers of an event stream; false (once it
+// answered) when w cannot stream.
+func startStream(w http.ResponseWriter) (http.Flusher, bool) {
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return nil, false
 	}
-	run, _ := obj.(*v1alpha1.ProcessingRun)
-	return run
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no")
+	return flusher, true
+}
+
+// send sends msg as an event of type event; false when the request ended.
+func send(w http.ResponseWriter, flusher http.Flusher, event string, msg any) bool {
+	b, _ := json.Marshal(msg)
+	if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, b); err != nil {
+		return false
+	}
+	flusher.Flush()
+	return true
 }
 
 // runLive streams a run's page's live part (status, actions, shards,
@@ -48,8 +76,7 @@ func (w *runWatch) run(ns, name string) *v1alpha1.ProcessingRun {
 // a list at each change of the run when the user may not watch Events).
 func (s *Server) runLive(w http.ResponseWriter, r *http.Request) {
 	ns, name := r.PathValue("namespace"), r.PathValue("name")
-	flusher, ok := w.(http.Flusher)
-	if s.liveURL(ns, name) == "" || !ok {
+	if s.liveURL(ns, name) == "" {
 		http.Error(w, "the console does not watch namespace "+ns, http.StatusNotFound)
 		return
 	}
@@ -58,52 +85,38 @@ func (s *Server) runLive(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no run "+ns+"/"+name+" in the console's watch", http.StatusNotFound)
 		return
 	}
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("X-Accel-Buffering", "no")
+	flusher, ok := startStream(w)
+	if !ok {
+		return
+	}
 	ctx := r.Context()
 	feed := s.watchEvents(ctx, run)
 	heartbeat := time.NewTicker(20 * time.Second)
 	defer heartbeat.Stop()
 	for {
-		changed := s.watch.next()
+		changed, _ := s.watch.next()
 		run := s.watch.run(ns, name)
-		msg := struct {
-			HTML    template.HTML `json:"html"`
-			Version string        `json:"version"`
-			Gone    bool          `json:"gone,omitempty"`
-		}{Gone: run == nil}
+		msg := liveMessage{Gone: "The run was deleted."}
 		if run != nil {
 			d := runData{Namespace: run.Namespace, Name: run.Name, Run: run, Finished: finished(run), Chart: rateChart(s.watch.samplesOf(ns, name))}
 			d.Events, d.EventsError = feed.list(ctx, s)
-			msg.HTML, msg.Version = s.liveHTML(d)
+			msg = liveMessage{}
+			msg.HTML, msg.Version = s.liveHTML("run", d)
 		}
-		b, _ := json.Marshal(msg)
-		if _, err := fmt.Fprintf(w, "event: run\ndata: %s\n\n", b); err != nil {
-			return
-		}
-		flusher.Flush()
-		if run == nil || !s.await(ctx, w, flusher, either(ctx, changed, feed.next()), heartbeat.C) {
+		if !send(w, flusher, "live", msg) || run == nil || !s.await(ctx, w, flusher, either(ctx, changed, feed.next()), heartbeat.C) {
 			return
 		}
 	}
 }
 
-// next is closed at the runs' next change.
-func (w *runWatch) next() <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.changed
-}
-
-// liveHTML renders the live part of a run's page, and its version (a
-// digest: the page replaces its live part only when it changed, not under
-// the user's pointer for nothing).
-func (s *Server) liveHTML(d runData) (template.HTML, string) {
+// liveHTML renders the live part of page's template (its "live"), and its
+// version (a digest: the page replaces its live part only when it
+// changed, not under the user's pointer for nothing).
+func (s *Server) liveHTML(page string, d any) (template.HTML, string) {
 	var b bytes.Buffer
-	if err := s.tmpl["run"].ExecuteTemplate(&b, "live", d); err != nil {
+	if err := s.tmpl[page].ExecuteTemplate(&b, "live", d); err != nil {
 		b.Reset()
-		b.WriteString(`<p class="error" role="alert">rendering the run: ` + template.HTMLEscapeString(s.shown(err)) + `</p>`)
+		b.WriteString(`<p class="error" role="alert">rendering the page: ` + template.HTMLEscapeString(s.shown(err)) + `</p>`)
 	}
 	sum := sha256.Sum256(b.Bytes())
 	return template.HTML(b.String()), hex.EncodeToString(sum[:8]) //nolint:gosec // html/template's own output

@@ -220,7 +220,7 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request) {
 		if s.watch != nil {
 			d.Chart = rateChart(s.watch.samplesOf(d.Namespace, d.Name))
 		}
-		d.Live, d.LiveVersion = s.liveHTML(d)
+		d.Live, d.LiveVersion = s.liveHTML("run", d)
 	}
 	if d.Run == nil && d.Record == nil {
 		s.fail(w, "run "+d.Namespace+"/"+d.Name, fmt.Errorf("run %s/%s: %w in the cluster nor in the ledger database%s", d.Namespace, d.Name, errNotFound, suffix(d.LedgerError)))

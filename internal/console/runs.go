@@ -1,17 +1,11 @@
 package console
 
 import (
-	"context"
 	"fmt"
 	"sort"
-	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
@@ -19,80 +13,37 @@ import (
 )
 
 // runWatch holds the runs of the console's namespace (all namespaces for
-// "") as an informer of the API server keeps them: one list, then one
-// watch, as kubectl get --watch would, never polled. Every change closes
-// changed, which the pages' event streams wait on.
+// "") and the progress samples of each (its chart).
 type runWatch struct {
-	informer cache.SharedIndexInformer
-
-	mu      sync.Mutex
-	changed chan struct{}
-	err     error // the last list or watch error (a refusal of RBAC, say), nil once it lists again
-	// samples are each run's progress as the watch saw it (its chart).
+	watched
+	// samples are each run's progress as the watch saw it (its chart),
+	// under watched.mu.
 	samples map[string][]sample
 	now     func() time.Time
 }
 
 func newRunWatch(c client.WithWatch, namespace string) *runWatch {
-	w := &runWatch{changed: make(chan struct{}), samples: map[string][]sample{}, now: time.Now}
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			list := &v1alpha1.ProcessingRunList{}
-			err := c.List(ctx, list, client.InNamespace(namespace), &client.ListOptions{Raw: &opts})
-			w.setErr(err)
-			return list, err
-		},
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return c.Watch(ctx, &v1alpha1.ProcessingRunList{}, client.InNamespace(namespace), &client.ListOptions{Raw: &opts})
-		},
-	}
-	w.informer = cache.NewSharedIndexInformer(lw, &v1alpha1.ProcessingRun{}, 0, cache.Indexers{})
-	_ = w.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) { w.setErr(err) })
-	_, _ = w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { w.record(obj); w.notify() },
-		UpdateFunc: func(_, obj any) { w.record(obj); w.notify() },
-		DeleteFunc: func(obj any) { w.forget(obj); w.notify() },
+	w := &runWatch{samples: map[string][]sample{}, now: time.Now}
+	w.init(c, namespace, func() client.ObjectList { return &v1alpha1.ProcessingRunList{} }, &v1alpha1.ProcessingRun{}, func(obj any, deleted bool) {
+		if deleted {
+			w.forget(obj)
+		} else {
+			w.record(obj)
+		}
 	})
 	return w
-}
-
-func (w *runWatch) setErr(err error) {
-	w.mu.Lock()
-	changed := errText(w.err) != errText(err)
-	w.err = err
-	w.mu.Unlock()
-	if changed {
-		w.notify()
-	}
-}
-
-func errText(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
-}
-
-func (w *runWatch) notify() {
-	w.mu.Lock()
-	close(w.changed)
-	w.changed = make(chan struct{})
-	w.mu.Unlock()
 }
 
 // state is the runs now, a channel closed at the next change, and the
 // error of the last list or watch.
 func (w *runWatch) state() ([]*v1alpha1.ProcessingRun, <-chan struct{}, error) {
-	w.mu.Lock()
-	err, changed := w.err, w.changed
-	w.mu.Unlock()
-	var runs []*v1alpha1.ProcessingRun
-	for _, obj := range w.informer.GetStore().List() {
-		if run, ok := obj.(*v1alpha1.ProcessingRun); ok {
-			runs = append(runs, run)
-		}
-	}
-	return runs, changed, err
+	changed, err := w.next()
+	return objects[v1alpha1.ProcessingRun](&w.watched), changed, err
+}
+
+// run is run ns/name as the informer holds it (nil: it has none).
+func (w *runWatch) run(ns, name string) *v1alpha1.ProcessingRun {
+	return object[v1alpha1.ProcessingRun](&w.watched, ns, name)
 }
 
 // runRow is one line of the runs page, as the page renders it and the

@@ -12,7 +12,6 @@ import (
 	"crypto/subtle"
 	"embed"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -198,14 +197,10 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no cluster: the console reads the ledger alone, which it does not watch", http.StatusNotFound)
 		return
 	}
-	flusher, ok := w.(http.Flusher)
+	flusher, ok := startStream(w)
 	if !ok {
-		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
 	}
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("X-Accel-Buffering", "no")
 	ns := r.URL.Query().Get("namespace")
 	heartbeat := time.NewTicker(20 * time.Second)
 	defer heartbeat.Stop()
@@ -218,12 +213,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			msg.Error = s.shown(err)
 		}
-		b, _ := json.Marshal(msg)
-		if _, err := fmt.Fprintf(w, "event: runs\ndata: %s\n\n", b); err != nil {
-			return
-		}
-		flusher.Flush()
-		if !s.await(r.Context(), w, flusher, changed, heartbeat.C) {
+		if !send(w, flusher, "runs", msg) || !s.await(r.Context(), w, flusher, changed, heartbeat.C) {
 			return
 		}
 	}

@@ -1,6 +1,7 @@
 // runledger console: the runs page follows the console's watch of the API
-// server through Server-Sent Events (/events), a run's page its run
-// (/runs/NS/NAME/live); no framework, no CDN.
+// server through Server-Sent Events (/events); a run's page, a schedule's
+// and the schedules page their live part (/runs/NS/NAME/live,
+// /schedules/NS/NAME/live, /schedules/live); no framework, no CDN.
 "use strict";
 
 // countUpdate counts the updates a page applied (the tests read it).
@@ -8,19 +9,25 @@ function countUpdate() {
   document.body.dataset.updates = String(Number(document.body.dataset.updates || "0") + 1);
 }
 
-// A run's page follows the run: the server renders its live part (status,
-// actions, shards, conditions, Events) at each change and sends it here.
+// A page with a live part follows it: the server renders that part (a
+// run's status, actions, shards, conditions and Events; a schedule's status,
+// ticks and runs; the schedules) at each change and sends it here.
 (function () {
   const live = document.getElementById("live");
   if (!live || !live.dataset.live || !window.EventSource) {
     return;
   }
   const source = new EventSource(live.dataset.live);
-  source.addEventListener("run", function (ev) {
+  source.addEventListener("live", function (ev) {
     const msg = JSON.parse(ev.data);
     if (msg.gone) {
       source.close();
-      live.insertAdjacentHTML("afterbegin", '<p class="error" role="alert" id="gone">The run was deleted.</p>');
+      const gone = document.createElement("p");
+      gone.className = "error";
+      gone.id = "gone";
+      gone.setAttribute("role", "alert");
+      gone.textContent = msg.gone;
+      live.prepend(gone);
       return;
     }
     if (msg.version === live.dataset.version) {
