@@ -33,6 +33,7 @@ import (
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/pgtest"
 	"github.com/runledger/runledger/internal/schedule"
+	"github.com/runledger/runledger/internal/schedule/manualrun"
 	"github.com/runledger/runledger/internal/testtier"
 )
 
@@ -482,6 +483,62 @@ func TestConsoleInABrowser(t *testing.T) {
 			chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#action-resume`)))
 		require.NoError(t, f.env.Client.Get(context.Background(), client.ObjectKeyFromObject(sc), sc))
 		require.True(t, sc.Spec.Suspend, "suspended through the API")
+	})
+
+	t.Run("schedules follow the watch", func(t *testing.T) {
+		ctxb := context.Background()
+		sc := &v1alpha1.ProcessingSchedule{}
+		require.NoError(t, f.env.Client.Get(ctxb, types.NamespacedName{Namespace: f.ns, Name: "invoices"}, sc))
+		require.True(t, sc.Spec.Suspend, "as the console's suspend left it")
+		// live waits, without a reload, for cond on the open page.
+		live := func(cond, why string) {
+			t.Helper()
+			_, err := chromedp.Run(ctx, chromedp.Poll[bool](cond+` && window.notReloaded === true`, chromedp.WithPollingTimeout(30*time.Second)))
+			require.NoError(t, err, "%s, without a reload (on %s)", why, location(ctx))
+		}
+		setSuspend := func(suspend bool) {
+			t.Helper()
+			require.NoError(t, f.env.Client.Patch(ctxb, sc, client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"suspend":%t}}`, suspend))))
+		}
+		setMissed := func(n int64) {
+			t.Helper()
+			require.NoError(t, f.env.Client.Get(ctxb, client.ObjectKeyFromObject(sc), sc))
+			sc.Status.MissedTicks = n
+			require.NoError(t, f.env.Client.Status().Update(ctxb, sc))
+		}
+
+		// A schedule's page: resumed through the API, a new run of an
+		// occurrence (another user's trigger), a missed tick of its status.
+		do(t, ctx, chromedp.Navigate(url+"/schedules/"+f.ns+"/invoices"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)),
+			chromedp.Evaluate[chromedp.Void](`window.notReloaded = true`))
+		require.Equal(t, "suspended", text(t, ctx, "#schedule-status .state"))
+		require.Equal(t, 1, count(t, ctx, "#action-resume"))
+		setSuspend(false)
+		live(`document.querySelector("#schedule-status .state").textContent.trim() === "active" && document.querySelector("#action-suspend") !== null`,
+			"the page follows the schedule's resume")
+		_, made, err := manualrun.Create(ctxb, f.env.Client, sc, "2026-07", time.Time{}, schedule.CreatedByTrigger)
+		require.NoError(t, err)
+		require.True(t, made)
+		live(`document.querySelector("#occurrences tbody tr:first-child .occurrence").textContent.trim() === "2026-07"`,
+			"the page follows a new run of occurrence 2026-07")
+		require.Equal(t, schedule.CreatedByTrigger, text(t, ctx, "#occurrences tbody tr:first-child .created-by"))
+		require.Equal(t, 4, count(t, ctx, "#occurrences tbody tr"))
+		f.setStatus(t, "invoices-2026-07", v1alpha1.RunSucceeded, v1alpha1.ItemCounts{Total: 2, Completed: 2})
+		live(`document.querySelector("#occurrences tbody tr:first-child .badge").textContent.trim() === "Succeeded"`,
+			"the page follows the status of an occurrence's run")
+		setMissed(3)
+		live(`document.querySelector("#schedule-status .missed").textContent.trim() === "3"`, "the page follows the schedule's status")
+
+		// The schedules page: suspended through the API, a missed tick.
+		srow := fmt.Sprintf(`tr[data-schedule="%s/invoices"]`, f.ns)
+		do(t, ctx, chromedp.Navigate(url+"/schedules"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)),
+			chromedp.Evaluate[chromedp.Void](`window.notReloaded = true`))
+		require.Equal(t, "3", text(t, ctx, srow+" .missed"))
+		require.Empty(t, text(t, ctx, srow+" .suspended"))
+		setSuspend(true)
+		live(fmt.Sprintf(`document.querySelector('%s .suspended').textContent.trim() === "suspended"`, srow), "the schedules page follows a suspend")
+		setMissed(4)
+		live(fmt.Sprintf(`document.querySelector('%s .missed').textContent.trim() === "4"`, srow), "the schedules page follows the status")
 	})
 
 	t.Run("delete a finished run", func(t *testing.T) {

@@ -136,6 +136,24 @@ func either(ctx context.Context, a, b <-chan struct{}) <-chan struct{} {
 	return out
 }
 
+// at is a channel closed at t (never for a zero t), or when ctx ends.
+func at(ctx context.Context, t time.Time) <-chan struct{} {
+	if t.IsZero() {
+		return nil
+	}
+	out := make(chan struct{})
+	go func() {
+		defer close(out)
+		timer := time.NewTimer(time.Until(t))
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+	}()
+	return out
+}
+
 // eventFeed holds a run's Events as one watch of them sends them (its
 // first events are the Events there are: a watch from no resourceVersion).
 // When the watch cannot be opened (RBAC grants list, not watch), list

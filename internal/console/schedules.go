@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html/template"
 	"net/http"
 	"net/url"
 	"sort"
@@ -35,25 +36,43 @@ type scheduleRow struct {
 	LastRun                         string
 }
 
-func (s *Server) schedulesPage(w http.ResponseWriter, r *http.Request) {
-	if s.o.Kube == nil {
-		s.fail(w, "schedules", fmt.Errorf("schedules: %w (they need a cluster)", errNotFound))
-		return
+// schedulesData is the schedules page's; its live part the table.
+type schedulesData struct {
+	Filter      string
+	Rows        []scheduleRow
+	Error       string
+	LiveURL     string
+	Live        template.HTML
+	LiveVersion string
+}
+
+// newScheduleWatch holds the schedules of namespace ("" for all) as runWatch
+// holds the runs.
+func newScheduleWatch(c client.WithWatch, namespace string) *watched {
+	w := &watched{}
+	w.init(c, namespace, func() client.ObjectList { return &v1alpha1.ProcessingScheduleList{} }, &v1alpha1.ProcessingSchedule{}, nil)
+	return w
+}
+
+// scheduleWatch is the schedules' informer, started now if it was not.
+func (s *Server) scheduleWatch() *watched {
+	s.schedulesOnce.Do(func() { close(s.wantSchedules) })
+	return s.schedules
+}
+
+// schedulesNamespace is the namespace the schedules page of r lists: its
+// filter's, else the console's ("" for all).
+func (s *Server) schedulesNamespace(r *http.Request) string {
+	if ns := r.URL.Query().Get("namespace"); ns != "" {
+		return ns
 	}
-	ns := r.URL.Query().Get("namespace")
-	if ns == "" {
-		ns = s.o.Namespace
-	}
-	d := struct {
-		Filter string
-		Rows   []scheduleRow
-		Error  string
-	}{Filter: r.URL.Query().Get("namespace"), Rows: []scheduleRow{}}
-	list := &v1alpha1.ProcessingScheduleList{}
-	if err := s.o.Kube.List(r.Context(), list, client.InNamespace(ns)); err != nil {
-		d.Error = s.shown(err)
-	}
-	for _, sc := range list.Items {
+	return s.o.Namespace
+}
+
+// scheduleRows are the schedules' lines, by namespace and name.
+func scheduleRows(scs []*v1alpha1.ProcessingSchedule) []scheduleRow {
+	out := []scheduleRow{}
+	for _, sc := range scs {
 		st := sc.Status
 		row := scheduleRow{Namespace: sc.Namespace, Name: sc.Name, Schedule: sc.Spec.Schedule, Zone: sc.Spec.TimeZoneName(),
 			Suspended: sc.Spec.Suspend, Active: st.ActiveCount, Missed: st.MissedTicks, NextOccurrence: st.NextOccurrence}
@@ -63,9 +82,80 @@ func (s *Server) schedulesPage(w http.ResponseWriter, r *http.Request) {
 		if st.LastRun != nil {
 			row.LastRun = st.LastRun.Name
 		}
-		d.Rows = append(d.Rows, row)
+		out = append(out, row)
 	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Namespace != out[j].Namespace {
+			return out[i].Namespace < out[j].Namespace
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// schedulesPage lists the schedules as the API server lists them now; its
+// table then follows the schedules' watch (schedulesLive) when the console
+// watches their namespace.
+func (s *Server) schedulesPage(w http.ResponseWriter, r *http.Request) {
+	if s.o.Kube == nil {
+		s.fail(w, "schedules", fmt.Errorf("schedules: %w (they need a cluster)", errNotFound))
+		return
+	}
+	ns := s.schedulesNamespace(r)
+	d := schedulesData{Filter: r.URL.Query().Get("namespace"), Rows: []scheduleRow{}}
+	list := &v1alpha1.ProcessingScheduleList{}
+	if err := s.o.Kube.List(r.Context(), list, client.InNamespace(ns)); err != nil {
+		d.Error = s.shown(err)
+	}
+	scs := make([]*v1alpha1.ProcessingSchedule, 0, len(list.Items))
+	for i := range list.Items {
+		scs = append(scs, &list.Items[i])
+	}
+	d.Rows = scheduleRows(scs)
+	if s.watches(ns) {
+		d.LiveURL = "/schedules/live?namespace=" + url.QueryEscape(d.Filter)
+	}
+	d.Live, d.LiveVersion = s.liveHTML("schedules", d)
 	s.render(w, http.StatusOK, "schedules", "Schedules", d)
+}
+
+// schedulesLive streams the schedules page's table as Server-Sent Events:
+// now, then at every change the schedules' watch sees.
+func (s *Server) schedulesLive(w http.ResponseWriter, r *http.Request) {
+	ns := s.schedulesNamespace(r)
+	if !s.watches(ns) {
+		http.Error(w, "the console does not watch namespace "+ns, http.StatusNotFound)
+		return
+	}
+	flusher, ok := startStream(w)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	sw := s.scheduleWatch()
+	if sw.ready(ctx) != nil && ctx.Err() != nil {
+		return // a refusal is shown with the table
+	}
+	heartbeat := time.NewTicker(20 * time.Second)
+	defer heartbeat.Stop()
+	for {
+		changed, err := sw.next()
+		var scs []*v1alpha1.ProcessingSchedule
+		for _, sc := range objects[v1alpha1.ProcessingSchedule](sw) {
+			if ns == "" || sc.Namespace == ns {
+				scs = append(scs, sc)
+			}
+		}
+		d := schedulesData{Rows: scheduleRows(scs)}
+		if err != nil {
+			d.Error = s.shown(err)
+		}
+		var msg liveMessage
+		msg.HTML, msg.Version = s.liveHTML("schedules", d)
+		if !send(w, flusher, "live", msg) || !s.await(ctx, w, flusher, changed, heartbeat.C) {
+			return
+		}
+	}
 }
 
 // occurrenceRun is one run of a schedule, by its occurrence.
@@ -75,7 +165,8 @@ type occurrenceRun struct {
 	Percent                                     int
 }
 
-// scheduleData is a schedule's page's.
+// scheduleData is a schedule's page's; all but Note and the forms its live
+// part.
 type scheduleData struct {
 	Sched     *v1alpha1.ProcessingSchedule
 	Zone      string
@@ -85,6 +176,11 @@ type scheduleData struct {
 	Runs      []occurrenceRun
 	RunsError string
 	Note      string
+	// LiveURL: the stream of the page's live part ("" for none); Live
+	// that part, rendered, and LiveVersion its digest.
+	LiveURL     string
+	Live        template.HTML
+	LiveVersion string
 }
 
 // getSchedule reads the request's schedule.
@@ -97,21 +193,16 @@ func (s *Server) getSchedule(ctx context.Context, r *http.Request) (*v1alpha1.Pr
 	return sc, err
 }
 
-func (s *Server) schedulePage(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	sc, err := s.getSchedule(ctx, r)
-	if err != nil {
-		s.fail(w, "schedule "+r.PathValue("namespace")+"/"+r.PathValue("name"), err)
-		return
-	}
-	d := scheduleData{Sched: sc, Zone: sc.Spec.TimeZoneName(), Runs: []occurrenceRun{}}
-	if q := r.URL.Query(); q.Has("created") {
-		d.Note = fmt.Sprintf("Backfill: %d runs created, %d found (they existed).", offset(q.Get("created")), offset(q.Get("found")))
+// scheduleView is what a schedule's page shows of sc and its runs (those
+// labelled with it) at now.
+func (s *Server) scheduleView(sc *v1alpha1.ProcessingSchedule, runs []*v1alpha1.ProcessingRun, runsErr error, now time.Time) scheduleData {
+	d := scheduleData{Sched: sc, Zone: sc.Spec.TimeZoneName(), Runs: occurrenceRuns(runs)}
+	if runsErr != nil {
+		d.RunsError = s.shown(runsErr)
 	}
 	if p, err := schedule.Parse(sc.Name, &sc.Spec); err != nil {
 		d.Problem = s.shown(err)
 	} else {
-		now := time.Now()
 		w := p.WallOf(now)
 		for len(d.Next) < nextTicks {
 			t, ok := p.NextAfter(w)
@@ -122,19 +213,114 @@ func (s *Server) schedulePage(w http.ResponseWriter, r *http.Request) {
 		}
 		d.Trigger = p.TriggerTick(now)
 	}
-	d.Runs, d.RunsError = s.scheduleRuns(ctx, sc)
+	return d
+}
+
+// schedulePage shows a schedule and its runs as the API server has them
+// now; its live part then follows the schedules' and the runs' watches
+// (scheduleLive) when the console watches its namespace.
+func (s *Server) schedulePage(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	sc, err := s.getSchedule(ctx, r)
+	if err != nil {
+		s.fail(w, "schedule "+r.PathValue("namespace")+"/"+r.PathValue("name"), err)
+		return
+	}
+	runs, err := s.scheduleRuns(ctx, sc)
+	d := s.scheduleView(sc, runs, err, time.Now())
+	if q := r.URL.Query(); q.Has("created") {
+		d.Note = fmt.Sprintf("Backfill: %d runs created, %d found (they existed).", offset(q.Get("created")), offset(q.Get("found")))
+	}
+	if s.watches(sc.Namespace) {
+		d.LiveURL = "/schedules/" + sc.Namespace + "/" + sc.Name + "/live"
+	}
+	d.Live, d.LiveVersion = s.liveHTML("schedule", d)
 	s.render(w, http.StatusOK, "schedule", "Schedule "+sc.Namespace+"/"+sc.Name, d)
 }
 
-// scheduleRuns are the runs labelled with schedule sc, the latest
-// occurrence first.
-func (s *Server) scheduleRuns(ctx context.Context, sc *v1alpha1.ProcessingSchedule) ([]occurrenceRun, string) {
+// scheduleLive streams a schedule's page's live part (status, suspend or
+// resume, next and missed ticks, the run of each occurrence), rendered by
+// the server, as Server-Sent Events: now, then at every change of the
+// schedule (the schedules' watch) or of the runs (the runs' watch), and
+// when its next tick falls due.
+func (s *Server) scheduleLive(w http.ResponseWriter, r *http.Request) {
+	ns, name := r.PathValue("namespace"), r.PathValue("name")
+	if !s.watches(ns) {
+		http.Error(w, "the console does not watch namespace "+ns, http.StatusNotFound)
+		return
+	}
+	ctx := r.Context()
+	sw := s.scheduleWatch()
+	for _, wt := range []*watched{sw, &s.watch.watched} {
+		if err := wt.ready(ctx); err != nil {
+			http.Error(w, "the console's watch: "+s.shown(err), http.StatusServiceUnavailable)
+			return
+		}
+	}
+	if object[v1alpha1.ProcessingSchedule](sw, ns, name) == nil {
+		http.Error(w, "no schedule "+ns+"/"+name+" in the console's watch", http.StatusNotFound)
+		return
+	}
+	flusher, ok := startStream(w)
+	if !ok {
+		return
+	}
+	heartbeat := time.NewTicker(20 * time.Second)
+	defer heartbeat.Stop()
+	for {
+		// wait ends with the iteration: its goroutines and timer with it.
+		wait, done := context.WithCancel(ctx)
+		scChanged, _ := sw.next()
+		runsChanged, runsErr := s.watch.next()
+		sc := object[v1alpha1.ProcessingSchedule](sw, ns, name)
+		msg := liveMessage{Gone: "The schedule was deleted."}
+		var due <-chan struct{}
+		if sc != nil {
+			d := s.scheduleView(sc, s.watch.ofSchedule(sc), runsErr, time.Now())
+			msg = liveMessage{}
+			msg.HTML, msg.Version = s.liveHTML("schedule", d)
+			if len(d.Next) > 0 {
+				due = at(wait, d.Next[0].Time)
+			}
+		}
+		ok := send(w, flusher, "live", msg) && sc != nil &&
+			s.await(ctx, w, flusher, either(wait, either(wait, scChanged, runsChanged), due), heartbeat.C)
+		done()
+		if !ok {
+			return
+		}
+	}
+}
+
+// scheduleRuns are the runs labelled with schedule sc, as the API server
+// lists them.
+func (s *Server) scheduleRuns(ctx context.Context, sc *v1alpha1.ProcessingSchedule) ([]*v1alpha1.ProcessingRun, error) {
 	list := &v1alpha1.ProcessingRunList{}
 	if err := s.o.Kube.List(ctx, list, client.InNamespace(sc.Namespace), client.MatchingLabels{v1alpha1.LabelSchedule: sc.Name}); err != nil {
-		return []occurrenceRun{}, s.shown(err)
+		return nil, err
 	}
+	runs := make([]*v1alpha1.ProcessingRun, 0, len(list.Items))
+	for i := range list.Items {
+		runs = append(runs, &list.Items[i])
+	}
+	return runs, nil
+}
+
+// ofSchedule are the runs the watch holds labelled with schedule sc.
+func (w *runWatch) ofSchedule(sc *v1alpha1.ProcessingSchedule) []*v1alpha1.ProcessingRun {
+	var out []*v1alpha1.ProcessingRun
+	for _, run := range objects[v1alpha1.ProcessingRun](&w.watched) {
+		if run.Namespace == sc.Namespace && run.Labels[v1alpha1.LabelSchedule] == sc.Name {
+			out = append(out, run)
+		}
+	}
+	return out
+}
+
+// occurrenceRuns are a schedule's runs by occurrence, the latest first.
+func occurrenceRuns(runs []*v1alpha1.ProcessingRun) []occurrenceRun {
 	out := []occurrenceRun{}
-	for _, run := range list.Items {
+	for _, run := range runs {
 		phase := string(run.Status.Phase)
 		if phase == "" {
 			phase = "Pending"
@@ -149,7 +335,7 @@ func (s *Server) scheduleRuns(ctx context.Context, sc *v1alpha1.ProcessingSchedu
 		}
 		return out[i].Name < out[j].Name
 	})
-	return out, ""
+	return out
 }
 
 // scheduleAction is what the console may do to a schedule, as the user.

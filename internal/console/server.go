@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -57,8 +58,14 @@ type Server struct {
 	o     Options
 	token string
 	watch *runWatch
-	tmpl  map[string]*template.Template
-	mux   *http.ServeMux
+	// schedules is the schedules' informer, started by the first stream
+	// that follows them (wantSchedules closed): a console whose user looks
+	// at runs alone watches no schedules.
+	schedules     *watched
+	schedulesOnce sync.Once
+	wantSchedules chan struct{}
+	tmpl          map[string]*template.Template
+	mux           *http.ServeMux
 	// hosts are the Host headers accepted (the loopback address served,
 	// by IP and as localhost): any other is a DNS rebinding's.
 	hosts map[string]bool
@@ -83,12 +90,13 @@ func New(o Options, addr net.Addr) (*Server, error) {
 	if _, err := rand.Read(b); err != nil {
 		return nil, fmt.Errorf("the console's token: %w", err)
 	}
-	s := &Server{o: o, token: base64.RawURLEncoding.EncodeToString(b), hosts: allowedHosts(addr)}
+	s := &Server{o: o, token: base64.RawURLEncoding.EncodeToString(b), hosts: allowedHosts(addr), wantSchedules: make(chan struct{})}
 	if err := s.parseTemplates(); err != nil {
 		return nil, err
 	}
 	if o.Kube != nil {
 		s.watch = newRunWatch(o.Kube, o.Namespace)
+		s.schedules = newScheduleWatch(o.Kube, o.Namespace)
 	}
 	s.routes()
 	return s, nil
@@ -107,11 +115,20 @@ func allowedHosts(addr net.Addr) map[string]bool {
 	return hosts
 }
 
-// Run runs the runs' informer until ctx ends.
+// Run runs the runs' informer, and the schedules' once a page follows
+// them, until ctx ends.
 func (s *Server) Run(ctx context.Context) {
-	if s.watch != nil {
-		s.watch.informer.RunWithContext(ctx)
+	if s.watch == nil {
+		return
 	}
+	go func() {
+		select {
+		case <-s.wantSchedules:
+			s.schedules.informer.RunWithContext(ctx)
+		case <-ctx.Done():
+		}
+	}()
+	s.watch.informer.RunWithContext(ctx)
 }
 
 func (s *Server) routes() {
@@ -126,7 +143,9 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /runs/{namespace}/{name}/{action}", s.act)
 	m.HandleFunc("GET /key", s.keyPage)
 	m.HandleFunc("GET /schedules", s.schedulesPage)
+	m.HandleFunc("GET /schedules/live", s.schedulesLive)
 	m.HandleFunc("GET /schedules/{namespace}/{name}", s.schedulePage)
+	m.HandleFunc("GET /schedules/{namespace}/{name}/live", s.scheduleLive)
 	m.HandleFunc("GET /schedules/{namespace}/{name}/confirm/{action}", s.scheduleConfirmPage)
 	m.HandleFunc("POST /schedules/{namespace}/{name}/{action}", s.scheduleAct)
 	s.mux = m

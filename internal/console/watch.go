@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"sync"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -102,4 +103,22 @@ func object[T any](w *watched, ns, name string) *T {
 	}
 	o, _ := obj.(*T)
 	return o
+}
+
+// ready waits until the informer has listed once (nil), its list failed
+// (its error) or ctx ended.
+func (w *watched) ready(ctx context.Context) error {
+	tick := time.NewTicker(100 * time.Millisecond) // the informer's own state, not the API server, as cache.WaitForCacheSync polls it
+	defer tick.Stop()
+	for !w.informer.HasSynced() {
+		if _, err := w.next(); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
 }
