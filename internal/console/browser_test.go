@@ -1,14 +1,12 @@
 package console_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -29,19 +27,15 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/cli"
 	"github.com/runledger/runledger/internal/console"
+	"github.com/runledger/runledger/internal/console/consoletest"
 	"github.com/runledger/runledger/internal/envtestutil"
 	"github.com/runledger/runledger/internal/ledger"
 	"github.com/runledger/runledger/internal/pgtest"
 	"github.com/runledger/runledger/internal/schedule"
 	"github.com/runledger/runledger/internal/schedule/manualrun"
-	"github.com/runledger/runledger/internal/testtier"
 )
 
 func TestMain(m *testing.M) { envtestutil.Main(m, pgtest.Stop) }
-
-// EnvScreenshots names a directory the browser test saves its screenshots
-// into (docs/images/console for the docs); a temporary one without it.
-const EnvScreenshots = "RUNLEDGER_CONSOLE_SCREENSHOTS"
 
 // consoleSchema: invoices whose amount must be positive (the items of
 // accounts 1 to 3 carry 0 or less: their effect fails).
@@ -82,7 +76,7 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, os.WriteFile(f.dsnFile, []byte(dsn), 0o600))
 	f.kubeconfig = filepath.Join(dir, "kubeconfig")
 	require.NoError(t, os.WriteFile(f.kubeconfig, env.KubeConfig, 0o600))
-	f.shots = os.Getenv(EnvScreenshots)
+	f.shots = os.Getenv(consoletest.EnvScreenshots)
 	if f.shots == "" {
 		f.shots = t.TempDir()
 	}
@@ -192,88 +186,20 @@ func (f *fixture) schedule(t *testing.T) *v1alpha1.ProcessingSchedule {
 // ("" for none: the ledger alone).
 func (f *fixture) startConsole(t *testing.T, kubeconfig string) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	root := cli.NewRootCommand()
-	args := []string{"console", "--address", "127.0.0.1:0", "-n", f.ns, "--dsn-file", f.dsnFile}
+	args := []string{"-n", f.ns, "--dsn-file", f.dsnFile}
 	if kubeconfig == "" {
 		args = append(args, "--no-cluster")
 	} else {
 		args = append(args, "--kubeconfig", kubeconfig)
 	}
-	root.SetArgs(args)
-	out, w := io.Pipe()
-	root.SetOut(w)
-	var logs strings.Builder
-	root.SetErr(&logs)
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx); _ = w.Close() }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-		dsn, err := os.ReadFile(f.dsnFile)
-		require.NoError(t, err)
-		require.NotContains(t, logs.String(), strings.TrimSpace(string(dsn)), "the DSN is not logged")
-	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err, "the console's first line")
-	go func() { _, _ = io.Copy(io.Discard, out) }()
-	fields := strings.Fields(line)
-	require.GreaterOrEqual(t, len(fields), 3, line)
-	return strings.TrimSuffix(fields[2], "/")
+	dsn, err := os.ReadFile(f.dsnFile)
+	require.NoError(t, err)
+	return consoletest.Start(t, strings.TrimSpace(string(dsn)), args...)
 }
 
-// browser is a headless Chromium (Debian's), for the test's length.
-func browser(t *testing.T) context.Context {
+func (f *fixture) shot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
-	testtier.Needs(t, "Chromium (apt-get install -y chromium)")
-	path := ""
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			path = p
-			break
-		}
-	}
-	if path == "" {
-		t.Fatal("needs Chromium: apt-get install -y chromium (Debian's; .ci/run installs it)")
-	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.WindowSize(1280, 860))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(actx)
-	t.Cleanup(func() { cancel(); cancelAlloc() })
-	ctx, cancelTimeout := context.WithTimeout(ctx, 3*time.Minute)
-	t.Cleanup(cancelTimeout)
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("about:blank")), "starting %s", path)
-	return ctx
-}
-
-func do(t *testing.T, ctx context.Context, steps ...chromedp.Action[chromedp.Void]) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
-	defer cancel()
-	require.NoError(t, chromedp.Do(ctx, steps...), "on %s", location(ctx))
-}
-
-// stepTimeout bounds each step in the browser.
-const stepTimeout = 30 * time.Second
-
-// location is the page's URL and heading, for a failure's message.
-func location(ctx context.Context) string {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.href + " (" + (document.querySelector("h1") || {}).textContent + "): " + document.body.innerText.slice(0, 400)`))
-	if err != nil {
-		return err.Error()
-	}
-	return s
-}
-
-func get[T any](t *testing.T, ctx context.Context, a chromedp.Action[T]) T {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
-	defer cancel()
-	v, err := chromedp.Run(ctx, a)
-	require.NoError(t, err, "on %s", location(ctx))
-	return v
+	consoletest.Shot(t, ctx, f.shots, name)
 }
 
 // colorScheme has the page's prefers-color-scheme be scheme.
@@ -283,22 +209,6 @@ func colorScheme(scheme string) chromedp.Action[chromedp.Void] {
 			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: scheme}}})
 		return err
 	})
-}
-
-func (f *fixture) shot(t *testing.T, ctx context.Context, name string) {
-	t.Helper()
-	b := get(t, ctx, chromedp.FullScreenshot(100))
-	require.NoError(t, os.WriteFile(filepath.Join(f.shots, name), b, 0o644))
-}
-
-func text(t *testing.T, ctx context.Context, sel string) string {
-	t.Helper()
-	return strings.TrimSpace(get(t, ctx, chromedp.Text(chromedp.CSS(sel))))
-}
-
-func count(t *testing.T, ctx context.Context, sel string) int {
-	t.Helper()
-	return get(t, ctx, chromedp.Evaluate[int](fmt.Sprintf("document.querySelectorAll(%q).length", sel)))
 }
 
 // TestConsoleInABrowser drives runledger console in Debian's Chromium,
@@ -318,78 +228,78 @@ func TestConsoleInABrowser(t *testing.T) {
 	f.setStatus(t, "june", v1alpha1.RunRunning, running)
 	f.event(t, "june", "ShardFailed", "shard 0 attempt 0 failed: the pod was evicted")
 	url := f.startConsole(t, f.kubeconfig)
-	ctx := browser(t)
+	ctx := consoletest.Browser(t, 3*time.Minute)
 	row := fmt.Sprintf(`tr[data-run="%s/june"]`, f.ns)
 
 	t.Run("the runs page follows the watch", func(t *testing.T) {
-		do(t, ctx, chromedp.Navigate(url+"/"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)))
-		require.Equal(t, "Running", text(t, ctx, row+" .phase"))
-		require.Equal(t, fmt.Sprint(running.Completed), text(t, ctx, row+" .completed"))
-		require.Equal(t, fmt.Sprint(running.AlreadyHandled), text(t, ctx, row+" .already-handled"))
-		require.Equal(t, fmt.Sprint(running.Failed), text(t, ctx, row+" .failed"))
-		require.Equal(t, fmt.Sprint(running.Total), text(t, ctx, row+" .total"))
-		require.Equal(t, "60%", text(t, ctx, row+" .pct"), "(10+11+3)/40")
-		do(t, ctx, chromedp.Evaluate[chromedp.Void](`window.notReloaded = true`))
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)))
+		require.Equal(t, "Running", consoletest.Text(t, ctx, row+" .phase"))
+		require.Equal(t, fmt.Sprint(running.Completed), consoletest.Text(t, ctx, row+" .completed"))
+		require.Equal(t, fmt.Sprint(running.AlreadyHandled), consoletest.Text(t, ctx, row+" .already-handled"))
+		require.Equal(t, fmt.Sprint(running.Failed), consoletest.Text(t, ctx, row+" .failed"))
+		require.Equal(t, fmt.Sprint(running.Total), consoletest.Text(t, ctx, row+" .total"))
+		require.Equal(t, "60%", consoletest.Text(t, ctx, row+" .pct"), "(10+11+3)/40")
+		consoletest.Do(t, ctx, consoletest.MarkLoaded())
 		f.setStatus(t, "june", v1alpha1.RunSucceeded, june)
 		_, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`document.querySelector(%q).textContent.trim() === "Succeeded"`, row+" .phase"), chromedp.WithPollingTimeout(30*time.Second)))
 		require.NoError(t, err, "the page follows june to Succeeded")
-		kept := get(t, ctx, chromedp.Evaluate[bool](`window.notReloaded === true`))
+		kept := consoletest.Get(t, ctx, chromedp.Evaluate[bool](`window.notReloaded === true`))
 		require.True(t, kept, "without a reload")
-		require.Equal(t, fmt.Sprint(june.Completed), text(t, ctx, row+" .completed"))
-		require.Equal(t, "100%", text(t, ctx, row+" .pct"))
+		require.Equal(t, fmt.Sprint(june.Completed), consoletest.Text(t, ctx, row+" .completed"))
+		require.Equal(t, "100%", consoletest.Text(t, ctx, row+" .pct"))
 		f.shot(t, ctx, "runs.png")
-		do(t, ctx, colorScheme("dark"))
+		consoletest.Do(t, ctx, colorScheme("dark"))
 		f.shot(t, ctx, "runs-dark.png")
-		do(t, ctx, colorScheme("light"))
+		consoletest.Do(t, ctx, colorScheme("light"))
 	})
 
 	t.Run("a run's page: status and the ledger's items", func(t *testing.T) {
-		do(t, ctx, chromedp.Click(chromedp.CSS(row+" .name a")), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
-		require.Equal(t, fmt.Sprint(june.Completed), text(t, ctx, "#counts .completed"))
-		require.Equal(t, fmt.Sprint(june.AlreadyHandled), text(t, ctx, "#counts .already-handled"))
-		require.Equal(t, fmt.Sprint(june.Failed), text(t, ctx, "#counts .failed"))
-		require.Equal(t, fmt.Sprint(june.Total), text(t, ctx, "#counts .total"))
-		require.Equal(t, int(june.Failed), count(t, ctx, "#failed tbody tr"), "a row per failed item of the ledger")
-		require.Equal(t, "23514", text(t, ctx, "#failed tbody tr:first-child .class"), "the class: the CHECK's SQLSTATE")
-		require.Contains(t, text(t, ctx, "#failed tbody tr:first-child .err"), "invoices_amount_check")
-		require.Equal(t, int(june.AlreadyHandled), count(t, ctx, "#handled tbody tr"))
-		require.Equal(t, f.ns+"/may", text(t, ctx, "#handled tbody tr:first-child td:nth-child(3)"), "the run that holds the key")
-		require.Equal(t, 1, count(t, ctx, "#shards tbody tr"))
-		require.Contains(t, text(t, ctx, "#events tbody"), "ShardFailed", "the run's Event")
-		require.Equal(t, 1, count(t, ctx, "#classes tbody tr"), "failures by class")
-		require.Equal(t, "23514", text(t, ctx, "#classes tbody .class"))
-		require.Equal(t, fmt.Sprint(june.Failed), text(t, ctx, "#classes tbody .items"))
-		require.Equal(t, 2, count(t, ctx, "#changed tbody tr"), "acct-39 and acct-40 came with another payload than may's")
-		require.Equal(t, "acct-39", text(t, ctx, "#changed tbody tr:first-child td:first-child"))
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(row+" .name a")), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
+		require.Equal(t, fmt.Sprint(june.Completed), consoletest.Text(t, ctx, "#counts .completed"))
+		require.Equal(t, fmt.Sprint(june.AlreadyHandled), consoletest.Text(t, ctx, "#counts .already-handled"))
+		require.Equal(t, fmt.Sprint(june.Failed), consoletest.Text(t, ctx, "#counts .failed"))
+		require.Equal(t, fmt.Sprint(june.Total), consoletest.Text(t, ctx, "#counts .total"))
+		require.Equal(t, int(june.Failed), consoletest.Count(t, ctx, "#failed tbody tr"), "a row per failed item of the ledger")
+		require.Equal(t, "23514", consoletest.Text(t, ctx, "#failed tbody tr:first-child .class"), "the class: the CHECK's SQLSTATE")
+		require.Contains(t, consoletest.Text(t, ctx, "#failed tbody tr:first-child .err"), "invoices_amount_check")
+		require.Equal(t, int(june.AlreadyHandled), consoletest.Count(t, ctx, "#handled tbody tr"))
+		require.Equal(t, f.ns+"/may", consoletest.Text(t, ctx, "#handled tbody tr:first-child td:nth-child(3)"), "the run that holds the key")
+		require.Equal(t, 1, consoletest.Count(t, ctx, "#shards tbody tr"))
+		require.Contains(t, consoletest.Text(t, ctx, "#events tbody"), "ShardFailed", "the run's Event")
+		require.Equal(t, 1, consoletest.Count(t, ctx, "#classes tbody tr"), "failures by class")
+		require.Equal(t, "23514", consoletest.Text(t, ctx, "#classes tbody .class"))
+		require.Equal(t, fmt.Sprint(june.Failed), consoletest.Text(t, ctx, "#classes tbody .items"))
+		require.Equal(t, 2, consoletest.Count(t, ctx, "#changed tbody tr"), "acct-39 and acct-40 came with another payload than may's")
+		require.Equal(t, "acct-39", consoletest.Text(t, ctx, "#changed tbody tr:first-child td:first-child"))
 		f.shot(t, ctx, "run.png")
 		// The proof, as runledger verify computes it, against the status.
-		do(t, ctx, chromedp.Click(chromedp.CSS("#action-prove")), chromedp.WaitVisible(chromedp.CSS("#proof-verdict")))
-		require.Contains(t, text(t, ctx, "#proof-verdict"), "Proven")
-		require.Equal(t, fmt.Sprint(june.Completed), text(t, ctx, `#proof-counts tr[data-count="completed"] .ledger`))
-		require.Equal(t, fmt.Sprint(june.Completed), text(t, ctx, `#proof-counts tr[data-count="completed"] .reported`))
-		require.Equal(t, "2", text(t, ctx, `#proof-counts tr[data-count="payloadChanged"] .ledger`))
-		require.Equal(t, 0, count(t, ctx, "#proof-counts tr.differs"))
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS("#action-prove")), chromedp.WaitVisible(chromedp.CSS("#proof-verdict")))
+		require.Contains(t, consoletest.Text(t, ctx, "#proof-verdict"), "Proven")
+		require.Equal(t, fmt.Sprint(june.Completed), consoletest.Text(t, ctx, `#proof-counts tr[data-count="completed"] .ledger`))
+		require.Equal(t, fmt.Sprint(june.Completed), consoletest.Text(t, ctx, `#proof-counts tr[data-count="completed"] .reported`))
+		require.Equal(t, "2", consoletest.Text(t, ctx, `#proof-counts tr[data-count="payloadChanged"] .ledger`))
+		require.Equal(t, 0, consoletest.Count(t, ctx, "#proof-counts tr.differs"))
 		f.shot(t, ctx, "proof.png")
 		wrong := june
 		wrong.Completed++
 		f.setStatus(t, "june", v1alpha1.RunSucceeded, wrong)
-		do(t, ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#proof-verdict")))
-		require.Contains(t, text(t, ctx, "#proof-verdict"), fmt.Sprintf("Not proven: completed %d reported, %d in the ledger", wrong.Completed, june.Completed))
-		require.Equal(t, 1, count(t, ctx, "#proof-counts tr.differs"))
+		consoletest.Do(t, ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#proof-verdict")))
+		require.Contains(t, consoletest.Text(t, ctx, "#proof-verdict"), fmt.Sprintf("Not proven: completed %d reported, %d in the ledger", wrong.Completed, june.Completed))
+		require.Equal(t, 1, consoletest.Count(t, ctx, "#proof-counts tr.differs"))
 		f.setStatus(t, "june", v1alpha1.RunSucceeded, june)
-		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june"), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
-		do(t, ctx, chromedp.SetValue(chromedp.CSS("#q"), "acct-2"), chromedp.Submit(chromedp.CSS("#q")),
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june"), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
+		consoletest.Do(t, ctx, chromedp.SetValue(chromedp.CSS("#q"), "acct-2"), chromedp.Submit(chromedp.CSS("#q")),
 			chromedp.WaitVisible(chromedp.CSS(`#failed`)))
-		require.Equal(t, 1, count(t, ctx, "#failed tbody tr"), "the search finds acct-2 alone")
-		require.Equal(t, "acct-2", text(t, ctx, "#failed tbody tr td:first-child"))
+		require.Equal(t, 1, consoletest.Count(t, ctx, "#failed tbody tr"), "the search finds acct-2 alone")
+		require.Equal(t, "acct-2", consoletest.Text(t, ctx, "#failed tbody tr td:first-child"))
 	})
 
 	t.Run("a key's page", func(t *testing.T) {
-		do(t, ctx, chromedp.Click(chromedp.CSS(`#failed tbody tr td:first-child a`)), chromedp.WaitVisible(chromedp.CSS(`#failures`)))
-		require.Contains(t, text(t, ctx, "#no-holder"), "No committed row")
-		require.Contains(t, text(t, ctx, "#failures tbody"), f.ns+"/june")
-		do(t, ctx, chromedp.Navigate(url+"/key?entity=acct-35&occurrence=2026-06"), chromedp.WaitVisible(chromedp.CSS(`#rows`)))
-		require.Contains(t, text(t, ctx, "#rows .state-committed"), f.ns+"/may", "acct-35 committed by may")
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(`#failed tbody tr td:first-child a`)), chromedp.WaitVisible(chromedp.CSS(`#failures`)))
+		require.Contains(t, consoletest.Text(t, ctx, "#no-holder"), "No committed row")
+		require.Contains(t, consoletest.Text(t, ctx, "#failures tbody"), f.ns+"/june")
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/key?entity=acct-35&occurrence=2026-06"), chromedp.WaitVisible(chromedp.CSS(`#rows`)))
+		require.Contains(t, consoletest.Text(t, ctx, "#rows .state-committed"), f.ns+"/may", "acct-35 committed by may")
 		f.shot(t, ctx, "key.png")
 	})
 
@@ -398,43 +308,43 @@ func TestConsoleInABrowser(t *testing.T) {
 		half := may
 		half.Completed = 5
 		f.setStatus(t, "may", v1alpha1.RunRunning, half)
-		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/may"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)),
-			chromedp.Evaluate[chromedp.Void](`window.notReloaded = true`))
-		require.Equal(t, "5", text(t, ctx, "#counts .completed"))
-		require.Equal(t, "Running", text(t, ctx, "#counts .phase"))
-		require.Equal(t, "Running", text(t, ctx, "#shards tbody tr:first-child td:nth-child(2)"))
-		require.Equal(t, "Running", text(t, ctx, "#conditions tbody tr:first-child td:nth-child(3)"))
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/may"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)),
+			consoletest.MarkLoaded())
+		require.Equal(t, "5", consoletest.Text(t, ctx, "#counts .completed"))
+		require.Equal(t, "Running", consoletest.Text(t, ctx, "#counts .phase"))
+		require.Equal(t, "Running", consoletest.Text(t, ctx, "#shards tbody tr:first-child td:nth-child(2)"))
+		require.Equal(t, "Running", consoletest.Text(t, ctx, "#conditions tbody tr:first-child td:nth-child(3)"))
 		f.setStatus(t, "may", v1alpha1.RunSucceeded, may)
 		_, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector("#counts .phase").textContent.trim() === "Succeeded" && window.notReloaded === true`,
 			chromedp.WithPollingTimeout(30*time.Second)))
 		require.NoError(t, err, "the page follows may to Succeeded, without a reload")
-		require.Equal(t, fmt.Sprint(may.Completed), text(t, ctx, "#counts .completed"))
-		require.Equal(t, "100%", text(t, ctx, "#counts .pct"))
-		require.Equal(t, "Succeeded", text(t, ctx, "#shards tbody tr:first-child td:nth-child(2)"), "the shards follow")
-		require.Equal(t, "Succeeded", text(t, ctx, "#conditions tbody tr:first-child td:nth-child(3)"), "the conditions follow")
-		require.Equal(t, 1, count(t, ctx, "#action-delete"), "the actions follow (a finished run may be deleted)")
+		require.Equal(t, fmt.Sprint(may.Completed), consoletest.Text(t, ctx, "#counts .completed"))
+		require.Equal(t, "100%", consoletest.Text(t, ctx, "#counts .pct"))
+		require.Equal(t, "Succeeded", consoletest.Text(t, ctx, "#shards tbody tr:first-child td:nth-child(2)"), "the shards follow")
+		require.Equal(t, "Succeeded", consoletest.Text(t, ctx, "#conditions tbody tr:first-child td:nth-child(3)"), "the conditions follow")
+		require.Equal(t, 1, consoletest.Count(t, ctx, "#action-delete"), "the actions follow (a finished run may be deleted)")
 		f.event(t, "may", "ShardRetried", "shard 0 attempt 1 started")
 		_, err = chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector("#events tbody").textContent.indexOf("ShardRetried") >= 0 && window.notReloaded === true`,
 			chromedp.WithPollingTimeout(30*time.Second)))
 		require.NoError(t, err, "the Events follow (their watch), without a reload")
-		require.Contains(t, get(t, ctx, chromedp.AttributeValue(chromedp.CSS("#rate svg"), "aria-label")).Value, "items per second", "the items/s chart of the samples the console kept")
+		require.Contains(t, consoletest.Get(t, ctx, chromedp.AttributeValue(chromedp.CSS("#rate svg"), "aria-label")).Value, "items per second", "the items/s chart of the samples the console kept")
 		f.shot(t, ctx, "run-live.png")
 	})
 
 	t.Run("keyboard: skip link, then a run's link by Tab and Enter", func(t *testing.T) {
-		do(t, ctx, chromedp.Navigate(url+"/"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)))
-		do(t, ctx, chromedp.KeyEvent("\t"))
-		require.Equal(t, "Skip to content", get(t, ctx, chromedp.Evaluate[string](`document.activeElement.textContent`)), "the first Tab stop")
-		do(t, ctx, chromedp.KeyEvent("\r"))
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)))
+		consoletest.Do(t, ctx, chromedp.KeyEvent("\t"))
+		require.Equal(t, "Skip to content", consoletest.Get(t, ctx, chromedp.Evaluate[string](`document.activeElement.textContent`)), "the first Tab stop")
+		consoletest.Do(t, ctx, chromedp.KeyEvent("\r"))
 		for range 20 {
-			if get(t, ctx, chromedp.Evaluate[string](`document.activeElement.textContent`)) == "may" {
+			if consoletest.Get(t, ctx, chromedp.Evaluate[string](`document.activeElement.textContent`)) == "may" {
 				break
 			}
-			do(t, ctx, chromedp.KeyEvent("\t"))
+			consoletest.Do(t, ctx, chromedp.KeyEvent("\t"))
 		}
-		require.Equal(t, "may", get(t, ctx, chromedp.Evaluate[string](`document.activeElement.textContent`)), "a run's link is reached by Tab")
-		do(t, ctx, chromedp.KeyEvent("\r"), chromedp.WaitVisible(chromedp.CSS(`#counts`)))
-		require.Contains(t, get(t, ctx, chromedp.Location()), "/runs/"+f.ns+"/may")
+		require.Equal(t, "may", consoletest.Get(t, ctx, chromedp.Evaluate[string](`document.activeElement.textContent`)), "a run's link is reached by Tab")
+		consoletest.Do(t, ctx, chromedp.KeyEvent("\r"), chromedp.WaitVisible(chromedp.CSS(`#counts`)))
+		require.Contains(t, consoletest.Get(t, ctx, chromedp.Location()), "/runs/"+f.ns+"/may")
 	})
 
 	t.Run("schedules: next ticks, missed ticks, trigger, backfill, suspend", func(t *testing.T) {
@@ -442,44 +352,44 @@ func TestConsoleInABrowser(t *testing.T) {
 		p, err := schedule.Parse(sc.Name, &sc.Spec)
 		require.NoError(t, err)
 		srow := fmt.Sprintf(`tr[data-schedule="%s/invoices"]`, f.ns)
-		do(t, ctx, chromedp.Navigate(url+"/schedules"), chromedp.WaitVisible(chromedp.CSS(srow)))
-		require.Equal(t, "2", text(t, ctx, srow+" .missed"), "the status's missed ticks")
-		do(t, ctx, chromedp.Click(chromedp.CSS(srow+" .name a")), chromedp.WaitVisible(chromedp.CSS(`#next`)))
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/schedules"), chromedp.WaitVisible(chromedp.CSS(srow)))
+		require.Equal(t, "2", consoletest.Text(t, ctx, srow+" .missed"), "the status's missed ticks")
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(srow+" .name a")), chromedp.WaitVisible(chromedp.CSS(`#next`)))
 		next, ok := p.NextAfter(p.WallOf(time.Now()))
 		require.True(t, ok)
-		require.Equal(t, next.LocalTime(), text(t, ctx, "#next tbody tr:first-child .wall"), "the next tick in Europe/Paris")
-		require.Equal(t, next.Occurrence, text(t, ctx, "#next tbody tr:first-child .occurrence"))
-		require.Equal(t, 5, count(t, ctx, "#next tbody tr"))
-		require.Equal(t, 2, count(t, ctx, "#missed tbody tr"))
-		require.Equal(t, "Suspended", text(t, ctx, "#missed tbody tr:first-child .reason"))
+		require.Equal(t, next.LocalTime(), consoletest.Text(t, ctx, "#next tbody tr:first-child .wall"), "the next tick in Europe/Paris")
+		require.Equal(t, next.Occurrence, consoletest.Text(t, ctx, "#next tbody tr:first-child .occurrence"))
+		require.Equal(t, 5, consoletest.Count(t, ctx, "#next tbody tr"))
+		require.Equal(t, 2, consoletest.Count(t, ctx, "#missed tbody tr"))
+		require.Equal(t, "Suspended", consoletest.Text(t, ctx, "#missed tbody tr:first-child .reason"))
 
 		// Trigger an occurrence: its run, as runledger schedule trigger makes it.
-		do(t, ctx, chromedp.SetValue(chromedp.CSS("#occurrence"), "2026-03"), chromedp.Click(chromedp.CSS("#action-trigger")),
+		consoletest.Do(t, ctx, chromedp.SetValue(chromedp.CSS("#occurrence"), "2026-03"), chromedp.Click(chromedp.CSS("#action-trigger")),
 			chromedp.WaitVisible(chromedp.CSS(`#confirm`)))
-		require.Equal(t, "2026-03", text(t, ctx, "#planned tbody .occurrence"))
-		do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#counts`)))
-		require.True(t, strings.HasSuffix(get(t, ctx, chromedp.Location()), "/runs/"+f.ns+"/invoices-2026-03"), "on the occurrence's run")
+		require.Equal(t, "2026-03", consoletest.Text(t, ctx, "#planned tbody .occurrence"))
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#counts`)))
+		require.True(t, strings.HasSuffix(consoletest.Get(t, ctx, chromedp.Location()), "/runs/"+f.ns+"/invoices-2026-03"), "on the occurrence's run")
 		run := &v1alpha1.ProcessingRun{}
 		require.NoError(t, f.env.Client.Get(context.Background(), types.NamespacedName{Namespace: f.ns, Name: "invoices-2026-03"}, run))
 		require.True(t, schedule.IsRunOf(run, sc, "2026-03"))
 		require.Equal(t, schedule.CreatedByTrigger, run.Annotations[v1alpha1.AnnotationCreatedBy])
 		// Again: found, not duplicated, and said so.
-		do(t, ctx, chromedp.Navigate(url+"/schedules/"+f.ns+"/invoices/confirm/trigger?occurrence=2026-03"),
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/schedules/"+f.ns+"/invoices/confirm/trigger?occurrence=2026-03"),
 			chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#note`)))
-		require.Contains(t, text(t, ctx, "#note"), "existed already")
+		require.Contains(t, consoletest.Text(t, ctx, "#note"), "existed already")
 
 		// Backfill the ticks of 1 April to 1 June: occurrences 2026-03 (found), 2026-04 and 2026-05.
-		do(t, ctx, chromedp.Navigate(url+"/schedules/"+f.ns+"/invoices"), chromedp.SetValue(chromedp.CSS("#from"), "2026-04"),
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/schedules/"+f.ns+"/invoices"), chromedp.SetValue(chromedp.CSS("#from"), "2026-04"),
 			chromedp.SetValue(chromedp.CSS("#to"), "2026-06"), chromedp.Click(chromedp.CSS("#action-backfill")), chromedp.WaitVisible(chromedp.CSS(`#confirm`)))
-		require.Equal(t, 3, count(t, ctx, "#planned tbody tr"))
-		do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#note`)))
-		require.Contains(t, text(t, ctx, "#note"), "2 runs created, 1 found")
-		require.Equal(t, 3, count(t, ctx, "#occurrences tbody tr"), "the run of each occurrence")
-		require.Equal(t, "2026-05", text(t, ctx, "#occurrences tbody tr:first-child .occurrence"))
-		require.Equal(t, schedule.CreatedByBackfill, text(t, ctx, "#occurrences tbody tr:first-child .created-by"))
+		require.Equal(t, 3, consoletest.Count(t, ctx, "#planned tbody tr"))
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#note`)))
+		require.Contains(t, consoletest.Text(t, ctx, "#note"), "2 runs created, 1 found")
+		require.Equal(t, 3, consoletest.Count(t, ctx, "#occurrences tbody tr"), "the run of each occurrence")
+		require.Equal(t, "2026-05", consoletest.Text(t, ctx, "#occurrences tbody tr:first-child .occurrence"))
+		require.Equal(t, schedule.CreatedByBackfill, consoletest.Text(t, ctx, "#occurrences tbody tr:first-child .created-by"))
 		f.shot(t, ctx, "schedule.png")
 
-		do(t, ctx, chromedp.Click(chromedp.CSS(`#action-suspend`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(`#action-suspend`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
 			chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#action-resume`)))
 		require.NoError(t, f.env.Client.Get(context.Background(), client.ObjectKeyFromObject(sc), sc))
 		require.True(t, sc.Spec.Suspend, "suspended through the API")
@@ -490,12 +400,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		sc := &v1alpha1.ProcessingSchedule{}
 		require.NoError(t, f.env.Client.Get(ctxb, types.NamespacedName{Namespace: f.ns, Name: "invoices"}, sc))
 		require.True(t, sc.Spec.Suspend, "as the console's suspend left it")
-		// live waits, without a reload, for cond on the open page.
-		live := func(cond, why string) {
-			t.Helper()
-			_, err := chromedp.Run(ctx, chromedp.Poll[bool](cond+` && window.notReloaded === true`, chromedp.WithPollingTimeout(30*time.Second)))
-			require.NoError(t, err, "%s, without a reload (on %s)", why, location(ctx))
-		}
+		live := func(cond, why string) { t.Helper(); consoletest.Live(t, ctx, 30*time.Second, cond, why) }
 		setSuspend := func(suspend bool) {
 			t.Helper()
 			require.NoError(t, f.env.Client.Patch(ctxb, sc, client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"suspend":%t}}`, suspend))))
@@ -509,10 +414,10 @@ func TestConsoleInABrowser(t *testing.T) {
 
 		// A schedule's page: resumed through the API, a new run of an
 		// occurrence (another user's trigger), a missed tick of its status.
-		do(t, ctx, chromedp.Navigate(url+"/schedules/"+f.ns+"/invoices"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)),
-			chromedp.Evaluate[chromedp.Void](`window.notReloaded = true`))
-		require.Equal(t, "suspended", text(t, ctx, "#schedule-status .state"))
-		require.Equal(t, 1, count(t, ctx, "#action-resume"))
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/schedules/"+f.ns+"/invoices"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)),
+			consoletest.MarkLoaded())
+		require.Equal(t, "suspended", consoletest.Text(t, ctx, "#schedule-status .state"))
+		require.Equal(t, 1, consoletest.Count(t, ctx, "#action-resume"))
 		setSuspend(false)
 		live(`document.querySelector("#schedule-status .state").textContent.trim() === "active" && document.querySelector("#action-suspend") !== null`,
 			"the page follows the schedule's resume")
@@ -521,8 +426,8 @@ func TestConsoleInABrowser(t *testing.T) {
 		require.True(t, made)
 		live(`document.querySelector("#occurrences tbody tr:first-child .occurrence").textContent.trim() === "2026-07"`,
 			"the page follows a new run of occurrence 2026-07")
-		require.Equal(t, schedule.CreatedByTrigger, text(t, ctx, "#occurrences tbody tr:first-child .created-by"))
-		require.Equal(t, 4, count(t, ctx, "#occurrences tbody tr"))
+		require.Equal(t, schedule.CreatedByTrigger, consoletest.Text(t, ctx, "#occurrences tbody tr:first-child .created-by"))
+		require.Equal(t, 4, consoletest.Count(t, ctx, "#occurrences tbody tr"))
 		f.setStatus(t, "invoices-2026-07", v1alpha1.RunSucceeded, v1alpha1.ItemCounts{Total: 2, Completed: 2})
 		live(`document.querySelector("#occurrences tbody tr:first-child .badge").textContent.trim() === "Succeeded"`,
 			"the page follows the status of an occurrence's run")
@@ -531,10 +436,10 @@ func TestConsoleInABrowser(t *testing.T) {
 
 		// The schedules page: suspended through the API, a missed tick.
 		srow := fmt.Sprintf(`tr[data-schedule="%s/invoices"]`, f.ns)
-		do(t, ctx, chromedp.Navigate(url+"/schedules"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)),
-			chromedp.Evaluate[chromedp.Void](`window.notReloaded = true`))
-		require.Equal(t, "3", text(t, ctx, srow+" .missed"))
-		require.Empty(t, text(t, ctx, srow+" .suspended"))
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/schedules"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)),
+			consoletest.MarkLoaded())
+		require.Equal(t, "3", consoletest.Text(t, ctx, srow+" .missed"))
+		require.Empty(t, consoletest.Text(t, ctx, srow+" .suspended"))
 		setSuspend(true)
 		live(fmt.Sprintf(`document.querySelector('%s .suspended').textContent.trim() === "suspended"`, srow), "the schedules page follows a suspend")
 		setMissed(4)
@@ -542,7 +447,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	})
 
 	t.Run("delete a finished run", func(t *testing.T) {
-		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/may"), chromedp.Click(chromedp.CSS(`#action-delete`)),
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/may"), chromedp.Click(chromedp.CSS(`#action-delete`)),
 			chromedp.WaitVisible(chromedp.CSS(`#confirm`)), chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#runs`)))
 		_, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`document.querySelector('tr[data-run="%s/may"]') === null`, f.ns), chromedp.WithPollingTimeout(30*time.Second)))
 		require.NoError(t, err, "may leaves the runs page")
@@ -551,11 +456,11 @@ func TestConsoleInABrowser(t *testing.T) {
 	})
 
 	t.Run("retry creates the fromRun run", func(t *testing.T) {
-		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june"), chromedp.Click(chromedp.CSS(`#action-retry`)),
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june"), chromedp.Click(chromedp.CSS(`#action-retry`)),
 			chromedp.WaitVisible(chromedp.CSS(`#confirm`)))
 		f.shot(t, ctx, "confirm.png")
-		do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#counts`)))
-		loc := get(t, ctx, chromedp.Location())
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#counts`)))
+		loc := consoletest.Get(t, ctx, chromedp.Location())
 		require.Contains(t, loc, "/runs/"+f.ns+"/june-retry-")
 		runs := &v1alpha1.ProcessingRunList{}
 		require.NoError(t, f.env.Client.List(context.Background(), runs, client.InNamespace(f.ns)))
@@ -574,9 +479,9 @@ func TestConsoleInABrowser(t *testing.T) {
 		require.True(t, strings.HasSuffix(loc, "/"+retries[0].Name), "the browser is on the new run's page")
 		require.Equal(t, console.RetryName("june", orig.UID), retries[0].Name)
 		// A second submit (the form posted again) finds the retry: no second run.
-		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june/confirm/retry"), chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#note`)))
-		require.Contains(t, get(t, ctx, chromedp.Location()), "/runs/"+f.ns+"/"+retries[0].Name+"?")
-		require.Contains(t, text(t, ctx, "#note"), "nothing was created")
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june/confirm/retry"), chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#note`)))
+		require.Contains(t, consoletest.Get(t, ctx, chromedp.Location()), "/runs/"+f.ns+"/"+retries[0].Name+"?")
+		require.Contains(t, consoletest.Text(t, ctx, "#note"), "nothing was created")
 		require.NoError(t, f.env.Client.List(context.Background(), runs, client.InNamespace(f.ns)))
 		n := 0
 		for _, r := range runs.Items {
@@ -602,42 +507,42 @@ func TestConsoleInABrowser(t *testing.T) {
 		kc := filepath.Join(t.TempDir(), "viewer.kubeconfig")
 		require.NoError(t, os.WriteFile(kc, f.env.User(t, viewer), 0o600))
 		vurl := f.startConsole(t, kc)
-		do(t, ctx, chromedp.Navigate(vurl+"/runs/"+f.ns+"/june"), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
-		require.Equal(t, fmt.Sprint(june.Failed), text(t, ctx, "#counts .failed"), "the viewer reads the run")
-		do(t, ctx, chromedp.Click(chromedp.CSS(`#action-retry`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+		consoletest.Do(t, ctx, chromedp.Navigate(vurl+"/runs/"+f.ns+"/june"), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
+		require.Equal(t, fmt.Sprint(june.Failed), consoletest.Text(t, ctx, "#counts .failed"), "the viewer reads the run")
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(`#action-retry`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
 			chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#message`)))
-		msg := text(t, ctx, "#message")
+		msg := consoletest.Text(t, ctx, "#message")
 		require.Contains(t, msg, `User "`+viewer+`" cannot create resource "processingruns"`, "the API server's own message")
-		require.Contains(t, text(t, ctx, ".refusal"), "Refused by the API server (HTTP 403)")
+		require.Contains(t, consoletest.Text(t, ctx, ".refusal"), "Refused by the API server (HTTP 403)")
 		f.shot(t, ctx, "refused.png")
 	})
 
 	t.Run("without a cluster, the ledger alone", func(t *testing.T) {
 		lurl := f.startConsole(t, "")
-		do(t, ctx, chromedp.Navigate(lurl+"/"), chromedp.WaitVisible(chromedp.CSS(row)))
-		require.Equal(t, fmt.Sprint(june.Completed), text(t, ctx, row+" .completed"), "the ledger's rows of june")
-		require.Equal(t, "—", text(t, ctx, row+" .already-handled"), "not counted without the batch")
-		require.Equal(t, fmt.Sprint(june.Failed), text(t, ctx, row+" .failed"))
-		require.Equal(t, fmt.Sprint(june.Total), text(t, ctx, row+" .total"))
-		do(t, ctx, chromedp.Click(chromedp.CSS(row+" .name a")), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
-		require.Equal(t, int(june.Failed), count(t, ctx, "#failed tbody tr"))
-		require.Equal(t, int(june.AlreadyHandled), count(t, ctx, "#handled tbody tr"))
+		consoletest.Do(t, ctx, chromedp.Navigate(lurl+"/"), chromedp.WaitVisible(chromedp.CSS(row)))
+		require.Equal(t, fmt.Sprint(june.Completed), consoletest.Text(t, ctx, row+" .completed"), "the ledger's rows of june")
+		require.Equal(t, "—", consoletest.Text(t, ctx, row+" .already-handled"), "not counted without the batch")
+		require.Equal(t, fmt.Sprint(june.Failed), consoletest.Text(t, ctx, row+" .failed"))
+		require.Equal(t, fmt.Sprint(june.Total), consoletest.Text(t, ctx, row+" .total"))
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(row+" .name a")), chromedp.WaitVisible(chromedp.CSS(`#failed`)))
+		require.Equal(t, int(june.Failed), consoletest.Count(t, ctx, "#failed tbody tr"))
+		require.Equal(t, int(june.AlreadyHandled), consoletest.Count(t, ctx, "#handled tbody tr"))
 	})
 
 	t.Run("a cross-site POST is refused", func(t *testing.T) {
 		// Another site's page (another origin) that even knows the token posts
 		// a suspend of june to the console.
-		do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june/confirm/suspend"))
-		token := get(t, ctx, chromedp.Value(chromedp.CSS(`input[name="token"]`)))
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june/confirm/suspend"))
+		token := consoletest.Get(t, ctx, chromedp.Value(chromedp.CSS(`input[name="token"]`)))
 		require.NotEmpty(t, token)
 		evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			fmt.Fprintf(w, `<!doctype html><form id="f" method="post" action="%s/runs/%s/june/suspend"><input name="token" value="%s"></form>
 <script>document.getElementById("f").submit()</script>`, url, f.ns, token)
 		}))
 		defer evil.Close()
-		do(t, ctx, chromedp.Navigate(evil.URL),
+		consoletest.Do(t, ctx, chromedp.Navigate(evil.URL),
 			chromedp.Poll[chromedp.Void](`location.href.indexOf("/suspend") > 0 && document.body && document.body.innerText.length > 0`, chromedp.WithPollingTimeout(20*time.Second)))
-		body := text(t, ctx, "body")
+		body := consoletest.Text(t, ctx, "body")
 		require.Regexp(t, `refused: (a (same|cross)-site request|from origin)`, body, "refused for where it came from, though it knew the token")
 		run := &v1alpha1.ProcessingRun{}
 		require.NoError(t, f.env.Client.Get(context.Background(), types.NamespacedName{Namespace: f.ns, Name: "june"}, run))
