@@ -459,9 +459,10 @@ func TestConsoleInABrowser(t *testing.T) {
 		consoletest.Do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/june"), chromedp.Click(chromedp.CSS(`#action-retry`)),
 			chromedp.WaitVisible(chromedp.CSS(`#confirm`)))
 		f.shot(t, ctx, "confirm.png")
-		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#counts`)))
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#counts`)),
+			chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)))
 		loc := consoletest.Get(t, ctx, chromedp.Location())
-		require.Contains(t, loc, "/runs/"+f.ns+"/june-retry-")
+		require.Contains(t, loc, "/runs/"+f.ns+"/june-retry-", "the new run's page, live at once")
 		runs := &v1alpha1.ProcessingRunList{}
 		require.NoError(t, f.env.Client.List(context.Background(), runs, client.InNamespace(f.ns)))
 		var retries []v1alpha1.ProcessingRun

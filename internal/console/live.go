@@ -80,7 +80,8 @@ func (s *Server) runLive(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the console does not watch namespace "+ns, http.StatusNotFound)
 		return
 	}
-	run := s.watch.run(ns, name)
+	ctx := r.Context()
+	run := awaitObject[v1alpha1.ProcessingRun](ctx, &s.watch.watched, ns, name)
 	if run == nil {
 		http.Error(w, "no run "+ns+"/"+name+" in the console's watch", http.StatusNotFound)
 		return
@@ -89,7 +90,6 @@ func (s *Server) runLive(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ctx := r.Context()
 	feed := s.watchEvents(ctx, run)
 	heartbeat := time.NewTicker(20 * time.Second)
 	defer heartbeat.Stop()

@@ -257,7 +257,7 @@ func (s *Server) scheduleLive(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if object[v1alpha1.ProcessingSchedule](sw, ns, name) == nil {
+	if awaitObject[v1alpha1.ProcessingSchedule](ctx, sw, ns, name) == nil {
 		http.Error(w, "no schedule "+ns+"/"+name+" in the console's watch", http.StatusNotFound)
 		return
 	}

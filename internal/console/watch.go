@@ -122,3 +122,28 @@ func (w *watched) ready(ctx context.Context) error {
 	}
 	return nil
 }
+
+// catchUp is how long a page's stream waits for the watch to hold the
+// object the page was just rendered from.
+const catchUp = 10 * time.Second
+
+// awaitObject is object ns/name once the watch holds it, nil if it does
+// not within catchUp: a page opened right after its object was created (the
+// run a retry created, say) asks before the watch's event of it arrived.
+func awaitObject[T any](ctx context.Context, w *watched, ns, name string) *T {
+	deadline := time.NewTimer(catchUp)
+	defer deadline.Stop()
+	for {
+		changed, _ := w.next()
+		if o := object[T](w, ns, name); o != nil {
+			return o
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
