@@ -276,11 +276,29 @@ func (f *eventFeed) list(ctx context.Context, s *Server) ([]corev1.Event, string
 	return out, ""
 }
 
+// eventTime is when e was last seen: an Event of events.k8s.io/v1 (the
+// controller's recorder) has only its eventTime and series set.
 func eventTime(e corev1.Event) time.Time {
-	for _, t := range []metav1.Time{e.LastTimestamp, e.FirstTimestamp, e.CreationTimestamp} {
-		if !t.IsZero() {
-			return t.Time
-		}
+	if e.Series != nil && !e.Series.LastObservedTime.IsZero() {
+		return e.Series.LastObservedTime.Time
 	}
-	return e.EventTime.Time
+	if !e.LastTimestamp.IsZero() {
+		return e.LastTimestamp.Time
+	}
+	if !e.EventTime.IsZero() {
+		return e.EventTime.Time
+	}
+	if !e.FirstTimestamp.IsZero() {
+		return e.FirstTimestamp.Time
+	}
+	return e.CreationTimestamp.Time
+}
+
+// eventCount is how many times e occurred, as kubectl get events counts
+// an Event of events.k8s.io/v1 (its series', else once).
+func eventCount(e corev1.Event) int32 {
+	if e.Series != nil {
+		return e.Series.Count
+	}
+	return max(e.Count, 1)
 }

@@ -38,7 +38,9 @@ func (s *Server) parseTemplates() error {
 		"keyURL": func(k ledger.Key) string {
 			return "/key?entity=" + url.QueryEscape(k.Entity) + "&occurrence=" + url.QueryEscape(k.Occurrence)
 		},
-		"pct": percent,
+		"pct":        percent,
+		"eventAt":    func(e corev1.Event) string { return eventTime(e).UTC().Format(time.RFC3339) },
+		"eventCount": eventCount,
 	}
 	s.tmpl = map[string]*template.Template{}
 	for _, page := range []string{"runs", "run", "key", "confirm", "error", "schedules", "schedule", "sconfirm"} {
