@@ -104,6 +104,11 @@ setInterval(function () {
 	for _, sh := range []string{"1", "2"} {
 		require.Equal(t, string(v1alpha1.ShardSucceeded), text(`#shards tbody tr:nth-child(`+sh+`) td:nth-child(2)`))
 	}
+	// The controller's Events (events.k8s.io/v1: an eventTime, no
+	// lastTimestamp nor count), with when and how often, as kubectl shows them.
+	require.Contains(t, text("#events tbody"), "PodCreated")
+	require.NotEmpty(t, text("#events tbody tr:first-child td:first-child"), "an Event's time")
+	require.Equal(t, "1", text("#events tbody tr:first-child td:nth-child(4)"), "an Event's count")
 
 	// The ledger's part (read when the page loads): the failed items, by
 	// class, and the proof.
