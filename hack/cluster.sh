@@ -37,11 +37,13 @@
 #                       stop/start the cluster's PostgreSQL (tests of outages;
 #                       restart --immediate: an immediate shutdown, crash
 #                       recovery on start)
-#   ha up|down|state|dsn|failover [--crash [--hold-wal MS]]|sync on|off|restart [--immediate]
+#   ha up|down|state|diag|dsn|failover [--crash [--hold-wal MS]]|sync on|off|restart [--immediate]
 #                       an HA PostgreSQL run by pg_auto_failover (installed
 #                       from Debian if missing): a monitor and two nodes on
 #                       ${CP_IP}:5433/5434 (hack/cluster/lib/ha.sh); state: each
 #                       node's name, port, reported and assigned state;
+#                       diag: each node's postmaster status, processes and
+#                       server log tail;
 #                       failover: `pg_autoctl perform failover`, or with
 #                       --crash a crash of the primary's machine: its keeper
 #                       frozen, its postmaster kill -9, back fenced from
@@ -53,7 +55,10 @@
 #                       replication (the default) or asynchronous; restart:
 #                       the primary's PostgreSQL shut down fast (or
 #                       immediately), started again by its keeper or failed
-#                       over, prints the primary; dsn: the DSN naming both
+#                       over, prints the primary (after a failover once the
+#                       old primary has demoted: a fast shutdown that has not
+#                       ended in 30s is made immediate, and a second line
+#                       says "stopped-immediately"); dsn: the DSN naming both
 #                       nodes (target_session_attrs=read-write)
 #   smoke               run pods that show the cluster works: a local image
 #                       runs, pods reach the apiserver ClusterIP and PostgreSQL

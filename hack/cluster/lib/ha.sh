@@ -158,7 +158,38 @@ ha_down() {
     # pg_autoctl stops its PostgreSQL (fast) on SIGTERM, then exits.
     stop_daemon "ha-${name}" TERM 30
   done
+  # The servers' own logs (logging_collector) outlive HA_DIR, beside the keepers'.
+  for name in "${HA_NODES[@]}" monitor; do
+    if compgen -G "${HA_DIR}/${name}/log/*.log" >/dev/null; then
+      cat "${HA_DIR}/${name}/log/"*.log >"${LOGS}/ha-${name}-postgres.log"
+    fi
+  done
   rm -rf "${HA_DIR}"
+}
+
+# ha_diag: what each data node's PostgreSQL is doing: its postmaster's
+# status (postmaster.pid), its processes (state, kernel wait channel,
+# title) and the last lines its server logged of each. For a demotion that
+# does not end.
+ha_diag() {
+  local name pm p pidfile=()
+  ha_states | sed 's/^/monitor: /'
+  for name in "${HA_NODES[@]}"; do
+    pidfile=()
+    [[ -f "${HA_DIR}/${name}/postmaster.pid" ]] && mapfile -t pidfile <"${HA_DIR}/${name}/postmaster.pid"
+    pm="${pidfile[0]:-}"
+    if ! [[ "${pm}" =~ ^[0-9]+$ ]]; then
+      echo "${name}: no postmaster.pid"
+      continue
+    fi
+    echo "${name}: postmaster ${pm}, status ${pidfile[7]:-?}"
+    ps -o pid=,stat=,etimes=,wchan:28=,args= -p "${pm}" --ppid "${pm}" | sed "s/^/${name}: /"
+    # What the server logged last of each of its processes.
+    for p in "${pm}" $(pgrep -P "${pm}" || true); do
+      { grep -hs "\[${p}\]" "${HA_DIR}/${name}/log/"*.log || true; } | tail -n 4 | cut -c1-400 | sed "s/^/${name} log: /"
+    done
+  done
+  return 0
 }
 
 # ha_failover [--crash [--hold-wal MS]]: fail the primary over, wait for the
@@ -325,7 +356,9 @@ ha_synchronous() { [[ -n "$(ha_sql "$1" "SHOW synchronous_standby_names" 2>/dev/
 # ha_restart [--immediate]: the primary's PostgreSQL shut down fast (SIGINT)
 # or immediately (SIGQUIT: no checkpoint, crash recovery); its keeper starts
 # it again, or the monitor fails over to the standby meanwhile. Waits until
-# a primary answers again and prints its name.
+# a primary answers again and prints its name; after a failover, also until
+# the old primary has demoted (ha_demote_or_stop, which may print
+# "stopped-immediately" on a second line).
 ha_restart() {
   local sig=INT old pid
   case "${1:-}" in
@@ -339,8 +372,37 @@ ha_restart() {
   kill -s "${sig}" "${pid}"
   step "SIG${sig} to ${old}'s postmaster (pid ${pid})"
   wait_for "a primary that answers" 120 ha_restarted "${old}" "${pid}" || die "no primary answers: $(ha_states | tr '\n' ';')"
-  step "$(ha_primary) is primary"
-  ha_primary
+  local new
+  new="$(ha_primary)"
+  step "${new} is primary"
+  echo "${new}"
+  # Failed over meanwhile: the old primary demotes (a fast shutdown).
+  if [[ "${new}" != "${old}" ]]; then ha_demote_or_stop "${old}"; fi
+}
+
+# ha_demote_or_stop NODE: wait until NODE, an old primary, has demoted its
+# server. Its keeper's fast shutdown of a server that restarted as a
+# synchronous primary, its standby since promoted, may never end: a session
+# it terminates whose exit commits (the drop of its temporary tables) waits
+# for the lost standby for ever, and so does the shutdown
+# (pg_auto_failover has no bound on it, unlike Patroni's
+# primary_stop_timeout). After HA_STOP_TIMEOUT seconds of a shutdown the
+# node is stopped immediately (SIGQUIT to its postmaster, what was hung
+# logged first), and prints "stopped-immediately"; its keeper then demotes
+# it and it rejoins as the standby.
+HA_STOP_TIMEOUT=30
+ha_demote_or_stop() {
+  local pidfile=()
+  wait_for "$1 to demote its server" "${HA_STOP_TIMEOUT}" ha_demoted "$1" && return 0
+  [[ -f "${HA_DIR}/$1/postmaster.pid" ]] && mapfile -t pidfile <"${HA_DIR}/$1/postmaster.pid"
+  if [[ "${pidfile[7]:-}" == stopping && "${pidfile[0]:-}" =~ ^[0-9]+$ ]]; then
+    warn "$1's fast shutdown has not ended in ${HA_STOP_TIMEOUT}s; what it waits for:"
+    ha_diag | grep -E "^(monitor|$1)(:| log:)" >&2
+    kill -s QUIT "${pidfile[0]}" 2>/dev/null || true
+    step "stopped $1's server immediately (SIGQUIT to its postmaster, pid ${pidfile[0]})"
+    echo stopped-immediately
+  fi
+  wait_for "$1 to demote its server" 120 ha_demoted "$1" || warn "$1 did not demote: $(ha_states | tr '\n' ';')"
 }
 
 # ha_restarted OLD PID: a primary answers, and it is not OLD's server of PID.
@@ -364,6 +426,7 @@ cmd_ha() {
     sync) ha_sync "${@:2}" ;;
     restart) ha_restart "${@:2}" ;;
     state) ha_states ;;
+    diag) ha_diag ;;
     dsn) cat "${HA_DIR}/dsn" 2>/dev/null || die "the HA PostgreSQL is not up (hack/cluster.sh ha up)" ;;
     *) usage ;;
   esac
