@@ -653,10 +653,23 @@ func (r *soakReport) summary(s *soak) string {
 	fmt.Fprintf(&b, "  runs=%d (succeeded=%d failed=%d, of them schedule=%d) items=%d in %s items/s=%.1f\n",
 		r.runs, r.succeeded, r.failed, r.scheduleRuns, r.items, r.elapsed.Round(time.Second), perSec)
 	fmt.Fprintf(&b, "  faults=%d: %s\n", total, strings.Join(faults, " "))
+	if len(s.skipped) > 0 {
+		var skipped []string
+		n := 0
+		for _, k := range slices.Sorted(maps.Keys(s.skipped)) {
+			skipped = append(skipped, fmt.Sprintf("%s=%d", k, s.skipped[k]))
+			n += s.skipped[k]
+		}
+		fmt.Fprintf(&b, "  skipped=%d (drawn, nothing to hit; the nemesis log says why): %s\n", n, strings.Join(skipped, " "))
+	}
 	fmt.Fprintf(&b, "  observed: worker-retries=%d pod-replacements=%d shard-failed-attempts=%d processor-requests=%d processor-redeliveries=%d processor-restarts=%d items-failed-visibly=%d\n",
 		r.chunkRetries, r.replacements, r.failedAttempts, r.requests, r.redeliveries, r.processorRestarts, r.failedVisibly)
-	fmt.Fprintf(&b, "  ledger server changes: noticed-by-shards=%d LedgerServerChanged-events=%d proofs-reported-not-on-a-standby=%d\n",
+	fmt.Fprintf(&b, "  ledger server changes: noticed-by-shards=%d LedgerServerChanged-events=%d proofs-reported-not-on-a-standby=%d",
 		r.serverChangesLogged, r.serverChangedEvents, r.proofsNotOnStandby)
+	if s.cfg.Failovers {
+		fmt.Fprintf(&b, " old-primary-shutdowns-made-immediate=%d", s.stoppedImmediately)
+	}
+	b.WriteString("\n")
 	fmt.Fprintf(&b, "  lost=%d double=%d count-mismatches=%d not-terminal=%d leaks=%d\n",
 		len(r.lost), len(r.double), len(r.mismatch), len(r.notTerminal), len(r.leaks))
 	failovers := 0

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -108,6 +109,8 @@ func (s *soak) nemesis(t *testing.T, ctx context.Context) {
 		what, ok := s.inject(t, kind, plan.rng)
 		if ok {
 			s.faults[kind]++
+		} else {
+			s.skipped[kind]++
 		}
 		t.Logf("nemesis %s +%s: %s: %s", time.Now().UTC().Format("15:04:05"), time.Since(s.start).Round(time.Second), kind, what)
 	}
@@ -299,16 +302,23 @@ func (s *soak) processorFault(kind string, rate, seconds float64, d time.Duratio
 
 // restartPostgres restarts the ledger's PostgreSQL (fast, or immediate):
 // the cluster's, or on the HA formation its current primary (whose keeper
-// starts it again, or whose monitor fails over meanwhile).
+// starts it again, or whose monitor fails over meanwhile: then the old
+// primary demotes, its fast shutdown made immediate after 30 s, counted in
+// s.stoppedImmediately, when it does not end: see ha_demote_or_stop).
 func (s *soak) restartPostgres(t *testing.T, args ...string) (string, bool) {
 	if s.cfg.Failovers {
 		before := s.haPrimary(t)
-		after := strings.TrimSpace(s.f.clusterCmd(t, 3*time.Minute, append([]string{"ha", "restart"}, args...)...))
+		out := strings.Fields(s.f.clusterCmd(t, 5*time.Minute, append([]string{"ha", "restart"}, args...)...))
 		what := strings.TrimSpace("hack/cluster.sh ha restart " + strings.Join(args, " "))
-		if after != before {
-			return fmt.Sprintf("%s: primary %s restarted, the monitor failed over to %s meanwhile", what, before, after), true
+		if len(out) == 0 || out[0] == before {
+			return fmt.Sprintf("%s: primary %s restarted in place", what, before), true
 		}
-		return fmt.Sprintf("%s: primary %s restarted in place", what, before), true
+		demoted := "demoted"
+		if slices.Contains(out[1:], "stopped-immediately") {
+			s.stoppedImmediately++
+			demoted = "stopped immediately, its fast shutdown not ended after 30s (what it waited for: the command's log)"
+		}
+		return fmt.Sprintf("%s: primary %s restarted, the monitor failed over to %s meanwhile; %s %s", what, before, out[0], before, demoted), true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -374,6 +384,7 @@ func (s *soak) haWhole(t *testing.T, timeout time.Duration) (bool, string) {
 func (s *soak) failover(t *testing.T, rng *rand.Rand, sync bool) (string, bool) {
 	hold := time.Duration(500+rng.IntN(2500)) * time.Millisecond
 	if whole, states := s.haWhole(t, 2*time.Minute); !whole {
+		t.Logf("the formation is not whole: hack/cluster.sh ha diag:\n%s", s.f.clusterCmdQuiet(t, time.Minute, "ha", "diag"))
 		return "the formation is not a primary and its secondary after 2m: " + states, false
 	}
 	mode := "synchronous"

@@ -129,6 +129,12 @@ type soak struct {
 	image     string
 	start     time.Time
 	faults    map[string]int
+	// skipped: the faults the nemesis drew and could not inject (nothing
+	// to hit: no worker pod, no standby to fail over to), by kind.
+	skipped map[string]int
+	// stoppedImmediately: old primaries whose demotion (a fast shutdown)
+	// did not end after a failover and was made immediate.
+	stoppedImmediately int
 
 	mu   sync.Mutex
 	runs []*soakRun // generated, in order of creation
@@ -146,7 +152,7 @@ func runSoak(t *testing.T, cfg soakConfig) {
 	f := newFixtureOn(t, e, "soak", 0, true)
 	_, err = e.sql(f.ctx, f.dsn, soakSchema)
 	require.NoError(t, err, "soak schema")
-	s := &soak{f: f, svc: f, svcSecret: secretName, cfg: cfg, faults: map[string]int{}}
+	s := &soak{f: f, svc: f, svcSecret: secretName, cfg: cfg, faults: map[string]int{}, skipped: map[string]int{}}
 	if cfg.Failovers {
 		f.allowLedgerNodesTo("soak-to-ledger-nodes", metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 			{Key: v1alpha1.LabelRun, Operator: metav1.LabelSelectorOpExists}}})
