@@ -308,9 +308,11 @@ func (s *soak) processorFault(kind string, rate, seconds float64, d time.Duratio
 func (s *soak) restartPostgres(t *testing.T, args ...string) (string, bool) {
 	if s.cfg.Failovers {
 		before := s.haPrimary(t)
-		out := strings.Fields(s.f.clusterCmd(t, 5*time.Minute, append([]string{"ha", "restart"}, args...)...))
+		// Its output: the primary's name ("-": none), then what it did to the old one.
+		out := strings.Split(strings.TrimSpace(s.f.clusterCmd(t, 5*time.Minute, append([]string{"ha", "restart"}, args...)...)), "\n")
 		what := strings.TrimSpace("hack/cluster.sh ha restart " + strings.Join(args, " "))
-		if len(out) == 0 || out[0] == before {
+		after := strings.TrimSpace(out[0])
+		if after == before {
 			return fmt.Sprintf("%s: primary %s restarted in place", what, before), true
 		}
 		demoted := "demoted"
@@ -318,7 +320,7 @@ func (s *soak) restartPostgres(t *testing.T, args ...string) (string, bool) {
 			s.stoppedImmediately++
 			demoted = "stopped immediately, its fast shutdown not ended after 30s (what it waited for: the command's log)"
 		}
-		return fmt.Sprintf("%s: primary %s restarted, the monitor failed over to %s meanwhile; %s %s", what, before, out[0], before, demoted), true
+		return fmt.Sprintf("%s: primary %s restarted, the monitor failed over to %s meanwhile; %s %s", what, before, after, before, demoted), true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

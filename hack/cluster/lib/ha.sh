@@ -356,9 +356,10 @@ ha_synchronous() { [[ -n "$(ha_sql "$1" "SHOW synchronous_standby_names" 2>/dev/
 # ha_restart [--immediate]: the primary's PostgreSQL shut down fast (SIGINT)
 # or immediately (SIGQUIT: no checkpoint, crash recovery); its keeper starts
 # it again, or the monitor fails over to the standby meanwhile. Waits until
-# a primary answers again and prints its name; after a failover, also until
-# the old primary has demoted (ha_demote_or_stop, which may print
-# "stopped-immediately" on a second line).
+# a primary answers again and the formation settles (or fails over), and
+# prints the primary's name ("-" when none is); after a failover, also
+# waits until the old primary has demoted (ha_demote_or_stop, which may
+# print "stopped-immediately" on a second line).
 ha_restart() {
   local sig=INT old pid
   case "${1:-}" in
@@ -372,13 +373,36 @@ ha_restart() {
   kill -s "${sig}" "${pid}"
   step "SIG${sig} to ${old}'s postmaster (pid ${pid})"
   wait_for "a primary that answers" 120 ha_restarted "${old}" "${pid}" || die "no primary answers: $(ha_states | tr '\n' ';')"
-  local new
+  # The monitor may fail the restarted server over still (it saw it down,
+  # and decides seconds later): watched for 10s, then until the formation
+  # is whole again or the old primary is told to demote; then until the
+  # new primary takes writes.
+  local i
+  for ((i = 0; i < 20; i++)); do
+    ha_demoting "${old}" && break
+    sleep 0.5
+  done
+  wait_for "the formation to settle" 60 ha_settled "${old}" || true
+  if ha_demoting "${old}"; then
+    wait_for "a new primary" 120 ha_new_primary "${old}" || die "no new primary: $(ha_states | tr '\n' ';')"
+  fi
+  local new=""
+  wait_for "a primary" 30 ha_primary_is_known || true
   new="$(ha_primary)"
-  step "${new} is primary"
-  echo "${new}"
-  # Failed over meanwhile: the old primary demotes (a fast shutdown).
-  if [[ "${new}" != "${old}" ]]; then ha_demote_or_stop "${old}"; fi
+  step "${new:-no node} is primary"
+  echo "${new:--}"
+  # Failed over: the old primary demotes (a fast shutdown).
+  if [[ -n "${new}" && "${new}" != "${old}" ]]; then ha_demote_or_stop "${old}"; fi
 }
+
+# ha_demoting NODE: the monitor has told NODE to stop taking writes.
+ha_demoting() {
+  ha_states | awk -v n="$1" '$1 == n && $4 ~ /^(draining|demote_timeout|demoted)$/ { ok = 1 } END { exit !ok }'
+}
+ha_settled() { ha_whole || ha_demoting "$1"; }
+# ha_primary_is_known: some node is primary (reported and assigned; a
+# state change shows none for a moment).
+ha_primary_is_known() { [[ -n "$(ha_primary)" ]]; }
 
 # ha_demote_or_stop NODE: wait until NODE, an old primary, has demoted its
 # server. Its keeper's fast shutdown of a server that restarted as a
