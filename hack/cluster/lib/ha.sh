@@ -128,6 +128,11 @@ EOF
 host all ${PG_USER} ${CLUSTER_POD_CIDR} scram-sha-256
 host all ${PG_USER} ${HOST_IP}/32 scram-sha-256
 host all ${PG_USER} ${CP_IP}/32 scram-sha-256
+# An old primary's pg_rewind reads the new one through database postgres
+# (pg_auto_failover admits its replicator to ${PG_DB} only: without this
+# the rewind fails and the old primary takes a full base backup, which
+# waits minutes for a checkpoint).
+host postgres pgautofailover_replicator ${CP_IP}/32 trust
 EOF
   ha_sql "${HA_PORT[node1]}" "SELECT pg_reload_conf()" >/dev/null
   : >"${HA_DIR}/dsn"
