@@ -43,7 +43,7 @@
 #                       ${CP_IP}:5433/5434 (hack/cluster/lib/ha.sh); state: each
 #                       node's name, port, reported and assigned state;
 #                       diag: each node's postmaster status, processes and
-#                       server log tail;
+#                       what its server logged last of each;
 #                       failover: `pg_autoctl perform failover`, or with
 #                       --crash a crash of the primary's machine: its keeper
 #                       frozen, its postmaster kill -9, back fenced from
@@ -55,11 +55,12 @@
 #                       replication (the default) or asynchronous; restart:
 #                       the primary's PostgreSQL shut down fast (or
 #                       immediately), started again by its keeper or failed
-#                       over, prints the primary (after a failover once the
-#                       old primary has demoted: a fast shutdown that has not
-#                       ended in 30s is made immediate, and a second line
-#                       says "stopped-immediately"); dsn: the DSN naming both
-#                       nodes (target_session_attrs=read-write)
+#                       over, prints the primary ("-": none; after a
+#                       failover once the old primary has demoted: a fast
+#                       shutdown that has not ended in 30s is made immediate,
+#                       and a second line says "stopped-immediately"); dsn:
+#                       the DSN naming both nodes
+#                       (target_session_attrs=read-write)
 #   smoke               run pods that show the cluster works: a local image
 #                       runs, pods reach the apiserver ClusterIP and PostgreSQL
 #   node-env NAME       print what a test needs to power node NAME off or
