@@ -605,11 +605,17 @@ func (s *soak) leaks(timeout time.Duration) []string {
 		for _, db := range s.databases() {
 			db.rows(func() {}, func(r pgx.Rows) error {
 				var pid int32
-				var app, state string
-				err := r.Scan(&pid, &app, &state)
-				out = append(out, fmt.Sprintf("session %d (%s) still open in %s, %s", pid, app, db.db, state))
+				var app, state, client, since, last string
+				err := r.Scan(&pid, &app, &state, &client, &since, &last)
+				// Where from and since when: a worker killed behind a dropped link
+				// leaves a session its server keeps only while something answers
+				// its keep-alives.
+				out = append(out, fmt.Sprintf("session %d (%s) still open in %s, %s; from %s, connected %s, last state change %s",
+					pid, app, db.db, state, client, since, last))
 				return err
-			}, `SELECT pid, application_name, coalesce(state, '') FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+			}, `SELECT pid, application_name, coalesce(state, ''), coalesce(host(client_addr) || ':' || client_port, 'a local socket'),
+       coalesce(to_char(backend_start AT TIME ZONE 'UTC', 'HH24:MI:SS'), '?'), coalesce(to_char(state_change AT TIME ZONE 'UTC', 'HH24:MI:SS'), '?')
+FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
 			if n := db.int(`SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database WHERE d.datname = current_database() AND l.pid <> pg_backend_pid()`); n > 0 {
 				out = append(out, fmt.Sprintf("%d locks still held in %s", n, db.db))
 			}
