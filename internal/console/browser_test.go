@@ -331,6 +331,24 @@ func TestConsoleInABrowser(t *testing.T) {
 		f.shot(t, ctx, "run-live.png")
 	})
 
+	t.Run("suspend and resume a running run", func(t *testing.T) {
+		may := f.counts["may"]
+		f.setStatus(t, "may", v1alpha1.RunRunning, may)
+		defer f.setStatus(t, "may", v1alpha1.RunSucceeded, may)
+		suspended := func() bool {
+			t.Helper()
+			run := &v1alpha1.ProcessingRun{}
+			require.NoError(t, f.env.Client.Get(context.Background(), types.NamespacedName{Namespace: f.ns, Name: "may"}, run))
+			return run.Spec.Suspend
+		}
+		consoletest.Do(t, ctx, chromedp.Navigate(url+"/runs/"+f.ns+"/may"), chromedp.Click(chromedp.CSS(`#action-suspend`)),
+			chromedp.WaitVisible(chromedp.CSS(`#confirm`)), chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#action-resume`)))
+		require.True(t, suspended(), "suspended through the API")
+		consoletest.Do(t, ctx, chromedp.Click(chromedp.CSS(`#action-resume`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+			chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#action-suspend`)))
+		require.False(t, suspended(), "resumed through the API")
+	})
+
 	t.Run("keyboard: skip link, then a run's link by Tab and Enter", func(t *testing.T) {
 		consoletest.Do(t, ctx, chromedp.Navigate(url+"/"), chromedp.WaitVisible(chromedp.CSS(`body[data-updates]`)))
 		consoletest.Do(t, ctx, chromedp.KeyEvent("\t"))
