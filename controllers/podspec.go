@@ -238,14 +238,43 @@ func tokenMount() corev1.VolumeMount {
 // controller checked that it exists before creating pods; one deleted since
 // leaves the file missing (optional), which the worker reports as bad input.
 func batchVolume(ref *v1alpha1.ConfigMapKeyRef) corev1.Volume {
-	return corev1.Volume{Name: v1alpha1.WorkerBatchVolume, VolumeSource: corev1.VolumeSource{
+	return configMapKeyVolume(v1alpha1.WorkerBatchVolume, ref, v1alpha1.WorkerBatchFile)
+}
+
+// configMapKeyVolume is the key of ref as the file named file. Optional:
+// a key deleted meanwhile is the worker's clear bad input, not a pod that
+// never starts.
+func configMapKeyVolume(name string, ref *v1alpha1.ConfigMapKeyRef, file string) corev1.Volume {
+	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
 		ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name},
-			Items:                []corev1.KeyToPath{{Key: ref.Key, Path: v1alpha1.WorkerBatchFile}},
+			Items:                []corev1.KeyToPath{{Key: ref.Key, Path: file}},
 			DefaultMode:          ptr.To[int32](0o444),
 			Optional:             ptr.To(true),
 		},
 	}}
+}
+
+// withObjectSource gives the worker container alone (never the processor)
+// what a spec.batch.object run reads the store with: the credentials
+// Secret's keys as the AWS chain's environment variables (the session
+// token optional), and the CA bundle's key as a file.
+func withObjectSource(pod *corev1.Pod, obj *v1alpha1.ObjectSource) {
+	c := &pod.Spec.Containers[0]
+	if ref := obj.CredentialsSecretRef; ref != nil {
+		for i, key := range v1alpha1.ObjectCredentialKeys {
+			c.Env = append(c.Env, corev1.EnvVar{Name: key, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name},
+				Key:                  key,
+				Optional:             ptr.To(i == len(v1alpha1.ObjectCredentialKeys)-1),
+			}}})
+		}
+	}
+	if ref := obj.CAConfigMapRef; ref != nil {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, configMapKeyVolume(v1alpha1.WorkerObjectCAVolume, ref, v1alpha1.WorkerObjectCAFile))
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.WorkerObjectCAVolume, MountPath: v1alpha1.WorkerObjectCAPath, ReadOnly: true})
+		c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvObjectCAFile, Value: v1alpha1.WorkerObjectCAPath + "/" + v1alpha1.WorkerObjectCAFile})
+	}
 }
 
 // workerPodParams tells one worker pod of a run from another.
@@ -354,6 +383,9 @@ func buildWorkerPod(run *v1alpha1.ProcessingRun, in workerPodParams, opts PodOpt
 		c := &pod.Spec.Containers[0]
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.WorkerBatchVolume, MountPath: v1alpha1.WorkerBatchPath, ReadOnly: true})
 		c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvBatchFile, Value: v1alpha1.WorkerBatchPath + "/" + v1alpha1.WorkerBatchFile})
+	}
+	if obj := run.Spec.Batch.Object; obj != nil {
+		withObjectSource(pod, obj)
 	}
 	if e := run.Spec.Effect; e != nil && e.Processor != nil {
 		pod.Spec.InitContainers = []corev1.Container{processorContainer(e.Processor)}

@@ -194,6 +194,29 @@ func (s *scope) stallStart(p *problem, retry time.Duration) {
 	s.requeueIn(retry)
 }
 
+// configMapProblem is the problem of a ConfigMap key the run names that
+// is missing (holding says what the key should hold), or nil.
+func (r *Reconciler) configMapProblem(ctx context.Context, ns string, cm *v1alpha1.ConfigMapKeyRef, holding string) (*problem, error) {
+	var obj corev1.ConfigMap
+	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: cm.Name}, &obj)
+	switch {
+	case apierrors.IsNotFound(err):
+		return &problem{reason: ReasonConfigMapNotFound, message: fmt.Sprintf(
+			"ConfigMap %q not found in namespace %q: create it with the key %q holding %s",
+			cm.Name, ns, cm.Key, holding)}, nil
+	case err != nil:
+		return nil, fmt.Errorf("get configmap %s: %w", cm.Name, err)
+	}
+	_, inData := obj.Data[cm.Key]
+	_, inBinary := obj.BinaryData[cm.Key]
+	if !inData && !inBinary {
+		return &problem{reason: ReasonConfigMapKeyNotFound, message: fmt.Sprintf(
+			"ConfigMap %q in namespace %q has no key %q: add %s under that key",
+			cm.Name, ns, cm.Key, holding)}, nil
+	}
+	return nil, nil
+}
+
 func (r *Reconciler) dependencyProblem(ctx context.Context, run *v1alpha1.ProcessingRun) (*problem, error) {
 	if p := imageProblem(workerImage(run, r.Pods)); p != nil {
 		return p, nil
@@ -207,22 +230,13 @@ func (r *Reconciler) dependencyProblem(ctx context.Context, run *v1alpha1.Proces
 	ns := run.Namespace
 
 	if cm := run.Spec.Batch.ConfigMapRef; cm != nil {
-		var obj corev1.ConfigMap
-		err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: cm.Name}, &obj)
-		switch {
-		case apierrors.IsNotFound(err):
-			return &problem{reason: ReasonConfigMapNotFound, message: fmt.Sprintf(
-				"ConfigMap %q not found in namespace %q: create it with the key %q holding the batch as JSON Lines",
-				cm.Name, ns, cm.Key)}, nil
-		case err != nil:
-			return nil, fmt.Errorf("get configmap %s: %w", cm.Name, err)
+		if p, err := r.configMapProblem(ctx, ns, cm, "the batch as JSON Lines"); p != nil || err != nil {
+			return p, err
 		}
-		_, inData := obj.Data[cm.Key]
-		_, inBinary := obj.BinaryData[cm.Key]
-		if !inData && !inBinary {
-			return &problem{reason: ReasonConfigMapKeyNotFound, message: fmt.Sprintf(
-				"ConfigMap %q in namespace %q has no key %q: add the batch as JSON Lines under that key",
-				cm.Name, ns, cm.Key)}, nil
+	}
+	if obj := run.Spec.Batch.Object; obj != nil && obj.CAConfigMapRef != nil {
+		if p, err := r.configMapProblem(ctx, ns, obj.CAConfigMapRef, "the PEM CA certificates of batch.object.endpoint"); p != nil || err != nil {
+			return p, err
 		}
 	}
 

@@ -38,8 +38,12 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.ItemApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ItemCounts"):
 		return &apiv1alpha1.ItemCountsApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("LocalSecretRef"):
+		return &apiv1alpha1.LocalSecretRefApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("MissedTick"):
 		return &apiv1alpha1.MissedTickApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ObjectSource"):
+		return &apiv1alpha1.ObjectSourceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("OccurrenceShift"):
 		return &apiv1alpha1.OccurrenceShiftApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("OccurrenceSpec"):

@@ -122,6 +122,9 @@ const (
 	// file the ConfigMap's key is mounted as (the kubelet reads the
 	// ConfigMap: workers have no right to read ConfigMaps).
 	EnvBatchFile = "RUNLEDGER_BATCH_FILE"
+	// EnvObjectCAFile, set on the pods of a spec.batch.object run with a
+	// caConfigMapRef, is the file that ConfigMap key is mounted as.
+	EnvObjectCAFile = "RUNLEDGER_OBJECT_CA_FILE"
 	// EnvRunFile is the file the run's ConfigMap (RunConfigMapName) is
 	// mounted as: the run the worker works for (DecodeRunFile).
 	EnvRunFile = "RUNLEDGER_RUN_FILE"

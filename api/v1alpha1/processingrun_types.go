@@ -289,10 +289,10 @@ type ConfigMapKeyRef struct {
 }
 
 // BatchSpec is the source of a run's items: exactly one of items,
-// configMapRef, query or fromRun.
+// configMapRef, query, fromRun or object.
 //
-// +kubebuilder:validation:XValidation:rule="has(self.items) || has(self.configMapRef) || has(self.query) || has(self.fromRun)",message="batch has no source: set exactly one of batch.items, batch.configMapRef, batch.query or batch.fromRun"
-// +kubebuilder:validation:XValidation:rule="(has(self.items) ? 1 : 0) + (has(self.configMapRef) ? 1 : 0) + (has(self.query) ? 1 : 0) + (has(self.fromRun) ? 1 : 0) <= 1",message="batch has more than one source: keep exactly one of batch.items, batch.configMapRef, batch.query or batch.fromRun"
+// +kubebuilder:validation:XValidation:rule="has(self.items) || has(self.configMapRef) || has(self.query) || has(self.fromRun) || has(self.object)",message="batch has no source: set exactly one of batch.items, batch.configMapRef, batch.query, batch.fromRun or batch.object"
+// +kubebuilder:validation:XValidation:rule="(has(self.items) ? 1 : 0) + (has(self.configMapRef) ? 1 : 0) + (has(self.query) ? 1 : 0) + (has(self.fromRun) ? 1 : 0) + (has(self.object) ? 1 : 0) <= 1",message="batch has more than one source: keep exactly one of batch.items, batch.configMapRef, batch.query, batch.fromRun or batch.object"
 type BatchSpec struct {
 	// items is the batch inline, for small batches.
 	// +optional
@@ -328,7 +328,132 @@ type BatchSpec struct {
 	// over 1 MiB), fails again.
 	// +optional
 	FromRun *FromRunSource `json:"fromRun,omitempty"`
+
+	// object is one object, or every object under a prefix, of an
+	// S3-compatible store (AWS S3, MinIO, SeaweedFS, Ceph RGW...), in JSON
+	// Lines or CSV, plain or gzip- or zstd-compressed. Like a query's rows,
+	// the items are fixed in the ledger database once, when the first shard
+	// of the run starts: it streams the objects into runledger.batch (in
+	// bounded memory, whatever their size) and records each object's key,
+	// size, ETag, version and the SHA-256 of the bytes it read. Every other
+	// shard, retried pod or resumption reads the fixed batch, never the
+	// objects' contents again; it lists the objects once more and refuses
+	// the run as bad input if one changed, was added or was removed since
+	// (process the new files in a run of a new name). A bad line or record
+	// (invalid UTF-8, a field twice, a key part missing or too long, a CSV
+	// row with the wrong number of fields, an unterminated quote), a missing
+	// bucket or object, a refused credential or a wrong endpoint fails the
+	// run as bad input, naming the object and line, with nothing committed;
+	// a store that times out or answers 5xx is retried with back-off.
+	// +optional
+	Object *ObjectSource `json:"object,omitempty"`
 }
+
+// ObjectSource is a batch held in objects of an S3-compatible store.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.key) != has(self.prefix)",message="set exactly one of object.key (one object) or object.prefix (every object under it)"
+// +kubebuilder:validation:XValidation:rule="!has(self.csvDelimiter) || self.format == 'CSV'",message="csvDelimiter applies to format CSV only"
+type ObjectSource struct {
+	// endpoint is the URL of the store's S3 API, scheme and host only
+	// (https://minio.storage.svc:9000). Unset: AWS S3's endpoint of the
+	// region. https is verified against the system's CAs and caConfigMapRef's;
+	// http:// sends the credentials' signatures and the data unencrypted.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^https?://[^/?#@\s]+/?$`
+	Endpoint string `json:"endpoint,omitempty"`
+	// region the requests are signed for; default us-east-1. Most stores
+	// other than AWS accept any region.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[a-z0-9][-a-z0-9]*$`
+	Region string `json:"region,omitempty"`
+	// bucket holding the objects.
+	// +required
+	// +kubebuilder:validation:MinLength=3
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9][-._a-zA-Z0-9]*$`
+	Bucket string `json:"bucket"`
+	// key of the one object that holds the batch.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Key string `json:"key,omitempty"`
+	// prefix: the batch is every object whose key begins with it (a
+	// "folder" such as exports/2026-06-30/), read in the byte order of their
+	// keys, as the store lists them. Keys ending in "/" (folder markers) are
+	// skipped; a prefix with no object is bad input. At most 100000 objects.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Prefix string `json:"prefix,omitempty"`
+	// format of every object: JSONLines (one JSON object {"entity": ...,
+	// "occurrence": ..., "payload": ...} per line, as a configMapRef batch)
+	// or CSV (RFC 4180, a header row naming an entity and an occurrence
+	// column; every other column is the payload's, as a JSON string:
+	// {"amount": "12.5"}).
+	// +required
+	Format ObjectFormat `json:"format"`
+	// csvDelimiter is the CSV field delimiter: ",", ";", a tab ("\t" in
+	// YAML) or "|"; default ",".
+	// +optional
+	// +kubebuilder:validation:Enum=",";";";"\t";"|"
+	CSVDelimiter string `json:"csvDelimiter,omitempty"`
+	// compression of every object: Auto (the default) tells gzip and zstd
+	// from plain text by the object's first bytes (never by its name);
+	// None, Gzip or Zstd requires it.
+	// +optional
+	// +kubebuilder:default=Auto
+	Compression ObjectCompression `json:"compression,omitempty"`
+	// pathStyle addresses the bucket in the URL's path
+	// (https://host/bucket/key), as most stores other than AWS need;
+	// default: true when endpoint is set, false for AWS.
+	// +optional
+	PathStyle *bool `json:"pathStyle,omitempty"`
+	// credentialsSecretRef names a Secret of the run's namespace with the
+	// keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and optionally
+	// AWS_SESSION_TOKEN), given to the worker container alone as
+	// environment variables: never to the processor. Unset: the standard
+	// AWS credential chain of the worker's pod (the cluster's workload
+	// identity, such as EKS's IRSA or Pod Identity, or the node's role).
+	// +optional
+	CredentialsSecretRef *LocalSecretRef `json:"credentialsSecretRef,omitempty"`
+	// caConfigMapRef is a ConfigMap key holding PEM CA certificates that
+	// the endpoint's certificate may chain to, besides the system's.
+	// +optional
+	CAConfigMapRef *ConfigMapKeyRef `json:"caConfigMapRef,omitempty"`
+}
+
+// LocalSecretRef names a Secret in the run's namespace.
+type LocalSecretRef struct {
+	// name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// ObjectFormat is how an object writes its items.
+// +kubebuilder:validation:Enum=JSONLines;CSV
+type ObjectFormat string
+
+// Object formats.
+const (
+	ObjectJSONLines ObjectFormat = "JSONLines"
+	ObjectCSV       ObjectFormat = "CSV"
+)
+
+// ObjectCompression is how an object's bytes are compressed.
+// +kubebuilder:validation:Enum=Auto;None;Gzip;Zstd
+type ObjectCompression string
+
+// Object compressions.
+const (
+	ObjectAuto ObjectCompression = "Auto"
+	ObjectNone ObjectCompression = "None"
+	ObjectGzip ObjectCompression = "Gzip"
+	ObjectZstd ObjectCompression = "Zstd"
+)
 
 // FromRunSource names an earlier run and which of its items to take.
 type FromRunSource struct {

@@ -79,6 +79,18 @@ const (
 	WorkerBatchPath = "/var/run/runledger/batch"
 	// WorkerBatchFile is the batch's file name in WorkerBatchPath.
 	WorkerBatchFile = "items.jsonl"
+	// WorkerObjectCAVolume is spec.batch.object.caConfigMapRef's key,
+	// mounted as the file WorkerObjectCAPath/WorkerObjectCAFile in the
+	// worker container alone.
+	WorkerObjectCAVolume = "runledger-object-ca"
+	// WorkerObjectCAPath is where WorkerObjectCAVolume is mounted.
+	WorkerObjectCAPath = "/var/run/runledger/object-ca"
+	// WorkerObjectCAFile is the CA bundle's file name in WorkerObjectCAPath.
+	WorkerObjectCAFile = "ca.crt"
+	// MaxBatchObjects bounds the objects of a spec.batch.object prefix.
+	MaxBatchObjects = 100000
+	// DefaultObjectRegion is spec.batch.object.region when it is not set.
+	DefaultObjectRegion = "us-east-1"
 	// WorkerRunVolume is the run's ConfigMap (RunConfigMapName), mounted at
 	// WorkerRunPath in the worker container: the worker reads its run from
 	// the file, never through the API (its role cannot read runs).
@@ -375,4 +387,42 @@ func KeyPartProblem(v string) string {
 		return "contains a NUL character, which PostgreSQL text cannot hold"
 	}
 	return ""
+}
+
+// ObjectCredentialKeys are the keys of spec.batch.object.credentialsSecretRef
+// given to the worker container as environment variables of the same
+// names, the standard AWS credential chain's; the last one is optional.
+var ObjectCredentialKeys = []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+
+// RegionOrDefault is region, or DefaultObjectRegion when unset.
+func (o *ObjectSource) RegionOrDefault() string { return cmp.Or(o.Region, DefaultObjectRegion) }
+
+// UsesPathStyle is pathStyle, or whether endpoint is set when unset.
+func (o *ObjectSource) UsesPathStyle() bool {
+	if o.PathStyle != nil {
+		return *o.PathStyle
+	}
+	return o.Endpoint != ""
+}
+
+// CompressionOrDefault is compression, or Auto when unset.
+func (o *ObjectSource) CompressionOrDefault() ObjectCompression {
+	return cmp.Or(o.Compression, ObjectAuto)
+}
+
+// CSVComma is csvDelimiter as a rune (a tab is written "\t" in YAML):
+// ',' when unset.
+func (o *ObjectSource) CSVComma() rune {
+	if o.CSVDelimiter == "" {
+		return ','
+	}
+	return []rune(o.CSVDelimiter)[0]
+}
+
+// Location is the object's or prefix's s3:// URL, for messages.
+func (o *ObjectSource) Location() string {
+	if o.Key != "" {
+		return "s3://" + o.Bucket + "/" + o.Key
+	}
+	return "s3://" + o.Bucket + "/" + o.Prefix
 }

@@ -360,6 +360,8 @@ func describeSource(run *v1alpha1.ProcessingRun) string {
 		return "configMap " + b.ConfigMapRef.Name + "/" + b.ConfigMapRef.Key
 	case b.FromRun != nil:
 		return "the failed items of run " + b.FromRun.Name
+	case b.Object != nil:
+		return b.Object.Location()
 	}
 	return "query"
 }

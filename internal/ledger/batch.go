@@ -18,6 +18,7 @@ import (
 const (
 	BatchSourceQuery  = "query"
 	BatchSourceStatic = "static"
+	BatchSourceObject = "object"
 )
 
 // ErrBatchQuery marks an error of the user's query itself while the batch
@@ -28,10 +29,10 @@ var ErrBatchQuery = errors.New("the batch's query failed")
 // first time a shard of the run starts (runledger.batch_run).
 type BatchHeader struct {
 	ID      int64  // the key of its rows in runledger.batch
-	Source  string // BatchSourceQuery or BatchSourceStatic
+	Source  string // BatchSourceQuery, BatchSourceStatic or BatchSourceObject
 	Shards  int    // the shard count the batch was fixed for
 	Items   int64  // items of the whole batch
-	Digest  string // sha256 of a static source's items, of a query source's text ("": fixed before it was recorded)
+	Digest  string // sha256 of a static source's items, of a query source's text ("": fixed before it was recorded), of an object source's location
 	Created time.Time
 	Pruned  *time.Time // set once `runledger prune` deleted the rows
 	// Namespace and Name: the run whose first shard fixed the batch, the

@@ -1137,6 +1137,26 @@ WITH hdr AS (
 SELECT coalesce(pg_catalog.sum(items), 0::bigint) FROM ins`
 }
 
+// sqlInsertObjectBatch writes the header of an object source's batch,
+// before its items are copied (the rows' key is the header's id).
+// $1 run uid, $2 namespace, $3 name, $4 shards, $5 the source's digest.
+const sqlInsertObjectBatch = `
+INSERT INTO ` + Schema + `.batch_run (run_uid, run_namespace, run_name, source, shards, items, digest)
+VALUES ($1, $2, $3, 'object', $4, 0, $5)
+RETURNING id`
+
+// sqlSetObjectBatch records the item count and the objects read ($3, a
+// JSON array) of the object batch just copied.
+const sqlSetObjectBatch = `UPDATE ` + Schema + `.batch_run SET items = $2, objects = $3::pg_catalog.jsonb WHERE run_uid = $1`
+
+// sqlBatchObjects reads the objects an object batch was read from.
+const sqlBatchObjects = `SELECT coalesce(objects, '[]'::pg_catalog.jsonb) FROM ` + Schema + `.batch_run WHERE run_uid = $1`
+
+// sqlObjectCopyBounds lifts the statement bound for the COPY of an object
+// batch, whose length is the objects' (a 10 GB object streams for
+// minutes); the store's own reads are bounded by their idle timeout.
+const sqlObjectCopyBounds = `SET LOCAL statement_timeout = 0`
+
 // sqlSetBatchItems records the item count of the batch just written.
 const sqlSetBatchItems = `UPDATE ` + Schema + `.batch_run SET items = $2 WHERE run_uid = $1`
 

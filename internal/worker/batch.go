@@ -32,6 +32,8 @@ func batchMismatch(run ledger.Run, h *ledger.BatchHeader, source string, shards 
 	case source == ledger.BatchSourceQuery && digest != "" && h.Digest != "" && h.Digest != digest:
 		// A batch fixed before the query's digest was recorded (NULL) is read as it was fixed.
 		return &InputError{Where: where, Msg: "is what another query returned: batch.query has changed since the run started (the batch is fixed once, from the query text its first shard ran); restore the query, or give the run a new name to process the new query's rows"}
+	case source == ledger.BatchSourceObject && digest != "" && h.Digest != digest:
+		return &InputError{Where: where, Msg: "was read from another place: batch.object (endpoint, bucket, key or prefix, format, compression or delimiter) has changed since the run started; restore it, or give the run a new name to process the new objects"}
 	case source == ledger.BatchSourceStatic && digest != "" && h.Digest != digest:
 		return &InputError{Where: where, Msg: "has changed since the run started: its items (the ConfigMap or file) differ from those its first shard read; restore them, or give the run a new name to process the new items"}
 	}

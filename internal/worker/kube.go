@@ -112,10 +112,19 @@ func ReadRun(env PodEnv) (*v1alpha1.ProcessingRun, error) {
 // worker reads no ConfigMap through the API. A missing file is a ConfigMap or
 // key deleted after the controller checked them: bad input.
 func MountedBatchData(path, namespace string) BatchData {
+	return mountedKey(path, namespace, "spec.batch.configMapRef:", v1alpha1.EnvBatchFile)
+}
+
+// MountedObjectCA is MountedBatchData for the CA bundle of
+// spec.batch.object.caConfigMapRef, mounted as $RUNLEDGER_OBJECT_CA_FILE.
+func MountedObjectCA(path, namespace string) BatchData {
+	return mountedKey(path, namespace, "spec.batch.object.caConfigMapRef:", v1alpha1.EnvObjectCAFile)
+}
+
+func mountedKey(path, namespace, where, env string) BatchData {
 	return func(_ context.Context, ref v1alpha1.ConfigMapKeyRef) ([]byte, string, error) {
-		where := "spec.batch.configMapRef:"
 		if path == "" {
-			return nil, "", &InputError{Where: where, Msg: v1alpha1.EnvBatchFile + " is not set (the controller mounts the ConfigMap's key on worker pods)"}
+			return nil, "", &InputError{Where: where, Msg: env + " is not set (the controller mounts the ConfigMap's key on worker pods)"}
 		}
 		b, err := os.ReadFile(path)
 		if errors.Is(err, fs.ErrNotExist) {

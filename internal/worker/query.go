@@ -221,6 +221,8 @@ type queryStream struct {
 	shard   int
 	opt     streamOptions
 	fromRun *fromRun // a fromRun batch's
+	// source is the header's (ledger.BatchSource*): "" for a query's.
+	source string
 
 	rows     int64               // rows of the shard
 	reader   *ledger.BatchReader // nil until the shard is sorted
@@ -233,6 +235,14 @@ type queryStream struct {
 }
 
 func (s *queryStream) total() (int64, bool) { return s.rows, true }
+
+// headerSource is the source the batch's header must record.
+func (s *queryStream) headerSource() string {
+	if s.source != "" {
+		return s.source
+	}
+	return ledger.BatchSourceQuery
+}
 
 func (s *queryStream) close() {}
 
@@ -311,7 +321,7 @@ func (s *queryStream) fill(ctx context.Context) error {
 		if h == nil {
 			return s.lostBatch()
 		}
-		if bad := batchMismatch(s.opt.run, h, ledger.BatchSourceQuery, 0, ""); bad != nil {
+		if bad := batchMismatch(s.opt.run, h, s.headerSource(), 0, ""); bad != nil {
 			return bad
 		}
 		page = rows
@@ -370,7 +380,7 @@ func (s *queryStream) shortBatch(ctx context.Context, got int64) error {
 	if h == nil {
 		return s.lostBatch()
 	}
-	if bad := batchMismatch(s.opt.run, h, ledger.BatchSourceQuery, 0, ""); bad != nil {
+	if bad := batchMismatch(s.opt.run, h, s.headerSource(), 0, ""); bad != nil {
 		return bad
 	}
 	return fmt.Errorf("shard %d of the batch of run %s has %d rows, %d were read: rows were deleted from runledger.batch while it ran", s.shard, s.opt.run.UID, s.rows, got)
@@ -382,6 +392,9 @@ func (s *queryStream) rowEntry(e, o *string, p []byte, n int64) entry {
 	where := func() string {
 		if s.fromRun != nil {
 			return "batch.fromRun row " + strconv.FormatInt(n, 10)
+		}
+		if s.source == ledger.BatchSourceObject {
+			return "batch.object item " + strconv.FormatInt(n, 10)
 		}
 		return "query row " + strconv.FormatInt(n, 10)
 	}

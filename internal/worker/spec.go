@@ -55,9 +55,10 @@ func (p *Plan) ShardConfig(shard, attempt int) ShardConfig {
 	}
 }
 
-// BatchData fetches the JSON Lines document that a configMapRef points at
-// (from the API in a pod, from a file or the manifest on a laptop). It
-// returns the data and a name for it in errors.
+// BatchData fetches the data of a ConfigMap key the run names: the JSON
+// Lines document of batch.configMapRef, the CA bundle of
+// batch.object.caConfigMapRef (a file mounted in a pod, a file or the
+// manifest on a laptop). It returns the data and a name for it in errors.
 type BatchData func(ctx context.Context, ref v1alpha1.ConfigMapKeyRef) (data []byte, name string, err error)
 
 // LocalRunUID is the identity of a run without a metadata.uid (a manifest run
@@ -133,6 +134,16 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 			}
 		}
 		p.Source = NewStaticSource(name, items)
+	case b.Object != nil:
+		var ca []byte
+		if ref := b.Object.CAConfigMapRef; ref != nil {
+			raw, _, err := data(ctx, *ref)
+			if err != nil {
+				return nil, err
+			}
+			ca = raw
+		}
+		p.Source = NewObjectSource(*b.Object, ca, spec.Occurrence)
 	case b.FromRun != nil:
 		if v := b.FromRun.VerdictOrDefault(); v != v1alpha1.FromRunFailed {
 			return nil, &InputError{Where: "spec.batch.fromRun", Field: "verdict", Msg: fmt.Sprintf("is %q: only %q is supported", v, v1alpha1.FromRunFailed)}

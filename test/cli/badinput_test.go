@@ -36,7 +36,7 @@ func TestRunBadInput(t *testing.T) {
 		{name: "generateName only", manifest: strings.Replace(good, "name: good", "generateName: good-", 1), want: "metadata.name: Required value: runledger run needs a name"},
 		{name: "name too long", manifest: manifest(strings.Repeat("n", 64), items), want: "metadata.name must be at most 63 characters: it is used as a label value on the worker pods"},
 		{name: "name not a DNS subdomain", manifest: manifest("June_Invoices", items), want: `metadata.name: Invalid value: "June_Invoices": a lowercase RFC 1123 subdomain`},
-		{name: "no source", manifest: manifest("nosource", "batch: {}"), want: "spec.batch: Invalid value: batch has no source: set exactly one of batch.items, batch.configMapRef, batch.query or batch.fromRun"},
+		{name: "no source", manifest: manifest("nosource", "batch: {}"), want: "spec.batch: Invalid value: batch has no source: set exactly one of batch.items, batch.configMapRef, batch.query, batch.fromRun or batch.object"},
 		{name: "two sources", manifest: manifest("twosources", "batch:", "  items: [{entity: a, occurrence: b}]", "  query: SELECT 1"), want: "spec.batch: Invalid value: batch has more than one source"},
 		{name: "too many workers", manifest: manifest("workers", items, "workers: 1000"), want: "spec.workers: Invalid value: 1000: spec.workers in body should be less than or equal to 256"},
 		{name: "zero workers", manifest: manifest("workers", items, "workers: 0"), want: "spec.workers: Invalid value: 0: spec.workers in body should be greater than or equal to 1"},

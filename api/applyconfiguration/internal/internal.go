@@ -42,6 +42,9 @@ var schemaYAML = typed.YAMLObject(`types:
           elementType:
             namedType: com.github.runledger.runledger.api.v1alpha1.Item
           elementRelationship: atomic
+    - name: object
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ObjectSource
     - name: query
       type:
         scalar: string
@@ -132,6 +135,12 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: payload
       type:
         namedType: io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSON
+- name: com.github.runledger.runledger.api.v1alpha1.LocalSecretRef
+  map:
+    fields:
+    - name: name
+      type:
+        scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.MissedReason
   scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.MissedTick
@@ -146,6 +155,47 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: scheduledTime
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+- name: com.github.runledger.runledger.api.v1alpha1.ObjectCompression
+  scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.ObjectFormat
+  scalar: string
+- name: com.github.runledger.runledger.api.v1alpha1.ObjectSource
+  map:
+    fields:
+    - name: bucket
+      type:
+        scalar: string
+    - name: caConfigMapRef
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ConfigMapKeyRef
+    - name: compression
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ObjectCompression
+      default: Auto
+    - name: credentialsSecretRef
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.LocalSecretRef
+    - name: csvDelimiter
+      type:
+        scalar: string
+    - name: endpoint
+      type:
+        scalar: string
+    - name: format
+      type:
+        namedType: com.github.runledger.runledger.api.v1alpha1.ObjectFormat
+    - name: key
+      type:
+        scalar: string
+    - name: pathStyle
+      type:
+        scalar: boolean
+    - name: prefix
+      type:
+        scalar: string
+    - name: region
+      type:
+        scalar: string
 - name: com.github.runledger.runledger.api.v1alpha1.OccurrenceShift
   map:
     fields:

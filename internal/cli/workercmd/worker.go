@@ -220,7 +220,11 @@ func (s *workerRun) work(ctx context.Context, envErr error) (worker.Report, int,
 	if shards := cmp.Or(int(run.Spec.Workers), v1alpha1.DefaultWorkers); shards != s.env.Shards {
 		return worker.Report{}, maxFailed, exitcode.BadInput(fmt.Errorf("%s is %d but the run has spec.workers %d", v1alpha1.EnvShards, s.env.Shards, shards))
 	}
-	plan, err := worker.NewPlan(ctx, run, worker.MountedBatchData(os.Getenv(v1alpha1.EnvBatchFile), run.Namespace), worker.Limits{})
+	data := worker.MountedBatchData(os.Getenv(v1alpha1.EnvBatchFile), run.Namespace)
+	if run.Spec.Batch.Object != nil {
+		data = worker.MountedObjectCA(os.Getenv(v1alpha1.EnvObjectCAFile), run.Namespace)
+	}
+	plan, err := worker.NewPlan(ctx, run, data, worker.Limits{})
 	if err != nil {
 		return worker.Report{}, maxFailed, err
 	}

@@ -10,7 +10,7 @@ package v1alpha1
 // with apply.
 //
 // BatchSpec is the source of a run's items: exactly one of items,
-// configMapRef, query or fromRun.
+// configMapRef, query, fromRun or object.
 type BatchSpecApplyConfiguration struct {
 	// items is the batch inline, for small batches.
 	Items []ItemApplyConfiguration `json:"items,omitempty"`
@@ -33,6 +33,23 @@ type BatchSpecApplyConfiguration struct {
 	// no item (bad input), or whose payload was not kept (not UTF-8 text, or
 	// over 1 MiB), fails again.
 	FromRun *FromRunSourceApplyConfiguration `json:"fromRun,omitempty"`
+	// object is one object, or every object under a prefix, of an
+	// S3-compatible store (AWS S3, MinIO, SeaweedFS, Ceph RGW...), in JSON
+	// Lines or CSV, plain or gzip- or zstd-compressed. Like a query's rows,
+	// the items are fixed in the ledger database once, when the first shard
+	// of the run starts: it streams the objects into runledger.batch (in
+	// bounded memory, whatever their size) and records each object's key,
+	// size, ETag, version and the SHA-256 of the bytes it read. Every other
+	// shard, retried pod or resumption reads the fixed batch, never the
+	// objects' contents again; it lists the objects once more and refuses
+	// the run as bad input if one changed, was added or was removed since
+	// (process the new files in a run of a new name). A bad line or record
+	// (invalid UTF-8, a field twice, a key part missing or too long, a CSV
+	// row with the wrong number of fields, an unterminated quote), a missing
+	// bucket or object, a refused credential or a wrong endpoint fails the
+	// run as bad input, naming the object and line, with nothing committed;
+	// a store that times out or answers 5xx is retried with back-off.
+	Object *ObjectSourceApplyConfiguration `json:"object,omitempty"`
 }
 
 // BatchSpecApplyConfiguration constructs a declarative configuration of the BatchSpec type for use with
@@ -75,5 +92,13 @@ func (b *BatchSpecApplyConfiguration) WithQuery(value string) *BatchSpecApplyCon
 // If called multiple times, the FromRun field is set to the value of the last call.
 func (b *BatchSpecApplyConfiguration) WithFromRun(value *FromRunSourceApplyConfiguration) *BatchSpecApplyConfiguration {
 	b.FromRun = value
+	return b
+}
+
+// WithObject sets the Object field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Object field is set to the value of the last call.
+func (b *BatchSpecApplyConfiguration) WithObject(value *ObjectSourceApplyConfiguration) *BatchSpecApplyConfiguration {
+	b.Object = value
 	return b
 }

@@ -1,0 +1,343 @@
+package worker_test
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/s3test"
+	"github.com/runledger/runledger/internal/worker"
+)
+
+// objectSource is a source over bucket's key (or prefix, ending in "/"),
+// signed with the test server's credentials.
+func objectSource(t *testing.T, spec v1alpha1.ObjectSource) *worker.ObjectSource {
+	t.Helper()
+	srv := s3test.Get(t)
+	if spec.Endpoint == "" {
+		spec.Endpoint = srv.Endpoint
+	}
+	src := worker.NewObjectSource(spec, nil, "")
+	src.UseCredentials(credentials.NewStaticCredentialsProvider(s3test.AccessKey, s3test.SecretKey, ""))
+	return src
+}
+
+// jsonLines is n items e0..e(n-1) of occurrence o, payload {"i": i}.
+func jsonLines(from, n int, o string) []byte {
+	var b bytes.Buffer
+	for i := from; i < from+n; i++ {
+		fmt.Fprintf(&b, `{"entity":"e%d","occurrence":%q,"payload":{"i":%d}}`+"\n", i, o, i)
+	}
+	return b.Bytes()
+}
+
+func gzipped(t *testing.T, b []byte) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	w := gzip.NewWriter(&out)
+	_, err := w.Write(b)
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	return out.Bytes()
+}
+
+// TestObjectSource_JSONLines: one object, repeats included, fixed once by
+// the first shard and read by three; the counts are the ledger's, a rerun
+// reports the same, and the header records what was read.
+func TestObjectSource_JSONLines(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	bucket := s3test.NewBucket(t)
+	data := append(jsonLines(0, 3000, "2026-06"), jsonLines(0, 200, "2026-06")...)
+	etag := s3test.PutObject(t, bucket, "exports/june.jsonl", data)
+	src := objectSource(t, v1alpha1.ObjectSource{Bucket: bucket, Key: "exports/june.jsonl", Format: v1alpha1.ObjectJSONLines})
+	cfg := worker.ShardConfig{Run: run("uid-object"), Shards: 3, Source: src, ChunkSize: 97}
+
+	_, sum := runShards(t, f, cfg)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 3200, Completed: 3000, AlreadyHandled: 200}, sum)
+	require.EqualValues(t, 3000, f.committed(t))
+	require.EqualValues(t, 1500, queryInt(t, f.pool, `SELECT (payload->>'i')::int FROM runledger.ledger WHERE entity = 'e1500'`), "payload stored")
+
+	objects, err := f.store.BatchObjects(context.Background(), "uid-object")
+	require.NoError(t, err)
+	require.Len(t, objects, 1)
+	require.Equal(t, ledger.BatchObject{Key: "exports/june.jsonl", Size: int64(len(data)), ETag: etag, SHA256: sha256Of(data), VersionID: objects[0].VersionID}, objects[0])
+
+	_, again := runShards(t, f, cfg)
+	require.Equal(t, sum, again, "a rerun of the same run reports the same")
+}
+
+// TestObjectSource_PrefixOfManyObjects: every object under a prefix, in
+// key order, CSV with a ';' delimiter, plain and gzip, a folder marker
+// skipped; CSV's other columns are the payload's, as strings.
+func TestObjectSource_PrefixOfManyObjects(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	bucket := s3test.NewBucket(t)
+	s3test.PutObject(t, bucket, "drop/", nil)
+	var want int
+	for i := range 12 {
+		var b strings.Builder
+		b.WriteString("entity;occurrence;amount;note\n")
+		for j := range 250 {
+			fmt.Fprintf(&b, "acct-%d-%d;2026-06;%d.50;\"a; quoted \"\"note\"\"\"\n", i, j, j)
+			want++
+		}
+		body := []byte(b.String())
+		if i%2 == 1 {
+			body = gzipped(t, body)
+		}
+		s3test.PutObject(t, bucket, fmt.Sprintf("drop/part-%02d.csv", i), body)
+	}
+	s3test.PutObject(t, bucket, "other/ignored.csv", []byte("entity;occurrence\nx;y\n"))
+	src := objectSource(t, v1alpha1.ObjectSource{Bucket: bucket, Prefix: "drop/", Format: v1alpha1.ObjectCSV, CSVDelimiter: ";"})
+	cfg := worker.ShardConfig{Run: run("uid-prefix"), Shards: 2, Source: src, ChunkSize: 500}
+
+	_, sum := runShards(t, f, cfg)
+	require.Equal(t, v1alpha1.ItemCounts{Total: int64(want), Completed: int64(want)}, sum)
+	require.EqualValues(t, want, f.committed(t))
+	var payload string
+	require.NoError(t, f.pool.QueryRow(context.Background(), `SELECT payload::text FROM runledger.ledger WHERE entity = 'acct-7-3'`).Scan(&payload))
+	require.JSONEq(t, `{"amount": "3.50", "note": "a; quoted \"note\""}`, payload)
+
+	objects, err := f.store.BatchObjects(context.Background(), "uid-prefix")
+	require.NoError(t, err)
+	require.Len(t, objects, 12, "the folder marker and the other prefix are not read")
+	for i, o := range objects {
+		require.Equal(t, fmt.Sprintf("drop/part-%02d.csv", i), o.Key, "in key order")
+	}
+}
+
+func sha256Of(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// requireNothingFixed: the run committed nothing and has no batch.
+func requireNothingFixed(t *testing.T, f *fixture, runUID string) {
+	t.Helper()
+	require.Zero(t, f.committed(t), "nothing committed")
+	h, err := f.store.BatchHeader(context.Background(), runUID)
+	require.NoError(t, err)
+	require.Nil(t, h, "no batch fixed")
+}
+
+// TestObjectSource_BadInput: every bad object, and every refusal of the
+// store that retrying cannot change, fails the run at once as bad input
+// naming the object (and the line), with nothing committed or fixed.
+func TestObjectSource_BadInput(t *testing.T) {
+	t.Parallel()
+	bucket := s3test.NewBucket(t)
+	put := func(key, body string) string { s3test.PutObject(t, bucket, key, []byte(body)); return key }
+	notS3 := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(notS3.Close)
+	ok := `{"entity":"a","occurrence":"o"}` + "\n"
+	tests := []struct {
+		name string
+		spec v1alpha1.ObjectSource
+		cred *credentials.StaticCredentialsProvider
+		want []string
+	}{
+		{"invalid UTF-8", v1alpha1.ObjectSource{Key: put("utf8.jsonl", ok+"{\"entity\":\"a\xff\",\"occurrence\":\"o\"}\n"), Format: v1alpha1.ObjectJSONLines},
+			nil, []string{"s3://" + bucket + "/utf8.jsonl", "line 2", "UTF-8"}},
+		{"a field twice", v1alpha1.ObjectSource{Key: put("twice.jsonl", `{"entity":"a","entity":"b","occurrence":"o"}`), Format: v1alpha1.ObjectJSONLines},
+			nil, []string{"twice.jsonl", "line 1", `"entity"`, "twice"}},
+		{"a key part missing", v1alpha1.ObjectSource{Key: put("missing.jsonl", ok+`{"entity":"a"}`), Format: v1alpha1.ObjectJSONLines},
+			nil, []string{"missing.jsonl", `line 2: field "occurrence" is missing`}},
+		{"a CSV row of the wrong width", v1alpha1.ObjectSource{Key: put("wide.csv", "entity,occurrence\na,b\na,b,c\n"), Format: v1alpha1.ObjectCSV},
+			nil, []string{"wide.csv", "record 3 (line 3) has 3 fields, the header 2"}},
+		{"an unterminated quote", v1alpha1.ObjectSource{Key: put("quote.csv", "entity,occurrence\na,b\n\"a,b\nc,d\n"), Format: v1alpha1.ObjectCSV},
+			nil, []string{"quote.csv", "record 3 (line 3) has a quoted field that is never closed"}},
+		{"a missing bucket", v1alpha1.ObjectSource{Bucket: "rltest-no-such-bucket", Key: "a.jsonl", Format: v1alpha1.ObjectJSONLines},
+			nil, []string{"s3://rltest-no-such-bucket/a.jsonl", "does not exist"}},
+		{"a missing object", v1alpha1.ObjectSource{Key: "absent.jsonl", Format: v1alpha1.ObjectJSONLines},
+			nil, []string{"absent.jsonl", "does not exist"}},
+		{"an empty prefix", v1alpha1.ObjectSource{Prefix: "nothing/", Format: v1alpha1.ObjectJSONLines},
+			nil, []string{"s3://" + bucket + "/nothing/ holds no object"}},
+		{"a wrong secret key", v1alpha1.ObjectSource{Key: put("ok.jsonl", ok), Format: v1alpha1.ObjectJSONLines},
+			ptrTo(credentials.NewStaticCredentialsProvider(s3test.AccessKey, "not-the-secret", "")), []string{"ok.jsonl"}},
+		{"an unknown access key", v1alpha1.ObjectSource{Key: "ok.jsonl", Format: v1alpha1.ObjectJSONLines},
+			ptrTo(credentials.NewStaticCredentialsProvider("NOSUCHKEY", "whatever", "")), []string{"ok.jsonl"}},
+		{"an endpoint that is no S3", v1alpha1.ObjectSource{Endpoint: notS3.URL, Key: "ok.jsonl", Format: v1alpha1.ObjectJSONLines},
+			nil, []string{"ok.jsonl", "does not exist"}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			if tt.spec.Bucket == "" {
+				tt.spec.Bucket = bucket
+			}
+			src := objectSource(t, tt.spec)
+			if tt.cred != nil {
+				src.UseCredentials(*tt.cred)
+			}
+			uid := fmt.Sprintf("uid-bad-%d", i)
+			rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run(uid), Shards: 1, Source: src})
+			require.Error(t, rep.Err)
+			require.True(t, worker.IsInputError(rep.Err), "bad input (exit 2), not retried: %v", rep.Err)
+			for _, w := range tt.want {
+				require.Contains(t, rep.Err.Error(), w)
+			}
+			require.NotContains(t, rep.Err.Error(), s3test.SecretKey, "no secret in the error")
+			requireNothingFixed(t, f, uid)
+		})
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// TestObjectSource_ChangedAfterTheFix: once the first shard fixed the
+// batch, an object replaced, added or removed under the run is refused by
+// every later shard, naming it; the batch and what was committed stay.
+func TestObjectSource_ChangedAfterTheFix(t *testing.T) {
+	t.Parallel()
+	for _, change := range []string{"replaced", "added", "removed"} {
+		t.Run(change, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			bucket := s3test.NewBucket(t)
+			s3test.PutObject(t, bucket, "in/a.jsonl", jsonLines(0, 100, "o"))
+			s3test.PutObject(t, bucket, "in/b.jsonl", jsonLines(100, 100, "o"))
+			src := objectSource(t, v1alpha1.ObjectSource{Bucket: bucket, Prefix: "in/", Format: v1alpha1.ObjectJSONLines})
+			uid := "uid-changed-" + change
+			cfg := worker.ShardConfig{Run: run(uid), Shards: 2, Source: src}
+			rep := worker.RunShard(context.Background(), f.store, cfg)
+			require.NoError(t, rep.Err)
+			require.True(t, rep.Done)
+			committed := f.committed(t)
+
+			var name string
+			switch change {
+			case "replaced":
+				name = "in/b.jsonl"
+				s3test.PutObject(t, bucket, name, jsonLines(100, 101, "o"))
+			case "added":
+				name = "in/c.jsonl"
+				s3test.PutObject(t, bucket, name, jsonLines(300, 1, "o"))
+			case "removed":
+				name = "in/a.jsonl"
+				_, err := s3test.Client(t).DeleteObject(context.Background(), &s3.DeleteObjectInput{Bucket: &bucket, Key: &name})
+				require.NoError(t, err)
+			}
+			cfg.Run.Shard = 1
+			rep = worker.RunShard(context.Background(), f.store, cfg)
+			require.Error(t, rep.Err)
+			require.True(t, worker.IsInputError(rep.Err), "bad input: %v", rep.Err)
+			require.Contains(t, rep.Err.Error(), "s3://"+bucket+"/"+name+" was "+change)
+			require.Contains(t, rep.Err.Error(), "since the run's first shard fixed its batch at ")
+			require.Contains(t, rep.Err.Error(), "give the run a new name")
+			require.Equal(t, committed, f.committed(t), "nothing more committed")
+			h, err := f.store.BatchHeader(context.Background(), uid)
+			require.NoError(t, err)
+			require.EqualValues(t, 200, h.Items, "the fixed batch stays as it was read")
+		})
+	}
+}
+
+// faultyStore is a proxy in front of the test store that answers 503 to
+// its first unavailable requests, breaks off the body of the first cuts
+// GETs of an object after 8 KiB, and stalls the next one's for a minute.
+type faultyStore struct {
+	unavailable, cuts, stalls atomic.Int32
+	ranged, served503         atomic.Int32
+}
+
+func (fs *faultyStore) start(t *testing.T) string {
+	t.Helper()
+	target, err := url.Parse(s3test.Get(t).Endpoint)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target) // keeps the Host header the request was signed for
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fs.unavailable.Add(-1) >= 0 {
+			fs.served503.Add(1)
+			http.Error(w, "slow down", http.StatusServiceUnavailable)
+			return
+		}
+		if r.Header.Get("Range") != "" {
+			fs.ranged.Add(1)
+		}
+		if r.Method == http.MethodGet && !strings.Contains(r.URL.RawQuery, "list-type") {
+			switch {
+			case fs.cuts.Add(-1) >= 0:
+				w = &cutWriter{ResponseWriter: w, left: 8 << 10}
+			case fs.stalls.Add(-1) >= 0:
+				w = &cutWriter{ResponseWriter: w, left: 8 << 10, stall: time.Minute, ctx: r.Context()}
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// cutWriter passes left bytes of a body on, then fails (the proxy then
+// aborts the connection) or first stalls.
+type cutWriter struct {
+	http.ResponseWriter
+	left  int
+	stall time.Duration
+	ctx   context.Context
+}
+
+func (c *cutWriter) Write(p []byte) (int, error) {
+	if len(p) <= c.left {
+		c.left -= len(p)
+		return c.ResponseWriter.Write(p)
+	}
+	n, _ := c.ResponseWriter.Write(p[:c.left])
+	c.left = 0
+	if f, ok := c.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+	if c.stall > 0 {
+		select {
+		case <-time.After(c.stall):
+		case <-c.ctx.Done():
+		}
+	}
+	return n, errors.New("cut")
+}
+
+// TestObjectSource_StoreFaults: a store that answers 503 is retried with
+// back-off, a read that breaks off or stalls resumes where it stopped (a
+// ranged GET of the same ETag), and the batch is whole: counts = ledger.
+func TestObjectSource_StoreFaults(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	bucket := s3test.NewBucket(t)
+	data := jsonLines(0, 20000, "o") // about 1 MiB
+	s3test.PutObject(t, bucket, "in/big.jsonl", gzipped(t, data))
+	s3test.PutObject(t, bucket, "in/plain.jsonl", jsonLines(20000, 5000, "o"))
+	fs := &faultyStore{}
+	fs.unavailable.Store(6) // more than the client's own 3 attempts
+	fs.cuts.Store(2)
+	fs.stalls.Store(1)
+	src := objectSource(t, v1alpha1.ObjectSource{Endpoint: fs.start(t), Bucket: bucket, Prefix: "in/", Format: v1alpha1.ObjectJSONLines})
+	src.UseIdleTimeout(time.Second)
+	cfg := worker.ShardConfig{Run: run("uid-faults"), Shards: 2, Source: src, Retry: worker.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond}}
+
+	_, sum := runShards(t, f, cfg)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 25000, Completed: 25000}, sum)
+	require.EqualValues(t, 25000, f.committed(t))
+	require.EqualValues(t, 6, fs.served503.Load())
+	require.GreaterOrEqual(t, fs.ranged.Load(), int32(3), "each broken read resumed with a range")
+}
