@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -152,6 +153,53 @@ func TestBuildWorkerPod(t *testing.T) {
 				require.Equal(t, "items", v.ConfigMap.Name)
 				require.Equal(t, []corev1.KeyToPath{{Key: "batch.jsonl", Path: "items.jsonl"}}, v.ConfigMap.Items)
 				require.True(t, *v.ConfigMap.Optional, "a ConfigMap deleted later fails the shard as bad input, never a pod stuck in ContainerCreating")
+			},
+		},
+		{
+			name: "object batch: the credentials and the CA to the worker container alone, never the processor",
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.Batch = v1alpha1.BatchSpec{Object: &v1alpha1.ObjectSource{Endpoint: "https://minio.storage:9000", Bucket: "exports", Prefix: "june/",
+					Format: v1alpha1.ObjectCSV, CredentialsSecretRef: &v1alpha1.LocalSecretRef{Name: "exports-reader"},
+					CAConfigMapRef: &v1alpha1.ConfigMapKeyRef{Name: "minio-ca", Key: "ca.pem"}}}
+				r.Spec.Effect = &v1alpha1.EffectSpec{Processor: &v1alpha1.ProcessorSpec{Image: "registry.example/proc:v1"}}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				c := pod.Spec.Containers[0]
+				env := envMap(t, c)
+				for i, key := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} {
+					ref := env[key].ValueFrom.SecretKeyRef
+					require.NotNil(t, ref, key)
+					require.Equal(t, "exports-reader", ref.Name)
+					require.Equal(t, key, ref.Key)
+					require.Equal(t, i == 2, *ref.Optional, "only the session token is optional")
+				}
+				require.Equal(t, "/var/run/runledger/object-ca/ca.crt", env[v1alpha1.EnvObjectCAFile].Value)
+				require.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.WorkerObjectCAVolume, MountPath: "/var/run/runledger/object-ca", ReadOnly: true})
+				i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == v1alpha1.WorkerObjectCAVolume })
+				require.GreaterOrEqual(t, i, 0, "the CA's volume")
+				v := pod.Spec.Volumes[i]
+				require.Equal(t, "minio-ca", v.ConfigMap.Name)
+				require.Equal(t, []corev1.KeyToPath{{Key: "ca.pem", Path: "ca.crt"}}, v.ConfigMap.Items)
+				require.Len(t, pod.Spec.InitContainers, 1)
+				proc := pod.Spec.InitContainers[0]
+				for _, e := range proc.Env {
+					require.NotContains(t, e.Name, "AWS_", "the processor gets no store credential")
+				}
+				require.Empty(t, proc.EnvFrom)
+				for _, m := range proc.VolumeMounts {
+					require.NotEqual(t, v1alpha1.WorkerObjectCAVolume, m.Name)
+				}
+			},
+		},
+		{
+			name: "object batch with the pod's own identity: no credentials given",
+			mutate: func(r *v1alpha1.ProcessingRun) {
+				r.Spec.Batch = v1alpha1.BatchSpec{Object: &v1alpha1.ObjectSource{Bucket: "exports", Key: "june.jsonl", Format: v1alpha1.ObjectJSONLines}}
+			},
+			check: func(t *testing.T, pod *corev1.Pod) {
+				env := envMap(t, pod.Spec.Containers[0])
+				require.NotContains(t, env, "AWS_ACCESS_KEY_ID")
+				require.NotContains(t, env, v1alpha1.EnvObjectCAFile)
 			},
 		},
 		{

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -340,4 +341,92 @@ func TestObjectSource_StoreFaults(t *testing.T) {
 	require.EqualValues(t, 25000, f.committed(t))
 	require.EqualValues(t, 6, fs.served503.Load())
 	require.GreaterOrEqual(t, fs.ranged.Load(), int32(3), "each broken read resumed with a range")
+}
+
+// TestObjectSource_RandomBatches: random batches (keys repeated, some held
+// by an earlier run, some occurrences the run's placeholder; a key's payload
+// the same in every copy) split over a
+// random number of objects, JSON Lines or CSV, some compressed, read by a
+// random number of shards: every item has one verdict, the counts are the
+// ledger's, and every item counted as already handled has its holder row.
+func TestObjectSource_RandomBatches(t *testing.T) {
+	t.Parallel()
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	for round := range 4 {
+		t.Run(fmt.Sprintf("round-%d", round), func(t *testing.T) {
+			f := newFixture(t)
+			bucket := s3test.NewBucket(t)
+			csv := rng.IntN(2) == 0
+			type key struct{ e, o string }
+			var items []key
+			for range 200 + rng.IntN(1500) {
+				k := key{fmt.Sprintf("acct-%d", rng.IntN(900)), []string{"2026-06", "2026-07", v1alpha1.OccurrencePlaceholder}[rng.IntN(3)]}
+				items = append(items, k)
+			}
+			resolved := func(k key) ledger.Key {
+				return ledger.Key{Entity: k.e, Occurrence: strings.ReplaceAll(k.o, v1alpha1.OccurrencePlaceholder, "2026-08")}
+			}
+			// An earlier run holds some keys.
+			var held []ledger.Item
+			heldKeys := map[ledger.Key]bool{}
+			for _, k := range items {
+				if rk := resolved(k); rng.IntN(5) == 0 && !heldKeys[rk] {
+					heldKeys[rk] = true
+					held = append(held, ledger.Item{Key: rk, Payload: []byte(`{"n":"` + k.e + `"}`)})
+				}
+			}
+			if len(held) > 0 {
+				rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run(fmt.Sprintf("uid-earlier-%d", round)), Shards: 1,
+					Source: worker.NewStaticSource("earlier", held)})
+				require.NoError(t, rep.Err)
+			}
+			objects := 1 + rng.IntN(6)
+			for o := range objects {
+				var b strings.Builder
+				if csv {
+					b.WriteString("occurrence,entity,n\n")
+				}
+				for i := o; i < len(items); i += objects {
+					if csv {
+						fmt.Fprintf(&b, "%s,%s,%s\n", items[i].o, items[i].e, items[i].e)
+					} else {
+						fmt.Fprintf(&b, `{"entity":%q,"occurrence":%q,"payload":{"n":%q}}`+"\n", items[i].e, items[i].o, items[i].e)
+					}
+				}
+				body := []byte(b.String())
+				if rng.IntN(2) == 0 {
+					body = gzipped(t, body)
+				}
+				s3test.PutObject(t, bucket, fmt.Sprintf("in/%03d", o), body)
+			}
+			format := v1alpha1.ObjectJSONLines
+			if csv {
+				format = v1alpha1.ObjectCSV
+			}
+			src := worker.NewObjectSource(v1alpha1.ObjectSource{Endpoint: s3test.Get(t).Endpoint, Bucket: bucket, Prefix: "in/", Format: format}, nil, "2026-08")
+			src.UseCredentials(credentials.NewStaticCredentialsProvider(s3test.AccessKey, s3test.SecretKey, ""))
+			uid := fmt.Sprintf("uid-random-%d", round)
+			cfg := worker.ShardConfig{Run: run(uid), Shards: 1 + rng.IntN(4), Source: src, ChunkSize: 1 + rng.IntN(300)}
+			_, sum := runShards(t, f, cfg)
+
+			distinct := map[ledger.Key]bool{}
+			for _, k := range items {
+				distinct[resolved(k)] = true
+			}
+			fresh := 0
+			for k := range distinct {
+				if !heldKeys[k] {
+					fresh++
+				}
+			}
+			require.Equal(t, v1alpha1.ItemCounts{Total: int64(len(items)), Completed: int64(fresh), AlreadyHandled: int64(len(items) - fresh)}, sum,
+				"%d items, %d distinct, %d held before, %d shards", len(items), len(distinct), len(heldKeys), cfg.Shards)
+			require.EqualValues(t, fresh, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1`, uid), "completed = the run's rows")
+			require.EqualValues(t, len(distinct), queryInt(t, f.pool, `SELECT count(DISTINCT (entity, occurrence)) FROM runledger.ledger WHERE state = 'committed'`),
+				"every key counted has its holder row, once")
+			require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE occurrence LIKE '%OCCURRENCE%'`), "the placeholder was replaced")
+		})
+	}
 }
