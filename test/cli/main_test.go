@@ -9,11 +9,13 @@
 package clitest
 
 import (
+	"fmt"
 	"os"
 	"testing"
 
 	"github.com/runledger/runledger/internal/cli"
 	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/s3test"
 )
 
 const envMain = "RUNLEDGER_CLITEST_MAIN"
@@ -22,5 +24,14 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envMain) == "1" {
 		os.Exit(cli.Execute())
 	}
-	pgtest.Main(m)
+	code := m.Run()
+	for _, stop := range []func() error{pgtest.Stop, s3test.Stop} {
+		if err := stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "stopping: %v\n", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
+	os.Exit(code)
 }
