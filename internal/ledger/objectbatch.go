@@ -182,7 +182,7 @@ type packedBlock struct {
 }
 
 // batchWindowBytes bounds the text of one window of blocks in memory.
-const batchWindowBytes = 8 << 20
+const batchWindowBytes = 4 << 20
 
 func (p *blockPacker) add(it Item) error {
 	p.items++

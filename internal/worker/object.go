@@ -158,7 +158,9 @@ func (o *ObjectSource) read(ctx context.Context, bucket *objectstore.Bucket, opt
 	if err != nil {
 		return nil, err
 	}
-	fopt := batchfile.Options{Format: batchfile.JSONLines, Compression: compressionOf(o.spec.CompressionOrDefault()), Comma: o.spec.CSVComma(), Limits: opt.limits}
+	// Batches of 1 MiB: they only spare calls; the COPY's window bounds what is held.
+	fopt := batchfile.Options{Format: batchfile.JSONLines, Compression: compressionOf(o.spec.CompressionOrDefault()), Comma: o.spec.CSVComma(), Limits: opt.limits,
+		BatchBytes: 1 << 20}
 	if o.spec.Format == v1alpha1.ObjectCSV {
 		fopt.Format = batchfile.CSV
 	}
