@@ -8,6 +8,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/s3test"
 )
 
 // Benchmarks run on a cluster with PostgreSQL's default durability. Every
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) {
 	if v := os.Getenv(envSharedBuffers); v != "" {
 		opts = append(opts, pgtest.Setting("shared_buffers", v))
 	}
-	pgtest.Main(m, opts...)
+	os.Exit(pgtest.MainWith(m, opts, []func() error{s3test.Stop}))
 }
 
 const envSharedBuffers = "RUNLEDGER_BENCH_SHARED_BUFFERS"

@@ -38,17 +38,26 @@ var (
 // cluster starts lazily, at the first database a test asks for). Call it from
 // TestMain: func TestMain(m *testing.M) { pgtest.Main(m) }.
 func Main(m *testing.M, opts ...func(*Options)) {
+	os.Exit(MainWith(m, opts, nil))
+}
+
+// MainWith is Main for a binary that starts more than PostgreSQL: it runs
+// the tests, then calls Stop and each of stops (say s3test.Stop), and
+// returns the exit code (1 if a stop failed) instead of exiting.
+func MainWith(m *testing.M, opts []func(*Options), stops []func() error) int {
 	for _, o := range opts {
 		o(&mainOpts)
 	}
 	code := m.Run()
-	if err := Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
-		if code == 0 {
-			code = 1
+	for _, stop := range append([]func() error{Stop}, stops...) {
+		if err := stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+			if code == 0 {
+				code = 1
+			}
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // Stop stops what this process started (PgBouncer, the cluster, whose

@@ -1,7 +1,6 @@
 package worker_test
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -11,15 +10,4 @@ import (
 
 // TestMain stops what the tests started: the PostgreSQL cluster and, if a
 // test asked for one, the S3 server.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	for _, stop := range []func() error{pgtest.Stop, s3test.Stop} {
-		if err := stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "stopping: %v\n", err)
-			if code == 0 {
-				code = 1
-			}
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(pgtest.MainWith(m, nil, []func() error{s3test.Stop})) }

@@ -9,7 +9,6 @@
 package clitest
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -24,14 +23,5 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envMain) == "1" {
 		os.Exit(cli.Execute())
 	}
-	code := m.Run()
-	for _, stop := range []func() error{pgtest.Stop, s3test.Stop} {
-		if err := stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "stopping: %v\n", err)
-			if code == 0 {
-				code = 1
-			}
-		}
-	}
-	os.Exit(code)
+	os.Exit(pgtest.MainWith(m, nil, []func() error{s3test.Stop}))
 }

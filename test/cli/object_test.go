@@ -4,14 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/s3test"
@@ -72,47 +68,6 @@ func TestRunObjectBatch(t *testing.T) {
 	require.Zero(t, d.int(t, `SELECT count(*) FROM runledger.batch_run WHERE run_name = 'june-export-again'`), "no batch fixed")
 }
 
-// lines is a JSON Lines object of n lines of exactly lineLen bytes each,
-// made on demand (an io.ReadSeeker: the client hashes it before it sends
-// it): item i is e<i>, its payload padding.
-type lines struct {
-	n, lineLen, pos int64
-}
-
-func (l *lines) size() int64 { return l.n * l.lineLen }
-
-func (l *lines) line(i int64) []byte {
-	head := fmt.Sprintf(`{"entity":"e%09d","occurrence":"2026-06","payload":{"pad":"`, i)
-	tail := `"}}` + "\n"
-	return []byte(head + strings.Repeat("x", int(l.lineLen)-len(head)-len(tail)) + tail)
-}
-
-func (l *lines) Read(p []byte) (int, error) {
-	if l.pos >= l.size() {
-		return 0, io.EOF
-	}
-	n := 0
-	for n < len(p) && l.pos < l.size() {
-		i, off := l.pos/l.lineLen, l.pos%l.lineLen
-		c := copy(p[n:], l.line(i)[off:])
-		n += c
-		l.pos += int64(c)
-	}
-	return n, nil
-}
-
-func (l *lines) Seek(offset int64, whence int) (int64, error) {
-	switch whence {
-	case io.SeekStart:
-		l.pos = offset
-	case io.SeekCurrent:
-		l.pos += offset
-	case io.SeekEnd:
-		l.pos = l.size() + offset
-	}
-	return l.pos, nil
-}
-
 // TestRunObjectBatch_OneGiB: a 1 GiB object is fixed in bounded memory.
 // `runledger run --shard 0/64` fixes the whole batch (every shard's items
 // go into runledger.batch) and then processes shard 0's; its peak RSS,
@@ -120,14 +75,14 @@ func (l *lines) Seek(offset int64, whence int) (int64, error) {
 // 1 MiB object.
 func TestRunObjectBatch_OneGiB(t *testing.T) {
 	t.Parallel()
-	small := fixObject(t, &lines{n: 1 << 8, lineLen: 4 << 10})
-	big := fixObject(t, &lines{n: 1 << 18, lineLen: 4 << 10})
+	small := fixObject(t, &s3test.Lines{N: 1 << 8, LineLen: 4 << 10})
+	big := fixObject(t, &s3test.Lines{N: 1 << 18, LineLen: 4 << 10})
 	require.Less(t, big-small, int64(64<<20), "peak RSS %d MiB fixing 1 GiB, %d MiB fixing 1 MiB", big>>20, small>>20)
 }
 
 // fixObject puts obj in a new bucket, fixes it with `runledger run --shard
 // 0/64` and returns the command's peak RSS.
-func fixObject(t *testing.T, obj *lines) int64 {
+func fixObject(t *testing.T, obj *s3test.Lines) int64 {
 	t.Helper()
 	d := newDB(t)
 	srv := s3test.Get(t)
@@ -135,10 +90,8 @@ func fixObject(t *testing.T, obj *lines) int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	start := time.Now()
-	_, err := s3test.Client(t).PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String("big.jsonl"),
-		Body: obj, ContentLength: aws.Int64(obj.size())})
-	require.NoError(t, err)
-	t.Logf("put %d MiB in %s", obj.size()>>20, time.Since(start).Round(time.Millisecond))
+	s3test.PutLines(t, bucket, "big.jsonl", obj)
+	t.Logf("put %d MiB in %s", obj.Size()>>20, time.Since(start).Round(time.Millisecond))
 
 	file := writeFile(t, "run.yaml", manifest("big", "batch:", "  object:", "    endpoint: "+srv.Endpoint, "    bucket: "+bucket,
 		"    key: big.jsonl", "    format: JSONLines", "workers: 64"))
@@ -148,12 +101,12 @@ func fixObject(t *testing.T, obj *lines) int64 {
 	require.NoError(t, cmd.Run(), "stderr:\n%s", stderr.String())
 	elapsed := time.Since(start)
 	rss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss << 10 // KiB on Linux
-	t.Logf("fixed %d MiB (%d items) and ran shard 0/64 in %s: peak RSS %d MiB", obj.size()>>20, obj.n, elapsed.Round(time.Millisecond), rss>>20)
+	t.Logf("fixed %d MiB (%d items) and ran shard 0/64 in %s: peak RSS %d MiB", obj.Size()>>20, obj.N, elapsed.Round(time.Millisecond), rss>>20)
 
 	sum := result{stdout: stdout.String(), stderr: stderr.String()}.summary(t)
 	require.Positive(t, sum.Completed)
 	require.Equal(t, sum.Total, sum.Completed)
-	require.EqualValues(t, obj.n, d.int(t, `SELECT items FROM runledger.batch_run WHERE run_name = 'big'`), "the whole object is in the batch")
-	require.EqualValues(t, obj.n, d.int(t, `SELECT sum(cardinality(seqs)) FROM runledger.batch`))
+	require.EqualValues(t, obj.N, d.int(t, `SELECT items FROM runledger.batch_run WHERE run_name = 'big'`), "the whole object is in the batch")
+	require.EqualValues(t, obj.N, d.int(t, `SELECT sum(cardinality(seqs)) FROM runledger.batch`))
 	return rss
 }
