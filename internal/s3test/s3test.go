@@ -2,7 +2,12 @@
 // throwaway SeaweedFS per test binary (weed server: master, volume server,
 // filer and S3 gateway in one process, every port on 127.0.0.1, its files
 // in a temporary directory), a static identity (AccessKey, SecretKey,
-// Region), path-style addressing, and a fresh bucket per test.
+// Region), path-style addressing, and a fresh bucket per test. Its S3 API
+// is served over plain HTTP (Server.Endpoint) and over TLS
+// (Server.HTTPSEndpoint, SeaweedFS' own HTTPS listener) with a certificate
+// signed by a CA generated at start for this server alone (Server.CAPEM,
+// Server.CAFile): a client given that CA verifies it (TLSClient), any
+// other fails with x509's "certificate signed by unknown authority".
 //
 // The weed binary is built pinned from the Go module proxy (make weed:
 // bin/weed-VERSION; hack/tools/seaweedfs pins it); RUNLEDGER_S3_WEED names
@@ -17,6 +22,8 @@
 //		bucket := s3test.NewBucket(t) // empty, this test's own
 //		etag := s3test.PutObject(t, bucket, "2026-06-30/a.csv", data)
 //		client := s3test.Client(t)
+//		srv := s3test.Get(t) // srv.HTTPSEndpoint, srv.CAPEM, srv.CAFile
+//		tlsClient := s3test.TLSClient(t) // trusts srv.CAPEM only
 //	}
 package s3test
 
@@ -103,6 +110,13 @@ func Get(t testing.TB) *Server {
 func Client(t testing.TB, opts ...func(*s3.Options)) *s3.Client {
 	t.Helper()
 	return Get(t).Client(opts...)
+}
+
+// TLSClient is an S3 client of this binary's server over TLS
+// (Server.TLSClient): its HTTPS endpoint, trusting its CA and no other.
+func TLSClient(t testing.TB, opts ...func(*s3.Options)) *s3.Client {
+	t.Helper()
+	return Get(t).TLSClient(opts...)
 }
 
 // NewBucket creates an empty bucket of a new name for this test, deleted

@@ -2,13 +2,23 @@ package s3test_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/md5"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,6 +156,92 @@ func TestRefused(t *testing.T) {
 	require.Equal(t, 404, status)
 }
 
+// TestTLS: the HTTPS endpoint serves the same store as the plain one, to a
+// client that trusts the server's CA (given as its PEM or as its file, by
+// address or by the name localhost); a client that trusts the system's
+// roots, or another CA, is refused with x509's unknown authority, before
+// any request is sent.
+func TestTLS(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := s3test.Get(t)
+	require.True(t, strings.HasPrefix(srv.HTTPSEndpoint, "https://127.0.0.1:"), srv.HTTPSEndpoint)
+	require.NotEqual(t, srv.Endpoint, srv.HTTPSEndpoint)
+	fromFile, err := os.ReadFile(srv.CAFile)
+	require.NoError(t, err)
+	require.Equal(t, srv.CAPEM, fromFile)
+	block, _ := pem.Decode(srv.CAPEM)
+	require.NotNil(t, block)
+	ca, err := x509.ParseCertificate(block.Bytes)
+	require.NoError(t, err)
+	require.True(t, ca.IsCA)
+
+	bucket := s3test.NewBucket(t)
+	etag := s3test.PutObject(t, bucket, "over-http.jsonl", []byte("{}\n"))
+
+	// Trusting the CA: what was put over HTTP is read over HTTPS, and written.
+	client := s3test.TLSClient(t)
+	out, err := client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String("over-http.jsonl")})
+	require.NoError(t, err)
+	body, err := io.ReadAll(out.Body)
+	require.NoError(t, out.Body.Close())
+	require.NoError(t, err)
+	require.Equal(t, "{}\n", string(body))
+	require.Equal(t, etag, aws.ToString(out.ETag))
+	_, err = client.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String("over-https.jsonl"), Body: strings.NewReader("{}\n")})
+	require.NoError(t, err)
+	_, err = s3test.Client(t).HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String("over-https.jsonl")})
+	require.NoError(t, err, "written over HTTPS, seen over HTTP")
+
+	// The name localhost, and a plain net/http client with the CA's file: verified too.
+	byName := s3test.TLSClient(t, func(o *s3.Options) {
+		o.BaseEndpoint = aws.String(strings.Replace(srv.HTTPSEndpoint, "127.0.0.1", "localhost", 1))
+	})
+	_, err = byName.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: aws.String(bucket)})
+	require.NoError(t, err, "the certificate names localhost")
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(fromFile))
+	plain := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	resp, err := plain.Get(srv.HTTPSEndpoint + "/")
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "an anonymous request, answered by S3 over verified TLS")
+
+	// Not trusting the CA: refused, an x509 error, whatever the client trusts instead.
+	other := x509.NewCertPool()
+	require.True(t, other.AppendCertsFromPEM(otherCA(t)))
+	for name, roots := range map[string]*x509.CertPool{"the system's roots": nil, "another CA": other} {
+		client := s3test.Client(t, func(o *s3.Options) {
+			o.BaseEndpoint = aws.String(srv.HTTPSEndpoint)
+			o.RetryMaxAttempts = 1
+			o.HTTPClient = awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
+				tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+			})
+		})
+		_, err := client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: aws.String(bucket)})
+		require.Error(t, err, name)
+		t.Logf("%s: %v", name, err)
+		var unknown x509.UnknownAuthorityError
+		require.True(t, errors.As(err, &unknown), "%s: want x509.UnknownAuthorityError, got %v", name, err)
+		require.ErrorContains(t, err, "x509: certificate signed by unknown authority", name)
+	}
+}
+
+// otherCA is the PEM of a self-signed CA that signed nothing.
+func otherCA(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "another CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	require.NoError(t, err)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
 // TestStartStop: a server of its own, started and stopped as Main does:
 // how long each takes, the process gone by its PID, its files and /tmp's
 // sockets removed.
@@ -163,6 +259,8 @@ func TestStartStop(t *testing.T) {
 	t.Logf("weed (PID %d) stored and read its first object %s after its start", pid, srv.Ready.Round(time.Millisecond))
 
 	_, err = srv.Client().ListBuckets(ctx, &s3.ListBucketsInput{})
+	require.NoError(t, err)
+	_, err = srv.TLSClient().ListBuckets(ctx, &s3.ListBucketsInput{})
 	require.NoError(t, err)
 
 	began := time.Now()

@@ -3,10 +3,13 @@ package s3test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +21,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
@@ -75,11 +79,27 @@ func repoRoot() string {
 }
 
 // Server is a running throwaway SeaweedFS (master, volume server, filer and
-// S3 gateway in one weed process) owned by this process, on loopback.
+// S3 gateway in one weed process) owned by this process, on loopback. Its
+// S3 gateway serves the same store twice: over plain HTTP (Endpoint) and
+// over TLS (HTTPSEndpoint), with a certificate signed by a CA made for this
+// server alone (CAPEM), which no other client trusts.
 type Server struct {
 	// Endpoint is the S3 API's base URL (http://127.0.0.1:PORT): path-style
 	// addressing, Region, AccessKey and SecretKey.
 	Endpoint string
+	// HTTPSEndpoint is the same S3 API over TLS (https://127.0.0.1:PORT):
+	// SeaweedFS' own HTTPS listener (weed server -s3.port.https), its
+	// certificate for 127.0.0.1, ::1 and localhost, signed by CAPEM's CA.
+	HTTPSEndpoint string
+	// CAPEM is the PEM of the CA that signed HTTPSEndpoint's certificate,
+	// generated when the server started: a client that trusts it (and
+	// only it: TLSClient, CertPool) verifies the server; one that does
+	// not, the system's roots for one, fails with x509's "certificate
+	// signed by unknown authority".
+	CAPEM []byte
+	// CAFile is a file holding CAPEM, for what reads a CA from a path (a
+	// Secret's file in a pod, an AWS_CA_BUNDLE); removed by Stop.
+	CAFile string
 	// Ready is how long the server took from its start to its first object
 	// written and read back.
 	Ready time.Duration
@@ -94,7 +114,7 @@ type Server struct {
 
 // ports are the weed process's listening ports, all on 127.0.0.1.
 type ports struct {
-	master, masterGRPC, volume, volumeGRPC, filer, filerGRPC, s3, s3GRPC int
+	master, masterGRPC, volume, volumeGRPC, filer, filerGRPC, s3, s3GRPC, s3HTTPS int
 }
 
 // Start starts a server in a new temporary directory and waits until it
@@ -117,6 +137,10 @@ func Start(ctx context.Context) (_ *Server, err error) {
 	if err := writeConfig(dir); err != nil {
 		return nil, err
 	}
+	if s.CAPEM, err = writeTLS(dir); err != nil {
+		return nil, err
+	}
+	s.CAFile = filepath.Join(dir, caFile)
 	// Free ports are found by listening and closing: another process may
 	// take one meanwhile, so a start that loses a port is tried again.
 	for attempt := 1; ; attempt++ {
@@ -195,6 +219,9 @@ func (s *Server) args() []string {
 		"-filer", port("filer.port", p.filer), port("filer.port.grpc", p.filerGRPC),
 		"-filer.localSocket=" + filepath.Join(d, "filer.sock"),
 		"-s3", port("s3.port", p.s3), port("s3.port.grpc", p.s3GRPC),
+		// HTTPS beside HTTP: the same gateway, a second listener.
+		port("s3.port.https", p.s3HTTPS),
+		"-s3.cert.file=" + filepath.Join(d, certFile), "-s3.key.file=" + filepath.Join(d, keyFile),
 		"-s3.port.iceberg=0", "-s3.port.lance=0",
 		"-s3.localSocket=" + filepath.Join(d, "s3.sock"),
 		"-s3.config=" + filepath.Join(d, "s3.json"),
@@ -204,12 +231,13 @@ func (s *Server) args() []string {
 
 // start runs weed on new free ports and waits until it is ready.
 func (s *Server) start(ctx context.Context, bin string) error {
-	free, err := freePorts(8)
+	free, err := freePorts(9)
 	if err != nil {
 		return err
 	}
-	s.ports = ports{free[0], free[1], free[2], free[3], free[4], free[5], free[6], free[7]}
+	s.ports = ports{free[0], free[1], free[2], free[3], free[4], free[5], free[6], free[7], free[8]}
 	s.Endpoint = "http://127.0.0.1:" + strconv.Itoa(s.ports.s3)
+	s.HTTPSEndpoint = "https://127.0.0.1:" + strconv.Itoa(s.ports.s3HTTPS)
 	logFile, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("opening the server log: %w", err)
@@ -253,17 +281,45 @@ func (s *Server) Client(opts ...func(*s3.Options)) *s3.Client {
 	}, opts...)
 }
 
+// CertPool is a pool of CAPEM's CA alone: what a TLS client of
+// HTTPSEndpoint trusts.
+func (s *Server) CertPool() *x509.CertPool {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(s.CAPEM) {
+		panic("s3test: no certificate in CAPEM")
+	}
+	return pool
+}
+
+// TLSClient is an S3 client of HTTPSEndpoint that trusts CAPEM's CA and no
+// other (not the system's roots): path-style, region and static
+// credentials as Client's; opts change its options.
+func (s *Server) TLSClient(opts ...func(*s3.Options)) *s3.Client {
+	pool := s.CertPool()
+	httpClient := awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	})
+	return s3.New(s3.Options{
+		BaseEndpoint: aws.String(s.HTTPSEndpoint),
+		Region:       Region,
+		UsePathStyle: true,
+		Credentials:  credentials.NewStaticCredentialsProvider(AccessKey, SecretKey, ""),
+		HTTPClient:   httpClient,
+	}, opts...)
+}
+
 // waitReady polls until a bucket can be made and an object written to it
-// and read back (the volume server registered and a volume grown), then
-// removes them.
+// over HTTP and read back over HTTPS (the volume server registered and a
+// volume grown, both listeners up), then removes them.
 func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	client := s.Client(func(o *s3.Options) { o.RetryMaxAttempts = 1 })
+	once := func(o *s3.Options) { o.RetryMaxAttempts = 1 }
+	client, tlsClient := s.Client(once), s.TLSClient(once)
 	const bucket, key = "s3test-ready", "ready"
 	var last error
 	for {
-		if last = s.probe(ctx, client, bucket, key); last == nil {
+		if last = s.probe(ctx, client, tlsClient, bucket, key); last == nil {
 			break
 		}
 		select {
@@ -281,8 +337,8 @@ func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
 }
 
 // probe makes bucket (again: an earlier probe may have made it), writes
-// key and reads it back.
-func (s *Server) probe(ctx context.Context, client *s3.Client, bucket, key string) error {
+// key with client and reads it back with tlsClient.
+func (s *Server) probe(ctx context.Context, client, tlsClient *s3.Client, bucket, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := net.DialTimeout("tcp", strings.TrimPrefix(s.Endpoint, "http://"), time.Second); err != nil {
@@ -297,9 +353,9 @@ func (s *Server) probe(ctx context.Context, client *s3.Client, bucket, key strin
 	if _, err := client.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), Body: bytes.NewReader(body)}); err != nil {
 		return fmt.Errorf("writing an object: %w", err)
 	}
-	out, err := client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+	out, err := tlsClient.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
 	if err != nil {
-		return fmt.Errorf("reading an object: %w", err)
+		return fmt.Errorf("reading an object over HTTPS: %w", err)
 	}
 	defer out.Body.Close()
 	var got bytes.Buffer
