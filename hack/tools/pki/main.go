@@ -12,7 +12,9 @@
 // and DIR/{admin,controller-manager,scheduler,kube-proxy,kubelet-NODE}.kubeconfig.
 // With -postgres-ip, PostgreSQL's TLS gets a CA of its own, as a managed
 // database's does: DIR/pki/postgres-ca.{crt,key} and its serving certificate
-// DIR/pki/postgres.{crt,key} for that address.
+// DIR/pki/postgres.{crt,key} for that address. With -s3-ip, so does the
+// object store's S3 gateway (SeaweedFS, HTTPS): DIR/pki/s3-ca.{crt,key} and
+// DIR/pki/s3.{crt,key}.
 package main
 
 import (
@@ -68,6 +70,8 @@ type config struct {
 	nodes       []node
 	// postgresIP, when set, gets PostgreSQL's CA and serving certificate.
 	postgresIP net.IP
+	// s3IP, when set, gets the S3 gateway's CA and serving certificate.
+	s3IP net.IP
 }
 
 func main() {
@@ -85,17 +89,24 @@ func run(args []string) error {
 	var nodes nodeFlag
 	fs.Var(&nodes, "node", "a node as NAME=IP (repeatable, at least one)")
 	postgresIP := fs.String("postgres-ip", "", "PostgreSQL's address: a CA of its own and a serving certificate")
+	s3IP := fs.String("s3-ip", "", "the S3 gateway's address: a CA of its own and a serving certificate")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	cfg := config{dir: *dir, apiserverIP: net.ParseIP(*apiserverIP), serviceIP: net.ParseIP(*serviceIP), nodes: nodes}
-	if *postgresIP != "" {
-		if cfg.postgresIP = net.ParseIP(*postgresIP); cfg.postgresIP == nil {
-			return fmt.Errorf("-postgres-ip: not an IP address: %q", *postgresIP)
+	for _, f := range []struct {
+		name, value string
+		ip          *net.IP
+	}{{"postgres-ip", *postgresIP, &cfg.postgresIP}, {"s3-ip", *s3IP, &cfg.s3IP}} {
+		if f.value == "" {
+			continue
+		}
+		if *f.ip = net.ParseIP(f.value); *f.ip == nil {
+			return fmt.Errorf("-%s: not an IP address: %q", f.name, f.value)
 		}
 	}
 	if cfg.dir == "" || cfg.apiserverIP == nil || cfg.serviceIP == nil || len(cfg.nodes) == 0 || fs.NArg() > 0 {
-		return errors.New("usage: pki -dir DIR -apiserver-ip IP -service-ip IP -node NAME=IP [-node NAME=IP]... [-postgres-ip IP]")
+		return errors.New("usage: pki -dir DIR -apiserver-ip IP -service-ip IP -node NAME=IP [-node NAME=IP]... [-postgres-ip IP] [-s3-ip IP]")
 	}
 	return generate(cfg)
 }
@@ -168,17 +179,14 @@ func generate(cfg config) error {
 			return fmt.Errorf("writing the kubeconfig %s: %w", l.kubeconfig, err)
 		}
 	}
-	if cfg.postgresIP != nil {
-		pgCA, pgKey, err := newCA(pki, "postgres-ca", clusterName+"-postgres-ca", now)
-		if err != nil {
-			return err
+	for _, own := range []struct {
+		name string
+		ip   net.IP
+	}{{"postgres", cfg.postgresIP}, {"s3", cfg.s3IP}} {
+		if own.ip == nil {
+			continue
 		}
-		l := leaf{file: "postgres", subject: pkix.Name{CommonName: clusterName + "-postgres"}, server: true, ips: []net.IP{cfg.postgresIP}}
-		der, key, err := sign(l, pgCA, pgKey, now)
-		if err != nil {
-			return fmt.Errorf("%s: %w", l.file, err)
-		}
-		if err := writePair(pki, l.file, der, key); err != nil {
+		if err := ownCA(pki, own.name, own.ip, now); err != nil {
 			return err
 		}
 	}
@@ -202,6 +210,22 @@ func generate(cfg config) error {
 		return fmt.Errorf("writing sa.pub: %w", err)
 	}
 	return nil
+}
+
+// ownCA gives a server a CA of its own, as a managed service's is, and a
+// serving certificate for ip signed by it: DIR/NAME-ca.{crt,key} and
+// DIR/NAME.{crt,key}.
+func ownCA(dir, name string, ip net.IP, now time.Time) error {
+	ca, caKey, err := newCA(dir, name+"-ca", clusterName+"-"+name+"-ca", now)
+	if err != nil {
+		return err
+	}
+	l := leaf{file: name, subject: pkix.Name{CommonName: clusterName + "-" + name}, server: true, ips: []net.IP{ip}}
+	der, key, err := sign(l, ca, caKey, now)
+	if err != nil {
+		return fmt.Errorf("%s: %w", l.file, err)
+	}
+	return writePair(dir, l.file, der, key)
 }
 
 // newCA creates a self-signed CA, written as DIR/NAME.{crt,key}.

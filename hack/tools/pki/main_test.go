@@ -14,7 +14,7 @@ import (
 func TestGenerate(t *testing.T) {
 	dir := t.TempDir()
 	err := run([]string{"-dir", dir, "-apiserver-ip", "10.250.0.2", "-service-ip", "10.96.0.1",
-		"-node", "n1=10.250.0.2", "-node", "n2=10.250.1.2", "-postgres-ip", "10.250.0.2"})
+		"-node", "n1=10.250.0.2", "-node", "n2=10.250.1.2", "-postgres-ip", "10.250.0.2", "-s3-ip", "10.250.0.2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,21 +72,30 @@ func TestGenerate(t *testing.T) {
 			t.Errorf("%s: %v", kc, err)
 		}
 	}
-	// PostgreSQL's certificate verifies against its own CA only, as a
-	// managed database's does (sslmode=verify-full with the wrong CA fails).
+	// PostgreSQL's and the S3 gateway's certificates verify against their
+	// own CA only, as a managed service's do (sslmode=verify-full, or an S3
+	// client, with the wrong CA fails), not against the cluster's nor each
+	// other's.
+	for _, name := range []string{"postgres", "s3"} {
+		own := x509.NewCertPool()
+		own.AddCert(readCert(t, filepath.Join(dir, "pki", name+"-ca.crt")))
+		c := readCert(t, filepath.Join(dir, "pki", name+".crt"))
+		if _, err := c.Verify(x509.VerifyOptions{Roots: own, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		if err := c.VerifyHostname("10.250.0.2"); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		if _, err := c.Verify(x509.VerifyOptions{Roots: pool}); err == nil {
+			t.Errorf("%s: verifies against the cluster's CA, want a CA of its own", name)
+		}
+	}
 	pgPool := x509.NewCertPool()
 	pgPool.AddCert(readCert(t, filepath.Join(dir, "pki", "postgres-ca.crt")))
-	pg := readCert(t, filepath.Join(dir, "pki", "postgres.crt"))
-	if _, err := pg.Verify(x509.VerifyOptions{Roots: pgPool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-		t.Errorf("postgres: %v", err)
+	if _, err := readCert(t, filepath.Join(dir, "pki", "s3.crt")).Verify(x509.VerifyOptions{Roots: pgPool}); err == nil {
+		t.Error("s3: verifies against PostgreSQL's CA, want a CA of its own")
 	}
-	if err := pg.VerifyHostname("10.250.0.2"); err != nil {
-		t.Errorf("postgres: %v", err)
-	}
-	if _, err := pg.Verify(x509.VerifyOptions{Roots: pool}); err == nil {
-		t.Error("postgres: verifies against the cluster's CA, want a CA of its own")
-	}
-	for _, f := range []string{"sa.key", "sa.pub", "ca.key", "postgres-ca.key", "postgres.key"} {
+	for _, f := range []string{"sa.key", "sa.pub", "ca.key", "postgres-ca.key", "postgres.key", "s3-ca.key", "s3.key"} {
 		if _, err := os.Stat(filepath.Join(dir, "pki", f)); err != nil {
 			t.Error(err)
 		}
@@ -100,6 +109,7 @@ func TestBadFlags(t *testing.T) {
 		{"-dir", "x", "-apiserver-ip", "nope", "-service-ip", "10.96.0.1", "-node", "a=10.0.0.1"},
 		{"-dir", "x", "-apiserver-ip", "10.0.0.1", "-service-ip", "10.96.0.1", "-node", "a"},
 		{"-dir", "x", "-apiserver-ip", "10.0.0.1", "-service-ip", "10.96.0.1", "-node", "a=10.0.0.1", "-postgres-ip", "db"},
+		{"-dir", "x", "-apiserver-ip", "10.0.0.1", "-service-ip", "10.96.0.1", "-node", "a=10.0.0.1", "-s3-ip", "s3"},
 	} {
 		if err := run(args); err == nil {
 			t.Errorf("%q: no error", args)
