@@ -339,6 +339,10 @@ $(CONTROLLER_GEN):
 .PHONY: weed
 weed: $(WEED) ## Build the pinned SeaweedFS server (hack/tools/seaweedfs/go.mod) into bin/weed-VERSION: the S3-compatible store of the object-store tests (internal/s3test).
 
+.PHONY: weed-path
+weed-path: ## Print the path of the pinned weed binary, built or not (hack/cluster.sh runs it as the local cluster's S3 store).
+	@echo $(WEED)
+
 # Static, as SeaweedFS' own release builds; COMMIT stamped as its Makefile
 # leaves to the builder (weed version prints it): the pseudo-version's hash.
 $(WEED):

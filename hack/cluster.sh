@@ -21,6 +21,14 @@
 #   pg-ca               print the path of the CA of PostgreSQL's TLS
 #                       certificate (a CA of its own; the certificate names
 #                       ${NODE_IP}): sslmode=verify-full&sslrootcert=...
+#   s3-env              print what an S3 client of the cluster's object store
+#                       (SeaweedFS, valid from the host and pods) needs, as
+#                       KEY=VALUE lines: S3_ENDPOINT (https://${CP_IP}:8333,
+#                       path-style), S3_REGION, S3_ACCESS_KEY_ID,
+#                       S3_SECRET_ACCESS_KEY, S3_CA_FILE (the path of the CA
+#                       of its certificate, a CA of its own)
+#   s3 stop|start       stop (SIGKILL) / start the object store on its data
+#                       (tests of outages)
 #   registry            print the address of the cluster's registry
 #                       (${REGISTRY}, plain HTTP; containerd pulls from it):
 #                         make push IMG="$(hack/cluster.sh registry)/runledger:dev" INSECURE=1
@@ -69,18 +77,19 @@
 #                       state they left, as after a reboot
 #
 # Everything runs as root inside network namespaces this script creates. The
-# control plane, PostgreSQL and the registry run in ${CP_NETNS}, joined to the
-# host by a veth pair: the host is ${HOST_IP}, the control plane ${CP_IP}.
-# The apiserver (https://${CP_IP}:6443), PostgreSQL (${CP_IP}:5432) and the
-# registry (http://${REGISTRY}) listen there, reachable from the host and from
-# every node and pod. Node K (runledger-K: its own netns, containerd, kubelet,
+# control plane, PostgreSQL, the object store and the registry run in
+# ${CP_NETNS}, joined to the host by a veth pair: the host is ${HOST_IP}, the
+# control plane ${CP_IP}. The apiserver (https://${CP_IP}:6443), PostgreSQL
+# (${CP_IP}:5432), the object store's S3 API (SeaweedFS, https://${CP_IP}:8333;
+# hack/cluster/lib/s3.sh) and the registry (http://${REGISTRY}) listen there,
+# reachable from the host and from every node and pod. Node K (runledger-K: its own netns, containerd, kubelet,
 # kube-proxy and kube-network-policies) is 10.250.K.2, joined to ${CP_NETNS}
 # by a veth pair; its pods get 10.244.K.0/24, routed through ${CP_NETNS} to
 # every other node. NetworkPolicy is enforced (hack/cluster/lib/netpol.sh).
 # Nothing listens on or targets the host's other interfaces. Services get
 # ${SERVICE_CIDR}; there is no cluster DNS.
 #
-# State (etcd, containerd, kubelet, PostgreSQL, registry, certificates) lives in
+# State (etcd, containerd, kubelet, PostgreSQL, object store, registry, certificates) lives in
 # ${RUN} (removed by `down`), outside the checkout:
 # PostgreSQL runs as user postgres, who cannot enter a checkout under a 0700
 # directory such as root's home. There is one cluster per machine (one
@@ -91,8 +100,8 @@
 # in DIR instead, as hack/e2e.sh does).
 # Binaries are built once from the Go module proxy (hack/k8s-bins.sh, cached
 # in bin/k8s/); containerd, runc, the CNI plugins and iptables come from
-# Debian packages, installed if missing; certificates and kubeconfigs come
-# from hack/tools/pki.
+# Debian packages, installed if missing; SeaweedFS' weed is make weed's
+# (bin/weed-VERSION); certificates and kubeconfigs come from hack/tools/pki.
 #
 # This file parses the command; the work is in hack/cluster/lib/*.sh, one
 # concern each, sourced below; the config templates are in hack/cluster/.
@@ -125,6 +134,8 @@ source "${LIB}/netns.sh"
 source "${LIB}/postgres.sh"
 # shellcheck source=hack/cluster/lib/ha.sh
 source "${LIB}/ha.sh"
+# shellcheck source=hack/cluster/lib/s3.sh
+source "${LIB}/s3.sh"
 # shellcheck source=hack/cluster/lib/netpol.sh
 source "${LIB}/netpol.sh"
 # shellcheck source=hack/cluster/lib/up.sh
@@ -147,6 +158,7 @@ main() {
     dsn) cat "${RUN}/postgres.dsn" 2>/dev/null || die "the cluster is not up"; return 0 ;;
     registry) echo "${REGISTRY}"; return 0 ;;
     pg-ca) [[ -f "${RUN}/pki/postgres-ca.crt" ]] || die "the cluster is not up"; echo "${RUN}/pki/postgres-ca.crt"; return 0 ;;
+    s3-env) cat "${RUN}/s3/env" 2>/dev/null || die "the cluster is not up (or was started without the object store)"; return 0 ;;
   esac
   [[ "$(id -u)" == 0 ]] || die "must run as root (network namespaces, mounts, cgroups)"
   mkdir -p "${STATE}"
@@ -161,6 +173,7 @@ main() {
     push) cmd_push "$@" ;;
     postgres) cmd_postgres "$@" ;;
     ha) cmd_ha "$@" ;;
+    s3) cmd_s3 "$@" ;;
     smoke) cmd_smoke "$@" ;;
     apply-k) cmd_apply_k "$@" ;;
     node-env) cmd_node_env "$@" ;;

@@ -16,8 +16,9 @@
 #   2. Kubernetes binaries built from the Go module proxy (hack/k8s-bins.sh;
 #      the first time ~15 min on 2 cores, cached in bin/k8s/ afterwards)
 #   3. the runledger image (make image: no Docker daemon)
-#   4. the cluster, its registry and PostgreSQL, in network namespace
-#      `runledger` (hack/cluster.sh up); make push to the cluster's registry
+#   4. the cluster, its registry, PostgreSQL and its S3 object store
+#      (SeaweedFS, make weed), in network namespace `runledger`
+#      (hack/cluster.sh up); make push to the cluster's registry
 #   5. the operator, the way users install a release: make build-installer
 #      renders dist/install.yaml with the pushed image pinned by digest (the
 #      cluster pulls it from its registry), kubectl apply -f

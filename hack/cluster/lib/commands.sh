@@ -21,6 +21,7 @@ cmd_status() {
   echo "  state      ${RUN} (started from $(cat "${RUN}/checkout" 2>/dev/null || echo '?'))"
   echo "  apiserver  https://${CP_IP}:6443   kubeconfig ${RUN}/admin.kubeconfig"
   echo "  postgres   ${CP_IP}:${PG_PORT}   (hack/cluster.sh dsn)"
+  echo "  s3         https://${CP_IP}:${S3_PORT}   (SeaweedFS; hack/cluster.sh s3-env)"
   echo "  registry   http://${REGISTRY}"
   if [[ -n "${BIN_DIR:-}" ]]; then
     kubectl_ get nodes -o wide 2>&1 | sed 's/^/  /' || rc=1
@@ -51,6 +52,7 @@ print_usage_hint() {
   export KUBECONFIG=${RUN}/admin.kubeconfig     # or: eval "\$(hack/cluster.sh env)"
   ${BIN_DIR}/kubectl get nodes
   PostgreSQL DSN (host and pods): hack/cluster.sh dsn
+  S3 endpoint, credentials and CA (host and pods): hack/cluster.sh s3-env
   Stop everything: hack/cluster.sh down
 EOF
 }

@@ -32,6 +32,10 @@ SERVICE_IP=10.96.0.1 # the apiserver's ClusterIP, first of SERVICE_CIDR
 PG_PORT=5432
 PG_USER=runledger
 PG_DB=runledger
+# The S3-compatible store (SeaweedFS, hack/cluster/lib/s3.sh): HTTPS on
+# CP_IP:S3_PORT, SeaweedFS' usual S3 port.
+S3_PORT=8333
+S3_REGION=us-east-1
 
 IMAGE_LAYOUTS="${ROOT}/bin/images" # OCI layouts of the images pushed by push_image
 TOOLS="${ROOT}/bin/cluster-tools"
@@ -42,7 +46,7 @@ SMOKE_IMAGE="${REGISTRY}/smoke:dev"
 CGROUP_ROOT=runledger              # pods: node N's kubelet's cgroupRoot is /runledger/N, in every v1 hierarchy
 DAEMON_CGROUP=runledger-daemons    # pids hierarchy: every daemon and shim (a node's in a child cgroup), to prove none is left
 K8S_COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
-CP_DAEMONS=(registry postgres etcd kube-apiserver kube-controller-manager kube-scheduler)
+CP_DAEMONS=(registry postgres seaweedfs etcd kube-apiserver kube-controller-manager kube-scheduler)
 NODE_DAEMONS=(containerd kube-proxy kube-network-policies kubelet) # each node's, named DAEMON-NODE
 
 # Host sysctls that kubelet (vm.*, kernel.*) or kube-proxy and the CNI bridge

@@ -99,6 +99,8 @@ cmd_down() {
   stop_daemon registry
   ha_down
   stop_daemon postgres INT 30
+  # Its data goes with the state directory: no graceful stop (15-25 s).
+  stop_daemon seaweedfs KILL 10
 
   # Shims exit once their tasks are gone; whatever is still in our cgroup was
   # started by us (directly or by containerd): stop it by PID.

@@ -63,6 +63,7 @@ cmd_up() {
   build_tool registry
   build_tool pki
   build_tool netpol sigs.k8s.io/kube-network-policies/cmd kube-network-policies
+  ensure_weed
 
   # 0755 whatever the umask: user postgres must get through it.
   install -d -m 0755 "${RUN}"
@@ -88,6 +89,9 @@ cmd_up() {
   # PostgreSQL (initdb is slow on a busy disk) comes up alongside the rest.
   start_postgres_fresh &
   PG_JOB=$!
+  # SeaweedFS' filer waits about 10 s for peers before it serves: alongside too.
+  start_s3_fresh &
+  S3_JOB=$!
   start_registry
   start_control_plane
   setup_netpol_identity
@@ -96,6 +100,8 @@ cmd_up() {
   wait_ready_for_pods
   wait "${PG_JOB}" || die "PostgreSQL did not start; see ${LOGS}/postgres.log"
   PG_JOB=""
+  wait "${S3_JOB}" || die "SeaweedFS did not start; see ${LOGS}/seaweedfs.log"
+  S3_JOB=""
 
   local d
   for d in $(all_daemons); do
@@ -110,6 +116,7 @@ up_exit() {
   trap - EXIT INT TERM
   [[ "$1" == 0 ]] && return 0
   if [[ -n "${PG_JOB:-}" ]]; then wait "${PG_JOB}" || true; fi
+  if [[ -n "${S3_JOB:-}" ]]; then wait "${S3_JOB}" || true; fi
   log "up failed; last lines of the logs in ${LOGS}:"
   local f
   for f in "${LOGS}"/*.log; do
