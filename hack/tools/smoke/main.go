@@ -8,6 +8,12 @@
 //	                 reachable from pods, password authentication works)
 //	smoke dial ADDR  after 3 s, open a TCP connection to ADDR (host:port)
 //	                 within 5 s (what a NetworkPolicy allows, or refuses)
+//	smoke https URL CAFILE
+//	                 after 3 s (as dial), GET URL over TLS verified against CAFILE's CA alone (not
+//	                 the system's roots), print the status and the body (at
+//	                 most 4 KiB); success is a 200 (a presigned S3 URL of an
+//	                 object: the object store is reachable, its certificate
+//	                 verified, the object read); the connection within 5 s
 //
 // Each prints what it saw and exits 0 on success, 1 on failure.
 package main
@@ -16,10 +22,12 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"time"
 
@@ -29,8 +37,8 @@ import (
 const saDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 func main() {
-	if len(os.Args) != 2 && (len(os.Args) != 3 || os.Args[1] != "dial") {
-		fmt.Fprintln(os.Stderr, "usage: smoke hello|apiserver|postgres|dial ADDR")
+	if len(os.Args) != 2 && (len(os.Args) != 3 || os.Args[1] != "dial") && (len(os.Args) != 4 || os.Args[1] != "https") {
+		fmt.Fprintln(os.Stderr, "usage: smoke hello|apiserver|postgres|dial ADDR|https URL CAFILE")
 		os.Exit(2)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -46,6 +54,8 @@ func main() {
 		err = postgres(ctx)
 	case "dial":
 		err = dial(ctx, os.Args[2])
+	case "https":
+		err = httpsGet(ctx, os.Args[2], os.Args[3])
 	default:
 		err = fmt.Errorf("unknown probe %q", os.Args[1])
 	}
@@ -126,4 +136,44 @@ func dial(ctx context.Context, addr string) error {
 	}
 	fmt.Printf("connected to %s from %s\n", addr, conn.LocalAddr())
 	return conn.Close()
+}
+
+func httpsGet(ctx context.Context, url, caFile string) error {
+	time.Sleep(3 * time.Second) // as dial's, for the NetworkPolicy agent
+	caPEM, err := os.ReadFile(caFile)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return fmt.Errorf("no certificate in %s", caFile)
+	}
+	client := &http.Client{Transport: &http.Transport{
+		DialContext:     (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	// The URL without its query (a presigned URL's signature), in what is printed.
+	where := req.URL.Scheme + "://" + req.URL.Host + req.URL.Path
+	resp, err := client.Do(req)
+	if err != nil {
+		var ue *neturl.Error
+		if errors.As(err, &ue) {
+			ue.URL = where
+		}
+		return err
+	}
+	defer resp.Body.Close() //nolint:errcheck // read-only
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("GET %s (TLS %s, verified against %s): %s\n%s\n", where, tls.VersionName(resp.TLS.Version), caFile, resp.Status, body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET: %s", resp.Status)
+	}
+	return nil
 }
