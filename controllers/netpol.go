@@ -32,6 +32,11 @@ type WorkerNetwork struct {
 	// its pooler) listens.
 	DatabaseCIDRs []string
 	DatabasePorts []int32
+	// ObjectStoreCIDRs and ObjectStorePorts are where the S3-compatible
+	// stores of spec.batch.object listen: the policy of a run with such a
+	// batch lets its pods reach them.
+	ObjectStoreCIDRs []string
+	ObjectStorePorts []int32
 }
 
 // workerNetworkPolicyName is the name of a run's NetworkPolicy.
@@ -50,9 +55,21 @@ func buildWorkerNetworkPolicy(run *v1alpha1.ProcessingRun, n WorkerNetwork) *net
 		}
 		return out
 	}
-	var database []networkingv1.NetworkPolicyPeer
-	for _, c := range n.DatabaseCIDRs {
-		database = append(database, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: c}})
+	peers := func(cidrs []string) []networkingv1.NetworkPolicyPeer {
+		var out []networkingv1.NetworkPolicyPeer
+		for _, c := range cidrs {
+			out = append(out, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: c}})
+		}
+		return out
+	}
+	egress := []networkingv1.NetworkPolicyEgressRule{
+		{Ports: ports(tcp, n.APIServerPorts)},
+		{To: peers(n.DatabaseCIDRs), Ports: ports(tcp, n.DatabasePorts)},
+		// A database named by host name needs the cluster's DNS.
+		{Ports: append(ports(udp, []int32{53}), ports(tcp, []int32{53})...)},
+	}
+	if run.Spec.Batch.Object != nil && len(n.ObjectStorePorts) > 0 {
+		egress = append(egress, networkingv1.NetworkPolicyEgressRule{To: peers(n.ObjectStoreCIDRs), Ports: ports(tcp, n.ObjectStorePorts)})
 	}
 	return &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{
@@ -71,12 +88,7 @@ func buildWorkerNetworkPolicy(run *v1alpha1.ProcessingRun, n WorkerNetwork) *net
 				v1alpha1.LabelRun: run.Name, v1alpha1.LabelRunUID: string(run.UID),
 			}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
-			Egress: []networkingv1.NetworkPolicyEgressRule{
-				{Ports: ports(tcp, n.APIServerPorts)},
-				{To: database, Ports: ports(tcp, n.DatabasePorts)},
-				// A database named by host name needs the cluster's DNS.
-				{Ports: append(ports(udp, []int32{53}), ports(tcp, []int32{53})...)},
-			},
+			Egress:      egress,
 		},
 	}
 }

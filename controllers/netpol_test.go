@@ -89,3 +89,26 @@ func TestWorkerNetworkPolicy(t *testing.T) {
 		return nil
 	})
 }
+
+// TestWorkerNetworkPolicy_ObjectStore: a run that reads a spec.batch.object
+// may also reach the object stores' addresses and ports; any other run may
+// not.
+func TestWorkerNetworkPolicy_ObjectStore(t *testing.T) {
+	t.Parallel()
+	wn := WorkerNetwork{APIServerPorts: []int32{443}, DatabaseCIDRs: []string{"10.1.2.3/32"}, DatabasePorts: []int32{5432},
+		ObjectStoreCIDRs: []string{"10.9.0.0/16"}, ObjectStorePorts: []int32{443, 9000}}
+	run := testRun()
+	require.Len(t, buildWorkerNetworkPolicy(run, wn).Spec.Egress, 3, "a query batch: the API server, the database, DNS")
+
+	run.Spec.Batch = v1alpha1.BatchSpec{Object: &v1alpha1.ObjectSource{Bucket: "exports", Key: "a.csv", Format: v1alpha1.ObjectCSV}}
+	egress := buildWorkerNetworkPolicy(run, wn).Spec.Egress
+	require.Len(t, egress, 4)
+	store := egress[3]
+	require.Equal(t, []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.9.0.0/16"}}}, store.To)
+	var ports []int32
+	for _, p := range store.Ports {
+		require.Equal(t, corev1.ProtocolTCP, *p.Protocol)
+		ports = append(ports, p.Port.IntVal)
+	}
+	require.Equal(t, []int32{443, 9000}, ports)
+}

@@ -48,6 +48,8 @@ type managerOptions struct {
 	workerNetworkPolicy     bool
 	workerAPIServerPorts    []int32
 	workerDatabaseCIDRs     []string
+	workerObjectStoreCIDRs  []string
+	workerObjectStorePorts  []int32
 	workerDatabasePorts     []int32
 	backoffBase             time.Duration
 	backoffMax              time.Duration
@@ -92,10 +94,12 @@ run; only the leader acts.`,
 	f.StringVar(&o.workerImage, "worker-image", "", "image of the worker pods, an image of this release or later (they run its "+v1alpha1.WorkerBinary+"); default: the manager's own image, by digest, read from its Pod ($"+envPodName+", $"+envPodNamespace+"); spec.workerTemplate.image overrides it per run (its pods run `runledger worker`)")
 	f.StringVar(&o.workerServiceAccount, "worker-service-account", "runledger-worker", "service account of the worker pods, in each run's namespace; spec.workerTemplate.serviceAccountName overrides it")
 	f.StringVar(&o.workerPullPolicy, "worker-image-pull-policy", "", "imagePullPolicy of the worker container: Always, IfNotPresent or Never (default: Kubernetes' default for the tag)")
-	f.BoolVar(&o.workerNetworkPolicy, "worker-network-policy", true, "give each run a NetworkPolicy (runledger-<run>, owned by the run) before its first pod: nothing may connect to its worker pods, which may connect only to the API server (--worker-apiserver-ports), the database (--worker-database-cidrs, --worker-database-ports) and DNS; your own NetworkPolicies selecting the run's pods add to it")
+	f.BoolVar(&o.workerNetworkPolicy, "worker-network-policy", true, "give each run a NetworkPolicy (runledger-<run>, owned by the run) before its first pod: nothing may connect to its worker pods, which may connect only to the API server (--worker-apiserver-ports), the database (--worker-database-cidrs, --worker-database-ports), DNS and, for a run with a spec.batch.object, the object store (--worker-object-store-cidrs, --worker-object-store-ports); your own NetworkPolicies selecting the run's pods add to it")
 	f.Int32SliceVar(&o.workerAPIServerPorts, "worker-apiserver-ports", []int32{443, 6443}, "TCP ports of the API server as worker pods' connections reach it (after the kubernetes Service's translation: its endpoints' port)")
 	f.StringSliceVar(&o.workerDatabaseCIDRs, "worker-database-cidrs", []string{"0.0.0.0/0", "::/0"}, "addresses of the ledger's database (or its pooler) in the worker pods' NetworkPolicy, as CIDRs; narrow them to your database's")
 	f.Int32SliceVar(&o.workerDatabasePorts, "worker-database-ports", []int32{5432}, "TCP ports of the ledger's database (or its pooler) in the worker pods' NetworkPolicy")
+	f.StringSliceVar(&o.workerObjectStoreCIDRs, "worker-object-store-cidrs", []string{"0.0.0.0/0", "::/0"}, "addresses of the S3-compatible stores of spec.batch.object in the NetworkPolicy of a run that reads one, as CIDRs; narrow them to your stores'")
+	f.Int32SliceVar(&o.workerObjectStorePorts, "worker-object-store-ports", []int32{443}, "TCP ports of the S3-compatible stores of spec.batch.object in the NetworkPolicy of a run that reads one (MinIO listens on 9000 by default)")
 	f.DurationVar(&o.backoffBase, "retry-backoff", controllers.DefaultBackoffBase, "back-off before a failed shard's first retry; it doubles with each failure")
 	f.DurationVar(&o.backoffMax, "retry-backoff-max", controllers.DefaultBackoffMax, "longest back-off between a shard's retries")
 	f.IntVar(&o.concurrency, "max-concurrent-reconciles", 4, "runs reconciled in parallel")
@@ -256,15 +260,23 @@ func (o *managerOptions) workerNetwork() (*controllers.WorkerNetwork, error) {
 	if !o.workerNetworkPolicy {
 		return nil, nil
 	}
-	for _, c := range o.workerDatabaseCIDRs {
-		if _, _, err := net.ParseCIDR(c); err != nil {
-			return nil, fmt.Errorf("--worker-database-cidrs: %q is not a CIDR (such as 10.0.0.0/16 or 10.0.0.5/32)", c)
+	for _, fc := range []struct {
+		flag  string
+		cidrs []string
+	}{{"--worker-database-cidrs", o.workerDatabaseCIDRs}, {"--worker-object-store-cidrs", o.workerObjectStoreCIDRs}} {
+		for _, c := range fc.cidrs {
+			if _, _, err := net.ParseCIDR(c); err != nil {
+				return nil, fmt.Errorf("%s: %q is not a CIDR (such as 10.0.0.0/16 or 10.0.0.5/32)", fc.flag, c)
+			}
+		}
+		if len(fc.cidrs) == 0 {
+			return nil, fmt.Errorf("%s: name at least one CIDR (or --worker-network-policy=false)", fc.flag)
 		}
 	}
 	for _, fp := range []struct {
 		flag  string
 		ports []int32
-	}{{"--worker-apiserver-ports", o.workerAPIServerPorts}, {"--worker-database-ports", o.workerDatabasePorts}} {
+	}{{"--worker-apiserver-ports", o.workerAPIServerPorts}, {"--worker-database-ports", o.workerDatabasePorts}, {"--worker-object-store-ports", o.workerObjectStorePorts}} {
 		flag, ports := fp.flag, fp.ports
 		if len(ports) == 0 {
 			return nil, fmt.Errorf("%s: name at least one port (or --worker-network-policy=false)", flag)
@@ -275,10 +287,8 @@ func (o *managerOptions) workerNetwork() (*controllers.WorkerNetwork, error) {
 			}
 		}
 	}
-	if len(o.workerDatabaseCIDRs) == 0 {
-		return nil, fmt.Errorf("--worker-database-cidrs: name at least one CIDR (or --worker-network-policy=false)")
-	}
-	return &controllers.WorkerNetwork{APIServerPorts: o.workerAPIServerPorts, DatabaseCIDRs: o.workerDatabaseCIDRs, DatabasePorts: o.workerDatabasePorts}, nil
+	return &controllers.WorkerNetwork{APIServerPorts: o.workerAPIServerPorts, DatabaseCIDRs: o.workerDatabaseCIDRs, DatabasePorts: o.workerDatabasePorts,
+		ObjectStoreCIDRs: o.workerObjectStoreCIDRs, ObjectStorePorts: o.workerObjectStorePorts}, nil
 }
 
 // metricsOptions are the metrics listener's: HTTPS behind the API server's

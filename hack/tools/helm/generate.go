@@ -478,6 +478,8 @@ func fillDeployment(t *template, o obj, d *defaults) error {
 	for _, a := range []struct{ value, flag string }{
 		{".Values.networkPolicy.databaseCIDRs", "--worker-database-cidrs"},
 		{".Values.networkPolicy.databasePorts", "--worker-database-ports"},
+		{".Values.networkPolicy.objectStoreCIDRs", "--worker-object-store-cidrs"},
+		{".Values.networkPolicy.objectStorePorts", "--worker-object-store-ports"},
 	} {
 		args = append(args, t.item(func(ind string) string {
 			return fmt.Sprintf("%s{{- with %s }}\n%s- %s={{ join \",\" . }}\n%s{{- end }}", ind, a.value, ind, a.flag, ind)
@@ -553,7 +555,8 @@ metrics:
 # NetworkPolicies: the manager's (accepts only metrics scrapes, connects only
 # to the API server) is always there; the manager gives each run one too,
 # before its first pod: nothing may connect to its worker pods, which may
-# connect only to the API server, the ledger's database and DNS. Your own
+# connect only to the API server, the ledger's database, DNS and, for a run
+# with a spec.batch.object, the object store. Your own
 # NetworkPolicies selecting a run's pods (label processing.runledger.dev/run)
 # add to it, e.g. for what a processor calls.
 networkPolicy:
@@ -562,6 +565,11 @@ networkPolicy:
   # --worker-database-ports).
   databaseCIDRs: []
   databasePorts: []
+  # The S3-compatible stores of runs with a spec.batch.object: CIDRs and TCP
+  # ports, in the policy of such runs only. Empty: any address, port 443
+  # (--worker-object-store-cidrs, --worker-object-store-ports).
+  objectStoreCIDRs: []
+  objectStorePorts: []
 
 # Every run's connection budget: the most connections to the ledger database
 # its worker pods hold at once (2 per pod, so budget / 2 pods at once; the other
