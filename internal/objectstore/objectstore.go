@@ -14,6 +14,7 @@ package objectstore
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -69,6 +70,9 @@ func New(ctx context.Context, cfg Config) (*Bucket, error) {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
 	opts := []func(*config.LoadOptions) error{config.WithRegion(cfg.Region)}
+	if len(cfg.CAPEM) > 0 && !x509.NewCertPool().AppendCertsFromPEM(cfg.CAPEM) {
+		return nil, &PermanentError{Err: fmt.Errorf("the CA bundle of %s (object.caConfigMapRef) holds no PEM certificate", cfg.where(""))}
+	}
 	if len(cfg.CAPEM) > 0 {
 		opts = append(opts, config.WithCustomCABundle(bytes.NewReader(cfg.CAPEM)))
 	}

@@ -430,3 +430,40 @@ func TestObjectSource_RandomBatches(t *testing.T) {
 		})
 	}
 }
+
+// TestObjectSource_TLS: an https endpoint is verified, against the
+// system's CAs and the run's CA bundle: with the store's CA the batch is
+// read; without it the run is bad input at once, saying why and what to
+// set, with nothing fixed.
+func TestObjectSource_TLS(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Get(t)
+	bucket := s3test.NewBucket(t)
+	s3test.PutObject(t, bucket, "june.jsonl", jsonLines(0, 50, "2026-06"))
+	spec := v1alpha1.ObjectSource{Endpoint: srv.HTTPSEndpoint, Bucket: bucket, Key: "june.jsonl", Format: v1alpha1.ObjectJSONLines}
+	creds := credentials.NewStaticCredentialsProvider(s3test.AccessKey, s3test.SecretKey, "")
+
+	f := newFixture(t)
+	src := worker.NewObjectSource(spec, srv.CAPEM, "")
+	src.UseCredentials(creds)
+	_, sum := runShards(t, f, worker.ShardConfig{Run: run("uid-tls"), Shards: 2, Source: src})
+	require.Equal(t, v1alpha1.ItemCounts{Total: 50, Completed: 50}, sum)
+
+	f = newFixture(t)
+	src = worker.NewObjectSource(spec, nil, "")
+	src.UseCredentials(creds)
+	rep := worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-tls-unknown-ca"), Shards: 1, Source: src})
+	require.Error(t, rep.Err)
+	require.True(t, worker.IsInputError(rep.Err), "bad input, not retried: %v", rep.Err)
+	require.Contains(t, rep.Err.Error(), "the endpoint's certificate does not verify (object.caConfigMapRef adds a CA)")
+	requireNothingFixed(t, f, "uid-tls-unknown-ca")
+
+	// A CA bundle that holds no certificate is refused as such.
+	f = newFixture(t)
+	src = worker.NewObjectSource(spec, []byte("not a certificate"), "")
+	src.UseCredentials(creds)
+	rep = worker.RunShard(context.Background(), f.store, worker.ShardConfig{Run: run("uid-tls-bad-ca"), Shards: 1, Source: src})
+	require.True(t, worker.IsInputError(rep.Err), "bad input: %v", rep.Err)
+	require.Contains(t, rep.Err.Error(), "caConfigMapRef")
+	requireNothingFixed(t, f, "uid-tls-bad-ca")
+}
