@@ -36,9 +36,10 @@ type ObjectBatch struct {
 	// everything back. add's error (the database failed, ctx ended) is
 	// returned as is.
 	Read func(ctx context.Context, add func(Item) error) ([]BatchObject, error)
-	// LockTimeout bounds the wait for another shard fixing the batch (with
-	// DefaultQueryTimeout, as a query batch's).
-	LockTimeout time.Duration
+	// Timeout and LockTimeout bound the wait for another shard fixing the
+	// batch, as a query batch's (DefaultQueryTimeout, DefaultLockTimeout
+	// where 0).
+	Timeout, LockTimeout time.Duration
 }
 
 // FixObjectBatch returns the header of run's batch, fixing the batch from b
@@ -72,7 +73,7 @@ func (s *Store) FixObjectBatch(ctx context.Context, run Run, b ObjectBatch) (*Ba
 
 func (s *Store) copyObjectBatch(ctx context.Context, run Run, b ObjectBatch) error {
 	return pinnedTx(ctx, s.pool, sqlBeginPinned, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlBatchLockWait(0, b.LockTimeout)); err != nil {
+		if _, err := tx.Exec(ctx, sqlBatchLockWait(b.Timeout, b.LockTimeout)); err != nil {
 			return fmt.Errorf("bounding the wait for the batch lock of run %s: %w", run.UID, err)
 		}
 		if _, err := tx.Exec(ctx, sqlLockBatch, run.UID); err != nil {

@@ -97,7 +97,8 @@ func (o *ObjectSource) open(ctx context.Context, store *ledger.Store, shard, sha
 	start := time.Now()
 	fixed := false
 	err = s.opt.retry.DoWhile(ctx, "fixing the batch", retryable, onRetry, func(int) error {
-		h, err := store.FixObjectBatch(ctx, opt.run, ledger.ObjectBatch{Shards: shards, Digest: o.digest(), LockTimeout: opt.timeouts.Lock,
+		fixed = false // this attempt's: an earlier one's commit may have been lost
+		h, err := store.FixObjectBatch(ctx, opt.run, ledger.ObjectBatch{Shards: shards, Digest: o.digest(), Timeout: opt.timeouts.Query, LockTimeout: opt.timeouts.Lock,
 			Read: func(ctx context.Context, add func(ledger.Item) error) ([]ledger.BatchObject, error) {
 				objects, err := o.read(ctx, bucket, opt, add)
 				fixed = err == nil
