@@ -467,3 +467,34 @@ func TestObjectSource_TLS(t *testing.T) {
 	require.Contains(t, rep.Err.Error(), "caConfigMapRef")
 	requireNothingFixed(t, f, "uid-tls-bad-ca")
 }
+
+// TestObjectSource_ReplacedWhileFixed: an object replaced between the
+// listing and its read (the GET finds another ETag) makes the fix start
+// over and read the new content, which the header then records.
+func TestObjectSource_ReplacedWhileFixed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	bucket := s3test.NewBucket(t)
+	s3test.PutObject(t, bucket, "in/a.jsonl", jsonLines(0, 100, "o"))
+	var replaced atomic.Bool
+	var newETag string
+	target, err := url.Parse(s3test.Get(t).Endpoint)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/in/a.jsonl") && replaced.CompareAndSwap(false, true) {
+			newETag = s3test.PutObject(t, bucket, "in/a.jsonl", jsonLines(0, 150, "o"))
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	src := objectSource(t, v1alpha1.ObjectSource{Endpoint: srv.URL, Bucket: bucket, Prefix: "in/", Format: v1alpha1.ObjectJSONLines})
+	cfg := worker.ShardConfig{Run: run("uid-replaced-while-fixed"), Shards: 1, Source: src, Retry: worker.Backoff{Initial: 50 * time.Millisecond}}
+	_, sum := runShards(t, f, cfg)
+	require.True(t, replaced.Load())
+	require.Equal(t, v1alpha1.ItemCounts{Total: 150, Completed: 150}, sum, "the new content, whole")
+	objects, err := f.store.BatchObjects(context.Background(), "uid-replaced-while-fixed")
+	require.NoError(t, err)
+	require.Len(t, objects, 1)
+	require.Equal(t, newETag, objects[0].ETag)
+}
