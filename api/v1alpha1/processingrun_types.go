@@ -374,7 +374,8 @@ type ObjectSource struct {
 	// +kubebuilder:validation:MaxLength=255
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9][-._a-zA-Z0-9]*$`
 	Bucket string `json:"bucket"`
-	// key of the one object that holds the batch.
+	// key of the one object that holds the batch. $(OCCURRENCE) in it is
+	// replaced by spec.occurrence (a schedule's run reads that day's file).
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=1024
@@ -383,6 +384,8 @@ type ObjectSource struct {
 	// "folder" such as exports/2026-06-30/), read in the byte order of their
 	// keys, as the store lists them. Keys ending in "/" (folder markers) are
 	// skipped; a prefix with no object is bad input. At most 100000 objects.
+	// $(OCCURRENCE) in it is replaced by spec.occurrence
+	// (exports/$(OCCURRENCE)/ in a schedule's template).
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=1024

@@ -21,6 +21,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
@@ -497,4 +498,31 @@ func TestObjectSource_ReplacedWhileFixed(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, objects, 1)
 	require.Equal(t, newETag, objects[0].ETag)
+}
+
+// TestObjectSource_OccurrenceInTheKey: $(OCCURRENCE) in a key or prefix is
+// the run's spec.occurrence (a schedule's run reads that day's export); a
+// run without one is bad input.
+func TestObjectSource_OccurrenceInTheKey(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	bucket := s3test.NewBucket(t)
+	s3test.PutObject(t, bucket, "exports/2026-06-29/a.jsonl", jsonLines(0, 10, "$(OCCURRENCE)"))
+	s3test.PutObject(t, bucket, "exports/2026-06-30/a.jsonl", jsonLines(0, 30, "$(OCCURRENCE)"))
+	pr := &v1alpha1.ProcessingRun{ObjectMeta: metav1.ObjectMeta{Name: "daily", Namespace: "default", UID: "uid-daily"}, Spec: v1alpha1.ProcessingRunSpec{
+		Occurrence: "2026-06-30",
+		Batch: v1alpha1.BatchSpec{Object: &v1alpha1.ObjectSource{Endpoint: s3test.Get(t).Endpoint, Bucket: bucket,
+			Prefix: "exports/$(OCCURRENCE)/", Format: v1alpha1.ObjectJSONLines}},
+	}}
+	plan, err := worker.NewPlan(context.Background(), pr, nil, worker.Limits{})
+	require.NoError(t, err)
+	plan.Source.(*worker.ObjectSource).UseCredentials(credentials.NewStaticCredentialsProvider(s3test.AccessKey, s3test.SecretKey, ""))
+	_, sum := runShards(t, f, plan.ShardConfig(0, 0))
+	require.Equal(t, v1alpha1.ItemCounts{Total: 30, Completed: 30}, sum, "the occurrence's objects")
+	require.EqualValues(t, 30, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE occurrence = '2026-06-30'`))
+
+	pr.Spec.Occurrence = ""
+	_, err = worker.NewPlan(context.Background(), pr, nil, worker.Limits{})
+	require.True(t, worker.IsInputError(err), "bad input: %v", err)
+	require.ErrorContains(t, err, `spec.batch.object: field "prefix" names $(OCCURRENCE) and the run has no spec.occurrence to replace it with`)
 }

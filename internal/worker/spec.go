@@ -143,7 +143,11 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 			}
 			ca = raw
 		}
-		p.Source = NewObjectSource(*b.Object, ca, spec.Occurrence)
+		obj, err := objectAt(*b.Object, spec.Occurrence)
+		if err != nil {
+			return nil, err
+		}
+		p.Source = NewObjectSource(obj, ca, spec.Occurrence)
 	case b.FromRun != nil:
 		if v := b.FromRun.VerdictOrDefault(); v != v1alpha1.FromRunFailed {
 			return nil, &InputError{Where: "spec.batch.fromRun", Field: "verdict", Msg: fmt.Sprintf("is %q: only %q is supported", v, v1alpha1.FromRunFailed)}
@@ -155,6 +159,25 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 		p.Source = q
 	}
 	return p, nil
+}
+
+// objectAt is obj with v1alpha1.OccurrencePlaceholder in its key or prefix
+// replaced by the run's occurrence (a schedule's run reads that day's
+// export); a placeholder with no occurrence to give it is bad input.
+func objectAt(obj v1alpha1.ObjectSource, occurrence string) (v1alpha1.ObjectSource, error) {
+	for _, f := range []struct {
+		name string
+		v    *string
+	}{{"key", &obj.Key}, {"prefix", &obj.Prefix}} {
+		if !strings.Contains(*f.v, v1alpha1.OccurrencePlaceholder) {
+			continue
+		}
+		if occurrence == "" {
+			return obj, &InputError{Where: "spec.batch.object", Field: f.name, Msg: "names " + v1alpha1.OccurrencePlaceholder + " and the run has no spec.occurrence to replace it with"}
+		}
+		*f.v = strings.ReplaceAll(*f.v, v1alpha1.OccurrencePlaceholder, occurrence)
+	}
+	return obj, nil
 }
 
 // withOccurrence replaces v1alpha1.OccurrencePlaceholder in the items'

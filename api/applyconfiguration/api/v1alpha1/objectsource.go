@@ -25,12 +25,15 @@ type ObjectSourceApplyConfiguration struct {
 	Region *string `json:"region,omitempty"`
 	// bucket holding the objects.
 	Bucket *string `json:"bucket,omitempty"`
-	// key of the one object that holds the batch.
+	// key of the one object that holds the batch. $(OCCURRENCE) in it is
+	// replaced by spec.occurrence (a schedule's run reads that day's file).
 	Key *string `json:"key,omitempty"`
 	// prefix: the batch is every object whose key begins with it (a
 	// "folder" such as exports/2026-06-30/), read in the byte order of their
 	// keys, as the store lists them. Keys ending in "/" (folder markers) are
 	// skipped; a prefix with no object is bad input. At most 100000 objects.
+	// $(OCCURRENCE) in it is replaced by spec.occurrence
+	// (exports/$(OCCURRENCE)/ in a schedule's template).
 	Prefix *string `json:"prefix,omitempty"`
 	// format of every object: JSONLines (one JSON object {"entity": ...,
 	// "occurrence": ..., "payload": ...} per line, as a configMapRef batch)
