@@ -64,7 +64,7 @@ func classify(what string, err error) error {
 	var api smithy.APIError
 	if errors.As(err, &api) {
 		if hint, ok := hints[api.ErrorCode()]; ok {
-			return &PermanentError{Err: fmt.Errorf("%s: %s (%s)", what, hint, api.ErrorCode())}
+			return &PermanentError{Err: &hinted{msg: fmt.Sprintf("%s: %s (%s)", what, hint, api.ErrorCode()), cause: err}}
 		}
 	}
 	var resp *awshttp.ResponseError
@@ -88,6 +88,16 @@ func classify(what string, err error) error {
 	}
 	return &TransientError{Err: fmt.Errorf("%s: %w", what, err)}
 }
+
+// hinted says what a store's refusal means instead of the client's long
+// message (request ids, the operation), and keeps it as the cause.
+type hinted struct {
+	msg   string
+	cause error
+}
+
+func (e *hinted) Error() string { return e.msg }
+func (e *hinted) Unwrap() error { return e.cause }
 
 func isPreconditionFailed(err error) bool {
 	var api smithy.APIError
