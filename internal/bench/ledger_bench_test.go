@@ -66,7 +66,7 @@ DO $$ BEGIN
            WHERE schemaname = 'bench' AND tablename = 'without_rule' AND indexdef LIKE 'CREATE UNIQUE INDEX % WHERE %');
 END $$;`
 	sqlBareInsert = `
-INSERT INTO bench.%s (entity, occurrence, state, run_namespace, run_name, run_uid, shard, attempt, payload)
+INSERT INTO %s (entity, occurrence, state, run_namespace, run_name, run_uid, shard, attempt, payload)
 SELECT k.entity, k.occurrence, 'committed', 'bench', 'bench', 'bench-run', 0, 0, k.payload::jsonb
 FROM unnest($1::text[], $2::text[], $3::text[]) AS k(entity, occurrence, payload) %s`
 )
@@ -121,14 +121,14 @@ var (
 		name:    "(a) bare INSERT ON CONFLICT",
 		table:   "bench.with_rule",
 		prepare: createBenchTables,
-		write:   bareInsert("with_rule", `ON CONFLICT (entity, occurrence) WHERE state = 'committed' DO NOTHING`),
+		write:   bareInsert("bench.with_rule", `ON CONFLICT (entity, occurrence) WHERE state = 'committed' DO NOTHING`),
 	}
 	noRule = variant{
 		name:    "(b) bare INSERT, no unique index",
 		table:   "bench.without_rule",
 		noRule:  true,
 		prepare: createBenchTables,
-		write:   bareInsert("without_rule", ""),
+		write:   bareInsert("bench.without_rule", ""),
 	}
 	naive = variant{
 		name:  "(c) naive check-then-insert",
