@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -197,9 +199,11 @@ func requireOutput(t *testing.T, file string, ex example, got string) {
 // the effect role runledger_effect), config/samples/billing/billing.sql's
 // tables, namespace billing with the workers' ServiceAccount, and the run
 // june-invoices applied and finished; a HOME whose ~/.config/billing.dsn
-// and $RUNLEDGER_DATABASE_URL are the owner's DSN.
+// and $RUNLEDGER_DATABASE_URL are the owner's DSN; the bucket
+// billing-exports of the cluster's object store with the sample export
+// (billingExports).
 type billingWorld struct {
-	env []string // HOME, PATH, RUNLEDGER_DATABASE_URL (KUBECONFIG is the harness's)
+	env []string // HOME, PATH, RUNLEDGER_DATABASE_URL, S3_* (KUBECONFIG is the harness's)
 	dsn string   // the owner's
 	mon *podMonitor
 }
@@ -297,7 +301,7 @@ CREATE ROLE %[1]s LOGIN PASSWORD '%[2]s';`, billingWorker, password))
 	}
 	mon := startPodMonitor(ctx, t, e.cs, billingNS)
 
-	w := &billingWorld{dsn: dsn, mon: mon, env: userEnv(t, e, root, dsn)}
+	w := &billingWorld{dsn: dsn, mon: mon, env: append(userEnv(t, e, root, dsn), billingExports(ctx, t, e, root)...)}
 
 	// The run the examples name, finished.
 	out2, err = e.kubectlRun(ctx, "apply", "-f", filepath.Join(root, "config", "samples", "billing", "june-invoices.yaml"))
@@ -305,6 +309,51 @@ CREATE ROLE %[1]s LOGIN PASSWORD '%[2]s';`, billingWorker, password))
 	out2, err = e.kubectlRun(ctx, "-n", billingNS, "wait", "processingrun/june-invoices", "--for=condition=Complete", "--timeout=300s")
 	require.NoError(t, err, "june-invoices: %s", out2)
 	return w
+}
+
+// The README's batch from object storage ("Batches from object storage"):
+// the bucket, the object the export is, and the run that reads it.
+const (
+	billingExportsBucket = "billing-exports"
+	billingExportsKey    = "credits/2026-06-30.csv"
+	billingExportsSample = "credits-2026-06-30.csv" // of config/samples/billing
+	billingExportsRun    = "credits-2026-06-30"
+)
+
+// billingExports sets up the README's object store as a user's would be:
+// the bucket billing-exports of the cluster's store holding the sample
+// export, and a NetworkPolicy of namespace billing letting the run
+// credits-2026-06-30's pods reach the store (the run's own policy opens
+// port 443 only; the cluster's store listens on 8333). It returns the
+// environment the README names the store by (S3_ENDPOINT, S3_ACCESS_KEY_ID,
+// S3_SECRET_ACCESS_KEY, S3_CA_FILE, as hack/cluster.sh s3-env prints them);
+// the bucket is deleted when the test ends, the policy with the namespace.
+func billingExports(ctx context.Context, t *testing.T, e *env, root string) []string {
+	t.Helper()
+	store := e.objectStore(t)
+	c := store.client()
+	if _, err := c.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: aws.String(billingExportsBucket)}); err != nil {
+		_, err = c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(billingExportsBucket)})
+		require.NoError(t, err, "creating bucket %s", billingExportsBucket)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := c.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: aws.String(billingExportsBucket)}); err != nil {
+			t.Errorf("deleting bucket %s: %v", billingExportsBucket, err)
+		}
+	})
+	sample, err := os.ReadFile(filepath.Join(root, "config", "samples", "billing", billingExportsSample))
+	require.NoError(t, err)
+	_, err = c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(billingExportsBucket), Key: aws.String(billingExportsKey), Body: bytes.NewReader(sample)})
+	require.NoError(t, err, "putting s3://%s/%s", billingExportsBucket, billingExportsKey)
+	(&fixture{env: e, t: t, ctx: ctx, ns: billingNS}).allowObjectStore(billingExportsRun+"-to-s3", map[string]string{v1alpha1.LabelRun: billingExportsRun})
+	return []string{
+		"S3_ENDPOINT=" + store.Endpoint,
+		"S3_ACCESS_KEY_ID=" + store.AccessKey,
+		"S3_SECRET_ACCESS_KEY=" + store.SecretKey,
+		"S3_CA_FILE=" + store.CAFile,
+	}
 }
 
 // userEnv is a user's environment: a HOME whose ~/.config/billing.dsn and
@@ -351,7 +400,8 @@ func runExample(ctx context.Context, t *testing.T, file, dir string, env []strin
 // README shows a command's output, its output must be that (times, uids,
 // ages and alignment aside). A new block is run unless it is named here.
 // Only the environment differs from a user's shell: HOME, PATH,
-// KUBECONFIG and RUNLEDGER_DATABASE_URL. It runs alone (namespace billing,
+// KUBECONFIG, RUNLEDGER_DATABASE_URL and the object store's S3_ENDPOINT,
+// S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY and S3_CA_FILE (billingExports). It runs alone (namespace billing,
 // the role runledger_worker: no t.Parallel).
 func TestReadmeExamples(t *testing.T) {
 	e := setup(t)
@@ -401,6 +451,7 @@ func TestReadmeExamples(t *testing.T) {
 	require.EqualValues(t, 3, f.int(`SELECT count(*) FROM invoices WHERE period = '2026-05'`), "may-invoices wrote three invoices, once")
 	require.EqualValues(t, 50, f.int(`SELECT count(*) FROM invoices WHERE period = '2026-06'`), "june-invoices and its retry: one invoice per account")
 	require.EqualValues(t, 49, f.int(`SELECT count(*) FROM invoices WHERE period = '2026-07'`), "the schedule's run of 2026-07")
+	require.EqualValues(t, 3, f.int(`SELECT count(*) FROM credits`), "credits-2026-06-30 wrote three credit notes, cn-1002 once")
 	require.Zero(t, f.int(`SELECT count(*) FROM (SELECT 1 FROM runledger.ledger WHERE state = 'committed' GROUP BY entity, occurrence HAVING count(*) > 1) d`),
 		"no business key has two committed ledger rows")
 	var runs v1alpha1.ProcessingRunList

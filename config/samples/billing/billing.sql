@@ -25,6 +25,13 @@ CREATE TABLE invoices (
   amount  numeric(12, 2) NOT NULL,
   PRIMARY KEY (account, period)
 );
+-- Credit notes, one per note, as the support team's exports list them
+-- (config/samples/billing/credits-2026-06-30.csv, read from a bucket).
+CREATE TABLE credits (
+  note    text PRIMARY KEY,
+  account text NOT NULL REFERENCES accounts,
+  amount  numeric(12, 2) NOT NULL
+);
 INSERT INTO accounts (id, name) SELECT 'acct-' || i, 'Customer ' || i FROM generate_series(1, 50) i WHERE i <> 37;
 INSERT INTO usage (account, period, amount)
 SELECT 'acct-' || i, p.period, 10 + i * p.factor
@@ -33,4 +40,4 @@ WHERE p.period = '2026-06' OR i <> 37;
 -- The runs' queries read as the worker login; their SQL effects write as the
 -- effect role.
 GRANT SELECT ON usage TO runledger_worker;
-GRANT INSERT ON invoices TO runledger_effect;
+GRANT INSERT ON invoices, credits TO runledger_effect;
