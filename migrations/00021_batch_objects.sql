@@ -18,6 +18,27 @@ ALTER TABLE runledger.batch_run
     ADD CONSTRAINT batch_run_source_check CHECK (source IN ('query', 'static', 'object')) NOT VALID;
 ALTER TABLE runledger.batch_run VALIDATE CONSTRAINT batch_run_source_check;
 
+-- The logins `runledger migrate --grant-to` made workers set a header's item
+-- count (00002): the objects read too (the first shard of an object batch
+-- writes both), with no grant to run again.
+-- +goose StatementBegin
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT p.grantee
+        FROM information_schema.column_privileges AS p
+        WHERE p.table_schema = 'runledger' AND p.table_name = 'batch_run'
+          AND p.column_name = 'items' AND p.privilege_type = 'UPDATE'
+          AND p.grantee <> current_user AND p.grantee <> 'PUBLIC'
+    LOOP
+        EXECUTE format('GRANT UPDATE (objects) ON runledger.batch_run TO %I', r.grantee);
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+
 -- +goose Down
 ALTER TABLE runledger.batch_run
     DROP CONSTRAINT IF EXISTS batch_run_source_check,

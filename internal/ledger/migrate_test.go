@@ -155,7 +155,7 @@ ORDER BY 1`, role)
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{
 		"batch:INSERT", "batch:SELECT",
-		"batch_run.items:UPDATE", "batch_run:INSERT", "batch_run:SELECT",
+		"batch_run.items:UPDATE", "batch_run.objects:UPDATE", "batch_run:INSERT", "batch_run:SELECT",
 		"batch_sorted:DELETE", "batch_sorted:INSERT", "batch_sorted:SELECT",
 		"batch_sorted_shard:DELETE", "batch_sorted_shard:INSERT", "batch_sorted_shard:SELECT",
 		"goose_db_version:SELECT",
@@ -190,6 +190,9 @@ ORDER BY 1`, role)
 		AND has_column_privilege($1, 'runledger.shard_progress', 'completed', 'UPDATE')
 		AND NOT has_column_privilege($1, 'runledger.shard_progress', 'run_uid', 'UPDATE')
 		AND NOT has_table_privilege($1, 'runledger.shard_progress', 'DELETE')`, role))
+	// And record the objects of an object batch it fixes (00021).
+	require.True(t, scalar[bool](t, owner, `SELECT has_column_privilege($1, 'runledger.batch_run', 'objects', 'UPDATE')
+		AND NOT has_column_privilege($1, 'runledger.batch_run', 'run_uid', 'UPDATE')`, role))
 	// And sort and read its batch (00017), hold its shard's lease (00018).
 	require.True(t, scalar[bool](t, owner, `SELECT has_table_privilege($1, 'runledger.batch_sorted', 'SELECT, INSERT, DELETE')
 		AND has_table_privilege($1, 'runledger.batch_sorted_shard', 'SELECT, INSERT, DELETE')

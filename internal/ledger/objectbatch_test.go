@@ -111,3 +111,38 @@ func TestFixObjectBatch_ReadFailsWritesNothing(t *testing.T) {
 	require.Nil(t, h, "no header")
 	require.Zero(t, scalar[int64](t, pool, `SELECT count(*) FROM runledger.batch`), "no item")
 }
+
+// TestFixObjectBatch_AsWorkerLogin: a worker login granted as `runledger
+// migrate --grant-to` does (not the schema's owner) fixes an object batch,
+// header, items and objects, and a later shard of that login reads them.
+// Its grant once let it set the header's item count and not the objects
+// read: the first shard failed with "permission denied for table
+// batch_run" (SQLSTATE 42501) after reading every object.
+func TestFixObjectBatch_AsWorkerLogin(t *testing.T) {
+	t.Parallel()
+	owner := newPool(t)
+	worker, _ := workerRole(t, owner)
+	s := ledger.NewStore(worker)
+	run := runNamed("object-worker-login")
+	its := objectItems(1200)
+	objects := []ledger.BatchObject{{Key: "credits/2026-06-30.csv", Size: 42, ETag: `"e"`, SHA256: "sha256:00"}}
+	h, err := s.FixObjectBatch(context.Background(), run, ledger.ObjectBatch{Shards: 2, Digest: "d", Read: func(ctx context.Context, add func(ledger.Item) error) ([]ledger.BatchObject, error) {
+		for _, it := range its {
+			if err := add(it); err != nil {
+				return nil, err
+			}
+		}
+		return objects, nil
+	}})
+	require.NoError(t, err, "the worker login fixes the batch")
+	require.EqualValues(t, len(its), h.Items)
+	got, err := s.BatchObjects(context.Background(), run.UID)
+	require.NoError(t, err)
+	require.Equal(t, objects, got, "the objects read, recorded by the worker login")
+	again, err := s.FixObjectBatch(context.Background(), run, ledger.ObjectBatch{Shards: 2, Digest: "d", Read: func(context.Context, func(ledger.Item) error) ([]ledger.BatchObject, error) {
+		t.Error("a fixed batch is not read again")
+		return nil, nil
+	}})
+	require.NoError(t, err)
+	require.Equal(t, h, again, "a later shard finds the batch fixed")
+}

@@ -1218,7 +1218,8 @@ GROUP BY b.rl_k`
 //     (supersede); no DELETE, no TRUNCATE (the append-only trigger refuses
 //     those to everyone anyway);
 //   - the batch: read and write a run's batch once, set its header's item
-//     count; pruning (DELETE, pruned_at) is the owner's;
+//     count and, for an object batch, the objects read (objects); pruning
+//     (DELETE, pruned_at) is the owner's;
 //   - a shard's sorted copy of its batch: write, read and delete it (it is
 //     derived from the batch, and sorted again when missing);
 //   - a shard's lease: take, renew (shard_lease_hold) and give it back;
@@ -1242,7 +1243,7 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA ` + Schema + ` FROM ` + role + `;
 GRANT USAGE ON SCHEMA ` + Schema + ` TO ` + role + `;
 GRANT SELECT ON ` + versionTable + ` TO ` + role + `;
 GRANT SELECT, INSERT, UPDATE (state, superseded_at) ON ` + Schema + `.ledger TO ` + role + `;
-GRANT SELECT, INSERT, UPDATE (items) ON ` + Schema + `.batch_run TO ` + role + `;
+GRANT SELECT, INSERT, UPDATE (items, objects) ON ` + Schema + `.batch_run TO ` + role + `;
 GRANT SELECT, INSERT ON ` + Schema + `.batch TO ` + role + `;
 GRANT SELECT, INSERT, DELETE ON ` + Schema + `.batch_sorted, ` + Schema + `.batch_sorted_shard TO ` + role + `;
 GRANT SELECT ON ` + Schema + `.ledger_retired TO ` + role + `;
