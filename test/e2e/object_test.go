@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -38,6 +39,40 @@ func gzipped(t *testing.T, b []byte) []byte {
 	require.NoError(t, err)
 	require.NoError(t, zw.Close())
 	return out.Bytes()
+}
+
+// The user's side of a run reading the cluster's object store.
+const (
+	objectCredentials = "exports-s3"    // Secret: the store's keys
+	objectCAConfigMap = "exports-s3-ca" // ConfigMap: its CA, as ca.crt
+)
+
+// objectBatch is the batch of every JSON Lines object under prefix of
+// bucket, read with the store's keys from Secret objectCredentials and its
+// CA from ConfigMap objectCAConfigMap (both created the first time), at
+// the endpoint pods reach the store at; it lets run's pods reach the store
+// (a NetworkPolicy of the user's: the run's own opens port 443 only).
+func (f *fixture) objectBatch(run, bucket, prefix string) v1alpha1.BatchSpec {
+	f.t.Helper()
+	store := f.objectStore(f.t)
+	var existing corev1.Secret
+	if err := f.c.Get(f.ctx, client.ObjectKey{Namespace: f.ns, Name: objectCredentials}, &existing); err != nil {
+		require.True(f.t, apierrors.IsNotFound(err), "%v", err)
+		require.NoError(f.t, f.c.Create(f.ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: objectCredentials},
+			StringData: map[string]string{"AWS_ACCESS_KEY_ID": store.AccessKey, "AWS_SECRET_ACCESS_KEY": store.SecretKey},
+		}))
+		require.NoError(f.t, f.c.Create(f.ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: objectCAConfigMap},
+			Data:       map[string]string{objectStoreCAKey: string(store.CAPEM)},
+		}))
+	}
+	f.allowObjectStore(run+"-to-s3", map[string]string{v1alpha1.LabelRun: run})
+	return v1alpha1.BatchSpec{Object: &v1alpha1.ObjectSource{
+		Endpoint: store.Endpoint, Region: store.Region, Bucket: bucket, Prefix: prefix, Format: v1alpha1.ObjectJSONLines,
+		CredentialsSecretRef: &v1alpha1.LocalSecretRef{Name: objectCredentials},
+		CAConfigMapRef:       &v1alpha1.ConfigMapKeyRef{Name: objectCAConfigMap, Key: objectStoreCAKey},
+	}}
 }
 
 // TestObjectBatchOnTheCluster (issue #47, e2e tier): a run whose batch is
@@ -79,25 +114,8 @@ func TestObjectBatchOnTheCluster(t *testing.T) {
 	// Beside the prefix, not under it: never read.
 	f.putObject(bucket, "exports/2026-07-01/part-000.jsonl", objectJSONLines(5001, 5010, 1))
 
-	// The user's side: the store's keys in a Secret, its CA in a ConfigMap,
-	// a NetworkPolicy that lets the run's pods reach the store.
-	const credentials, caConfigMap, caKey = "exports-s3", "exports-s3-ca", "ca.crt"
-	require.NoError(t, f.c.Create(f.ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: credentials},
-		StringData: map[string]string{"AWS_ACCESS_KEY_ID": store.AccessKey, "AWS_SECRET_ACCESS_KEY": store.SecretKey},
-	}))
-	require.NoError(t, f.c.Create(f.ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: caConfigMap},
-		Data:       map[string]string{caKey: string(store.CAPEM)},
-	}))
 	const name = "exports"
-	f.allowObjectStore(name+"-to-s3", map[string]string{v1alpha1.LabelRun: name})
-
-	run := f.createRun(name, runSpec{workers: 3, chunk: 50, batch: v1alpha1.BatchSpec{Object: &v1alpha1.ObjectSource{
-		Endpoint: store.Endpoint, Region: store.Region, Bucket: bucket, Prefix: prefix, Format: v1alpha1.ObjectJSONLines,
-		CredentialsSecretRef: &v1alpha1.LocalSecretRef{Name: credentials},
-		CAConfigMapRef:       &v1alpha1.ConfigMapKeyRef{Name: caConfigMap, Key: caKey},
-	}}})
+	run := f.createRun(name, runSpec{workers: 3, chunk: 50, batch: f.objectBatch(name, bucket, prefix)})
 
 	before := f.waitRowsOfShard(run, 0, 100)
 	victim := v1alpha1.PodName(run.Name, 0, 0)
@@ -181,8 +199,8 @@ func TestObjectBatchOnTheCluster(t *testing.T) {
 				fromSecret[e.Name] = e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
 			}
 		}
-		require.Equal(t, credentials+"/AWS_ACCESS_KEY_ID", fromSecret["AWS_ACCESS_KEY_ID"], "pod %s", p.Name)
-		require.Equal(t, credentials+"/AWS_SECRET_ACCESS_KEY", fromSecret["AWS_SECRET_ACCESS_KEY"], "pod %s", p.Name)
+		require.Equal(t, objectCredentials+"/AWS_ACCESS_KEY_ID", fromSecret["AWS_ACCESS_KEY_ID"], "pod %s", p.Name)
+		require.Equal(t, objectCredentials+"/AWS_SECRET_ACCESS_KEY", fromSecret["AWS_SECRET_ACCESS_KEY"], "pod %s", p.Name)
 		require.True(t, hasMount(*worker, v1alpha1.WorkerObjectCAVolume), "pod %s: the worker mounts the CA", p.Name)
 		for _, c := range others {
 			for _, e := range c.Env {
@@ -201,4 +219,46 @@ func hasMount(c corev1.Container, volume string) bool {
 		}
 	}
 	return false
+}
+
+// TestObjectBatchReplacedObject: an object replaced after the run's first
+// shard fixed the batch. Shard 1's pod is deleted (--grace-period=0
+// --force) once it has committed some items; its replacement lists the
+// objects again, finds one replaced and fails the run as bad input, naming
+// it, not retried. What was committed is the batch as fixed: no item of the
+// new object's content is, and each key at most once.
+func TestObjectBatchReplacedObject(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "objreplaced", 0.3)
+	bucket := f.newBucket()
+	const prefix = "exports/2026-07-01/"
+	f.putObject(bucket, prefix+"part-000.jsonl", objectJSONLines(1, 1000, 1))
+	f.putObject(bucket, prefix+"part-001.jsonl", objectJSONLines(1001, 2000, 1))
+	const name = "replaced"
+	run := f.createRun(name, runSpec{workers: 2, chunk: 50, batch: f.objectBatch(name, bucket, prefix)})
+
+	before := f.waitRowsOfShard(run, 1, 100)
+	etag := f.putObject(bucket, prefix+"part-001.jsonl", objectJSONLines(9001, 9500, 1))
+	victim := v1alpha1.PodName(run.Name, 1, 0)
+	out, err := f.kubectl("delete", "pod", victim, "--grace-period=0", "--force")
+	require.NoError(t, err, out)
+	t.Logf("shard 1 had committed %d rows; %spart-001.jsonl replaced (ETag %s); $ kubectl delete pod %s --grace-period=0 --force\n%s", before, prefix, etag, victim, out)
+
+	run = f.waitFinished(run.Name, runTimeout)
+	require.True(t, isTrue(run, v1alpha1.ConditionFailed), "Failed: %s", statusLine(run))
+	c := findCondition(run, v1alpha1.ConditionFailed)
+	require.Equal(t, "BadInput", c.Reason)
+	require.Contains(t, c.Message, fmt.Sprintf("s3://%s/%spart-001.jsonl was replaced", bucket, prefix), "the condition names the object")
+	require.Contains(t, c.Message, "give the run a new name")
+	require.Contains(t, c.Message, "not retried")
+	seen := f.mon.podsOfShard(run, 1)
+	t.Logf("shard 1's pods: %v", seen)
+	require.Len(t, seen, 2, "the deleted pod's replacement, not retried after it")
+
+	committed := f.committedRows(string(run.UID))
+	require.GreaterOrEqual(t, committed, before)
+	require.Less(t, committed, int64(2000), "the run did not complete")
+	require.Zero(t, f.int(`SELECT count(*) FROM sink WHERE substr(entity, 6)::int > 2000`), "no item of the replaced object's new content")
+	require.EqualValues(t, committed, f.int(`SELECT count(*) FROM sink`), "one effect row per committed item")
+	f.requireExactlyOnce(committed)
 }
