@@ -412,6 +412,12 @@ func (s *Store) FixStaticBatch(ctx context.Context, run Run, shards int, items i
 	if err != nil {
 		return nil, fmt.Errorf("recording the batch of run %s: %w", run.UID, err)
 	}
+	return s.writtenHeader(ctx, run)
+}
+
+// writtenHeader reads the header of run's batch, just written (by this
+// caller or another): one of another run is a *RunIdentityError.
+func (s *Store) writtenHeader(ctx context.Context, run Run) (*BatchHeader, error) {
 	h, err := s.BatchHeader(ctx, run.UID)
 	if err == nil && h == nil {
 		err = fmt.Errorf("the batch header of run %s vanished after it was written", run.UID)

@@ -53,22 +53,15 @@ type ObjectBatch struct {
 // returned as is, wrapped.
 func (s *Store) FixObjectBatch(ctx context.Context, run Run, b ObjectBatch) (*BatchHeader, error) {
 	h, err := s.BatchHeader(ctx, run.UID)
-	if err == nil && h == nil {
-		err = s.copyObjectBatch(ctx, run, b)
-		if err == nil {
-			h, err = s.BatchHeader(ctx, run.UID)
-		}
-		if err == nil && h == nil {
-			err = fmt.Errorf("the batch header of run %s vanished after it was written", run.UID)
-		}
-	}
-	if err == nil {
-		err = h.CheckRun(run)
-	}
 	if err != nil {
 		return nil, err
 	}
-	return h, nil
+	if h == nil {
+		if err := s.copyObjectBatch(ctx, run, b); err != nil {
+			return nil, err
+		}
+	}
+	return s.writtenHeader(ctx, run)
 }
 
 func (s *Store) copyObjectBatch(ctx context.Context, run Run, b ObjectBatch) error {

@@ -1,6 +1,8 @@
 package s3test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -74,4 +76,18 @@ func PutLines(t testing.TB, bucket, key string, l *Lines) string {
 		t.Fatalf("s3test: putting s3://%s/%s (%d bytes): %v", bucket, key, l.Size(), err)
 	}
 	return aws.ToString(out.ETag)
+}
+
+// Gzip is b gzip-compressed, as an export tool writes it.
+func Gzip(t testing.TB, b []byte) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	w := gzip.NewWriter(&out)
+	if _, err := w.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
 }

@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -51,16 +50,6 @@ func jsonLines(from, n int, o string) []byte {
 	return b.Bytes()
 }
 
-func gzipped(t *testing.T, b []byte) []byte {
-	t.Helper()
-	var out bytes.Buffer
-	w := gzip.NewWriter(&out)
-	_, err := w.Write(b)
-	require.NoError(t, err)
-	require.NoError(t, w.Close())
-	return out.Bytes()
-}
-
 // TestObjectSource_JSONLines: one object, repeats included, fixed once by
 // the first shard and read by three; the counts are the ledger's, a rerun
 // reports the same, and the header records what was read.
@@ -105,7 +94,7 @@ func TestObjectSource_PrefixOfManyObjects(t *testing.T) {
 		}
 		body := []byte(b.String())
 		if i%2 == 1 {
-			body = gzipped(t, body)
+			body = s3test.Gzip(t, body)
 		}
 		s3test.PutObject(t, bucket, fmt.Sprintf("drop/part-%02d.csv", i), body)
 	}
@@ -327,7 +316,7 @@ func TestObjectSource_StoreFaults(t *testing.T) {
 	f := newFixture(t)
 	bucket := s3test.NewBucket(t)
 	data := jsonLines(0, 20000, "o") // about 1 MiB
-	s3test.PutObject(t, bucket, "in/big.jsonl", gzipped(t, data))
+	s3test.PutObject(t, bucket, "in/big.jsonl", s3test.Gzip(t, data))
 	s3test.PutObject(t, bucket, "in/plain.jsonl", jsonLines(20000, 5000, "o"))
 	fs := &faultyStore{}
 	fs.unavailable.Store(6) // more than the client's own 3 attempts
@@ -398,7 +387,7 @@ func TestObjectSource_RandomBatches(t *testing.T) {
 				}
 				body := []byte(b.String())
 				if rng.IntN(2) == 0 {
-					body = gzipped(t, body)
+					body = s3test.Gzip(t, body)
 				}
 				s3test.PutObject(t, bucket, fmt.Sprintf("in/%03d", o), body)
 			}

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"bytes"
-	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/s3test"
 )
 
 // objectJSONLines is accounts lo..hi of occurrence 2026-06 as JSON Lines,
@@ -29,16 +29,6 @@ func objectJSONLines(lo, hi, factor int) []byte {
 		fmt.Fprintf(&b, `{"entity":"acct-%d","occurrence":"2026-06","payload":{"amount":%d}}`+"\n", i, i*factor)
 	}
 	return b.Bytes()
-}
-
-func gzipped(t *testing.T, b []byte) []byte {
-	t.Helper()
-	var out bytes.Buffer
-	zw := gzip.NewWriter(&out)
-	_, err := zw.Write(b)
-	require.NoError(t, err)
-	require.NoError(t, zw.Close())
-	return out.Bytes()
 }
 
 // The user's side of a run reading the cluster's object store.
@@ -102,7 +92,7 @@ func TestObjectBatchOnTheCluster(t *testing.T) {
 	}
 	objects := []*object{
 		{key: prefix + "part-000.jsonl", body: objectJSONLines(1, 1500, 1)},
-		{key: prefix + "part-001.jsonl.gz", body: gzipped(t, objectJSONLines(1501, 3000, 1))},
+		{key: prefix + "part-001.jsonl.gz", body: s3test.Gzip(t, objectJSONLines(1501, 3000, 1))},
 		// 200 keys of part-000 again (another amount: still the same
 		// business keys, already handled), then 100 new ones.
 		{key: prefix + "part-002.jsonl", body: append(objectJSONLines(1, 200, 2), objectJSONLines(3001, 3100, 1)...)},
