@@ -74,7 +74,7 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		if err != nil || opts.Processor == nil {
 			return res, err
 		}
-		return process(ctx, tx, run, unique, res, opts.Processor)
+		return process(ctx, tx, run, unique, res, opts.Processor, calls{perCall: opts.ItemsPerCall, inFlight: opts.CallsInFlight})
 	}
 
 	first := lookupFirst

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -65,10 +66,11 @@ var ErrRetryItem = errors.New("retryable")
 
 // process calls p with the items this transaction has newly claimed (out[i]
 // Completed by this call: never an item another run holds, nor one this run
-// committed earlier) and takes back, in the same transaction, the claims of
-// the items it did not accept. The accepted keys stay claimed, hence locked
-// against every other writer, until the caller commits.
-func process(ctx context.Context, tx pgx.Tx, run Run, items []Item, out []Result, p Processor) ([]Result, error) {
+// committed earlier), in calls bounded by c, and takes back, in the same
+// transaction, the claims of the items it did not accept. The accepted keys
+// stay claimed, hence locked against every other writer, until the caller
+// commits.
+func process(ctx context.Context, tx pgx.Tx, run Run, items []Item, out []Result, p Processor, c calls) ([]Result, error) {
 	var sent []int
 	for i, r := range out {
 		if r.Outcome == Completed && r.Holder == HolderNone {
@@ -82,10 +84,7 @@ func process(ctx context.Context, tx pgx.Tx, run Run, items []Item, out []Result
 	for j, i := range sent {
 		batch[j] = Claim{Item: items[i], Generation: out[i].generation}
 	}
-	verdicts, err := p.Process(ctx, run, batch)
-	if err == nil && len(verdicts) != len(batch) {
-		err = fmt.Errorf("it answered %d results for %d items", len(verdicts), len(batch))
-	}
+	verdicts, err := c.send(ctx, p, run, batch)
 	if err != nil {
 		return nil, &ProcessorError{Err: err}
 	}
@@ -123,6 +122,75 @@ func process(ctx context.Context, tx pgx.Tx, run Run, items []Item, out []Result
 		return nil, fmt.Errorf("taking back the claims the processor did not accept: took back %d rows for %d keys", deleted, len(entities))
 	}
 	return out, nil
+}
+
+// calls bounds a chunk's calls of its processor (ChunkOptions.ItemsPerCall,
+// ChunkOptions.CallsInFlight).
+type calls struct{ perCall, inFlight int }
+
+// send sends batch to p in calls of at most c.perCall consecutive items, at
+// most c.inFlight of them at once, and returns one verdict per item, in
+// order: each item's is the answer of the one call that carried it. The
+// first call to fail as a whole (no answer, a malformed one, a wrong number
+// of results) fails them all, as one call's failure fails the chunk: no
+// call starts after it, the calls in flight are cancelled, and every call
+// has returned before send does (none outlives the chunk's transaction).
+func (c calls) send(ctx context.Context, p Processor, run Run, batch []Claim) ([]Verdict, error) {
+	size := c.perCall
+	if size <= 0 || size >= len(batch) {
+		return callOnce(ctx, p, run, batch)
+	}
+	n := (len(batch) + size - 1) / size
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	verdicts := make([]Verdict, len(batch))
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		failed error
+	)
+	slots := make(chan struct{}, max(c.inFlight, 1))
+	started := 0
+	for k := range n {
+		slots <- struct{}{}
+		if ctx.Err() != nil { // a call failed, or the caller gave up
+			<-slots
+			break
+		}
+		started++
+		lo, hi := k*size, min((k+1)*size, len(batch))
+		wg.Go(func() {
+			defer func() { <-slots }()
+			v, err := callOnce(ctx, p, run, batch[lo:hi])
+			if err != nil {
+				mu.Lock()
+				if failed == nil { // the first; the others are mostly its cancellation
+					failed = fmt.Errorf("call %d of %d (items %d-%d of %d): %w", k+1, n, lo+1, hi, len(batch), err)
+					cancel()
+				}
+				mu.Unlock()
+				return
+			}
+			copy(verdicts[lo:hi], v)
+		})
+	}
+	wg.Wait()
+	switch {
+	case failed != nil:
+		return nil, failed
+	case started < n: // the caller gave up before every call started
+		return nil, fmt.Errorf("the chunk's calls stopped after %d of %d: %w", started, n, context.Cause(ctx))
+	}
+	return verdicts, nil
+}
+
+// callOnce is one call of p, which must answer one verdict per item.
+func callOnce(ctx context.Context, p Processor, run Run, batch []Claim) ([]Verdict, error) {
+	verdicts, err := p.Process(ctx, run, batch)
+	if err == nil && len(verdicts) != len(batch) {
+		err = fmt.Errorf("it answered %d results for %d items", len(verdicts), len(batch))
+	}
+	return verdicts, err
 }
 
 // parseRowID reads a row id sent as text.

@@ -164,8 +164,17 @@ type ChunkOptions struct {
 	// Failed (errors.Is(err, ErrRetryItem) when it asked for a retry). If the
 	// call fails as a whole, nothing commits and CommitChunk returns a
 	// *ProcessorError (retryable). The transaction stays open during the
-	// call: the Processor bounds it (its timeout).
+	// calls: the Processor bounds each (its timeout).
 	Processor Processor
+	// ItemsPerCall bounds the items of one call of the Processor: the
+	// chunk's newly claimed items go to it in calls of at most this many,
+	// in order (0: one call for them all).
+	ItemsPerCall int
+	// CallsInFlight bounds how many of the chunk's calls are in flight at
+	// once (0 or 1: one after the other). Each item's verdict is its own
+	// call's answer; one call that fails as a whole fails the chunk as a
+	// single call does, and the calls still in flight are cancelled.
+	CallsInFlight int
 	// ExpectFresh says the caller expects none of the keys committed (its
 	// own lookup or preload found none held): the chunk is inserted without
 	// looking its keys up first. A key held after all makes the rule reject
