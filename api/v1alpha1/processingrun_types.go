@@ -533,7 +533,8 @@ type EffectSpec struct {
 
 // ProcessorSpec is a container that processes items over HTTP: the worker
 // calls POST http://127.0.0.1:<port><path> with a JSON body of at most
-// maxItemsPerCall items and expects one result per item (see pkg/processor).
+// maxItemsPerCall items, at most maxCallsInFlight calls at once, and expects
+// one result per item (see pkg/processor).
 type ProcessorSpec struct {
 	// image of the processor container.
 	// +required
@@ -569,20 +570,31 @@ type ProcessorSpec struct {
 	// +kubebuilder:validation:MaxLength=1024
 	// +kubebuilder:validation:Pattern=`^/[^?#\s]*$`
 	Path string `json:"path,omitempty"`
-	// timeout of one call. The chunk's transaction is open during the call,
-	// so a call that takes longer is abandoned and its items are retried
-	// (then Failed); at most 10m.
+	// timeout of one call. The chunk's transaction is open during its
+	// calls, so a call that takes longer is abandoned and the chunk's items
+	// are retried (then Failed); at most 10m.
 	// +optional
 	// +kubebuilder:default="30s"
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('10m')",message="must be more than 0s and at most 10m"
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
-	// maxItemsPerCall bounds the items of one call: a chunk holds at most
-	// this many items (the smaller of chunkSize and maxItemsPerCall).
+	// maxItemsPerCall bounds the items of one call: a chunk's newly claimed
+	// items (up to chunkSize) go to the processor in calls of at most this
+	// many, all within the chunk's transaction; each item commits only if
+	// its own call answered ok for it, and one call that fails as a whole
+	// commits nothing of the chunk.
 	// +optional
 	// +kubebuilder:default=100
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=50000
 	MaxItemsPerCall int32 `json:"maxItemsPerCall,omitempty"`
+	// maxCallsInFlight bounds how many calls of a chunk a worker has in
+	// flight at once: the processor gets up to this many concurrent calls
+	// from its worker.
+	// +optional
+	// +kubebuilder:default=4
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=64
+	MaxCallsInFlight int32 `json:"maxCallsInFlight,omitempty"`
 	// automountServiceAccountToken gives the processor container the
 	// worker's token (the pod's ServiceAccount, bound to the pod) at
 	// /var/run/secrets/kubernetes.io/serviceaccount. Off by default: only

@@ -177,6 +177,10 @@ const (
 	// DefaultMaxItemsPerCall is spec.effect.processor.maxItemsPerCall when it
 	// is not set.
 	DefaultMaxItemsPerCall = 100
+	// DefaultMaxCallsInFlight is spec.effect.processor.maxCallsInFlight
+	// when it is not set; MaxCallsInFlight bounds it.
+	DefaultMaxCallsInFlight = 4
+	MaxCallsInFlight        = 64
 )
 
 // RunTimeouts are a spec's timeouts as durations, with the defaults filled
@@ -346,6 +350,15 @@ func (p *ProcessorSpec) ItemsPerCall() int {
 		return DefaultMaxItemsPerCall
 	}
 	return int(p.MaxItemsPerCall)
+}
+
+// CallsInFlight is the most calls of a chunk in flight at once (default
+// applied).
+func (p *ProcessorSpec) CallsInFlight() int {
+	if p.MaxCallsInFlight <= 0 {
+		return DefaultMaxCallsInFlight
+	}
+	return int(p.MaxCallsInFlight)
 }
 
 // MountsToken reports whether the processor container gets the worker's

@@ -133,6 +133,8 @@ func TestCRDSaysWhatTheConstantsSay(t *testing.T) {
 	require.Contains(t, rules(proc("timeout")), fmt.Sprintf("duration(self) > duration('0s') && duration(self) <= duration('%s')", strings.TrimSuffix(v1alpha1.MaxProcessorTimeout.String(), "0s")))
 	require.Equal(t, fmt.Sprint(v1alpha1.DefaultMaxItemsPerCall), def64(proc("maxItemsPerCall")))
 	require.Equal(t, int64(v1alpha1.MaxChunkSize), num(proc("maxItemsPerCall").Maximum))
+	require.Equal(t, fmt.Sprint(v1alpha1.DefaultMaxCallsInFlight), def64(proc("maxCallsInFlight")))
+	require.Equal(t, int64(v1alpha1.MaxCallsInFlight), num(proc("maxCallsInFlight").Maximum))
 	require.Equal(t, int64(v1alpha1.MaxImageLength), *proc("image").MaxLength)
 	require.Equal(t, int64(v1alpha1.MaxWorkers-1), num(at("status", "shards", "[]", "index").Maximum), "a shard index is below spec.workers")
 	maxConns := at("spec", "database", "maxConnections")

@@ -35,9 +35,12 @@ type ShardConfig struct {
 	Source Source
 	// Effect, Processor and OnExisting go to the ledger's insert path as
 	// they are.
-	Effect     string
-	Processor  ledger.Processor
-	OnExisting ledger.OnExisting
+	Effect    string
+	Processor ledger.Processor
+	// ItemsPerCall and CallsInFlight bound the Processor's calls of a
+	// chunk (ledger.ChunkOptions): 0 is one call for the chunk.
+	ItemsPerCall, CallsInFlight int
+	OnExisting                  ledger.OnExisting
 	// FailOnPayloadChange (spec.onPayloadChange: Fail) counts an item
 	// already handled by another run whose payload differs from the
 	// committed row's as failed instead of already handled; either way it
@@ -494,6 +497,7 @@ func (s *shardRun) process(ctx context.Context, chunk []entry) error {
 	settled, err := s.store.Settle(work, s.cfg.Run, g.groups, ledger.SettleOptions{
 		ChunkOptions: ledger.ChunkOptions{
 			Effect: s.cfg.Effect, Processor: s.cfg.Processor, OnExisting: s.cfg.OnExisting, Lease: s.lease,
+			ItemsPerCall: s.cfg.ItemsPerCall, CallsInFlight: s.cfg.CallsInFlight,
 			ExpectFresh:   g.fresh,
 			EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock, NetworkTimeout: s.cfg.Timeouts.Network,
 		},

@@ -61,7 +61,8 @@ func IdempotencyKey(k ledger.Key, generation int64) string {
 }
 
 // HTTPProcessor calls a processor over HTTP: POST URL with a
-// processor.Request, one call per chunk, bounded by Timeout.
+// processor.Request per call (the ledger splits a chunk into calls), each
+// bounded by Timeout. Process is safe for concurrent calls.
 type HTTPProcessor struct {
 	URL     string
 	Timeout time.Duration

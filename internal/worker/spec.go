@@ -24,8 +24,11 @@ type Plan struct {
 	// Processor is the run's processor (spec.effect.processor), called at
 	// ProcessorSpec.URL() unless the caller points it elsewhere
 	// (UseProcessorURL).
-	Processor  *HTTPProcessor
-	OnExisting ledger.OnExisting
+	Processor *HTTPProcessor
+	// ItemsPerCall and CallsInFlight bound the processor's calls of a
+	// chunk (spec.effect.processor.maxItemsPerCall, maxCallsInFlight).
+	ItemsPerCall, CallsInFlight int
+	OnExisting                  ledger.OnExisting
 	// FailOnPayloadChange: spec.onPayloadChange is Fail.
 	FailOnPayloadChange bool
 	ChunkSize           int
@@ -43,6 +46,8 @@ func (p *Plan) ShardConfig(shard, attempt int) ShardConfig {
 	}
 	return ShardConfig{
 		Processor:           proc,
+		ItemsPerCall:        p.ItemsPerCall,
+		CallsInFlight:       p.CallsInFlight,
 		Run:                 run,
 		Shards:              p.Shards,
 		Source:              p.Source,
@@ -100,8 +105,10 @@ func NewPlan(ctx context.Context, run *v1alpha1.ProcessingRun, data BatchData, l
 		p.Effect = strings.TrimSpace(spec.Effect.SQL)
 		if proc := spec.Effect.Processor; proc != nil {
 			p.Processor = NewHTTPProcessor(proc.URL(), proc.CallTimeout())
-			// One call per chunk, so that a transaction waits on one call.
-			p.ChunkSize = min(p.ChunkSize, proc.ItemsPerCall())
+			// A chunk of chunkSize items, its calls of at most
+			// ItemsPerCall, CallsInFlight at once: a processor run pays one
+			// commit per chunk, not one per call (#48).
+			p.ItemsPerCall, p.CallsInFlight = proc.ItemsPerCall(), proc.CallsInFlight()
 		}
 	}
 	switch b := spec.Batch; {

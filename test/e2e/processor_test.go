@@ -132,7 +132,9 @@ func TestProcessorSidecar(t *testing.T) {
 			}},
 		},
 	}))
-	run := f.newRun("charge", runSpec{workers: 2, batch: inlineItems(1, 400)})
+	// Chunks of 10, one call each: the pod is killed with chunks of its shard
+	// committed and chunks to go (a chunk's calls go in one transaction).
+	run := f.newRun("charge", runSpec{workers: 2, chunk: 10, batch: inlineItems(1, 400)})
 	run.Spec.Effect = &v1alpha1.EffectSpec{Processor: &v1alpha1.ProcessorSpec{
 		Image: image, Args: []string{"-payments", "http://" + payments, "-delay", "400ms"}, MaxItemsPerCall: 10,
 	}}

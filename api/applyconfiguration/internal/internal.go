@@ -521,6 +521,10 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: image
       type:
         scalar: string
+    - name: maxCallsInFlight
+      type:
+        scalar: numeric
+      default: 4
     - name: maxItemsPerCall
       type:
         scalar: numeric

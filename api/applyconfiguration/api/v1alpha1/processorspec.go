@@ -16,7 +16,8 @@ import (
 //
 // ProcessorSpec is a container that processes items over HTTP: the worker
 // calls POST http://127.0.0.1:<port><path> with a JSON body of at most
-// maxItemsPerCall items and expects one result per item (see pkg/processor).
+// maxItemsPerCall items, at most maxCallsInFlight calls at once, and expects
+// one result per item (see pkg/processor).
 type ProcessorSpecApplyConfiguration struct {
 	// image of the processor container.
 	Image *string `json:"image,omitempty"`
@@ -33,13 +34,20 @@ type ProcessorSpecApplyConfiguration struct {
 	Port *int32 `json:"port,omitempty"`
 	// path the worker POSTs items to.
 	Path *string `json:"path,omitempty"`
-	// timeout of one call. The chunk's transaction is open during the call,
-	// so a call that takes longer is abandoned and its items are retried
-	// (then Failed); at most 10m.
+	// timeout of one call. The chunk's transaction is open during its
+	// calls, so a call that takes longer is abandoned and the chunk's items
+	// are retried (then Failed); at most 10m.
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
-	// maxItemsPerCall bounds the items of one call: a chunk holds at most
-	// this many items (the smaller of chunkSize and maxItemsPerCall).
+	// maxItemsPerCall bounds the items of one call: a chunk's newly claimed
+	// items (up to chunkSize) go to the processor in calls of at most this
+	// many, all within the chunk's transaction; each item commits only if
+	// its own call answered ok for it, and one call that fails as a whole
+	// commits nothing of the chunk.
 	MaxItemsPerCall *int32 `json:"maxItemsPerCall,omitempty"`
+	// maxCallsInFlight bounds how many calls of a chunk a worker has in
+	// flight at once: the processor gets up to this many concurrent calls
+	// from its worker.
+	MaxCallsInFlight *int32 `json:"maxCallsInFlight,omitempty"`
 	// automountServiceAccountToken gives the processor container the
 	// worker's token (the pod's ServiceAccount, bound to the pod) at
 	// /var/run/secrets/kubernetes.io/serviceaccount. Off by default: only
@@ -135,6 +143,14 @@ func (b *ProcessorSpecApplyConfiguration) WithTimeout(value metav1.Duration) *Pr
 // If called multiple times, the MaxItemsPerCall field is set to the value of the last call.
 func (b *ProcessorSpecApplyConfiguration) WithMaxItemsPerCall(value int32) *ProcessorSpecApplyConfiguration {
 	b.MaxItemsPerCall = &value
+	return b
+}
+
+// WithMaxCallsInFlight sets the MaxCallsInFlight field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the MaxCallsInFlight field is set to the value of the last call.
+func (b *ProcessorSpecApplyConfiguration) WithMaxCallsInFlight(value int32) *ProcessorSpecApplyConfiguration {
+	b.MaxCallsInFlight = &value
 	return b
 }
 
