@@ -591,7 +591,7 @@ type ProcessorSpec struct {
 	// flight at once: the processor gets up to this many concurrent calls
 	// from its worker.
 	// +optional
-	// +kubebuilder:default=4
+	// +kubebuilder:default=2
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=64
 	MaxCallsInFlight int32 `json:"maxCallsInFlight,omitempty"`

@@ -179,7 +179,7 @@ const (
 	DefaultMaxItemsPerCall = 100
 	// DefaultMaxCallsInFlight is spec.effect.processor.maxCallsInFlight
 	// when it is not set; MaxCallsInFlight bounds it.
-	DefaultMaxCallsInFlight = 4
+	DefaultMaxCallsInFlight = 2
 	MaxCallsInFlight        = 64
 )
 

@@ -48,7 +48,7 @@ const (
 // row per item, and two minimal Go processors (pkg/processor, answering ok,
 // in this process on loopback), one that answers at once and one that
 // takes 20 ms per call, each at the processor's defaults (maxItemsPerCall
-// 100, maxCallsInFlight 4: a chunk of 1,000 items goes in 10 calls, 4 at
+// 100, maxCallsInFlight 2: a chunk of 1,000 items goes in 10 calls, 2 at
 // once). It prints each one's items/s and its ratio to the run without an
 // effect measured in the same process; and each processor's ratio to the
 // slower of that run and the same processor driven directly (directRate:

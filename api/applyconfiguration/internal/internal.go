@@ -524,7 +524,7 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: maxCallsInFlight
       type:
         scalar: numeric
-      default: 4
+      default: 2
     - name: maxItemsPerCall
       type:
         scalar: numeric
