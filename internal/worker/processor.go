@@ -51,13 +51,20 @@ func IdempotencyKey(k ledger.Key, generation int64) string {
 	if generation > 0 {
 		scheme = "runledger.idempotency-key/v3"
 	}
-	h := sha256.New()
 	// Length-prefixed, so that no two different tuples hash alike; the
-	// first part names the scheme.
-	for _, part := range []string{scheme, k.Entity, k.Occurrence, strconv.FormatInt(generation, 10)} {
-		fmt.Fprintf(h, "%d:%s", len(part), part)
+	// first part names the scheme. Each part is "<its length in bytes>:<it>"
+	// (as fmt's "%d:%s" wrote them), appended to one buffer: a call of
+	// 100 items computes 100 keys, and fmt took half of each key's time.
+	var num [20]byte
+	gen := strconv.AppendInt(num[:0], generation, 10)
+	buf := make([]byte, 0, 64+len(k.Entity)+len(k.Occurrence))
+	for _, part := range [...]string{scheme, k.Entity, k.Occurrence, string(gen)} {
+		buf = strconv.AppendInt(buf, int64(len(part)), 10)
+		buf = append(buf, ':')
+		buf = append(buf, part...)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	sum := sha256.Sum256(buf)
+	return hex.EncodeToString(sum[:])
 }
 
 // HTTPProcessor calls a processor over HTTP: POST URL with a

@@ -2,6 +2,8 @@ package worker_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -568,5 +570,33 @@ func TestProcessor_ErrorsHideTheURLsSecrets(t *testing.T) {
 			require.NotContains(t, err.Error(), "s3cret", "a secret of the URL is shown")
 			require.Contains(t, err.Error(), "mode=xxxxx&token=xxxxx", "the query's names are kept, its values masked")
 		})
+	}
+}
+
+// TestIdempotencyKey_AsFormatted: the key is the hash of its parts as fmt
+// wrote them ("%d:%s" each, the length in bytes), whatever the parts hold
+// (non-ASCII, colons, digits, empty), for any generation: a processor's
+// store outlives the way the worker computes the key.
+func TestIdempotencyKey_AsFormatted(t *testing.T) {
+	t.Parallel()
+	formatted := func(k ledger.Key, generation int64) string {
+		scheme := "runledger.idempotency-key/v2"
+		if generation > 0 {
+			scheme = "runledger.idempotency-key/v3"
+		}
+		h := sha256.New()
+		for _, part := range []string{scheme, k.Entity, k.Occurrence, strconv.FormatInt(generation, 10)} {
+			fmt.Fprintf(h, "%d:%s", len(part), part)
+		}
+		return hex.EncodeToString(h.Sum(nil))
+	}
+	parts := []string{"", "a", "acct-1", "2026-01", "12:3", "ünïcödé", "€", strings.Repeat("x", 1024), "0", ":", "\x00"}
+	for _, e := range parts {
+		for _, o := range parts {
+			for _, g := range []int64{0, 1, 2, 10, 1 << 40} {
+				k := ledger.Key{Entity: e, Occurrence: o}
+				require.Equal(t, formatted(k, g), worker.IdempotencyKey(k, g), "%q %q %d", e, o, g)
+			}
+		}
 	}
 }
