@@ -142,8 +142,8 @@ func TestProcessorCalls_AnsweredOutOfOrder(t *testing.T) {
 	var committed int
 	for i, r := range res {
 		c, ok := callOf[chunk[i].Key]
-		require.True(t, ok, "item %s was sent", chunk[i].Key.Occurrence)
-		o := chunk[i].Key.Occurrence
+		require.True(t, ok, "item %s was sent", chunk[i].Occurrence)
+		o := chunk[i].Occurrence
 		switch {
 		case c%2 == 1:
 			require.Equal(t, ledger.Failed, r.Outcome, o)
