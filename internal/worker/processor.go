@@ -80,6 +80,9 @@ type HTTPProcessor struct {
 func NewHTTPProcessor(rawURL string, timeout time.Duration) *HTTPProcessor {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.Proxy = nil // the processor is the pod's own sidecar, or the user's on a laptop
+	// A chunk's calls in flight each keep their connection for the next
+	// chunk (the default keeps 2 idle, and closed the others after each call).
+	t.MaxIdleConnsPerHost = v1alpha1.MaxCallsInFlight
 	client := &http.Client{Transport: t, CheckRedirect: noRedirects}
 	return &HTTPProcessor{URL: rawURL, Timeout: timeout, client: client}
 }
