@@ -382,3 +382,33 @@ func TestProcessorCalls_Randomized(t *testing.T) {
 		f.committed(t) // no business key with two committed rows
 	}
 }
+
+// TestProcessorCalls_Plan: a processor run's chunk is spec.chunkSize (no
+// longer cut to maxItemsPerCall), its calls bounded by maxItemsPerCall and
+// maxCallsInFlight, the API's defaults where they are not set.
+func TestProcessorCalls_Plan(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		spec                                 v1alpha1.ProcessorSpec
+		chunkSize                            int32
+		wantChunk, wantPerCall, wantInFlight int
+	}{
+		{v1alpha1.ProcessorSpec{Image: "p"}, 0, v1alpha1.DefaultChunkSize, v1alpha1.DefaultMaxItemsPerCall, v1alpha1.DefaultMaxCallsInFlight},
+		{v1alpha1.ProcessorSpec{Image: "p", MaxItemsPerCall: 7, MaxCallsInFlight: 5}, 50, 50, 7, 5},
+		{v1alpha1.ProcessorSpec{Image: "p", MaxItemsPerCall: 500, MaxCallsInFlight: 1}, 20, 20, 500, 1},
+	} {
+		prun := &v1alpha1.ProcessingRun{Spec: v1alpha1.ProcessingRunSpec{
+			Batch:     v1alpha1.BatchSpec{Items: specItems("acct", 1)},
+			ChunkSize: tt.chunkSize,
+			Effect:    &v1alpha1.EffectSpec{Processor: &tt.spec},
+		}}
+		prun.Name = "plan"
+		plan, err := worker.NewPlan(context.Background(), prun, nil, worker.Limits{})
+		require.NoError(t, err)
+		cfg := plan.ShardConfig(0, 0)
+		require.Equal(t, tt.wantChunk, cfg.ChunkSize)
+		require.Equal(t, tt.wantPerCall, cfg.ItemsPerCall)
+		require.Equal(t, tt.wantInFlight, cfg.CallsInFlight)
+		require.NotNil(t, cfg.Processor)
+	}
+}
