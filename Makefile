@@ -211,7 +211,7 @@ envtest-assets: ## Build (once, cached under bin/k8s/) kube-apiserver, etcd and 
 	$(ROOT)/hack/k8s-bins.sh kube-apiserver etcd kubectl
 
 .PHONY: bench
-bench: envtest-assets $(WEED) ## Benchmarks of the insert path and the worker (as its pods run it, reporting to envtest's kube-apiserver, and as runledger run) against their baselines, the worker with SQL effects and a processor against the same run without, the shard's proof against the run it ends, and a batch.object's fix against a plain client's read of the object; prints items/s, ratios and each shard's peak RSS (fsync on).
+bench: envtest-assets $(WEED) ## Benchmarks of the insert path and the worker (as its pods run it, reporting to envtest's kube-apiserver, and as runledger run) against their baselines, the worker with SQL effects and processors (0 and 20 ms a call) against the same run without and a processor against itself driven directly, the shard's proof against the run it ends, and a batch.object's fix against a plain client's read of the object; prints items/s, ratios and each shard's peak RSS (fsync on).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" RUNLEDGER_S3_WEED="$(WEED)" RUNLEDGER_S3_REQUIRE=1 \
 		go test -run '^$$' -bench '^Benchmark(Ledger|Worker|WorkerEffects|Proof|ObjectFix)$$' -benchtime 1x -timeout 120m ./internal/bench/...
 
