@@ -69,8 +69,11 @@ type workerRun struct {
 //   - runledger run, the same run from a manifest on a laptop (the runledger
 //     binary, validating the manifest in process as the API server would).
 //
-// Targets: fresh >= 0.6x (a); already handled >= 2x fresh; peak RSS <= 64
-// MiB per shard.
+// Targets (#48, each against what a user could do by hand on the same
+// server): fresh >= 0.90x (a); all already handled >= 1.50x (a); peak RSS
+// <= 64 MiB per shard. (The relative target, all handled >= 2x fresh, is
+// withdrawn: it penalised making the fresh run faster; its ratio is still
+// printed.)
 func BenchmarkWorker(b *testing.B) {
 	n := workerItems()
 	runledger := buildRunledger(b)
@@ -101,6 +104,7 @@ func BenchmarkWorker(b *testing.B) {
 	}
 	b.ReportMetric(podFresh.rate, "items/s")
 	b.ReportMetric(podFresh.rate/ceilingRate, "x(a)")
+	b.ReportMetric(podHandled.rate/ceilingRate, "handled-x(a)")
 	b.ReportMetric(podHandled.rate/podFresh.rate, "handled/fresh")
 	b.ReportMetric(float64(slices.Max(append(podFresh.peakRSS, podHandled.peakRSS...)))/(1<<20), "MiB/shard")
 
@@ -119,7 +123,7 @@ func BenchmarkWorker(b *testing.B) {
 		fmt.Fprintf(w, "%s\t%.0f/s\t%.2fx\t%s\t%s\t\n", r.name, r.run.rate, r.run.rate/ceilingRate, mib(r.run.peakRSS), mib(r.run.peakAnon))
 	}
 	fmt.Fprintf(w, "already handled / fresh: %.2fx worker pods, %.2fx runledger run\n", podHandled.rate/podFresh.rate, runHandled.rate/runFresh.rate)
-	fmt.Fprintln(w, "targets (worker pods): fresh >= 0.60x (a); already handled >= 2x fresh; peak RSS <= 64 MiB per shard")
+	fmt.Fprintln(w, "targets (worker pods, #48): fresh >= 0.90x (a); all already handled >= 1.50x (a); peak RSS <= 64 MiB per shard")
 	_ = w.Flush()
 }
 
