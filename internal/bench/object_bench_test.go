@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -99,18 +98,7 @@ func plainRead(b *testing.B, bucket, key string, size int64) time.Duration {
 func fixRun(b *testing.B, bin, endpoint, bucket, name string) (time.Duration, int64) {
 	b.Helper()
 	dsn := pgtest.NewDatabase(b)
-	manifest := filepath.Join(b.TempDir(), name+".yaml")
-	if err := os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: processing.runledger.dev/v1alpha1
-kind: ProcessingRun
-metadata: {name: %s, namespace: bench}
-spec:
-  database: {secretRef: {name: db, key: dsn}}
-  batch:
-    object: {endpoint: %q, bucket: %s, key: export.jsonl, format: JSONLines}
-  workers: %d
-`, name, endpoint, bucket, objectShards)), 0o600); err != nil {
-		b.Fatal(err)
-	}
+	manifest := writeManifest(b, name, fmt.Sprintf("object: {endpoint: %q, bucket: %s, key: export.jsonl, format: JSONLines}", endpoint, bucket), objectShards, "")
 	cmd := exec.Command(bin, "run", "-f", manifest, "--dsn", dsn, "--shard", "0/"+strconv.Itoa(objectShards), "--output", "json")
 	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID="+s3test.AccessKey, "AWS_SECRET_ACCESS_KEY="+s3test.SecretKey,
 		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")

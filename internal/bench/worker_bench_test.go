@@ -208,9 +208,10 @@ func runWorkers(b *testing.B, bin, dsn, name string) workerRun {
 	return runShards(b, bin, dsn, name, workerShards, fmt.Sprintf("  chunkSize: %d\n", workerChunk))
 }
 
-// runShards runs shards processes of run name over the usage table, its spec
-// completed by spec (YAML lines under spec:), with extra arguments.
-func runShards(b *testing.B, bin, dsn, name string, shards int, spec string, extra ...string) workerRun {
+// writeManifest writes run name of the bench namespace, its batch (one
+// YAML line under batch:), shards workers and more spec lines, and returns
+// the file's path.
+func writeManifest(b *testing.B, name, batch string, shards int, spec string) string {
 	b.Helper()
 	manifest := filepath.Join(b.TempDir(), name+".yaml")
 	if err := os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: processing.runledger.dev/v1alpha1
@@ -219,11 +220,19 @@ metadata: {name: %s, namespace: bench}
 spec:
   database: {secretRef: {name: db, key: dsn}}
   batch:
-    query: SELECT account AS entity, period AS occurrence, payload FROM usage
+    %s
   workers: %d
-%s`, name, shards, spec)), 0o600); err != nil {
+%s`, name, batch, shards, spec)), 0o600); err != nil {
 		b.Fatal(err)
 	}
+	return manifest
+}
+
+// runShards runs shards processes of run name over the usage table, its spec
+// completed by spec (YAML lines under spec:), with extra arguments.
+func runShards(b *testing.B, bin, dsn, name string, shards int, spec string, extra ...string) workerRun {
+	b.Helper()
+	manifest := writeManifest(b, name, "query: SELECT account AS entity, period AS occurrence, payload FROM usage", shards, spec)
 	cmds := make([]*exec.Cmd, shards)
 	outs := make([]*bytes.Buffer, shards)
 	for s := range cmds {

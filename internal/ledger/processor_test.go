@@ -32,18 +32,7 @@ func (p *funcProcessor) Process(_ context.Context, _ ledger.Run, items []ledger.
 	if p.err != nil {
 		return nil, p.err
 	}
-	out := make([]ledger.Verdict, len(items))
-	for i, it := range items {
-		switch {
-		case strings.HasSuffix(it.Occurrence, "-fail"):
-			out[i] = ledger.Verdict{Error: "card declined"}
-		case strings.HasSuffix(it.Occurrence, "-retry"):
-			out[i] = ledger.Verdict{Retryable: true, Error: "try later"}
-		default:
-			out[i] = ledger.Verdict{OK: true}
-		}
-	}
-	return out, nil
+	return bySuffix(items), nil
 }
 
 func (p *funcProcessor) sentKeys() []ledger.Key {
