@@ -923,7 +923,9 @@ type ItemCounts struct {
 	// +kubebuilder:validation:Minimum=0
 	Total int64 `json:"total"`
 	// completed is the number of items this run committed (its effect ran),
-	// by any of its attempts; of a shard, from its worker's report.
+	// by any of its attempts; of a shard, from its worker's report. A shard
+	// that stopped before its end (failed, interrupted) reports at least the
+	// rows the ledger holds of it, those of its earlier attempts included.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Completed int64 `json:"completed"`

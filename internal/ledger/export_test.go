@@ -17,6 +17,7 @@ var (
 	SQLPinnedSearchPath  = sqlPinnedSearchPath
 	SQLProveKeptShard    = sqlProveKeptShard
 	SQLShardOwnRows      = sqlShardOwnRows
+	SQLHeldOfShard       = sqlHeldOfShard
 	SQLBeginPinnedSnap   = sqlBeginPinnedSnapshot
 	SQLHolders           = sqlHolders
 	SQLHoldersPayload    = sqlHoldersPayload

@@ -197,6 +197,25 @@ SELECT 'proof-plan', entity, occurrence, 'default', 'run-proof-plan', 0, 0, 'p',
 	plan = strings.Join(lines, "\n")
 	require.Regexp(t, `Index (Only )?Scan using ledger_run_shard_idx on ledger \w+ .*\n\s+Index Cond: \(\(run_uid = .*\) AND \(shard = .*\)\)`, plan,
 		"the shard's rows by (run_uid, shard):\n%s", plan)
+
+	// What a shard that stopped reports of the ledger reads that shard's
+	// rows and batch only, under the run's identity.
+	rows, err = tx.Query(ctx, "EXPLAIN "+ledger.SQLHeldOfShard, "proof-plan", 0, "default", "run-proof-plan")
+	require.NoError(t, err)
+	lines, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan = strings.Join(lines, "\n")
+	require.Regexp(t, `Index Scan using ledger_run_shard_idx on ledger \w+ .*\n\s+Index Cond: \(\(run_uid = .*\) AND \(shard = .*\)\)`, plan,
+		"the shard's rows by (run_uid, shard):\n%s", plan)
+	require.NotContains(t, plan, "Seq Scan on ledger", plan)
+	held, err := s.HeldOfShard(ctx, run)
+	require.NoError(t, err)
+	require.Equal(t, ledger.ShardHeld{Rows: 5400, BatchItems: 6000}, held)
+	copied := run
+	copied.Namespace = "elsewhere"
+	held, err = s.HeldOfShard(ctx, copied)
+	require.NoError(t, err)
+	require.Zero(t, held, "a run given another's uid holds nothing of it")
 }
 
 // byKey is the condition of a probe of the rule's index by one key.

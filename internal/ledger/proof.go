@@ -227,6 +227,30 @@ func (s *Store) ProveShard(ctx context.Context, runUID string, shard int, kept b
 	return p, nil
 }
 
+// ShardHeld is what the ledger holds of a shard of a run: its rows
+// (committed by any attempt, or committed and superseded since) and the
+// items of its part of the batch kept in the database (0 for a static
+// batch, whose items the ledger does not keep, or a pruned one).
+type ShardHeld struct {
+	Rows, BatchItems int64
+}
+
+// HeldOfShard reads what the ledger holds of run's shard (run.Shard), the
+// rows and batch written under its uid, namespace and name, in one
+// read-only statement: for a shard that stops before its proof, whose
+// counts would otherwise miss what earlier attempts committed
+// (worker.RunShard).
+func (s *Store) HeldOfShard(ctx context.Context, run Run) (ShardHeld, error) {
+	var h ShardHeld
+	err := pinnedTx(ctx, s.pool, sqlBeginPinnedReadOnly+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, sqlHeldOfShard, run.UID, run.Shard, run.Namespace, run.Name).Scan(&h.Rows, &h.BatchItems)
+	})
+	if err != nil {
+		return ShardHeld{}, fmt.Errorf("reading what the ledger holds of shard %d of run %s/%s: %w", run.Shard, run.Namespace, run.Name, err)
+	}
+	return h, nil
+}
+
 // provenByCounts makes p the shard's counts c when they are proven without
 // reading each key again (ProveShard): the server is c.Server's life, the
 // shard has no failure record and counted none, its rows in the ledger are

@@ -1651,6 +1651,18 @@ FROM ` + Schema + `.item_failure AS f WHERE f.run_uid = $1::text`
 	sqlShardOwnRows = `
 SELECT pg_catalog.count(*) FROM ` + Schema + `.ledger AS l WHERE l.run_uid = $1::text AND l.shard = $2::integer`
 
+	// sqlHeldOfShard: shard $2 of run $1's rows in the ledger (as
+	// sqlShardOwnRows) and its batch's items kept in the ledger (as
+	// sqlShardBatchItems), both only under the run's namespace $3 and name
+	// $4: a run given another's uid (a copied object) is not that run.
+	sqlHeldOfShard = `
+SELECT (SELECT pg_catalog.count(*) FROM ` + Schema + `.ledger AS l
+        WHERE l.run_uid = $1::text AND l.shard = $2::integer AND l.run_namespace = $3::text AND l.run_name = $4::text),
+       (SELECT coalesce(pg_catalog.sum(pg_catalog.cardinality(b.entities)), 0)::bigint
+        FROM ` + Schema + `.batch_run AS r
+        JOIN ` + Schema + `.batch AS b ON b.batch_id = r.id AND b.shard = $2::integer
+        WHERE r.run_uid = $1::text AND r.run_namespace = $3::text AND r.run_name = $4::text)`
+
 	// sqlShardBatchItems: the items of shard $2 of run $1's batch kept in
 	// the ledger (its blocks: the batch's primary key's range), a row with a
 	// NULL key part included.

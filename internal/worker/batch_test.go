@@ -186,6 +186,16 @@ DELETE FROM runledger.batch AS b USING old WHERE b.batch_id = old.id`)
 	require.EqualValues(t, 50, ledgerRows(t, f, "uid-pruned-live", 0))
 }
 
+// requireOnlyHeld: a shard attempt that failed before counting anything
+// reports what the ledger holds of its shard, committed by earlier
+// attempts, and nothing of its own.
+func requireOnlyHeld(t *testing.T, f *fixture, rep worker.Report, uid string) {
+	t.Helper()
+	require.Zero(t, rep.AlreadyHandled+rep.Failed, "shard %d: nothing counted", rep.Shard)
+	require.Equal(t, ledgerRows(t, f, uid, rep.Shard), rep.Completed, "shard %d: completed is the ledger's rows of the shard", rep.Shard)
+	require.Positive(t, rep.Completed, "shard %d: earlier attempts committed rows", rep.Shard)
+}
+
 // TestBatchShardCountIsFixed: a run's batch is split for the shard count it
 // started with; a worker with another count fails before committing.
 func TestBatchShardCountIsFixed(t *testing.T) {
@@ -203,7 +213,7 @@ func TestBatchShardCountIsFixed(t *testing.T) {
 	require.Error(t, rep.Err)
 	require.True(t, worker.IsInputError(rep.Err), "bad input: %v", rep.Err)
 	require.Contains(t, rep.Err.Error(), "was fixed for 2 shards when the run started; this worker runs 3")
-	require.Zero(t, rep.Processed())
+	requireOnlyHeld(t, f, rep, "uid-shards")
 	require.EqualValues(t, 200, f.committed(t))
 }
 
@@ -235,7 +245,7 @@ func TestStaticBatchThatChangedFailsClearly(t *testing.T) {
 			require.Error(t, rep.Err, "%s: shard %d", name, shard)
 			require.True(t, worker.IsInputError(rep.Err), "%s: bad input: %v", name, rep.Err)
 			require.Contains(t, rep.Err.Error(), "has changed since the run started", name)
-			require.Zero(t, rep.Processed(), name)
+			requireOnlyHeld(t, f, rep, "uid-static")
 		}
 	}
 	require.EqualValues(t, 100, f.committed(t), "nothing more committed")
@@ -273,7 +283,7 @@ func TestQueryBatchWhoseQueryChangedFailsClearly(t *testing.T) {
 			require.Error(t, rep.Err, "%s: shard %d", edited, shard)
 			require.True(t, worker.IsInputError(rep.Err), "%s: bad input: %v", edited, rep.Err)
 			require.Contains(t, rep.Err.Error(), "batch.query has changed since the run started", edited)
-			require.Zero(t, rep.Processed(), edited)
+			requireOnlyHeld(t, f, rep, "uid-query-edited")
 		}
 	}
 	require.EqualValues(t, 200, f.committed(t), "nothing more committed")

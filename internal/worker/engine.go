@@ -119,8 +119,41 @@ func RunShard(ctx context.Context, store *ledger.Store, cfg ShardConfig) Report 
 	cfg = cfg.withDefaults()
 	s := &shardRun{cfg: cfg, store: store, rep: Report{Shard: cfg.Run.Shard, Started: time.Now()}, serversBefore: store.ServerChanges().Changes}
 	s.run(ctx)
+	if !s.rep.Done && !errors.Is(s.rep.Err, ledger.ErrShardBusy) { // a busy shard's rows are another process's to report
+		s.heldInLedger(ctx)
+	}
 	s.rep.Elapsed = time.Since(s.rep.Started)
 	return s.rep
+}
+
+// heldReadTimeout bounds heldInLedger's read, made on the way out of a
+// shard that stopped (perhaps because the ledger is unreachable).
+const heldReadTimeout = 5 * time.Second
+
+// heldInLedger makes the counts of a shard that stopped before its proof
+// (failed, interrupted, too many failures) say at least what the ledger
+// holds of it under the run's identity: as completed, its rows, which
+// earlier attempts may have committed (a pod killed before it reported)
+// while this one stopped before reading them again, or before reading
+// anything (bad input found at the start); as its total, if this attempt
+// never learnt it, the items of its batch kept in the database. The other
+// counts stay as tallied, and all of them if the ledger cannot be read.
+func (s *shardRun) heldInLedger(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(heldReadTimeout, s.cfg.DrainTimeout))
+	defer cancel()
+	h, err := s.store.HeldOfShard(ctx, s.cfg.Run)
+	if err != nil {
+		s.log().Info("the shard stopped, and what the ledger holds of it could not be read: its counts are as tallied", "error", err.Error())
+		return
+	}
+	if h.Rows > s.rep.Completed {
+		s.log().Info("the shard stopped; the ledger holds more of its rows than it counted completed (committed by an earlier attempt): reporting the ledger's",
+			"rows", h.Rows, "counted", s.rep.Completed)
+		s.rep.Completed = h.Rows
+	}
+	if !s.rep.TotalKnown && h.BatchItems > 0 {
+		s.rep.Total, s.rep.TotalKnown = h.BatchItems, true
+	}
 }
 
 type shardRun struct {

@@ -244,6 +244,46 @@ func TestObjectSource_ChangedAfterTheFix(t *testing.T) {
 	}
 }
 
+// TestObjectSource_FailedAttemptReportsTheLedgersRows: a shard whose first
+// attempt committed part of its batch and stopped without a word (a pod
+// killed), and whose next attempt fails before it counts anything (the
+// object was replaced since the fix: bad input), reports what the ledger
+// holds of the shard: its committed rows as completed, its fixed batch's
+// items as its total. Counted as it was, a Failed run said nothing had
+// been completed while the effects of 50 items were done.
+func TestObjectSource_FailedAttemptReportsTheLedgersRows(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	bucket := s3test.NewBucket(t)
+	s3test.PutObject(t, bucket, "in/a.jsonl", jsonLines(0, 100, "o"))
+	s3test.PutObject(t, bucket, "in/b.jsonl", jsonLines(100, 100, "o"))
+	src := objectSource(t, v1alpha1.ObjectSource{Bucket: bucket, Prefix: "in/", Format: v1alpha1.ObjectJSONLines})
+	const uid = "uid-failed-attempt"
+	cfg := worker.ShardConfig{Run: run(uid), Source: src, ChunkSize: 50}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := 0
+	first := cfg
+	first.Progress = func(worker.Report) {
+		if calls++; calls == 2 { // after the first chunk
+			cancel()
+		}
+	}
+	rep := worker.RunShard(ctx, f.store, first)
+	cancel()
+	require.True(t, rep.Interrupted)
+	require.EqualValues(t, 50, f.committed(t))
+
+	s3test.PutObject(t, bucket, "in/b.jsonl", jsonLines(100, 101, "o"))
+	cfg.Run.Attempt = 1
+	rep = worker.RunShard(context.Background(), f.store, cfg)
+	require.True(t, worker.IsInputError(rep.Err), "bad input: %v", rep.Err)
+	require.False(t, rep.Done)
+	require.EqualValues(t, 50, f.committed(t), "nothing more committed")
+	require.Equal(t, v1alpha1.ItemCounts{Total: 200, Completed: 50}, rep.ItemCounts, "the ledger's rows of the shard, and its fixed batch")
+	require.True(t, rep.TotalKnown)
+}
+
 // faultyStore is a proxy in front of the test store that answers 503 to
 // its first unavailable requests, breaks off the body of the first cuts
 // GETs of an object after 8 KiB, and stalls the next one's for a minute.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -245,7 +246,14 @@ func TestObjectBatchReplacedObject(t *testing.T) {
 	t.Logf("shard 1's pods: %v", seen)
 	require.Len(t, seen, 2, "the deleted pod's replacement, not retried after it")
 
+	// The Failed run's counts are what the ledger holds: the deleted pod
+	// never reported its last chunks, and its replacement failed before
+	// reading anything (it reports the shard's rows and its fixed batch).
+	run = f.waitRun(run.Name, time.Minute, "its counts to be the ledger's", func(r *v1alpha1.ProcessingRun) bool {
+		return r.Status.Completed == f.committedRows(string(run.UID)) && r.Status.Total == 2000
+	})
 	committed := f.committedRows(string(run.UID))
+	t.Logf("the Failed run's status: %s; the ledger holds %d rows of it", statusLine(run), committed)
 	require.GreaterOrEqual(t, committed, before)
 	require.Less(t, committed, int64(2000), "the run did not complete")
 	require.Zero(t, f.int(`SELECT count(*) FROM sink WHERE substr(entity, 6)::int > 2000`), "no item of the replaced object's new content")
