@@ -196,6 +196,17 @@ func TestObjectSource_BadInput(t *testing.T) {
 
 func ptrTo[T any](v T) *T { return &v }
 
+// twoObjects is a fresh ledger and a bucket holding in/a.jsonl and
+// in/b.jsonl, 100 items each, read as one batch by prefix.
+func twoObjects(t *testing.T) (*fixture, string, *worker.ObjectSource) {
+	t.Helper()
+	f := newFixture(t)
+	bucket := s3test.NewBucket(t)
+	s3test.PutObject(t, bucket, "in/a.jsonl", jsonLines(0, 100, "o"))
+	s3test.PutObject(t, bucket, "in/b.jsonl", jsonLines(100, 100, "o"))
+	return f, bucket, objectSource(t, v1alpha1.ObjectSource{Bucket: bucket, Prefix: "in/", Format: v1alpha1.ObjectJSONLines})
+}
+
 // TestObjectSource_ChangedAfterTheFix: once the first shard fixed the
 // batch, an object replaced, added or removed under the run is refused by
 // every later shard, naming it; the batch and what was committed stay.
@@ -204,11 +215,7 @@ func TestObjectSource_ChangedAfterTheFix(t *testing.T) {
 	for _, change := range []string{"replaced", "added", "removed"} {
 		t.Run(change, func(t *testing.T) {
 			t.Parallel()
-			f := newFixture(t)
-			bucket := s3test.NewBucket(t)
-			s3test.PutObject(t, bucket, "in/a.jsonl", jsonLines(0, 100, "o"))
-			s3test.PutObject(t, bucket, "in/b.jsonl", jsonLines(100, 100, "o"))
-			src := objectSource(t, v1alpha1.ObjectSource{Bucket: bucket, Prefix: "in/", Format: v1alpha1.ObjectJSONLines})
+			f, bucket, src := twoObjects(t)
 			uid := "uid-changed-" + change
 			cfg := worker.ShardConfig{Run: run(uid), Shards: 2, Source: src}
 			rep := worker.RunShard(context.Background(), f.store, cfg)
@@ -253,11 +260,7 @@ func TestObjectSource_ChangedAfterTheFix(t *testing.T) {
 // been completed while the effects of 50 items were done.
 func TestObjectSource_FailedAttemptReportsTheLedgersRows(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	bucket := s3test.NewBucket(t)
-	s3test.PutObject(t, bucket, "in/a.jsonl", jsonLines(0, 100, "o"))
-	s3test.PutObject(t, bucket, "in/b.jsonl", jsonLines(100, 100, "o"))
-	src := objectSource(t, v1alpha1.ObjectSource{Bucket: bucket, Prefix: "in/", Format: v1alpha1.ObjectJSONLines})
+	f, bucket, src := twoObjects(t)
 	const uid = "uid-failed-attempt"
 	cfg := worker.ShardConfig{Run: run(uid), Source: src, ChunkSize: 50}
 
