@@ -86,7 +86,7 @@ func runSums(args []string) error {
 		return err
 	}
 	if *out == "" || fs.NArg() == 0 {
-		return errors.New("usage: release sums -o SHA256SUMS FILE...")
+		return errors.New("usage: release sums -o SHA256SUMS FILE [FILE ...]")
 	}
 	text, err := sums(fs.Args())
 	if err != nil {

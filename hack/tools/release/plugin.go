@@ -189,7 +189,7 @@ func runPlugin(args []string) error {
 		return err
 	}
 	if *out == "" || *version == "" || *url == "" || fs.NArg() == 0 {
-		return errors.New("usage: release plugin -o DIR -version vX.Y.Z -url BASE_URL -epoch SECONDS [-homepage URL] [-file FILE]... GOOS/GOARCH=BINARY...")
+		return errors.New("usage: release plugin -o DIR -version vX.Y.Z -url BASE_URL -epoch SECONDS [-homepage URL] [-file FILE]... GOOS/GOARCH=BINARY [GOOS/GOARCH=BINARY ...]")
 	}
 	var bins []pluginBinary
 	for _, a := range fs.Args() {

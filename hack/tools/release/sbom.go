@@ -196,7 +196,7 @@ func runSBOM(args []string) error {
 		return err
 	}
 	if *out == "" || *version == "" || *epoch < 0 || fs.NArg() == 0 {
-		return errors.New("usage: release sbom -o FILE -image REPO@sha256:... -version vX.Y.Z -epoch SECONDS BINARY...")
+		return errors.New("usage: release sbom -o FILE -image REPO@sha256:... -version vX.Y.Z -epoch SECONDS BINARY [BINARY ...]")
 	}
 	var bins []binary
 	for _, p := range fs.Args() {
