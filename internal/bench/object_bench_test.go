@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/procmem"
 	"github.com/runledger/runledger/internal/s3test"
 )
 
@@ -102,15 +103,17 @@ func fixRun(b *testing.B, bin, endpoint, bucket, name string) (time.Duration, in
 	cmd := exec.Command(bin, "run", "-f", manifest, "--dsn", dsn, "--shard", "0/"+strconv.Itoa(objectShards), "--output", "json")
 	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID="+s3test.AccessKey, "AWS_SECRET_ACCESS_KEY="+s3test.SecretKey,
 		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
 	start := time.Now()
-	out, err := cmd.Output()
+	peak, err := procmem.Run(cmd) // not getrusage's: it reports this process's peak (procmem)
 	elapsed := time.Since(start)
 	if err != nil {
-		b.Fatalf("runledger run: %v\n%s", err, out)
+		b.Fatalf("runledger run: %v\n%s%s", err, out.Bytes(), errOut.Bytes())
 	}
 	var counts v1alpha1.ItemCounts
-	if err := json.Unmarshal(out, &counts); err != nil || counts.Total == 0 || counts.Completed != counts.Total {
-		b.Fatalf("runledger run: %+v %v\n%s", counts, err, out)
+	if err := json.Unmarshal(out.Bytes(), &counts); err != nil || counts.Total == 0 || counts.Completed != counts.Total {
+		b.Fatalf("runledger run: %+v %v\n%s", counts, err, out.Bytes())
 	}
-	return elapsed, cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss << 10
+	return elapsed, peak
 }

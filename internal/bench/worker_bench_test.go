@@ -23,6 +23,7 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/envtestutil"
 	"github.com/runledger/runledger/internal/pgtest"
+	"github.com/runledger/runledger/internal/procmem"
 )
 
 // workerItems is the batch of the end-to-end benchmark
@@ -333,7 +334,7 @@ func measureShards(b *testing.B, dsn, name string, cmds []*exec.Cmd, counts func
 		}
 		exited := make(chan struct{})
 		wg.Go(func() { failures[s] = cmd.Wait(); exits[s] = time.Since(start); close(exited) })
-		wg.Go(func() { r.peakRSS[s], r.peakAnon[s] = peakRSS(cmd.Process.Pid, exited) })
+		wg.Go(func() { r.peakRSS[s], r.peakAnon[s] = procmem.Follow(cmd.Process.Pid, exited) })
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
@@ -382,30 +383,4 @@ func machineBusy() time.Duration {
 		}
 	}
 	return time.Duration(busy) * time.Second / 100 // USER_HZ
-}
-
-// peakRSS follows a process's VmHWM (its peak resident set, in bytes) and
-// the largest RssAnon seen (its private memory: the rest is the binary's
-// pages, shared by all its processes), sampled every 20 ms, until exited.
-func peakRSS(pid int, exited <-chan struct{}) (peak, anon int64) {
-	for {
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-			for _, line := range strings.Split(string(b), "\n") {
-				name, v, _ := strings.Cut(line, ":")
-				kib, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-				switch {
-				case err != nil:
-				case name == "VmHWM":
-					peak = max(peak, kib*1024)
-				case name == "RssAnon":
-					anon = max(anon, kib*1024)
-				}
-			}
-		}
-		select {
-		case <-exited:
-			return peak, anon
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
