@@ -194,6 +194,7 @@ func requireOnlyHeld(t *testing.T, f *fixture, rep worker.Report, uid string) {
 	require.Zero(t, rep.AlreadyHandled+rep.Failed, "shard %d: nothing counted", rep.Shard)
 	require.Equal(t, ledgerRows(t, f, uid, rep.Shard), rep.Completed, "shard %d: completed is the ledger's rows of the shard", rep.Shard)
 	require.Positive(t, rep.Completed, "shard %d: earlier attempts committed rows", rep.Shard)
+	require.GreaterOrEqual(t, rep.Total, rep.Processed(), "shard %d: no more counted than its total", rep.Shard)
 }
 
 // TestBatchShardCountIsFixed: a run's batch is split for the shard count it

@@ -136,8 +136,9 @@ const heldReadTimeout = 5 * time.Second
 // earlier attempts may have committed (a pod killed before it reported)
 // while this one stopped before reading them again, or before reading
 // anything (bad input found at the start); as its total, if this attempt
-// never learnt it, the items of its batch kept in the database. The other
-// counts stay as tallied, and all of them if the ledger cannot be read.
+// never learnt it, the items of its batch kept in the database (or no less
+// than it counts). The other counts stay as tallied, and all of them if the
+// ledger cannot be read.
 func (s *shardRun) heldInLedger(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(heldReadTimeout, s.cfg.DrainTimeout))
 	defer cancel()
@@ -154,6 +155,10 @@ func (s *shardRun) heldInLedger(ctx context.Context) {
 	if !s.rep.TotalKnown && h.BatchItems > 0 {
 		s.rep.Total, s.rep.TotalKnown = h.BatchItems, true
 	}
+	// A static batch's items are not kept: a shard that failed before
+	// opening it (its ConfigMap changed) knows no total, and reports at
+	// least what it counts, never less.
+	s.rep.Total = max(s.rep.Total, s.rep.Processed())
 }
 
 type shardRun struct {
