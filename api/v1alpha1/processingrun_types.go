@@ -924,8 +924,8 @@ type ItemCounts struct {
 	Total int64 `json:"total"`
 	// completed is the number of items this run committed (its effect ran),
 	// by any of its attempts; of a shard, from its worker's report. A shard
-	// that stopped before its end (failed, interrupted) reports at least the
-	// rows the ledger holds of it, those of its earlier attempts included.
+	// that stopped before its end (failed, interrupted) reports the rows the
+	// ledger holds of it, those of its earlier attempts included.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Completed int64 `json:"completed"`

@@ -131,14 +131,14 @@ func RunShard(ctx context.Context, store *ledger.Store, cfg ShardConfig) Report 
 const heldReadTimeout = 5 * time.Second
 
 // heldInLedger makes the counts of a shard that stopped before its proof
-// (failed, interrupted, too many failures) say at least what the ledger
-// holds of it under the run's identity: as completed, its rows, which
-// earlier attempts may have committed (a pod killed before it reported)
-// while this one stopped before reading them again, or before reading
-// anything (bad input found at the start); as its total, if this attempt
-// never learnt it, the items of its batch kept in the database (or no less
-// than it counts). The other counts stay as tallied, and all of them if the
-// ledger cannot be read.
+// (failed, interrupted, too many failures) say what the ledger holds of it
+// under the run's identity: as completed, its rows, which earlier attempts
+// may have committed (a pod killed before it reported) while this one
+// stopped before reading them again, or before reading anything (bad input
+// found at the start), and without any commit a database failover lost; as
+// its total, if this attempt never learnt it, the items of its batch kept in
+// the database (or no less than it counts). The other counts stay as
+// tallied, and all of them if the ledger cannot be read.
 func (s *shardRun) heldInLedger(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(heldReadTimeout, s.cfg.DrainTimeout))
 	defer cancel()
@@ -147,8 +147,8 @@ func (s *shardRun) heldInLedger(ctx context.Context) {
 		s.log().Info("the shard stopped, and what the ledger holds of it could not be read: its counts are as tallied", "error", err.Error())
 		return
 	}
-	if h.Rows > s.rep.Completed {
-		s.log().Info("the shard stopped; the ledger holds more of its rows than it counted completed (committed by an earlier attempt): reporting the ledger's",
+	if h.Rows != s.rep.Completed {
+		s.log().Info("the shard stopped; the ledger holds another number of its rows than it counted completed (committed by an earlier attempt, or lost with a failover): reporting the ledger's",
 			"rows", h.Rows, "counted", s.rep.Completed)
 		s.rep.Completed = h.Rows
 	}

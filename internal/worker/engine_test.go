@@ -356,6 +356,37 @@ func TestInterruptedShardResumesExactly(t *testing.T) {
 	require.Equal(t, v1alpha1.ItemCounts{Total: 1050, Completed: 1000, AlreadyHandled: 50}, sum, "the same as one uninterrupted run")
 }
 
+// TestStoppedShardReportsWhatTheLedgerHolds: a shard that stops before its
+// proof reports as completed the rows the ledger holds of it, not what it
+// counted: commits it counted and the ledger lost (a failover to a standby
+// that had not received them, here deleted behind the ledger's guards) are
+// not reported; a later attempt processes them again.
+func TestStoppedShardReportsWhatTheLedgerHolds(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	chunks := 0
+	cfg := worker.ShardConfig{Run: run("uid-lost-commits"), Source: worker.NewStaticSource("items", keyItems("acct", 500)), ChunkSize: 100,
+		Progress: func(worker.Report) {
+			if chunks++; chunks == 3 { // the start, then two chunks
+				mustExec(t, f.pool, `BEGIN; SET LOCAL session_replication_role = replica;
+DELETE FROM runledger.ledger WHERE id IN (SELECT id FROM runledger.ledger WHERE run_uid = 'uid-lost-commits' ORDER BY id DESC LIMIT 30);
+COMMIT`)
+				cancel()
+			}
+		}}
+	rep := worker.RunShard(ctx, f.store, cfg)
+	require.True(t, rep.Interrupted)
+	require.EqualValues(t, 170, f.committed(t))
+	require.Equal(t, v1alpha1.ItemCounts{Total: 500, Completed: 170}, rep.ItemCounts, "the ledger's 170 rows, not the 200 counted")
+
+	cfg.Progress = nil
+	cfg.Run.Attempt = 1
+	_, sum := runShards(t, f, cfg)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 500, Completed: 500}, sum, "the lost ones processed again")
+}
+
 // TestOneProcessPerShard: while a shard runs, the same shard of the same run
 // cannot start elsewhere (it would count the first one's rows as its own);
 // other shards and other runs can.

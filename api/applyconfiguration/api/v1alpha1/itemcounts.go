@@ -20,8 +20,8 @@ type ItemCountsApplyConfiguration struct {
 	Total *int64 `json:"total,omitempty"`
 	// completed is the number of items this run committed (its effect ran),
 	// by any of its attempts; of a shard, from its worker's report. A shard
-	// that stopped before its end (failed, interrupted) reports at least the
-	// rows the ledger holds of it, those of its earlier attempts included.
+	// that stopped before its end (failed, interrupted) reports the rows the
+	// ledger holds of it, those of its earlier attempts included.
 	Completed *int64 `json:"completed,omitempty"`
 	// alreadyHandled is the number of items found already committed, by
 	// another run or as a repeat inside the batch; of a shard, from its
