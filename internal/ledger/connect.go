@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/runledger/runledger/internal/redact"
@@ -138,4 +141,35 @@ func parseError(err error, dsn string) error {
 		out += " (" + cause.Error() + ")"
 	}
 	return errors.New(r.String(out))
+}
+
+// backendExitWait bounds how long closeAwaitingExit waits for the server.
+const backendExitWait = 2 * time.Second
+
+// closeAwaitingExit ends conn's session and waits, at most backendExitWait
+// (or ctx's deadline), for the server to close the connection. A backend
+// closes its socket as the last step of its exit, after it left
+// pg_stat_activity and freed its slot of max_connections and of its role's
+// CONNECTION LIMIT: a connection opened next is then never one too many on
+// the server, as the probe's still exiting was for a pool that opened its
+// connections at once (TestOpenHoldsNoMoreThanItsPool). A server that does
+// not answer is not waited for longer: the connection is closed all the
+// same.
+func closeAwaitingExit(ctx context.Context, conn *pgconn.PgConn) {
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	if conn.SyncConn(ctx) != nil {
+		return
+	}
+	conn.Frontend().Send(&pgproto3.Terminate{})
+	if conn.Frontend().Flush() != nil {
+		return
+	}
+	deadline := time.Now().Add(backendExitWait)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if conn.Conn().SetReadDeadline(deadline) != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, conn.Conn()) // until the server's EOF
 }

@@ -2,11 +2,16 @@ package ledger_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -96,5 +101,48 @@ func TestPasswordFromPassfile(t *testing.T) {
 		}
 		_, rejected := ledger.ConnectionRejected(err)
 		require.True(t, rejected, "the passfile's password is the one sent: %v", err)
+	}
+}
+
+// TestOpenHoldsNoMoreThanItsPool: the connection Open's first connection
+// opens to learn whether a pooler answers is gone from the server before
+// the pool's own connections open, so a run holds at most its pool's
+// connections on the server (the README's connection budget), never one
+// more for a moment. A role with CONNECTION LIMIT 2 opens a pool of two and
+// takes both at once, many times: the server refuses a third backend
+// (53300), which the probe's used to be while it was still exiting.
+func TestOpenHoldsNoMoreThanItsPool(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "the limit is the server's, on its own backends")
+	ctx := context.Background()
+	owner := pgtest.Pool(t, pgtest.NewDatabase(t))
+	cfg := owner.Config().ConnConfig
+	role := "budget_" + cfg.Database
+	mustExec(t, owner, `CREATE ROLE `+role+` LOGIN CONNECTION LIMIT 2`)
+	t.Cleanup(func() { _, _ = owner.Exec(context.Background(), `DROP ROLE `+role) })
+	dsn := fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, role, cfg.Database)
+	backends := func() (n int) {
+		require.NoError(t, owner.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE usename = $1`, role).Scan(&n))
+		return n
+	}
+	for i := range 60 {
+		pool, err := ledger.Open(ctx, dsn, 2)
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		conns := make([]*pgxpool.Conn, 2)
+		for j := range 2 {
+			wg.Go(func() { conns[j], errs[j] = pool.Acquire(ctx) })
+		}
+		wg.Wait()
+		for j := range 2 {
+			if conns[j] != nil {
+				conns[j].Release()
+			}
+		}
+		pool.Close()
+		require.NoError(t, errors.Join(errs...), "pool %d: its two connections, with the role's limit of 2", i)
+		// The pool's own connections are gone before the next pool opens.
+		require.Eventually(t, func() bool { return backends() == 0 }, 10*time.Second, time.Millisecond)
 	}
 }

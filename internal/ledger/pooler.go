@@ -74,7 +74,7 @@ func (p *poolerProbe) detect(ctx context.Context, cc *pgx.ConnConfig) (bool, err
 	if err != nil {
 		return false, err
 	}
-	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	defer closeAwaitingExit(ctx, conn)
 	res, err := conn.Exec(ctx, sqlBackendPID).ReadAll()
 	if err != nil {
 		return false, fmt.Errorf("asking the server for its backend's process ID: %w", err)
