@@ -110,9 +110,28 @@ func soakConfigs(t *testing.T) []soakConfig {
 func TestSoak(t *testing.T) {
 	e := setup(t)
 	e.clusterNodes(t, 2)
+	var recap []string
 	for _, c := range soakConfigs(t) {
-		t.Run(c.Name, func(t *testing.T) { runSoak(t, c) })
+		var problems []string
+		if !t.Run(c.Name, func(t *testing.T) { problems = runSoak(t, c) }) {
+			recap = append(recap, soakRecap(c, problems))
+		}
 	}
+	// Each failed soak's reason again, last: the soaks after it print pages
+	// of their own, and what reads only the end of the output (CI's
+	// excerpt) would miss it.
+	if len(recap) > 0 {
+		t.Logf("the soaks that failed:\n%s", strings.Join(recap, "\n"))
+	}
+}
+
+// soakRecap is one line on a soak that failed: its problems, or that a
+// step of the harness stopped it (its error is in the soak's log).
+func soakRecap(c soakConfig, problems []string) string {
+	if len(problems) == 0 {
+		return fmt.Sprintf("  %s (seed %d): stopped by a step of the harness or the cluster before its check: the first error in its log above says which", c.Name, c.Seed)
+	}
+	return fmt.Sprintf("  %s (seed %d): %s", c.Name, c.Seed, strings.Join(problems[:min(len(problems), 5)], "; "))
 }
 
 // soak is one soak's state, shared by the generator, the nemesis and the
@@ -140,7 +159,8 @@ type soak struct {
 	runs []*soakRun // generated, in order of creation
 }
 
-func runSoak(t *testing.T, cfg soakConfig) {
+// runSoak runs one soak and returns the problems its check found.
+func runSoak(t *testing.T, cfg soakConfig) []string {
 	d, err := time.ParseDuration(cfg.Duration)
 	require.NoError(t, err, "soak duration %q", cfg.Duration)
 	e := setup(t)
@@ -192,10 +212,12 @@ func runSoak(t *testing.T, cfg soakConfig) {
 	if dir := os.Getenv("RUNLEDGER_CLUSTER_LOGS"); dir != "" {
 		_ = os.WriteFile(filepath.Join(dir, "soak-"+cfg.Name+".txt"), []byte(summary+"\n"), 0o644)
 	}
-	if problems := rep.problems(); len(problems) > 0 {
+	problems := rep.problems()
+	if len(problems) > 0 {
 		s.keepSeed(t, problems)
 		t.Errorf("soak %s (seed %d) found:\n  %s", cfg.Name, cfg.Seed, strings.Join(problems, "\n  "))
 	}
+	return problems
 }
 
 // serviceDatabase is a database of the fixture's own on e's PostgreSQL
