@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -138,19 +139,36 @@ func (st Standbys) Settled() bool {
 	return st.Streaming == 0 || st.Flushed > 0 || st.Hidden == st.Streaming
 }
 
+// ErrServerChanged: the Store's sessions reached another server, or
+// another life of it, while AwaitStandby waited (ServerChanges): a WAL
+// position read on one server means nothing on another, and what was read
+// on the one before may be lost.
+var ErrServerChanged = errors.New("the ledger's sessions reached another server, or a restarted one, while waiting for a standby (a failover?)")
+
 // AwaitStandby reads the server's WAL position (a primary's: every commit
 // acknowledged before is there) and waits, at most within, for one of its
 // standbys to have flushed it (Settled), polling pg_stat_replication. It
-// returns what it read last; a wait that ran out is no error.
+// returns what it read last; a wait that ran out is no error. Once the
+// Store's sessions reached another server than when it began, it trusts
+// no read and returns ErrServerChanged: a promoted standby has no standby
+// of its own yet, and Settled would say so of a position it never had.
 func (s *Store) AwaitStandby(ctx context.Context, within time.Duration) (Standbys, error) {
+	changes := s.ServerChanges().Changes
+	changed := func() bool { return s.ServerChanges().Changes != changes }
 	lsn, err := s.walPosition(ctx)
 	if err != nil {
 		return Standbys{}, err
 	}
 	st := Standbys{Position: lsn}
+	if changed() {
+		return st, ErrServerChanged
+	}
 	var readErr error
 	err = wait.PollUntilContextTimeout(ctx, 25*time.Millisecond, within, true, func(waitCtx context.Context) (bool, error) {
 		got, err := s.standbysHave(waitCtx, lsn)
+		if changed() { // the read, if any, was another server's
+			return false, ErrServerChanged
+		}
 		if err != nil {
 			if waitCtx.Err() == nil { // not the wait running out mid-read
 				readErr = err
@@ -161,6 +179,8 @@ func (s *Store) AwaitStandby(ctx context.Context, within time.Duration) (Standby
 		return st.Settled(), nil
 	})
 	switch {
+	case errors.Is(err, ErrServerChanged):
+		return st, ErrServerChanged
 	case ctx.Err() != nil:
 		return st, fmt.Errorf("waiting for a standby to have the WAL up to %s: %w", lsn, ctx.Err())
 	case err != nil && readErr != nil:

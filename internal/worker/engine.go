@@ -22,9 +22,16 @@ import (
 const DefaultDrainTimeout = 10 * time.Second
 
 // DefaultStandbyWait is how long a proven shard waits for a standby of an
-// asynchronous primary to have its proof (a standby streaming from a
-// healthy primary is milliseconds behind).
-const DefaultStandbyWait = 10 * time.Second
+// asynchronous primary to have its proof: a standby streaming from a
+// healthy primary is milliseconds behind, and one that is not may be
+// about to be promoted (a failover manager takes tens of seconds to decide
+// that a primary is gone: pg_auto_failover's and Patroni's defaults, 20 to
+// 30 s, then the promotion), which the wait must see to prove the shard
+// again on the server promoted.
+const DefaultStandbyWait = 2 * time.Minute
+
+// standbyWaitSaid is when a shard still waiting for a standby says so.
+const standbyWaitSaid = 10 * time.Second
 
 // ShardConfig is everything one shard needs.
 type ShardConfig struct {
@@ -209,24 +216,15 @@ func (s *shardRun) log() logr.Logger {
 func (s *shardRun) run(ctx context.Context) {
 	// One process per shard: two would each count the other's rows as their
 	// own completed ones (see ErrShardBusy).
-	lease := s.store.ShardLease(s.cfg.Run.UID, s.cfg.Run.Shard)
-	defer lease.Release()
-	err := s.cfg.Retry.Do(ctx, "taking the shard's lease", s.onRetry("lease"), func(int) error {
-		return lease.Acquire(ctx, s.cfg.LockWait, func() {
-			// Say so: the controller and kubectl see why nothing moves.
-			s.rep.WaitingForLock = true
-			s.progress()
-		})
-	})
-	s.rep.WaitingForLock, s.rep.WaitingForConnection = false, false
-	if err != nil {
+	s.lease = s.store.ShardLease(s.cfg.Run.UID, s.cfg.Run.Shard)
+	defer s.lease.Release()
+	if err := s.takeLease(ctx); err != nil {
 		s.fail(ctx, fmt.Errorf("shard %d of run %s/%s: %w", s.cfg.Run.Shard, s.cfg.Run.Namespace, s.cfg.Run.Name, err))
 		return
 	}
 	// Renewed meanwhile; every chunk's transaction checks it too.
 	var lost atomic.Pointer[error]
-	defer lease.Keep(ctx, func(err error) { lost.Store(&err) })()
-	s.lease = lease
+	defer s.lease.Keep(ctx, func(err error) { lost.Store(&err) })()
 	for pass := 1; ; pass++ {
 		if !s.runPass(ctx, &lost) {
 			if !s.batchLost || pass >= MaxProofPasses {
@@ -237,13 +235,12 @@ func (s *shardRun) run(ctx context.Context) {
 			s.restart()
 			continue
 		}
-		again, err := s.prove(ctx, pass)
+		again, err := s.proveDurably(ctx, pass)
 		if err != nil {
 			s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, err))
 			return
 		}
 		if !again {
-			s.awaitStandby(ctx)
 			s.rep.Done = true
 			s.rep.WaitingForConnection = false
 			s.progress()
@@ -251,6 +248,21 @@ func (s *shardRun) run(ctx context.Context) {
 		}
 		s.restart()
 	}
+}
+
+// takeLease takes the shard's lease (again: a lease this process holds is
+// renewed, one a failover lost with its row is taken anew), waiting while
+// another process holds it, at most cfg.LockWait.
+func (s *shardRun) takeLease(ctx context.Context) error {
+	err := s.cfg.Retry.Do(ctx, "taking the shard's lease", s.onRetry("lease"), func(int) error {
+		return s.lease.Acquire(ctx, s.cfg.LockWait, func() {
+			// Say so: the controller and kubectl see why nothing moves.
+			s.rep.WaitingForLock = true
+			s.progress()
+		})
+	})
+	s.rep.WaitingForLock, s.rep.WaitingForConnection = false, false
+	return err
 }
 
 // runPass reads the shard's batch once, chunk by chunk, and reports whether
@@ -353,17 +365,81 @@ func (s *shardRun) noticeServer() {
 		"from", c.From.String(), "to", c.To.String())
 }
 
+// proveDurably proves the shard's counts (prove) and waits for a standby
+// to have the proof (awaitStandby). A proof whose server the ledger's
+// sessions left before a standby had it (a failover to a standby that may
+// never have received what the proof read) is made again on the server
+// there is now, which finds what was lost and has it processed again: a
+// shard reports only counts proven on a server that still holds them, or
+// on one no failover has left since. After MaxProofPasses proofs so left,
+// the shard fails, proven of nothing.
+func (s *shardRun) proveDurably(ctx context.Context, pass int) (bool, error) {
+	for proofs := 1; ; proofs++ {
+		changes := s.store.ServerChanges().Changes
+		again, err := s.prove(ctx, pass)
+		if err != nil || again {
+			return again, err
+		}
+		if !s.awaitStandby(ctx, changes) {
+			return false, nil
+		}
+		if proofs >= MaxProofPasses {
+			return false, fmt.Errorf("the ledger's server changed %d times before a standby had the shard's proof: its counts are not proven", proofs)
+		}
+		s.rep.Proven, s.rep.OnStandby = false, ""
+		s.log().Info("the ledger's database is another server now, or restarted (a failover?), and no standby was known to have the shard's proof before: proving the counts again on the server there is now",
+			"from", s.store.ServerChanges().From.String(), "to", s.store.ServerChanges().To.String())
+		// The lease's row may be lost with the server too: this process
+		// holds it, or takes it anew, before the shard writes again.
+		if err := s.takeLease(ctx); err != nil {
+			return false, fmt.Errorf("taking the shard's lease again: %w", err)
+		}
+	}
+}
+
 // awaitStandby waits, once the shard is proven, for a standby of the
 // ledger's server to have flushed the proof and every commit before it
 // (ledger.AwaitStandby, at most cfg.StandbyWait): until then a failover to
-// an asynchronous standby can lose the tail the proof read. It says what it
-// found in the log and the report (OnStandby), and never fails the shard.
-func (s *shardRun) awaitStandby(ctx context.Context) {
+// an asynchronous standby can lose the tail the proof read. It reports
+// whether the ledger's sessions reached another server since changes (the
+// pool's ServerChanges before the proof): the proof must then be made
+// again. Otherwise it says what it found in the log and the report
+// (OnStandby), and never fails the shard. A server that does not answer
+// is asked again, from a new session, until the wait is over: the session
+// that reaches a promoted standby is the one that tells.
+func (s *shardRun) awaitStandby(ctx context.Context, changes int) (serverChanged bool) {
 	if s.cfg.StandbyWait < 0 {
-		return
+		return false
 	}
 	start := time.Now()
-	st, err := s.store.AwaitStandby(ctx, s.cfg.StandbyWait)
+	deadline := start.Add(s.cfg.StandbyWait)
+	var st ledger.Standbys
+	var err error
+	for said := false; ; {
+		within := time.Until(deadline)
+		if !said {
+			within = min(within, standbyWaitSaid)
+		}
+		st, err = s.store.AwaitStandby(ctx, within)
+		if errors.Is(err, ledger.ErrServerChanged) || s.store.ServerChanges().Changes != changes {
+			return true
+		}
+		if ctx.Err() != nil || time.Until(deadline) <= 0 || err == nil && st.Settled() {
+			break
+		}
+		if err == nil && !said {
+			said = true
+			s.log().Info("no standby of the ledger's server has the shard's proof yet: waiting for one, or for a failover to prove the counts again on the server promoted",
+				"waited", time.Since(start).Round(time.Millisecond).String(), "waitingAtMost", s.cfg.StandbyWait.String(), "walPosition", st.Position, "standbys", st.Streaming)
+			continue
+		}
+		if err != nil { // the server did not answer: a failover's moment
+			select {
+			case <-ctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
 	s.rep.OnStandby = onStandby(st, err)
 	switch s.rep.OnStandby {
 	case OnStandbyNotConfirmed:
@@ -379,6 +455,7 @@ func (s *shardRun) awaitStandby(ctx context.Context) {
 		s.log().V(1).Info("a standby of the ledger's server has the shard's proof", "walPosition", st.Position,
 			"waited", time.Since(start).Round(time.Millisecond).String())
 	}
+	return false
 }
 
 // onStandby says in a word what AwaitStandby found (Report.OnStandby).

@@ -421,3 +421,54 @@ func TestShardWaitsForTheStandbyToHaveItsProof(t *testing.T) {
 	h.ReleaseWAL()
 	require.Equal(t, worker.OnStandbyConfirmed, shard("released", time.Minute).OnStandby)
 }
+
+// TestFailoverDuringTheStandbyWaitIsProvenAgain: a shard proven on an
+// asynchronous primary whose standby does not have the proof yet (its WAL
+// held) waits for it; the primary fails over meanwhile to that standby,
+// which never received the shard's commits. The shard must not report what
+// it proved on the lost server: it proves its counts again on the server
+// there is now, processes what was lost, and reports what the survivor
+// holds. (The soak's seed 20261204 saw a run Succeeded with 6252 completed
+// and 2198 rows on the survivor: its shards had reported after the wait.)
+func TestFailoverDuringTheStandbyWaitIsProvenAgain(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "its own pair of servers")
+	const items = 6000
+	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
+	db := h.NewDatabase(t)
+	primary := pgtest.Pool(t, h.Primary().DSN(db))
+	mustExec(t, primary, fmt.Sprintf(failoverSchema, items))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	plan := &worker.Plan{Run: ledger.Run{Namespace: "default", Name: "failover-wait", UID: "uid-failover-wait"}, Shards: 2,
+		Source: worker.NewQuerySource(failoverQuery), ChunkSize: failoverChunk, MaxFailedItems: items, Effect: invoiceEffect}
+	r := startFailoverRun(t, h.DSN(db), plan)
+	r.waitProcessed(t, 4*failoverChunk)
+	require.NoError(t, h.WaitReplayed(ctx), "the standby has the fixed batch, the shards' leases and their first chunks")
+	h.HoldWAL() // the standby gets nothing of the rest of the run
+	r.waitProcessed(t, items-2*failoverChunk) // a shard reports its last chunk with its proof
+	// The shards are proven and ask the primary whether a standby has
+	// their proof (a session's query stays in pg_stat_activity while idle).
+	require.Eventually(t, func() bool {
+		return queryInt(t, primary, `SELECT count(DISTINCT application_name) FROM pg_stat_activity
+			WHERE query LIKE '%pg_stat_replication AS r%' AND pid <> pg_backend_pid()`) > 0
+	}, time.Minute, 5*time.Millisecond, "a shard waits for the standby to have its proof")
+	primary.Close()
+	require.NoError(t, h.CrashPrimary(ctx))
+	require.NoError(t, h.Promote(ctx))
+	res := r.wait(t)
+
+	survivor := pgtest.Pool(t, h.Standby().DSN(db))
+	for _, sh := range res.Shards {
+		require.NoError(t, sh.Err, "shard %d", sh.Shard)
+		require.True(t, sh.Done, "shard %d done", sh.Shard)
+	}
+	rows := queryInt(t, survivor, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`, plan.Run.UID)
+	require.Equal(t, rows, res.Completed, "completed == the run's rows on the survivor")
+	reported := v1alpha1.ItemCounts{Total: res.Total, Completed: res.Completed, AlreadyHandled: res.AlreadyHandled, Failed: res.Failed}
+	proof := proveOnSurvivor(t, survivor, plan.Run)
+	proven := v1alpha1.ItemCounts{Total: proof.Total, Completed: proof.Completed, AlreadyHandled: proof.AlreadyHandled, Failed: proof.Failed}
+	require.Equal(t, proven, reported, "the counts are what the survivor's ledger proves (%d items of the batch have no verdict there)", proof.Missing)
+	require.Equal(t, v1alpha1.ItemCounts{Total: items, Completed: items}, reported, "what the failover lost was processed again")
+	assertEffectsOncePerRow(t, survivor, plan.Run.UID)
+}
