@@ -445,7 +445,7 @@ func TestFailoverDuringTheStandbyWaitIsProvenAgain(t *testing.T) {
 	r := startFailoverRun(t, h.DSN(db), plan)
 	r.waitProcessed(t, 4*failoverChunk)
 	require.NoError(t, h.WaitReplayed(ctx), "the standby has the fixed batch, the shards' leases and their first chunks")
-	h.HoldWAL() // the standby gets nothing of the rest of the run
+	h.HoldWAL()                               // the standby gets nothing of the rest of the run
 	r.waitProcessed(t, items-2*failoverChunk) // a shard reports its last chunk with its proof
 	// The shards are proven and ask the primary whether a standby has
 	// their proof (a session's query stays in pg_stat_activity while idle).
