@@ -127,16 +127,22 @@ type Standbys struct {
 	// the caller wants kept: a shard's last commit and its proof).
 	Position string
 	// Streaming counts the standbys (walsenders) the server serves; Flushed
-	// those that have flushed its WAL up to Position; Hidden those whose
-	// position the login may not read (pg_stat_replication shows it only to
-	// roles with pg_read_all_stats, which pg_monitor has).
+	// those that have flushed its WAL up to Position, Disconnected ones
+	// included; Hidden those whose position the login may not read
+	// (pg_stat_replication shows it only to roles with pg_read_all_stats,
+	// which pg_monitor has).
 	Streaming, Flushed, Hidden int
+	// Disconnected counts the physical replication slots no walsender
+	// streams from: standbys the server keeps WAL for that are not
+	// connected now (cut off, restarting, or about to be promoted).
+	Disconnected int
 }
 
-// Settled: nothing more to wait for: the server has no standby, one has
-// flushed Position, or the login may read the position of none of them.
+// Settled: nothing more to wait for: the server has no standby, streaming
+// or kept a slot for, one has flushed Position, or every standby is
+// streaming and the login may read the position of none of them.
 func (st Standbys) Settled() bool {
-	return st.Streaming == 0 || st.Flushed > 0 || st.Hidden == st.Streaming
+	return st.Streaming+st.Disconnected == 0 || st.Flushed > 0 || st.Disconnected == 0 && st.Hidden == st.Streaming
 }
 
 // ErrServerChanged: the Store's sessions reached another server, or
@@ -207,7 +213,10 @@ func (s *Store) walPosition(ctx context.Context) (string, error) {
 func (s *Store) standbysHave(ctx context.Context, position string) (Standbys, error) {
 	st := Standbys{Position: position}
 	err := pinnedTx(ctx, s.pool, sqlBeginPinnedReadOnly+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, sqlStandbysHave, position).Scan(&st.Streaming, &st.Flushed, &st.Hidden)
+		var slotsFlushed int
+		err := tx.QueryRow(ctx, sqlStandbysHave, position).Scan(&st.Streaming, &st.Flushed, &st.Hidden, &st.Disconnected, &slotsFlushed)
+		st.Flushed += slotsFlushed
+		return err
 	})
 	if err != nil {
 		return Standbys{}, fmt.Errorf("reading how far the server's standbys have its WAL: %w", err)

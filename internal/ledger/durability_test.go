@@ -229,6 +229,24 @@ func TestAwaitStandby(t *testing.T) {
 	require.True(t, st.Settled(), "nothing it could wait for")
 	require.Less(t, time.Since(start), 10*time.Second, "it did not wait for what it cannot see")
 
+	// A standby cut off: no walsender, its slot kept where it had flushed.
+	// It is no standby less (a failover manager may be about to promote
+	// it): every login waits for it, the slot's position being public.
+	h.DisconnectStandby()
+	_, err = owner.Exec(ctx, `INSERT INTO after_the_hiccup VALUES (2)`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, owner.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication`).Scan(&n))
+		return n == 0
+	}, 30*time.Second, 20*time.Millisecond, "the primary's walsender ends")
+	for _, store := range []*ledger.Store{s, plain} {
+		st, err = store.AwaitStandby(ctx, 300*time.Millisecond)
+		require.NoError(t, err)
+		require.Equal(t, ledger.Standbys{Position: st.Position, Disconnected: 1}, st, "the slot's standby has not flushed the commit")
+		require.False(t, st.Settled(), "a standby cut off may be promoted: wait for it")
+	}
+
 	alone := ledger.NewStore(newPool(t))
 	st, err = alone.AwaitStandby(ctx, time.Minute)
 	require.NoError(t, err)

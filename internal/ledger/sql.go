@@ -1331,10 +1331,21 @@ const sqlWALPosition = `SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text`
 
 // sqlStandbysHave counts the server's standbys, those that have flushed its
 // WAL up to $1 and those whose position the login may not read (NULL
-// without pg_read_all_stats). A base backup's walsender is no standby.
+// without pg_read_all_stats); a base backup's walsender is no standby. And
+// the physical replication slots no walsender streams from now (a standby
+// cut off, or restarting: pg_auto_failover, Patroni and CloudNativePG keep
+// one per standby), those whose standby had flushed up to $1 before
+// (a physical slot's restart_lsn is its standby's flush position), a slot
+// whose WAL was removed (restart_lsn NULL) not counted. pg_replication_slots
+// is readable by any login.
 const sqlStandbysHave = `SELECT pg_catalog.count(*)::integer,
     (pg_catalog.count(*) FILTER (WHERE r.flush_lsn OPERATOR(pg_catalog.>=) $1::pg_catalog.text::pg_catalog.pg_lsn))::integer,
-    (pg_catalog.count(*) FILTER (WHERE r.flush_lsn IS NULL))::integer
+    (pg_catalog.count(*) FILTER (WHERE r.flush_lsn IS NULL))::integer,
+    (SELECT pg_catalog.count(*)::integer FROM pg_catalog.pg_replication_slots AS s
+        WHERE s.slot_type OPERATOR(pg_catalog.=) 'physical' AND NOT s.active AND NOT s.temporary AND s.restart_lsn IS NOT NULL),
+    (SELECT pg_catalog.count(*)::integer FROM pg_catalog.pg_replication_slots AS s
+        WHERE s.slot_type OPERATOR(pg_catalog.=) 'physical' AND NOT s.active AND NOT s.temporary
+          AND s.restart_lsn OPERATOR(pg_catalog.>=) $1::pg_catalog.text::pg_catalog.pg_lsn)
 FROM pg_catalog.pg_stat_replication AS r
 WHERE r.state IS NULL OR r.state OPERATOR(pg_catalog.<>) 'backup'`
 

@@ -299,6 +299,12 @@ func (h *HAPair) WaitReplayed(ctx context.Context) error {
 	return h.waitStandby(ctx, "has replayed "+lsn, "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", lsn)
 }
 
+// DisconnectStandby cuts the standby off the primary for good, as a
+// standby whose host went away: the primary's walsender ends at its next
+// message, and its replication slot stays, inactive, where the standby had
+// flushed. CrashPrimary and Promote work as after HoldWAL.
+func (h *HAPair) DisconnectStandby() { h.gate.cutLink() }
+
 // CrashPrimary kills the primary as a host crash would: SIGKILL to its
 // postmaster (by the PID in postmaster.pid), then to every process it had
 // started, so that no orphaned backend answers a client afterwards. The

@@ -430,7 +430,7 @@ func (s *shardRun) awaitStandby(ctx context.Context, changes int) (serverChanged
 		if err == nil && !said {
 			said = true
 			s.log().Info("no standby of the ledger's server has the shard's proof yet: waiting for one, or for a failover to prove the counts again on the server promoted",
-				"waited", time.Since(start).Round(time.Millisecond).String(), "waitingAtMost", s.cfg.StandbyWait.String(), "walPosition", st.Position, "standbys", st.Streaming)
+				"waited", time.Since(start).Round(time.Millisecond).String(), "waitingAtMost", s.cfg.StandbyWait.String(), "walPosition", st.Position, "standbys", st.Streaming, "disconnectedStandbys", st.Disconnected)
 			continue
 		}
 		if err != nil { // the server did not answer: a failover's moment
@@ -444,7 +444,7 @@ func (s *shardRun) awaitStandby(ctx context.Context, changes int) (serverChanged
 	switch s.rep.OnStandby {
 	case OnStandbyNotConfirmed:
 		s.log().Info("no standby of the ledger's server has the shard's proof yet: a failover now could lose the latest commits it proved (runledger verify proves the run again after one)",
-			"waited", time.Since(start).Round(time.Millisecond).String(), "walPosition", st.Position, "standbys", st.Streaming)
+			"waited", time.Since(start).Round(time.Millisecond).String(), "walPosition", st.Position, "standbys", st.Streaming, "disconnectedStandbys", st.Disconnected)
 	case OnStandbyUnknown:
 		msg := "whether a standby of the ledger's server has the shard's proof is unknown: the login may not read the standbys' positions (grant it pg_monitor)"
 		if err != nil {
@@ -463,11 +463,11 @@ func onStandby(st ledger.Standbys, err error) string {
 	switch {
 	case err != nil && st.Position == "":
 		return OnStandbyUnknown
-	case st.Streaming == 0 && err == nil:
+	case st.Streaming+st.Disconnected == 0 && err == nil:
 		return ""
 	case st.Flushed > 0:
 		return OnStandbyConfirmed
-	case err != nil || st.Hidden == st.Streaming:
+	case err != nil || st.Disconnected == 0 && st.Hidden == st.Streaming:
 		return OnStandbyUnknown
 	}
 	return OnStandbyNotConfirmed

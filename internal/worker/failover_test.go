@@ -433,6 +433,18 @@ func TestShardWaitsForTheStandbyToHaveItsProof(t *testing.T) {
 func TestFailoverDuringTheStandbyWaitIsProvenAgain(t *testing.T) {
 	t.Parallel()
 	pgtest.DirectOnly(t, "its own pair of servers")
+	// held: the standby streams and its WAL is held (a network hiccup);
+	// cut: the standby is cut off (the primary then lists no walsender,
+	// only the standby's slot, as the soak saw after the primary's restart).
+	for _, cut := range []bool{false, true} {
+		t.Run(map[bool]string{false: "held", true: "cut"}[cut], func(t *testing.T) {
+			t.Parallel()
+			failoverDuringTheStandbyWait(t, cut)
+		})
+	}
+}
+
+func failoverDuringTheStandbyWait(t *testing.T, cut bool) {
 	const items = 6000
 	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
 	db := h.NewDatabase(t)
@@ -445,7 +457,11 @@ func TestFailoverDuringTheStandbyWaitIsProvenAgain(t *testing.T) {
 	r := startFailoverRun(t, h.DSN(db), plan)
 	r.waitProcessed(t, 4*failoverChunk)
 	require.NoError(t, h.WaitReplayed(ctx), "the standby has the fixed batch, the shards' leases and their first chunks")
-	h.HoldWAL()                               // the standby gets nothing of the rest of the run
+	if cut {
+		h.DisconnectStandby()
+	} else {
+		h.HoldWAL() // the standby gets nothing of the rest of the run
+	}
 	r.waitProcessed(t, items-2*failoverChunk) // a shard reports its last chunk with its proof
 	// The shards are proven and ask the primary whether a standby has
 	// their proof (a session's query stays in pg_stat_activity while idle).

@@ -141,6 +141,11 @@ func TestOnStandby(t *testing.T) {
 		{ledger.Standbys{Position: "0/1", Streaming: 1}, nil, OnStandbyNotConfirmed},
 		{ledger.Standbys{Position: "0/1", Streaming: 2, Hidden: 1}, nil, OnStandbyNotConfirmed},
 		{ledger.Standbys{Position: "0/1", Streaming: 1, Hidden: 1}, nil, OnStandbyUnknown},
+		// A standby the server keeps a slot for, not connected now: its
+		// position is the slot's, which any login reads.
+		{ledger.Standbys{Position: "0/1", Disconnected: 1}, nil, OnStandbyNotConfirmed},
+		{ledger.Standbys{Position: "0/1", Disconnected: 1, Flushed: 1}, nil, OnStandbyConfirmed},
+		{ledger.Standbys{Position: "0/1", Streaming: 1, Hidden: 1, Disconnected: 1}, nil, OnStandbyNotConfirmed},
 		{ledger.Standbys{}, readErr, OnStandbyUnknown},
 		{ledger.Standbys{Position: "0/1", Streaming: 1}, readErr, OnStandbyUnknown},
 		{ledger.Standbys{Position: "0/1"}, readErr, OnStandbyUnknown},
