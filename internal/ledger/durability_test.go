@@ -3,7 +3,11 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -252,4 +256,43 @@ func TestAwaitStandby(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, st.Streaming)
 	require.True(t, st.Settled())
+}
+
+// TestAwaitStandbyIgnoresLogicalClients: a logical replication client (a
+// CDC connector decoding the ledger's database) has a walsender too, and
+// confirms its position when it pleases; it is never promoted, so it is no
+// standby to wait for. Here it is stopped (SIGSTOP) with its connection
+// open while the standby's WAL is held: the primary serves two
+// walsenders, of which one standby.
+func TestAwaitStandbyIgnoresLogicalClients(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "its own pair of servers")
+	ctx := context.Background()
+	h := pgtest.NewHAPair(t, pgtest.HAOptions{Settings: map[string]string{"wal_level": "logical"}})
+	db := h.NewDatabase(t)
+	owner := pgtest.Pool(t, h.DSN(db))
+	mustExec(t, owner, `SELECT pg_create_logical_replication_slot('cdc', 'test_decoding')`)
+	bin, err := pgtest.BinDir()
+	require.NoError(t, err)
+	cdc := exec.Command(filepath.Join(bin, "pg_recvlogical"), "-d", h.Primary().DSN(db)+" replication=database", "-S", "cdc", "--start", "-f", os.DevNull)
+	require.NoError(t, cdc.Start())
+	t.Cleanup(func() {
+		_ = cdc.Process.Kill()
+		_ = cdc.Wait()
+	})
+	walsenders := func() (n int) {
+		require.NoError(t, owner.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication`).Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool { return walsenders() == 2 }, 30*time.Second, 20*time.Millisecond, "the standby and the client stream")
+	require.NoError(t, cdc.Process.Signal(syscall.SIGSTOP))
+	h.HoldWAL()
+	mustExec(t, owner, `CREATE TABLE after_the_hiccup (v int); INSERT INTO after_the_hiccup VALUES (1)`)
+	st, err := ledger.NewStore(owner).AwaitStandby(ctx, 300*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, ledger.Standbys{Position: st.Position, Streaming: 1}, st, "one standby, which has not flushed the commit; the logical client is none")
+	h.ReleaseWAL()
+	st, err = ledger.NewStore(owner).AwaitStandby(ctx, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, ledger.Standbys{Position: st.Position, Streaming: 1, Flushed: 1}, st, "the standby has it; the stopped client's position does not matter")
 }

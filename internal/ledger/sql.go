@@ -1331,7 +1331,8 @@ const sqlWALPosition = `SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text`
 
 // sqlStandbysHave counts the server's standbys, those that have flushed its
 // WAL up to $1 and those whose position the login may not read (NULL
-// without pg_read_all_stats); a base backup's walsender is no standby. And
+// without pg_read_all_stats); a base backup's walsender is no standby, nor
+// a logical replication client's (it is never promoted). And
 // the physical replication slots no walsender streams from now (a standby
 // cut off, or restarting: pg_auto_failover, Patroni and CloudNativePG keep
 // one per standby), those whose standby had flushed up to $1 before
@@ -1347,7 +1348,9 @@ const sqlStandbysHave = `SELECT pg_catalog.count(*)::integer,
         WHERE s.slot_type OPERATOR(pg_catalog.=) 'physical' AND NOT s.active AND NOT s.temporary
           AND s.restart_lsn OPERATOR(pg_catalog.>=) $1::pg_catalog.text::pg_catalog.pg_lsn)
 FROM pg_catalog.pg_stat_replication AS r
-WHERE r.state IS NULL OR r.state OPERATOR(pg_catalog.<>) 'backup'`
+WHERE (r.state IS NULL OR r.state OPERATOR(pg_catalog.<>) 'backup')
+  AND NOT EXISTS (SELECT FROM pg_catalog.pg_replication_slots AS l
+      WHERE l.active_pid OPERATOR(pg_catalog.=) r.pid AND l.slot_type OPERATOR(pg_catalog.=) 'logical')`
 
 // sqlDescribeQuery wraps the user's query to describe its columns without
 // running it.
