@@ -429,7 +429,7 @@ func (s *shardRun) awaitStandby(ctx context.Context, changes int) (serverChanged
 		}
 		if err == nil && !said {
 			said = true
-			s.log().Info("no standby of the ledger's server has the shard's proof yet: waiting for one, or for a failover to prove the counts again on the server promoted",
+			s.log().Info("waiting for a standby of the ledger's server to have the shard's proof, or for a failover to prove the counts again on the server promoted",
 				"waited", time.Since(start).Round(time.Millisecond).String(), "waitingAtMost", s.cfg.StandbyWait.String(), "walPosition", st.Position, "standbys", st.Streaming, "disconnectedStandbys", st.Disconnected)
 			continue
 		}
