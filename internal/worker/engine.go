@@ -417,6 +417,9 @@ func (s *shardRun) awaitStandby(ctx context.Context, changes int) (serverChanged
 	var err error
 	for said := false; ; {
 		within := time.Until(deadline)
+		if within <= 0 { // after a pause for a server that did not answer
+			break
+		}
 		if !said {
 			within = min(within, standbyWaitSaid)
 		}
