@@ -178,7 +178,7 @@ func IsRetryable(err error) bool {
 		return true
 	case IsReadOnlySession(err):
 		return true
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, ErrSortedCopyLost):
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, ErrSortedCopyLost), errors.Is(err, ErrLeaseTakenAgain):
 		return true
 	}
 	// pgx's own verdict, asked of every node: the request never reached the server.

@@ -142,8 +142,9 @@ func (s *Store) inTx(ctx context.Context, opts ChunkOptions, fn func(pgx.Tx) ([]
 		begin.lease = opts.Lease.sqlHold()
 	}
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginChunk(begin)})
-	if isShardLeaseLost(err) { // the BEGIN's own statements: no user code has run yet
-		return nil, fmt.Errorf("beginning transaction: %w", ErrShardBusy)
+	if isShardLeaseLost(err) && opts.Lease != nil { // the BEGIN's own statements: no user code has run yet
+		conn.Release() // refused may take the lease again, on a session of the pool
+		return nil, fmt.Errorf("beginning transaction: %w", opts.Lease.refused(ctx))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("beginning transaction: %w", err)

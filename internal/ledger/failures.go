@@ -85,8 +85,8 @@ func (s *Store) RecordVerdicts(ctx context.Context, p Pass, chunk int, failed []
 	bounded, cancel := s.answered(ctx)
 	defer cancel()
 	if err := noAnswer(ctx, bounded, s.pool.SendBatch(bounded, b).Close()); err != nil {
-		if isShardLeaseLost(err) { // its own statement: no user code runs in this transaction
-			err = ErrShardBusy
+		if isShardLeaseLost(err) && p.Lease != nil { // its own statement: no user code runs in this transaction
+			err = p.Lease.refused(ctx)
 		}
 		return fmt.Errorf("recording %d failed items of shard %d of run %s/%s: %w", len(failed), p.Shard, p.Namespace, p.Name, err)
 	}

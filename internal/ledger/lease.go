@@ -21,6 +21,13 @@ import (
 // count the other's rows as its own completed ones.
 var ErrShardBusy = errors.New("this shard of this run is being processed by another process")
 
+// ErrLeaseTakenAgain: the shard's lease was gone from the ledger's server
+// after a failover (it lost the lease's row with the transactions just
+// before it: a run started within the replication lag), and this process
+// took it again. The statement that found it gone committed nothing; it is
+// retryable (IsRetryable).
+var ErrLeaseTakenAgain = errors.New("the shard's lease was gone from the ledger's new server (lost with a database failover) and is this process's again")
+
 // LeaseTTL is how long a shard's lease lasts without a renewal: a process
 // that dies without giving it back (SIGKILL, a lost node) keeps its shard
 // from a successor that long at most, as the session lock it replaces did
@@ -54,11 +61,18 @@ type ShardLease struct {
 	// chunks renew it, instead of waiting for a chunk in flight that holds
 	// its row.
 	renewed atomic.Int64
+	// renewedOn is the store's ServerChanges().Changes when the lease was
+	// last taken or renewed: a refusal from a server the pool reached since
+	// (refused) may be a failover's loss, not another holder.
+	renewedOn atomic.Int64
 }
 
 // Renewed records that a transaction of this process renewed the lease
-// (a chunk's, by sqlHold), now.
-func (l *ShardLease) Renewed() { l.renewed.Store(time.Now().UnixNano()) }
+// (a chunk's, by sqlHold), now, on the server its sessions reach now.
+func (l *ShardLease) Renewed() {
+	l.renewed.Store(time.Now().UnixNano())
+	l.renewedOn.Store(int64(l.store.ServerChanges().Changes))
+}
 
 // renewedWithin says whether a transaction renewed the lease in the last d.
 func (l *ShardLease) renewedWithin(d time.Duration) bool {
@@ -136,11 +150,36 @@ func (l *ShardLease) try(ctx context.Context) (bool, error) {
 		l.Release()
 		return false, nil
 	}
+	if taken {
+		l.Renewed()
+	}
 	return taken, nil
 }
 
+// refused answers a renewal the server refused (RL001: the lease's row is
+// not this process's), whose transaction committed nothing. Another
+// process took the lease over (ErrShardBusy), unless the pool reached
+// another server, or another life of it, since this process last renewed
+// it: a failover may have lost the row with the commits just before it,
+// and the lease is then taken again where nobody else holds it
+// (ErrLeaseTakenAgain: the caller tries its statement again). A lease
+// released or taken over on the same server is never taken back.
+func (l *ShardLease) refused(ctx context.Context) error {
+	if int64(l.store.ServerChanges().Changes) == l.renewedOn.Load() {
+		return ErrShardBusy
+	}
+	taken, err := l.try(ctx)
+	switch {
+	case err != nil:
+		return err
+	case !taken:
+		return ErrShardBusy
+	}
+	return ErrLeaseTakenAgain
+}
+
 // Check renews the lease now: ErrShardBusy if another process has taken it
-// over, or it is gone.
+// over, or it is gone (refused: after a failover it is taken again).
 func (l *ShardLease) Check(ctx context.Context) error {
 	b := l.store.begin(sqlBeginWrite)
 	b.Queue(sqlPinnedSearchPath)
@@ -150,7 +189,10 @@ func (l *ShardLease) Check(ctx context.Context) error {
 	err := noAnswer(ctx, bounded, l.store.pool.SendBatch(bounded, b).Close())
 	cancel()
 	if isShardLeaseLost(err) {
-		return fmt.Errorf("renewing the lease of shard %d: %w", l.shard, ErrShardBusy)
+		if err = l.refused(ctx); errors.Is(err, ErrLeaseTakenAgain) {
+			return nil // renewed by the take
+		}
+		return fmt.Errorf("renewing the lease of shard %d: %w", l.shard, err)
 	}
 	if err != nil {
 		return fmt.Errorf("renewing the lease of shard %d: %w", l.shard, err)

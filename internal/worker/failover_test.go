@@ -157,6 +157,7 @@ type failoverRun struct {
 	done    chan failoverResult
 	shards  [2]atomic.Int64 // items processed so far, per shard
 	retries atomic.Int64
+	retaken atomic.Int64 // retries of a statement that found the lease gone and took it again
 	mu      sync.Mutex
 	first   string // the first retry's log line
 }
@@ -195,6 +196,9 @@ func (r *failoverRun) logger() logr.Logger {
 	return funcr.New(func(prefix, args string) {
 		if !strings.Contains(args, "retrying") {
 			return
+		}
+		if strings.Contains(args, ledger.ErrLeaseTakenAgain.Error()) {
+			r.retaken.Add(1)
 		}
 		if r.retries.Add(1) == 1 {
 			r.mu.Lock()
@@ -487,4 +491,51 @@ func failoverDuringTheStandbyWait(t *testing.T, cut bool) {
 	require.Equal(t, proven, reported, "the counts are what the survivor's ledger proves (%d items of the batch have no verdict there)", proof.Missing)
 	require.Equal(t, v1alpha1.ItemCounts{Total: items, Completed: items}, reported, "what the failover lost was processed again")
 	assertEffectsOncePerRow(t, survivor, plan.Run.UID)
+}
+
+// TestFailoverThatLostTheLeaseTakesItAgain: a run that started within the
+// replication lag (the standby's WAL held from before its start) loses all
+// of it in a crash failover: its fixed batch, its shards' leases and their
+// chunks. On the promoted server the shards' next transactions find no
+// lease: nobody else holds it, so each shard takes it again (the pool
+// reached another server since it last renewed it) instead of stopping as
+// if another process ran the shard, fixes the batch again and reports what
+// the survivor holds. (The soak's failovers met RL001 there, then "being
+// processed by another process": `runledger run` failed the shard.)
+func TestFailoverThatLostTheLeaseTakesItAgain(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "its own pair of servers")
+	const items = 6000
+	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
+	db := h.NewDatabase(t)
+	primary := pgtest.Pool(t, h.Primary().DSN(db))
+	mustExec(t, primary, fmt.Sprintf(failoverSchema, items))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, h.WaitReplayed(ctx), "the standby has the source table")
+	h.HoldWAL() // and nothing of the run
+	plan := &worker.Plan{Run: ledger.Run{Namespace: "default", Name: "failover-lease", UID: "uid-failover-lease"}, Shards: 2,
+		Source: worker.NewQuerySource(failoverQuery), ChunkSize: failoverChunk, MaxFailedItems: items, Effect: invoiceEffect}
+	r := startFailoverRun(t, h.DSN(db), plan)
+	r.waitProcessed(t, 10*failoverChunk)
+	primary.Close()
+	require.NoError(t, h.CrashPrimary(ctx))
+	require.NoError(t, h.Promote(ctx))
+	res := r.wait(t)
+
+	survivor := pgtest.Pool(t, h.Standby().DSN(db))
+	for _, sh := range res.Shards {
+		require.NoError(t, sh.Err, "shard %d", sh.Shard)
+		require.True(t, sh.Done, "shard %d done", sh.Shard)
+	}
+	rows := queryInt(t, survivor, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`, plan.Run.UID)
+	require.Equal(t, rows, res.Completed, "completed == the run's rows on the survivor")
+	reported := v1alpha1.ItemCounts{Total: res.Total, Completed: res.Completed, AlreadyHandled: res.AlreadyHandled, Failed: res.Failed}
+	proof := proveOnSurvivor(t, survivor, plan.Run)
+	proven := v1alpha1.ItemCounts{Total: proof.Total, Completed: proof.Completed, AlreadyHandled: proof.AlreadyHandled, Failed: proof.Failed}
+	require.Equal(t, proven, reported, "the counts are what the survivor's ledger proves (%d items of the batch have no verdict there)", proof.Missing)
+	require.Equal(t, v1alpha1.ItemCounts{Total: items, Completed: items}, reported, "what the failover lost was processed again")
+	assertEffectsOncePerRow(t, survivor, plan.Run.UID)
+	require.NotZero(t, r.retaken.Load(), "a shard took its lease again (%d retries, the first: %s)", r.retries.Load(), r.firstRetry())
+	require.Zero(t, queryInt(t, survivor, `SELECT count(*) FROM runledger.shard_lease WHERE run_uid = $1`, plan.Run.UID), "the leases taken again were given back")
 }
