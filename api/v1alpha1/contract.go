@@ -263,6 +263,11 @@ const ShardBusyMessage = "waiting for the shard's lock"
 // (SQLSTATE 53300, too_many_connections) and the worker waits to try again.
 const DatabaseRefusingMessage = "waiting for a database connection"
 
+// StandbyWaitMessage starts the worker's status message while its shard,
+// proven, waits for a standby of the ledger's server to have the proof
+// (docs/guarantee.md, "The counts are proven by the ledger").
+const StandbyWaitMessage = "waiting for a standby of the ledger"
+
 // Labels on worker pods.
 const (
 	// LabelRun is the name of the pod's run.

@@ -425,6 +425,7 @@ func (s *shardRun) awaitStandby(ctx context.Context, changes int) (serverChanged
 		}
 		st, err = s.store.AwaitStandby(ctx, within)
 		if errors.Is(err, ledger.ErrServerChanged) || s.store.ServerChanges().Changes != changes {
+			s.rep.WaitingForStandby = false
 			return true
 		}
 		if ctx.Err() != nil || time.Until(deadline) <= 0 || err == nil && st.Settled() {
@@ -432,6 +433,8 @@ func (s *shardRun) awaitStandby(ctx context.Context, changes int) (serverChanged
 		}
 		if err == nil && !said {
 			said = true
+			s.rep.WaitingForStandby = true // said in the status too: the shard shows no progress meanwhile
+			s.progress()
 			s.log().Info("waiting for a standby of the ledger's server to have the shard's proof, or for a failover to prove the counts again on the server promoted",
 				"waited", time.Since(start).Round(time.Millisecond).String(), "waitingAtMost", s.cfg.StandbyWait.String(), "walPosition", st.Position, "standbys", st.Streaming, "disconnectedStandbys", st.Disconnected)
 			continue
@@ -443,7 +446,7 @@ func (s *shardRun) awaitStandby(ctx context.Context, changes int) (serverChanged
 			}
 		}
 	}
-	s.rep.OnStandby = onStandby(st, err)
+	s.rep.OnStandby, s.rep.WaitingForStandby = onStandby(st, err), false
 	switch s.rep.OnStandby {
 	case OnStandbyNotConfirmed:
 		s.log().Info("no standby of the ledger's server has the shard's proof yet: a failover now could lose the latest commits it proved (runledger verify proves the run again after one)",

@@ -426,6 +426,40 @@ func TestShardWaitsForTheStandbyToHaveItsProof(t *testing.T) {
 	require.Equal(t, worker.OnStandbyConfirmed, shard("released", time.Minute).OnStandby)
 }
 
+// TestShardSaysItWaitsForTheStandby: a proven shard still waiting for its
+// standby after 10 s says so in its status (Report.WaitingForStandby, its
+// message StandbyWaitMessage), where kubectl shows it, instead of showing no
+// progress and no reason; its last report says what it found.
+func TestShardSaysItWaitsForTheStandby(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "its own pair of servers")
+	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
+	db := h.NewDatabase(t)
+	store := ledger.NewStore(pgtest.Pool(t, h.DSN(db)))
+	h.HoldWAL()
+	var mu sync.Mutex
+	var waiting []string
+	rep := worker.RunShard(context.Background(), store, worker.ShardConfig{Run: run("said"),
+		Source: worker.NewStaticSource("items", keyItems("said", 50)), ChunkSize: 10, StandbyWait: 11 * time.Second,
+		Progress: func(r worker.Report) {
+			if r.WaitingForStandby {
+				mu.Lock()
+				waiting = append(waiting, worker.ShardMessage(r, 0))
+				mu.Unlock()
+			}
+		}})
+	require.NoError(t, rep.Err)
+	require.True(t, rep.Done && rep.Proven, "%+v", rep)
+	require.Equal(t, v1alpha1.ItemCounts{Total: 50, Completed: 50}, rep.ItemCounts)
+	require.Equal(t, worker.OnStandbyNotConfirmed, rep.OnStandby)
+	require.False(t, rep.WaitingForStandby, "no longer waiting once it reported")
+	require.Equal(t, "done", worker.ShardMessage(rep, 0))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, waiting, 1, "one report when the wait is said")
+	require.True(t, strings.HasPrefix(waiting[0], v1alpha1.StandbyWaitMessage+": the shard's counts are proven"), "message %q", waiting[0])
+}
+
 // TestFailoverDuringTheStandbyWaitIsProvenAgain: a shard proven on an
 // asynchronous primary whose standby does not have the proof yet (its WAL
 // held) waits for it; the primary fails over meanwhile to that standby,

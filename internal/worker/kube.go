@@ -150,6 +150,8 @@ func ShardMessage(r Report, maxFailed int) string {
 		return v1alpha1.DatabaseRefusingMessage + ": the database refuses new connections (too many connections, SQLSTATE 53300); retrying"
 	case r.WaitingForLock:
 		return v1alpha1.ShardBusyMessage + ": another process still runs this shard (an earlier pod finishing its chunk)"
+	case r.WaitingForStandby:
+		return v1alpha1.StandbyWaitMessage + ": the shard's counts are proven and are reported once a standby (streaming, or one a physical replication slot is kept for) has flushed the proof, a failover has them proven again on the server promoted, or the wait ends"
 	case errors.Is(r.Err, ledger.ErrShardBusy):
 		return v1alpha1.ShardBusyMessage + ": gave up, " + r.Err.Error()
 	case r.Err != nil:

@@ -95,12 +95,15 @@ func (p *ProgressPrinter) Line() string {
 
 func (p *ProgressPrinter) line(elapsed time.Duration) string {
 	var c v1alpha1.ItemCounts
-	known, done := true, 0
+	known, done, standby := true, 0, 0
 	for _, r := range p.reports {
 		c.Add(r.ItemCounts)
 		known = known && r.TotalKnown
 		if r.Done {
 			done++
+		}
+		if r.WaitingForStandby {
+			standby++
 		}
 	}
 	known = known && len(p.reports) == p.shards
@@ -123,6 +126,9 @@ func (p *ProgressPrinter) line(elapsed time.Duration) string {
 	fmt.Fprintf(&b, ", completed %s, already handled %s, failed %s", thousands(c.Completed), thousands(c.AlreadyHandled), thousands(c.Failed))
 	if p.shards > 1 {
 		fmt.Fprintf(&b, ", shards done %d/%d", done, p.shards)
+	}
+	if standby > 0 { // proven, and nothing else moves meanwhile
+		fmt.Fprintf(&b, ", %d waiting for a standby of the ledger to have the shard's proof", standby)
 	}
 	return b.String()
 }

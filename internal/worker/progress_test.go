@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,6 +23,11 @@ func TestProgressLine(t *testing.T) {
 	p = NewProgressPrinter(&bytes.Buffer{}, false, 2, time.Second)
 	p.Update(Report{Shard: 0, ItemCounts: v1alpha1.ItemCounts{Total: 10, Completed: 10}, TotalKnown: true, Done: true})
 	require.Equal(t, "10 items, 5 items/s, completed 10, already handled 0, failed 0, shards done 1/2", p.line(2*time.Second))
+
+	// A proven shard waiting for its standby says so: nothing else moves.
+	p.Update(Report{Shard: 1, ItemCounts: v1alpha1.ItemCounts{Total: 5, Completed: 5}, TotalKnown: true, WaitingForStandby: true})
+	require.Equal(t, "15/15 items (100%), 5 items/s, completed 15, already handled 0, failed 0, shards done 1/2, 1 waiting for a standby of the ledger to have the shard's proof",
+		p.line(3*time.Second))
 }
 
 func TestProgressPrinterOutput(t *testing.T) {
@@ -59,4 +65,5 @@ func TestShardMessage(t *testing.T) {
 	require.Equal(t, "stopped: 3 items failed, more than maxFailedItems (2); first: a/b: boom",
 		ShardMessage(Report{TooManyFailures: true, ItemCounts: v1alpha1.ItemCounts{Total: 9, Failed: 3}, Failures: f}, 2))
 	require.Equal(t, "interrupted after 4 of 9 items", ShardMessage(Report{Interrupted: true, ItemCounts: v1alpha1.ItemCounts{Total: 9, Completed: 4}}, 0))
+	require.True(t, strings.HasPrefix(ShardMessage(Report{WaitingForStandby: true, ItemCounts: v1alpha1.ItemCounts{Total: 9, Completed: 9}}, 0), v1alpha1.StandbyWaitMessage+": "))
 }

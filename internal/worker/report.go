@@ -46,6 +46,10 @@ type Report struct {
 	// WaitingForConnection: the database refused the shard a connection
 	// (too many connections, 53300) and it waits to try again.
 	WaitingForConnection bool
+	// WaitingForStandby: the shard is proven and has waited standbyWaitSaid
+	// for a standby of the ledger's server to have its proof
+	// (ShardConfig.StandbyWait), and still waits.
+	WaitingForStandby bool
 	// Err is why the shard could not go on (the database stayed unreachable,
 	// the source broke), not an item's failure.
 	Err error
