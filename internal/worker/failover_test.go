@@ -482,16 +482,46 @@ func TestFailoverDuringTheStandbyWaitIsProvenAgain(t *testing.T) {
 	}
 }
 
-func failoverDuringTheStandbyWait(t *testing.T, cut bool) {
-	const items = 6000
+// assertSurvivorHoldsAll: every shard of the run ended done, having
+// reported what the survivor's ledger proves, and that is all items of the
+// batch completed, each effect once; it returns a pool of the survivor.
+func assertSurvivorHoldsAll(t *testing.T, dsn string, plan *worker.Plan, res worker.RunResult, items int64) *pgxpool.Pool {
+	t.Helper()
+	survivor := pgtest.Pool(t, dsn)
+	for _, sh := range res.Shards {
+		require.NoError(t, sh.Err, "shard %d", sh.Shard)
+		require.True(t, sh.Done, "shard %d done", sh.Shard)
+	}
+	rows := queryInt(t, survivor, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`, plan.Run.UID)
+	require.Equal(t, rows, res.Completed, "completed == the run's rows on the survivor")
+	reported := v1alpha1.ItemCounts{Total: res.Total, Completed: res.Completed, AlreadyHandled: res.AlreadyHandled, Failed: res.Failed}
+	proof := proveOnSurvivor(t, survivor, plan.Run)
+	proven := v1alpha1.ItemCounts{Total: proof.Total, Completed: proof.Completed, AlreadyHandled: proof.AlreadyHandled, Failed: proof.Failed}
+	require.Equal(t, proven, reported, "the counts are what the survivor's ledger proves (%d items of the batch have no verdict there)", proof.Missing)
+	require.Equal(t, v1alpha1.ItemCounts{Total: items, Completed: items}, reported, "what the failover lost was processed again")
+	assertEffectsOncePerRow(t, survivor, plan.Run.UID)
+	return survivor
+}
+
+// failoverSetup is a primary and its asynchronous standby, a database whose
+// source table holds items rows, a pool of the primary, and a plan named
+// name reading them in 2 shards with the SQL effect.
+func failoverSetup(t *testing.T, items int, name string) (*pgtest.HAPair, string, *pgxpool.Pool, *worker.Plan) {
+	t.Helper()
 	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
 	db := h.NewDatabase(t)
 	primary := pgtest.Pool(t, h.Primary().DSN(db))
 	mustExec(t, primary, fmt.Sprintf(failoverSchema, items))
+	plan := &worker.Plan{Run: ledger.Run{Namespace: "default", Name: name, UID: "uid-" + name}, Shards: 2,
+		Source: worker.NewQuerySource(failoverQuery), ChunkSize: failoverChunk, MaxFailedItems: items, Effect: invoiceEffect}
+	return h, db, primary, plan
+}
+
+func failoverDuringTheStandbyWait(t *testing.T, cut bool) {
+	const items = 6000
+	h, db, primary, plan := failoverSetup(t, items, "failover-wait")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	plan := &worker.Plan{Run: ledger.Run{Namespace: "default", Name: "failover-wait", UID: "uid-failover-wait"}, Shards: 2,
-		Source: worker.NewQuerySource(failoverQuery), ChunkSize: failoverChunk, MaxFailedItems: items, Effect: invoiceEffect}
 	r := startFailoverRun(t, h.DSN(db), plan)
 	r.waitProcessed(t, 4*failoverChunk)
 	require.NoError(t, h.WaitReplayed(ctx), "the standby has the fixed batch, the shards' leases and their first chunks")
@@ -510,21 +540,7 @@ func failoverDuringTheStandbyWait(t *testing.T, cut bool) {
 	primary.Close()
 	require.NoError(t, h.CrashPrimary(ctx))
 	require.NoError(t, h.Promote(ctx))
-	res := r.wait(t)
-
-	survivor := pgtest.Pool(t, h.Standby().DSN(db))
-	for _, sh := range res.Shards {
-		require.NoError(t, sh.Err, "shard %d", sh.Shard)
-		require.True(t, sh.Done, "shard %d done", sh.Shard)
-	}
-	rows := queryInt(t, survivor, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`, plan.Run.UID)
-	require.Equal(t, rows, res.Completed, "completed == the run's rows on the survivor")
-	reported := v1alpha1.ItemCounts{Total: res.Total, Completed: res.Completed, AlreadyHandled: res.AlreadyHandled, Failed: res.Failed}
-	proof := proveOnSurvivor(t, survivor, plan.Run)
-	proven := v1alpha1.ItemCounts{Total: proof.Total, Completed: proof.Completed, AlreadyHandled: proof.AlreadyHandled, Failed: proof.Failed}
-	require.Equal(t, proven, reported, "the counts are what the survivor's ledger proves (%d items of the batch have no verdict there)", proof.Missing)
-	require.Equal(t, v1alpha1.ItemCounts{Total: items, Completed: items}, reported, "what the failover lost was processed again")
-	assertEffectsOncePerRow(t, survivor, plan.Run.UID)
+	assertSurvivorHoldsAll(t, h.Standby().DSN(db), plan, r.wait(t), items)
 }
 
 // TestFailoverThatLostTheLeaseTakesItAgain: a run that started within the
@@ -540,16 +556,11 @@ func TestFailoverThatLostTheLeaseTakesItAgain(t *testing.T) {
 	t.Parallel()
 	pgtest.DirectOnly(t, "its own pair of servers")
 	const items = 6000
-	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
-	db := h.NewDatabase(t)
-	primary := pgtest.Pool(t, h.Primary().DSN(db))
-	mustExec(t, primary, fmt.Sprintf(failoverSchema, items))
+	h, db, primary, plan := failoverSetup(t, items, "failover-lease")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	require.NoError(t, h.WaitReplayed(ctx), "the standby has the source table")
 	h.HoldWAL() // and nothing of the run
-	plan := &worker.Plan{Run: ledger.Run{Namespace: "default", Name: "failover-lease", UID: "uid-failover-lease"}, Shards: 2,
-		Source: worker.NewQuerySource(failoverQuery), ChunkSize: failoverChunk, MaxFailedItems: items, Effect: invoiceEffect}
 	r := startFailoverRun(t, h.DSN(db), plan)
 	r.waitProcessed(t, 10*failoverChunk)
 	primary.Close()
@@ -557,19 +568,7 @@ func TestFailoverThatLostTheLeaseTakesItAgain(t *testing.T) {
 	require.NoError(t, h.Promote(ctx))
 	res := r.wait(t)
 
-	survivor := pgtest.Pool(t, h.Standby().DSN(db))
-	for _, sh := range res.Shards {
-		require.NoError(t, sh.Err, "shard %d", sh.Shard)
-		require.True(t, sh.Done, "shard %d done", sh.Shard)
-	}
-	rows := queryInt(t, survivor, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`, plan.Run.UID)
-	require.Equal(t, rows, res.Completed, "completed == the run's rows on the survivor")
-	reported := v1alpha1.ItemCounts{Total: res.Total, Completed: res.Completed, AlreadyHandled: res.AlreadyHandled, Failed: res.Failed}
-	proof := proveOnSurvivor(t, survivor, plan.Run)
-	proven := v1alpha1.ItemCounts{Total: proof.Total, Completed: proof.Completed, AlreadyHandled: proof.AlreadyHandled, Failed: proof.Failed}
-	require.Equal(t, proven, reported, "the counts are what the survivor's ledger proves (%d items of the batch have no verdict there)", proof.Missing)
-	require.Equal(t, v1alpha1.ItemCounts{Total: items, Completed: items}, reported, "what the failover lost was processed again")
-	assertEffectsOncePerRow(t, survivor, plan.Run.UID)
+	survivor := assertSurvivorHoldsAll(t, h.Standby().DSN(db), plan, res, items)
 	require.NotZero(t, r.retaken.Load(), "a shard took its lease again (%d retries, the first: %s)", r.retries.Load(), r.firstRetry())
 	require.Zero(t, queryInt(t, survivor, `SELECT count(*) FROM runledger.shard_lease WHERE run_uid = $1`, plan.Run.UID), "the leases taken again were given back")
 }
