@@ -683,6 +683,86 @@ func (r *BatchReader) fetch(ctx context.Context, pos int64, n int, lookup bool) 
 	return out, h, whole, nil
 }
 
+// FreshRange is what ClaimFresh did with a range of positions.
+type FreshRange struct {
+	// Claimed: every item of the range is committed by the run, Completed
+	// (the chunk committed). Otherwise nothing of the range is, and the
+	// caller claims its positions item by item, as if ClaimFresh had not run.
+	Claimed bool
+	// Held: the rule rejected the insert (a key of the range is committed
+	// already, or repeated in it); the caller should look keys up again.
+	Held bool
+	// Refused: an item is not one ClaimFresh may claim on the server (it
+	// fails the server's check, stricter than the worker's, or its payload
+	// is not JSON), or the range is not whole (the batch was pruned, the
+	// sorted copy lost): the caller should not ask again for this batch.
+	Refused bool
+	// Last is the key at the range's last position, when Claimed.
+	Last Key
+}
+
+// ClaimFresh claims positions pos to pos + n - 1 of the shard in one chunk
+// transaction on the server (sqlClaimFresh): the items never travel to the
+// caller and back, which is most of what a fresh chunk costs a worker
+// (docs/insert-path.md). It claims them only if each item passes a check
+// stricter than the one a worker makes of a fetched row (maxKey and
+// maxPayload are the limits in bytes of a key part and a payload) and no key
+// is held; then opts.Effect, if any, runs over them in the same transaction,
+// as CommitChunk runs it. Otherwise it commits nothing and says why. It
+// guesses like ChunkOptions.ExpectFresh: the rule decides, and a wrong guess
+// costs a statement, never a verdict. An effect that fails commits nothing
+// of the range either (the error says why): the caller claims the range
+// itself, which isolates the effect's failing items. Not for a run with a
+// processor or OnExisting Supersede (each needs the items). A non-nil error
+// is CommitChunk's: the range's fate is unknown or nothing of it committed.
+func (r *BatchReader) ClaimFresh(ctx context.Context, run Run, pos int64, n, maxKey, maxPayload int, opts ChunkOptions) (FreshRange, error) {
+	if opts.Processor != nil || opts.OnExisting == Supersede {
+		return FreshRange{}, errors.New("claiming a fresh range on the server: only for a run with no processor and OnExisting Skip")
+	}
+	if err := r.store.prepareEffect(ctx, &opts); err != nil {
+		return FreshRange{}, fmt.Errorf("claiming positions of shard %d of the batch on the server: %w", r.shard, err)
+	}
+	effect := opts.Effect != ""
+	q, args := choose(effect, sqlClaimFreshSortedEffect, sqlClaimFreshSorted), []any{r.batch.ID, r.shard, pos, n}
+	if r.inPlace != nil {
+		blocks, starts := r.span(pos, n)
+		q, args = choose(effect, sqlClaimFreshInPlaceEffect, sqlClaimFreshInPlace), append(args, blocks, starts)
+	}
+	args = append(args, run.Namespace, run.Name, run.UID, run.Shard, run.Attempt, maxKey, maxPayload)
+	var out FreshRange
+	_, err := r.store.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
+		if effect {
+			if _, err := tx.Exec(ctx, sqlClearClaimed); err != nil {
+				return nil, fmt.Errorf("clearing table claimed: %w", err)
+			}
+		}
+		var inserted, found int64
+		var entity, occurrence pgtype.Text
+		if err := tx.QueryRow(ctx, q, args...).Scan(&inserted, &found, &entity, &occurrence); err != nil {
+			return nil, err
+		}
+		out.Claimed = inserted == int64(n) && found == int64(n)
+		out.Refused = !out.Claimed
+		if !out.Claimed {
+			return nil, nil
+		}
+		out.Last = Key{Entity: entity.String, Occurrence: occurrence.String}
+		if effect {
+			return nil, runEffect(ctx, tx, opts)
+		}
+		return nil, nil
+	})
+	switch {
+	case err == nil:
+		return out, nil
+	case IsExpectedBusinessKeyConflict(err): // never what the effect raised: it does not look inside user code
+		return FreshRange{Held: true}, nil
+	case IsFreshRangeRefusal(err):
+		return FreshRange{Refused: true}, nil
+	}
+	return FreshRange{}, fmt.Errorf("claiming positions %d to %d of shard %d of the batch on the server: %w", pos, pos+int64(n)-1, r.shard, err)
+}
+
 // Discard deletes the shard's sorted copy (its reader is done with it; a
 // later reader sorts again).
 func (r *BatchReader) Discard(ctx context.Context) error {
@@ -836,4 +916,12 @@ func releaseAfterOccurrence(ctx context.Context, conn *pgxpool.Conn, occurrence 
 		cancel()
 	}
 	conn.Release()
+}
+
+// choose is a if cond, else b.
+func choose[T any](cond bool, a, b T) T {
+	if cond {
+		return a
+	}
+	return b
 }

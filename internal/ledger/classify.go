@@ -54,7 +54,22 @@ var (
 	classFeatureNotSupported     = sqlstateClass(pgerrcode.FeatureNotSupported)
 	classInvalidSchemaName       = sqlstateClass(pgerrcode.InvalidSchemaName)
 	classInvalidTransactionState = sqlstateClass(pgerrcode.InvalidTransactionState)
+	classDataException           = sqlstateClass(pgerrcode.DataException)
+	classProgramLimitExceeded    = sqlstateClass(pgerrcode.ProgramLimitExceeded)
 )
+
+// IsFreshRangeRefusal reports whether err is the server refusing a value of
+// a fresh range it was asked to claim (BatchReader.ClaimFresh): a data
+// exception (a payload that is not JSON, a value out of range) or a value
+// past a limit of the server (a jsonb too large). Nothing of the range
+// committed, and its items are claimed one by one instead, where the same
+// value fails its own item, or passes. It decides no verdict.
+func IsFreshRangeRefusal(err error) bool {
+	return anyPgError(err, func(pgErr *pgconn.PgError) bool {
+		c := sqlstateClass(pgErr.Code)
+		return c == classDataException || c == classProgramLimitExceeded
+	})
+}
 
 // IsExpectedBusinessKeyConflict reports whether err is, anywhere in its wrapped
 // chain, the engine's own unique check of the business-key index

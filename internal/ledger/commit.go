@@ -59,14 +59,8 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 	if opts.OnExisting != Supersede { // a Supersede run compares no payload
 		copies = laterCopies(items, unique, indexOf)
 	}
-	if opts.Effect != "" {
-		sb, err := s.effectSandbox(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("committing chunk of %d items: %w", len(items), err)
-		}
-		opts.sandbox = sb
-		opts.pooled = BehindPooler(s.pool)
-		opts.userPath = userSearchPath(s.pool)
+	if err := s.prepareEffect(ctx, &opts); err != nil {
+		return nil, fmt.Errorf("committing chunk of %d items: %w", len(items), err)
 	}
 	// settle runs the processor, if any, over what a claim claimed, in the
 	// claim's transaction.
@@ -116,6 +110,22 @@ func (s *Store) CommitChunk(ctx context.Context, run Run, items []Item, opts Chu
 		}
 	}
 	return spread(items, indexOf, proven(run, res)), nil
+}
+
+// prepareEffect readies opts for its effect, if any: the sandbox it runs
+// in, and the session it runs in.
+func (s *Store) prepareEffect(ctx context.Context, opts *ChunkOptions) error {
+	if opts.Effect == "" {
+		return nil
+	}
+	sb, err := s.effectSandbox(ctx)
+	if err != nil {
+		return err
+	}
+	opts.sandbox = sb
+	opts.pooled = BehindPooler(s.pool)
+	opts.userPath = userSearchPath(s.pool)
+	return nil
 }
 
 // inTx runs fn in a transaction prepared for opts and commits it. An effect's

@@ -269,8 +269,9 @@ func TestBatchReader_SortsItsShardOnly(t *testing.T) {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
-		// As the reader runs: sequential scans off.
-		_, err = tx.Exec(ctx, ledger.SQLIndexProbesOnly)
+		// As the reader runs: sequential scans off (and an effect's table
+		// "claimed", as a chunk's transaction has it).
+		_, err = tx.Exec(ctx, ledger.SQLIndexProbesOnly+"; "+ledger.SQLCreateClaimed)
 		require.NoError(t, err)
 		rows, err := tx.Query(ctx, "EXPLAIN "+sql, args...)
 		require.NoError(t, err)
@@ -313,6 +314,23 @@ func TestBatchReader_SortsItsShardOnly(t *testing.T) {
 	plan = explain(t, ledger.SQLFetchInPlacePlain, h.ID, 1, int64(500), 1000, blocks, starts)
 	require.NotContains(t, plan, "ledger", "no lookup:\n%s", plan)
 	require.Contains(t, plan, "(block >= ", "the blocks of the fetch's positions only:\n%s", plan)
+
+	// The claims of a fresh range on the server: the blocks of its
+	// positions, and the ledger only written (its unique check aside), by a
+	// plain insert with no arbiter.
+	run := []any{"default", "run-uid", "uid", 1, 0, 1024, 1 << 20}
+	for name, plan := range map[string]string{
+		"sorted":                explain(t, ledger.SQLClaimFreshSorted, append([]any{h.ID, 1, int64(2000), 1000}, run...)...),
+		"in place":              explain(t, ledger.SQLClaimFreshInPlace, append([]any{h.ID, 1, int64(500), 1000, blocks, starts}, run...)...),
+		"sorted, with effect":   explain(t, ledger.SQLClaimFreshSortedEffect, append([]any{h.ID, 1, int64(2000), 1000}, run...)...),
+		"in place, with effect": explain(t, ledger.SQLClaimFreshInPlaceEffect, append([]any{h.ID, 1, int64(500), 1000, blocks, starts}, run...)...),
+	} {
+		require.Contains(t, plan, "Index Cond: ((batch_id = '"+id+"'::bigint) AND (shard = 1) AND (block >= ", "%s: the blocks of the range only:\n%s", name, plan)
+		require.Contains(t, plan, "Insert on ledger", "%s:\n%s", name, plan)
+		require.NotRegexp(t, `Scan (using \w+ )?on ledger `, plan, "%s: the ledger is not read:\n%s", name, plan)
+		require.NotContains(t, plan, "Conflict Arbiter", "%s: no arbiter: a held key fails the insert:\n%s", name, plan)
+		require.NotContains(t, plan, "Seq Scan", "%s:\n%s", name, plan)
+	}
 }
 
 // TestKeyReadsProbeIndexes: runledger key reads a key's rows, superseded ones

@@ -24,8 +24,9 @@ const arbiter = `ON CONFLICT (entity, occurrence) WHERE state = 'committed' DO N
 // The chunk's items arrive as arrays: $1 entities, $2 occurrences, $3 payloads
 // (text, NULL allowed); $4..$8 are the run's identity.
 const (
-	insertInto = `INSERT INTO ` + Schema + `.ledger
-        (entity, occurrence, state, run_namespace, run_name, run_uid, shard, attempt, payload)
+	insertIntoLedger = `INSERT INTO ` + Schema + `.ledger
+        (entity, occurrence, state, run_namespace, run_name, run_uid, shard, attempt, payload)`
+	insertInto = insertIntoLedger + `
     SELECT k.entity, k.occurrence, 'committed', $4, $5, $6, $7, $8, k.payload::jsonb`
 	chunkKeys = `ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[])) AS k(entity, occurrence, payload)`
 	// copyClaimed copies the newly inserted rows (CTE ins) into the session's
@@ -1011,6 +1012,73 @@ ORDER BY k.block`
       AND k.block BETWEEN ($5::bigint[])[1] AND ($5::bigint[])[pg_catalog.cardinality($5::bigint[])]
       AND p.start + u.ord - 1 BETWEEN $3::bigint AND $3::bigint + $4::integer - 1`
 )
+
+// The claim of a fresh range on the server (BatchReader.ClaimFresh): the
+// items of rng's positions go from the batch to the ledger in one plain
+// INSERT, never through the worker, but only when every one of them passes
+// freshRangeGood, which rejects every item rowEntry (internal/worker) would
+// fail and some it would not; otherwise nothing is inserted and the worker
+// claims the positions as it always does. A held key (or one repeated in
+// the range) makes the rule reject the statement, as sqlInsertFresh's; a
+// payload that is not JSON fails its cast: either way nothing commits.
+var (
+	sqlClaimFreshSorted        = sqlClaimFresh(sqlSortedRange, 5, sortedWhole, false)
+	sqlClaimFreshSortedEffect  = sqlClaimFresh(sqlSortedRange, 5, sortedWhole, true)
+	sqlClaimFreshInPlace       = sqlClaimFresh(sqlInPlaceRange, 7, "", false)
+	sqlClaimFreshInPlaceEffect = sqlClaimFresh(sqlInPlaceRange, 7, "", true)
+	sortedWhole                = `
+               AND EXISTS (SELECT FROM ` + Schema + `.batch_sorted_shard AS c WHERE c.batch_id = $1 AND c.shard = $2)`
+)
+
+// sqlClaimFresh claims rng's rows (whose parameters come first): its
+// parameters from $p on are the run's (namespace, name, uid, shard,
+// attempt), then the largest key part and payload in bytes. The batch must
+// be there as a fetch finds it (its header, not pruned, and whole, a
+// further condition of the copy rng reads): a fetch says what went. It returns how
+// many rows it inserted (0 or the range's count), the range's count, and
+// the key at the range's last position; with effect, the rows it inserted
+// go to the session's table "claimed" too, for the effect (copyClaimed).
+// The payload is parsed once (doc),
+// and only a payload that is exactly the text of its jsonb value passes: no
+// name given twice, no lone surrogate escape, no syntax the strict reader
+// refuses. A key part passes when its length in bytes is within the limit
+// and it holds a printable ASCII character (so is not blank); a UTF8
+// database holds only valid UTF-8 and no text holds a NUL.
+func sqlClaimFresh(rng string, p int, whole string, effect bool) string {
+	arg := func(i int) string { return "$" + strconv.Itoa(p+i) }
+	returning, copied := "1", ""
+	if effect {
+		returning, copied = "entity, occurrence, payload", copyClaimed
+	}
+	return `
+WITH r AS MATERIALIZED (
+    SELECT b.pos, b.entity, b.occurrence, b.payload, b.payload::jsonb AS doc
+    FROM (` + rng + `) AS b
+), ok AS (
+    SELECT pg_catalog.count(*) AS n,
+           pg_catalog.current_setting('server_encoding') = 'UTF8' AND pg_catalog.bool_and(` + freshRangeGood(arg(5), arg(6)) + `)
+               AND EXISTS (SELECT FROM ` + Schema + `.batch_run AS h WHERE h.id = $1 AND h.pruned_at IS NULL)` + whole + ` AS good
+    FROM r
+), ins AS (
+    ` + insertIntoLedger + `
+    SELECT r.entity, r.occurrence, 'committed', ` + arg(0) + `, ` + arg(1) + `, ` + arg(2) + `, ` + arg(3) + `, ` + arg(4) + `, r.doc
+    FROM r, ok
+    WHERE ok.good AND ok.n = $4::integer
+    RETURNING ` + returning + `
+)` + copied + `
+SELECT (SELECT pg_catalog.count(*) FROM ins), ok.n, l.entity, l.occurrence
+FROM ok LEFT JOIN r AS l ON l.pos = $3::bigint + ok.n - 1`
+}
+
+// freshRangeGood is the check of one row r of sqlClaimFresh, stricter than
+// the worker's (rowEntry): maxKey and maxPayload are its parameters.
+func freshRangeGood(maxKey, maxPayload string) string {
+	return `r.entity IS NOT NULL AND r.occurrence IS NOT NULL
+               AND pg_catalog.octet_length(r.entity) BETWEEN 1 AND ` + maxKey + `::integer
+               AND pg_catalog.octet_length(r.occurrence) BETWEEN 1 AND ` + maxKey + `::integer
+               AND r.entity ~ '[!-~]' AND r.occurrence ~ '[!-~]'
+               AND (r.payload IS NULL OR pg_catalog.octet_length(r.payload) <= ` + maxPayload + `::integer AND r.doc::text = r.payload)`
+}
 
 // sqlFetchProbe is a fetch of rng's rows (pos, seq, entity, occurrence,
 // payload) in position order, each with whether the reading run holds its

@@ -186,6 +186,10 @@ type shardRun struct {
 	serversBefore int
 	// batchLost: the pass stopped because the batch went (errBatchLost).
 	batchLost bool
+	// serverClaims: the pass may still ask the server to claim a fresh
+	// range (claimFresh); off once the server refused one. claimedOnServer:
+	// the server claimed one this pass.
+	serverClaims, claimedOnServer bool
 	// server: the ledger's server as the pass began, before its first read
 	// of the ledger (zero: unknown), for the pass's proof (ledger.Counted).
 	server ledger.ServerIdentity
@@ -297,6 +301,8 @@ func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) boo
 	}
 	defer st.close()
 	s.st = st
+	s.serverClaims = s.cfg.Processor == nil && s.cfg.OnExisting != ledger.Supersede
+	s.claimedOnServer = false
 	s.rep.Total, s.rep.TotalKnown = st.total()
 	s.rep.WaitingForConnection = false
 	s.progress()
@@ -314,6 +320,15 @@ func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) boo
 			s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, *err))
 			return false
 		}
+		s.chunk = chunkNo
+		if s.claimFresh(ctx) {
+			s.noticeServer()
+			if s.rep.TotalKnown && s.rep.Processed() == s.rep.Total {
+				return s.leaseHeld(ctx)
+			}
+			s.progress()
+			continue
+		}
 		chunk, err := readChunk(ctx, st, s.cfg.ChunkSize)
 		s.rep.Total, s.rep.TotalKnown = st.total()
 		if err != nil {
@@ -321,7 +336,6 @@ func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) boo
 			s.batchLost = errors.Is(err, errBatchLost)
 			return false
 		}
-		s.chunk = chunkNo
 		if len(chunk) == 0 && s.carry.pending == nil {
 			return s.leaseHeld(ctx)
 		}
@@ -569,6 +583,65 @@ func (s *shardRun) progress() {
 	if s.cfg.Progress != nil {
 		s.cfg.Progress(s.rep.clone())
 	}
+}
+
+// freshClaimer is a stream whose next positions the server can claim
+// without them coming to the worker (queryStream).
+type freshClaimer interface {
+	// freshRange is the reader and the positions the next chunk of size
+	// would read, when the server may claim them.
+	freshRange(size int) (r *ledger.BatchReader, pos int64, n int, ok bool)
+	// claimedFresh moves past n positions the server claimed, the last of
+	// which holds last.
+	claimedFresh(ctx context.Context, n int, last ledger.Key)
+}
+
+// claimFresh has the server claim the shard's next chunk when the stream
+// expects its keys fresh (a fetch that looked them up found none held) and
+// the run needs no item in the worker: no processor, no Supersede
+// (serverClaims), no earlier failure records to replace, no key pending
+// from the chunk before. An SQL effect runs over the chunk's items in the
+// same transaction. It reports whether it did: every item of the chunk
+// committed, Completed. Otherwise nothing of it committed and the chunk is
+// read and claimed as any other: after a held key with its keys looked up
+// again, after a refusal (an item the server's stricter check would not
+// take, or a range not whole) or an error (the effect's among them: the
+// worker isolates its failing items), for the rest of the pass without
+// asking the server again. The worker's own claim then decides every item,
+// as if this had not run.
+func (s *shardRun) claimFresh(ctx context.Context) bool {
+	fc, ok := s.st.(freshClaimer)
+	if !ok || !s.serverClaims || s.forget || s.carry.pending != nil {
+		return false
+	}
+	r, pos, n, ok := fc.freshRange(s.cfg.ChunkSize)
+	if !ok {
+		return false
+	}
+	work, stop := s.drainContext(ctx)
+	defer stop()
+	got, err := r.ClaimFresh(work, s.cfg.Run, pos, n, v1alpha1.MaxKeyPartBytes, s.cfg.Limits.MaxPayload(), ledger.ChunkOptions{
+		Effect: s.cfg.Effect, Lease: s.lease, EffectTimeout: s.cfg.Timeouts.Effect, LockTimeout: s.cfg.Timeouts.Lock, NetworkTimeout: s.cfg.Timeouts.Network,
+	})
+	switch {
+	case err != nil:
+		s.serverClaims = false
+		s.log().V(1).Info("the server did not claim a fresh chunk; the worker claims the rest of the pass itself", "chunk", s.chunk, "error", err.Error())
+	case got.Claimed:
+		if !s.claimedOnServer {
+			s.claimedOnServer = true
+			s.log().V(1).Info("the server claims the shard's fresh chunks: their items do not come to the worker", "chunk", s.chunk)
+		}
+		fc.claimedFresh(ctx, n, got.Last)
+		s.settle(tally{counts: v1alpha1.ItemCounts{Completed: int64(n)}, carry: carried{ok: true, key: got.Last}})
+		return true
+	case got.Held:
+		s.st.sawHeld(true)
+	default:
+		s.serverClaims = false
+		s.log().V(1).Info("the server refused to claim a fresh chunk (an item its check does not take); the worker claims the rest of the pass itself", "chunk", s.chunk)
+	}
+	return false
 }
 
 // readChunk reads up to size entries; an empty chunk means the end.

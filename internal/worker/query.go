@@ -250,6 +250,30 @@ func (s *queryStream) sawHeld(held bool) { s.lookups.claimed(held) }
 
 func (s *queryStream) proofKeys() (bool, []ledger.Key) { return true, nil }
 
+// freshRange is where the shard's next chunk of size would be read, when
+// the server may claim it instead (shardRun.claimFresh): the stream is
+// between fetches, expects fresh keys (its lookups are off), and is a
+// query's or an object's batch (a fromRun batch's rows may be marked not
+// items, which only the worker reads).
+func (s *queryStream) freshRange(size int) (r *ledger.BatchReader, pos int64, n int, ok bool) {
+	if len(s.buf) > 0 || s.eof || s.reader == nil || !s.lookups.skip || s.fromRun != nil {
+		return nil, 0, 0, false
+	}
+	n = int(min(int64(size), s.rows-s.consumed))
+	return s.reader, s.consumed, n, n > 0
+}
+
+// claimedFresh moves the stream past the n positions the server claimed,
+// the last of which holds last, as if it had yielded them.
+func (s *queryStream) claimedFresh(ctx context.Context, n int, last ledger.Key) {
+	s.consumed += int64(n)
+	s.prev, s.hasPrev = last, true
+	if s.consumed >= s.rows {
+		s.eof = true
+		s.discard(ctx)
+	}
+}
+
 // lookupPolicy decides whether a shard's next fetch looks its keys up. A
 // fetch looks its keys up (which settles the held ones with no claim) until
 // one finds none held; then fetches look nothing up (the claim probes each

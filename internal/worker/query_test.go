@@ -3,8 +3,10 @@ package worker_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/api/v1alpha1"
@@ -234,4 +236,104 @@ func TestQuerySource_HeldMidway(t *testing.T) {
 	require.EqualValues(t, 2000, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'uid-midway' AND state = 'committed'`))
 	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM runledger.batch_sorted`), "the sorted copies are deleted once read")
 	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM runledger.batch_sorted_shard`))
+}
+
+// TestFreshChunksClaimedOnTheServer: a fresh batch's chunks after the first
+// are claimed by the server from the batch (their items never come to the
+// worker), and the counts stay the ledger's: every key committed once with
+// its payload. A chunk holding an item the server's check refuses (a key
+// part only the worker may judge, a payload not as jsonb prints it, a row
+// that is no item) is claimed by the worker, which fails exactly the bad
+// item with its own error and records it; the pass then claims the rest
+// itself. Read in place (the batch in key order) and from a sorted copy.
+func TestFreshChunksClaimedOnTheServer(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, order, plant string
+		failed             int64
+		msg                string
+	}{
+		{"in place, all fresh", "occurrence", "", 0, ""},
+		{"sorted copy, all fresh", "md5(occurrence)", "", 0, ""},
+		{"in place, a NULL entity midway", "occurrence", `UPDATE src SET entity = NULL WHERE occurrence = 'o1234'`, 1, `field "entity" is NULL`},
+		{"sorted copy, a blank entity midway", "md5(occurrence)", `UPDATE src SET entity = E' \t' WHERE occurrence = 'o1234'`, 1, `field "entity" is blank`},
+		{"in place, a payload as written midway", "occurrence", `UPDATE src SET payload = '{"n":1234}' WHERE occurrence = 'o1234'`, 0, ""},
+		{"in place, a non-ASCII key midway", "occurrence", `UPDATE src SET entity = 'счёт' WHERE occurrence = 'o1234'`, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			ctx := context.Background()
+			mustExec(t, f.pool, `CREATE TABLE src AS SELECT 'acct' AS entity, 'o' || lpad(i::text, 4, '0') AS occurrence, jsonb_build_object('n', i)::text AS payload FROM generate_series(0, 2999) i`)
+			if tc.plant != "" {
+				mustExec(t, f.pool, tc.plant)
+			}
+			src := worker.NewQuerySource(`SELECT entity, occurrence, payload FROM src ORDER BY ` + tc.order)
+			require.NoError(t, src.Check(ctx, f.store))
+			var mu sync.Mutex
+			var logged []string
+			log := funcr.New(func(_, args string) {
+				mu.Lock()
+				defer mu.Unlock()
+				logged = append(logged, args)
+			}, funcr.Options{Verbosity: 1})
+			uid := "uid-server-" + strings.NewReplacer(" ", "-", ",", "").Replace(tc.name)
+			reports, sum := runShards(t, f, worker.ShardConfig{Run: run(uid), Source: src, ChunkSize: 100, MaxFailedItems: 10, Log: log})
+			require.Equal(t, v1alpha1.ItemCounts{Total: 3000, Completed: 3000 - tc.failed, Failed: tc.failed}, sum)
+			require.EqualValues(t, 3000-tc.failed, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger WHERE run_uid = $1 AND state = 'committed'`, uid))
+			require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM src JOIN runledger.ledger AS l USING (entity, occurrence) WHERE l.run_uid = $1 AND l.payload::text <> src.payload::jsonb::text`, uid),
+				"every row holds its item's payload")
+			if tc.msg != "" {
+				require.Len(t, reports[0].Failures, 1)
+				require.Contains(t, reports[0].Failures[0].Error, tc.msg)
+				require.EqualValues(t, 1, queryInt(t, f.pool, `SELECT count(*) FROM runledger.item_failure WHERE run_uid = $1`, uid), "the bad item's failure record")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			all := strings.Join(logged, "\n")
+			require.Contains(t, all, "the server claims the shard's fresh chunks", "the server claimed chunks")
+			if tc.plant != "" {
+				require.Contains(t, all, "the worker claims the rest of the pass itself", "the worker claimed the chunk the server refused")
+			}
+		})
+	}
+}
+
+// TestFreshChunksWithAnEffectClaimedOnTheServer: with an SQL effect, the
+// server claims a fresh chunk and runs the effect over it in the same
+// transaction. An item the effect fails (a check of its table) fails the
+// chunk's server claim whole, with nothing of it committed or written by
+// the effect; the worker claims that chunk itself, isolates the one item
+// (Failed with the effect's error), and claims the rest of the pass. The
+// effect ran exactly once per committed item.
+func TestFreshChunksWithAnEffectClaimedOnTheServer(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	mustExec(t, f.pool, `CREATE TABLE src AS SELECT 'acct' AS entity, 'o' || lpad(i::text, 4, '0') AS occurrence, jsonb_build_object('n', i) AS payload FROM generate_series(0, 2999) i;
+CREATE TABLE eff (entity text NOT NULL, occurrence text NOT NULL, n int NOT NULL CHECK (n <> 1234))`)
+	src := worker.NewQuerySource(`SELECT entity, occurrence, payload FROM src`)
+	require.NoError(t, src.Check(ctx, f.store))
+	var mu sync.Mutex
+	var logged []string
+	log := funcr.New(func(_, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, args)
+	}, funcr.Options{Verbosity: 1})
+	reports, sum := runShards(t, f, worker.ShardConfig{Run: run("uid-server-effect"), Source: src, ChunkSize: 100, MaxFailedItems: 10, Log: log,
+		Effect: `INSERT INTO eff SELECT entity, occurrence, (payload->>'n')::int FROM claimed`})
+	require.Equal(t, v1alpha1.ItemCounts{Total: 3000, Completed: 2999, Failed: 1}, sum)
+	require.Len(t, reports[0].Failures, 1)
+	require.Equal(t, "o1234", reports[0].Failures[0].Occurrence)
+	require.Contains(t, reports[0].Failures[0].Error, "eff_n_check")
+	require.EqualValues(t, 2999, queryInt(t, f.pool, `SELECT count(*) FROM eff`), "the effect wrote once per committed item")
+	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM (SELECT entity, occurrence FROM eff GROUP BY 1, 2 HAVING count(*) > 1) d`))
+	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger AS l WHERE l.run_uid = 'uid-server-effect' AND NOT EXISTS (SELECT FROM eff WHERE (eff.entity, eff.occurrence) = (l.entity, l.occurrence))`),
+		"every committed item has its effect")
+	mu.Lock()
+	defer mu.Unlock()
+	all := strings.Join(logged, "\n")
+	require.Contains(t, all, "the server claims the shard's fresh chunks")
+	require.Contains(t, all, "the worker claims the rest of the pass itself")
 }
