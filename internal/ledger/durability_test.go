@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -262,8 +263,12 @@ func TestAwaitStandby(t *testing.T) {
 // CDC connector decoding the ledger's database) has a walsender too, and
 // confirms its position when it pleases; it is never promoted, so it is no
 // standby to wait for. Here it is stopped (SIGSTOP) with its connection
-// open while the standby's WAL is held: the primary serves two
-// walsenders, of which one standby.
+// open while the standby's WAL is held; and another one has connected and
+// not started streaming yet (its slot not active: a client starting, or
+// stopped before it asked for its slot, as the stopped one was now and
+// then under load, which counted it once as a standby whose position
+// could not be read). The primary serves three walsenders, of which one
+// standby.
 func TestAwaitStandbyIgnoresLogicalClients(t *testing.T) {
 	t.Parallel()
 	pgtest.DirectOnly(t, "its own pair of servers")
@@ -284,8 +289,14 @@ func TestAwaitStandbyIgnoresLogicalClients(t *testing.T) {
 		require.NoError(t, owner.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication`).Scan(&n))
 		return n
 	}
-	require.Eventually(t, func() bool { return walsenders() == 2 }, 30*time.Second, 20*time.Millisecond, "the standby and the client stream")
+	require.Eventually(t, func() bool {
+		return walsenders() == 2 && scalar[bool](t, owner, `SELECT active FROM pg_replication_slots WHERE slot_name = 'cdc'`)
+	}, 30*time.Second, 20*time.Millisecond, "the standby and the client stream")
 	require.NoError(t, cdc.Process.Signal(syscall.SIGSTOP))
+	starting, err := pgconn.Connect(ctx, h.Primary().DSN(db)+" replication=database")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = starting.Close(context.Background()) })
+	require.Equal(t, 3, walsenders(), "the starting client has its walsender")
 	h.HoldWAL()
 	mustExec(t, owner, `CREATE TABLE after_the_hiccup (v int); INSERT INTO after_the_hiccup VALUES (1)`)
 	st, err := ledger.NewStore(owner).AwaitStandby(ctx, 300*time.Millisecond)

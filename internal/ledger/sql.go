@@ -1400,7 +1400,9 @@ const sqlWALPosition = `SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text`
 // sqlStandbysHave counts the server's standbys, those that have flushed its
 // WAL up to $1 and those whose position the login may not read (NULL
 // without pg_read_all_stats); a base backup's walsender is no standby, nor
-// a logical replication client's (it is never promoted). And
+// a logical replication client's (it is never promoted): its walsender is
+// connected to a database (pg_stat_activity.datid) from its start, before
+// its slot is active, where a standby's never is. And
 // the physical replication slots no walsender streams from now (a standby
 // cut off, or restarting: pg_auto_failover, Patroni and CloudNativePG keep
 // one per standby), those whose standby had flushed up to $1 before
@@ -1417,8 +1419,8 @@ const sqlStandbysHave = `SELECT pg_catalog.count(*)::integer,
           AND s.restart_lsn OPERATOR(pg_catalog.>=) $1::pg_catalog.text::pg_catalog.pg_lsn)
 FROM pg_catalog.pg_stat_replication AS r
 WHERE (r.state IS NULL OR r.state OPERATOR(pg_catalog.<>) 'backup')
-  AND NOT EXISTS (SELECT FROM pg_catalog.pg_replication_slots AS l
-      WHERE l.active_pid OPERATOR(pg_catalog.=) r.pid AND l.slot_type OPERATOR(pg_catalog.=) 'logical')`
+  AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a
+      WHERE a.pid OPERATOR(pg_catalog.=) r.pid AND a.datid IS NOT NULL)`
 
 // sqlDescribeQuery wraps the user's query to describe its columns without
 // running it.
