@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/require"
 
@@ -270,13 +271,7 @@ func TestFreshChunksClaimedOnTheServer(t *testing.T) {
 			}
 			src := worker.NewQuerySource(`SELECT entity, occurrence, payload FROM src ORDER BY ` + tc.order)
 			require.NoError(t, src.Check(ctx, f.store))
-			var mu sync.Mutex
-			var logged []string
-			log := funcr.New(func(_, args string) {
-				mu.Lock()
-				defer mu.Unlock()
-				logged = append(logged, args)
-			}, funcr.Options{Verbosity: 1})
+			log, logged := verboseLog()
 			uid := "uid-server-" + strings.NewReplacer(" ", "-", ",", "").Replace(tc.name)
 			reports, sum := runShards(t, f, worker.ShardConfig{Run: run(uid), Source: src, ChunkSize: 100, MaxFailedItems: 10, Log: log})
 			require.Equal(t, v1alpha1.ItemCounts{Total: 3000, Completed: 3000 - tc.failed, Failed: tc.failed}, sum)
@@ -288,9 +283,7 @@ func TestFreshChunksClaimedOnTheServer(t *testing.T) {
 				require.Contains(t, reports[0].Failures[0].Error, tc.msg)
 				require.EqualValues(t, 1, queryInt(t, f.pool, `SELECT count(*) FROM runledger.item_failure WHERE run_uid = $1`, uid), "the bad item's failure record")
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			all := strings.Join(logged, "\n")
+			all := logged()
 			require.Contains(t, all, "the server claims the shard's fresh chunks", "the server claimed chunks")
 			if tc.plant != "" {
 				require.Contains(t, all, "the worker claims the rest of the pass itself", "the worker claimed the chunk the server refused")
@@ -314,13 +307,7 @@ func TestFreshChunksWithAnEffectClaimedOnTheServer(t *testing.T) {
 CREATE TABLE eff (entity text NOT NULL, occurrence text NOT NULL, n int NOT NULL CHECK (n <> 1234))`)
 	src := worker.NewQuerySource(`SELECT entity, occurrence, payload FROM src`)
 	require.NoError(t, src.Check(ctx, f.store))
-	var mu sync.Mutex
-	var logged []string
-	log := funcr.New(func(_, args string) {
-		mu.Lock()
-		defer mu.Unlock()
-		logged = append(logged, args)
-	}, funcr.Options{Verbosity: 1})
+	log, logged := verboseLog()
 	reports, sum := runShards(t, f, worker.ShardConfig{Run: run("uid-server-effect"), Source: src, ChunkSize: 100, MaxFailedItems: 10, Log: log,
 		Effect: `INSERT INTO eff SELECT entity, occurrence, (payload->>'n')::int FROM claimed`})
 	require.Equal(t, v1alpha1.ItemCounts{Total: 3000, Completed: 2999, Failed: 1}, sum)
@@ -331,9 +318,24 @@ CREATE TABLE eff (entity text NOT NULL, occurrence text NOT NULL, n int NOT NULL
 	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM (SELECT entity, occurrence FROM eff GROUP BY 1, 2 HAVING count(*) > 1) d`))
 	require.Zero(t, queryInt(t, f.pool, `SELECT count(*) FROM runledger.ledger AS l WHERE l.run_uid = 'uid-server-effect' AND NOT EXISTS (SELECT FROM eff WHERE (eff.entity, eff.occurrence) = (l.entity, l.occurrence))`),
 		"every committed item has its effect")
-	mu.Lock()
-	defer mu.Unlock()
-	all := strings.Join(logged, "\n")
+	all := logged()
 	require.Contains(t, all, "the server claims the shard's fresh chunks")
 	require.Contains(t, all, "the worker claims the rest of the pass itself")
+}
+
+// verboseLog is a logger at verbosity 1 and what it logged so far, one
+// entry a line.
+func verboseLog() (logr.Logger, func() string) {
+	var mu sync.Mutex
+	var logged []string
+	log := funcr.New(func(_, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, args)
+	}, funcr.Options{Verbosity: 1})
+	return log, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Join(logged, "\n")
+	}
 }
