@@ -326,6 +326,7 @@ func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) boo
 			if s.rep.TotalKnown && s.rep.Processed() == s.rep.Total {
 				return s.leaseHeld(ctx)
 			}
+			s.rep.WaitingForConnection = false
 			s.progress()
 			continue
 		}
