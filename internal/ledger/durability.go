@@ -146,22 +146,27 @@ func (st Standbys) Settled() bool {
 }
 
 // ErrServerChanged: the Store's sessions reached another server, or
-// another life of it, while AwaitStandby waited (ServerChanges): a WAL
-// position read on one server means nothing on another, and what was read
-// on the one before may be lost.
+// another life of it, while AwaitStandby waited (ServerChanges, or the
+// wait's own reads): a WAL position read on one server means nothing on
+// another, and what was read on the one before may be lost.
 var ErrServerChanged = errors.New("the ledger's sessions reached another server, or a restarted one, while waiting for a standby (a failover?)")
 
 // AwaitStandby reads the server's WAL position (a primary's: every commit
 // acknowledged before is there) and waits, at most within, for one of its
 // standbys to have flushed it (Settled), polling pg_stat_replication. It
 // returns what it read last; a wait that ran out is no error. Once the
-// Store's sessions reached another server than when it began, it trusts
-// no read and returns ErrServerChanged: a promoted standby has no standby
-// of its own yet, and Settled would say so of a position it never had.
-func (s *Store) AwaitStandby(ctx context.Context, within time.Duration) (Standbys, error) {
+// Store's sessions reached another server, or another life of it, than on
+// (the server the caller's proof was read on; when on is not Known, than
+// when the wait began) it trusts no read and returns ErrServerChanged: a
+// promoted standby has no standby of its own yet, and Settled would say
+// so of a position it never had. Each read of the wait reads the server's
+// identity in its own transaction too: behind a pooler a failover opens no
+// new session of the Store's pool (the pooler's own sessions reach the
+// promoted server), so the pool's watch (ServerChanges) does not see it.
+func (s *Store) AwaitStandby(ctx context.Context, within time.Duration, on ServerIdentity) (Standbys, error) {
 	changes := s.ServerChanges().Changes
 	changed := func() bool { return s.ServerChanges().Changes != changes }
-	lsn, err := s.walPosition(ctx)
+	lsn, err := s.walPosition(ctx, on)
 	if err != nil {
 		return Standbys{}, err
 	}
@@ -171,8 +176,8 @@ func (s *Store) AwaitStandby(ctx context.Context, within time.Duration) (Standby
 	}
 	var readErr error
 	err = wait.PollUntilContextTimeout(ctx, 25*time.Millisecond, within, true, func(waitCtx context.Context) (bool, error) {
-		got, err := s.standbysHave(waitCtx, lsn)
-		if changed() { // the read, if any, was another server's
+		got, err := s.standbysHave(waitCtx, lsn, on)
+		if changed() || errors.Is(err, ErrServerChanged) { // the read, if any, was another server's
 			return false, ErrServerChanged
 		}
 		if err != nil {
@@ -195,13 +200,36 @@ func (s *Store) AwaitStandby(ctx context.Context, within time.Duration) (Standby
 	return st, nil
 }
 
-// walPosition reads where the server's WAL is now (a primary's): a commit
-// acknowledged before is there.
-func (s *Store) walPosition(ctx context.Context) (string, error) {
+// onServer reads, in tx, whether its session reached on's life of its
+// server (SameLife); ErrServerChanged when it did not. An on that is not
+// Known is not checked.
+func onServer(ctx context.Context, tx pgx.Tx, on ServerIdentity) error {
+	if !on.Known() {
+		return nil
+	}
+	now, err := scanServerIdentity(tx.QueryRow(ctx, sqlServerIdentity))
+	if err != nil {
+		return fmt.Errorf("reading which server the session reached: %w", err)
+	}
+	if !now.SameLife(on) {
+		return ErrServerChanged
+	}
+	return nil
+}
+
+// walPosition reads where the server's WAL is now (a primary's: every commit
+// acknowledged before is there), on on's server (onServer).
+func (s *Store) walPosition(ctx context.Context, on ServerIdentity) (string, error) {
 	var lsn string
 	err := pinnedTx(ctx, s.pool, sqlBeginPinnedReadOnly+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
+		if err := onServer(ctx, tx, on); err != nil {
+			return err
+		}
 		return tx.QueryRow(ctx, sqlWALPosition).Scan(&lsn)
 	})
+	if errors.Is(err, ErrServerChanged) {
+		return "", ErrServerChanged
+	}
 	if err != nil {
 		return "", fmt.Errorf("reading the server's WAL position: %w", err)
 	}
@@ -209,15 +237,21 @@ func (s *Store) walPosition(ctx context.Context) (string, error) {
 }
 
 // standbysHave reads how many of the server's standbys have flushed its WAL
-// up to position (walPosition).
-func (s *Store) standbysHave(ctx context.Context, position string) (Standbys, error) {
+// up to position (walPosition), on on's server (onServer).
+func (s *Store) standbysHave(ctx context.Context, position string, on ServerIdentity) (Standbys, error) {
 	st := Standbys{Position: position}
 	err := pinnedTx(ctx, s.pool, sqlBeginPinnedReadOnly+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
+		if err := onServer(ctx, tx, on); err != nil {
+			return err
+		}
 		var slotsFlushed int
 		err := tx.QueryRow(ctx, sqlStandbysHave, position).Scan(&st.Streaming, &st.Flushed, &st.Hidden, &st.Disconnected, &slotsFlushed)
 		st.Flushed += slotsFlushed
 		return err
 	})
+	if errors.Is(err, ErrServerChanged) {
+		return Standbys{}, ErrServerChanged
+	}
 	if err != nil {
 		return Standbys{}, fmt.Errorf("reading how far the server's standbys have its WAL: %w", err)
 	}

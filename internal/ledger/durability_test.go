@@ -196,7 +196,7 @@ func TestAwaitStandby(t *testing.T) {
 	owner := pgtest.Pool(t, h.DSN(db))
 	s := ledger.NewStore(owner)
 
-	st, err := s.AwaitStandby(ctx, 10*time.Second)
+	st, err := s.AwaitStandby(ctx, 10*time.Second, ledger.ServerIdentity{})
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Streaming)
 	require.Equal(t, 1, st.Flushed, "a streaming standby has what the primary committed: %+v", st)
@@ -205,7 +205,7 @@ func TestAwaitStandby(t *testing.T) {
 	_, err = owner.Exec(ctx, `CREATE TABLE after_the_hiccup (v int); INSERT INTO after_the_hiccup VALUES (1)`)
 	require.NoError(t, err)
 	start := time.Now()
-	st, err = s.AwaitStandby(ctx, 500*time.Millisecond)
+	st, err = s.AwaitStandby(ctx, 500*time.Millisecond, ledger.ServerIdentity{})
 	require.NoError(t, err, "a wait that runs out is no error")
 	require.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond, "it waited its bound")
 	require.Equal(t, ledger.Standbys{Position: st.Position, Streaming: 1}, st, "the standby has not flushed the commit")
@@ -213,7 +213,7 @@ func TestAwaitStandby(t *testing.T) {
 
 	done := make(chan ledger.Standbys, 1)
 	go func() {
-		st, _ := s.AwaitStandby(ctx, time.Minute)
+		st, _ := s.AwaitStandby(ctx, time.Minute, ledger.ServerIdentity{})
 		done <- st
 	}()
 	time.Sleep(200 * time.Millisecond)
@@ -228,7 +228,7 @@ func TestAwaitStandby(t *testing.T) {
 	mustExec(t, owner, `CREATE ROLE plain_login LOGIN`)
 	plain := ledger.NewStore(pgtest.Pool(t, strings.Replace(h.DSN(db), "postgres://postgres@", "postgres://plain_login@", 1)))
 	start = time.Now()
-	st, err = plain.AwaitStandby(ctx, time.Minute)
+	st, err = plain.AwaitStandby(ctx, time.Minute, ledger.ServerIdentity{})
 	require.NoError(t, err)
 	require.Equal(t, ledger.Standbys{Position: st.Position, Streaming: 1, Hidden: 1}, st)
 	require.True(t, st.Settled(), "nothing it could wait for")
@@ -246,14 +246,14 @@ func TestAwaitStandby(t *testing.T) {
 		return n == 0
 	}, 30*time.Second, 20*time.Millisecond, "the primary's walsender ends")
 	for _, store := range []*ledger.Store{s, plain} {
-		st, err = store.AwaitStandby(ctx, 300*time.Millisecond)
+		st, err = store.AwaitStandby(ctx, 300*time.Millisecond, ledger.ServerIdentity{})
 		require.NoError(t, err)
 		require.Equal(t, ledger.Standbys{Position: st.Position, Disconnected: 1}, st, "the slot's standby has not flushed the commit")
 		require.False(t, st.Settled(), "a standby cut off may be promoted: wait for it")
 	}
 
 	alone := ledger.NewStore(newPool(t))
-	st, err = alone.AwaitStandby(ctx, time.Minute)
+	st, err = alone.AwaitStandby(ctx, time.Minute, ledger.ServerIdentity{})
 	require.NoError(t, err)
 	require.Zero(t, st.Streaming)
 	require.True(t, st.Settled())
@@ -299,11 +299,68 @@ func TestAwaitStandbyIgnoresLogicalClients(t *testing.T) {
 	require.Equal(t, 3, walsenders(), "the starting client has its walsender")
 	h.HoldWAL()
 	mustExec(t, owner, `CREATE TABLE after_the_hiccup (v int); INSERT INTO after_the_hiccup VALUES (1)`)
-	st, err := ledger.NewStore(owner).AwaitStandby(ctx, 300*time.Millisecond)
+	st, err := ledger.NewStore(owner).AwaitStandby(ctx, 300*time.Millisecond, ledger.ServerIdentity{})
 	require.NoError(t, err)
 	require.Equal(t, ledger.Standbys{Position: st.Position, Streaming: 1}, st, "one standby, which has not flushed the commit; the logical client is none")
 	h.ReleaseWAL()
-	st, err = ledger.NewStore(owner).AwaitStandby(ctx, time.Minute)
+	st, err = ledger.NewStore(owner).AwaitStandby(ctx, time.Minute, ledger.ServerIdentity{})
 	require.NoError(t, err)
 	require.Equal(t, ledger.Standbys{Position: st.Position, Streaming: 1, Flushed: 1}, st, "the standby has it; the stopped client's position does not matter")
+}
+
+// TestAwaitStandbySeesAFailoverBehindAPooler: behind a pooler a failover
+// opens no new session of the ledger's pool (the pooler connects its own to
+// the server promoted, the pool's stay open), so the pool's watch never
+// sees it. The wait must still not take the promoted server's standbys
+// (none yet) for the ones of the server the proof was read on, which may
+// have lost it.
+func TestAwaitStandbySeesAFailoverBehindAPooler(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "its own pair of servers and its own PgBouncer")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
+	db := h.NewDatabase(t)
+	b, err := pgtest.StartPgBouncer(ctx, h.Primary())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Stop() })
+	pool, err := ledger.Open(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=%s sslmode=disable", b.Port(), db), 2)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s := ledger.NewStore(pool)
+	on, err := s.Server(ctx)
+	require.NoError(t, err)
+	require.True(t, on.Known(), "%s", on)
+	st, err := s.AwaitStandby(ctx, 10*time.Second, on)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Flushed, "the standby streams: %+v", st)
+
+	h.HoldWAL()
+	_, err = pool.Exec(ctx, `CREATE TABLE lost_in_the_failover (v int)`)
+	require.NoError(t, err)
+	type waited struct {
+		st  ledger.Standbys
+		err error
+	}
+	done := make(chan waited, 1)
+	go func() {
+		st, err := s.AwaitStandby(ctx, time.Minute, on)
+		done <- waited{st, err}
+	}()
+	time.Sleep(200 * time.Millisecond) // the wait polls the primary, whose standby lacks the commit
+	require.NoError(t, h.CrashPrimary(ctx))
+	require.NoError(t, h.Promote(ctx))
+	require.NoError(t, b.Retarget(ctx, h.Standby()))
+	w := <-done
+	require.ErrorIs(t, w.err, ledger.ErrServerChanged, "the wait read the promoted server: %+v", w.st)
+	require.Zero(t, s.ServerChanges().Changes, "no session of the pool reached the promoted server: the wait's own reads told")
+
+	// A wait that begins on the promoted server is told at its first read.
+	_, err = s.AwaitStandby(ctx, 5*time.Second, on)
+	require.ErrorIs(t, err, ledger.ErrServerChanged)
+	now, err := s.Server(ctx)
+	require.NoError(t, err)
+	st, err = s.AwaitStandby(ctx, 5*time.Second, now)
+	require.NoError(t, err, "on the server it was asked about")
+	require.True(t, st.Settled(), "the promoted server has no standby to wait for: %+v", st)
 }

@@ -116,6 +116,10 @@ type RunProof struct {
 	// Counted: ProveShard proved the shard's counts by its server's
 	// unchanged life, not key by key (Counted); Keys is then unknown (0).
 	Counted bool
+	// Server: the server, and its life, ProveShard read the proof on, in
+	// its snapshot (AwaitStandby waits for a standby of that one); not
+	// Known when the shard's counted Server was not.
+	Server ServerIdentity
 }
 
 // Proven reports whether every copy of the batch has a proven verdict and
@@ -213,6 +217,13 @@ func (s *Store) ProveShard(ctx context.Context, runUID string, shard int, kept b
 	var p RunProof
 	err := pinnedTx(ctx, s.pool, sqlBeginPinnedSnapshot+`; `+s.sqlReadBounds(), func(tx pgx.Tx) error {
 		p = RunProof{}
+		if counted != nil && counted.Server.Known() {
+			id, err := scanServerIdentity(tx.QueryRow(ctx, sqlServerIdentity))
+			if err != nil {
+				return err
+			}
+			p.Server = id
+		}
 		if err := tx.QueryRow(ctx, sqlProveShardFailures, runUID, shard).Scan(&p.Records, &p.Failed); err != nil {
 			return err
 		}
@@ -258,12 +269,8 @@ func (s *Store) HeldOfShard(ctx context.Context, run Run) (ShardHeld, error) {
 // (kept: read again; otherwise the static items given) has as many items as
 // it counted, each with a verdict.
 func provenByCounts(ctx context.Context, tx pgx.Tx, c *Counted, runUID string, shard int, kept bool, static int64, p *RunProof) (bool, error) {
-	if c == nil || !c.Server.Known() || c.Failed != 0 || p.Records != 0 || c.Completed+c.AlreadyHandled != c.Total {
+	if c == nil || !c.Server.Known() || !p.Server.Same(c.Server) || c.Failed != 0 || p.Records != 0 || c.Completed+c.AlreadyHandled != c.Total {
 		return false, nil
-	}
-	now, err := scanServerIdentity(tx.QueryRow(ctx, sqlServerIdentity))
-	if err != nil || !now.Same(c.Server) {
-		return false, err
 	}
 	var own int64
 	if err := tx.QueryRow(ctx, sqlShardOwnRows, runUID, shard).Scan(&own); err != nil {

@@ -34,6 +34,9 @@ func (id ServerIdentity) Known() bool {
 }
 
 func (id ServerIdentity) String() string {
+	if id == (ServerIdentity{}) {
+		return "unknown"
+	}
 	where := id.Address
 	if where == "" {
 		where = "local socket"
@@ -49,6 +52,15 @@ func (id ServerIdentity) String() string {
 // Same reports whether id and o are the same life of the same server.
 func (id ServerIdentity) Same(o ServerIdentity) bool {
 	return id.Address == o.Address && id.Timeline == o.Timeline && id.Started.Equal(o.Started) && id.Reset.Equal(o.Reset)
+}
+
+// SameLife reports whether id and o are the same life of a server, at
+// whatever address a session reached it: a pooler may reach one server at
+// two (its IPv4 and IPv6 addresses), and only another life can have lost a
+// commit. (Two servers whose postmasters started in the same microsecond on
+// the same timeline with the same statistics' start are taken for one.)
+func (id ServerIdentity) SameLife(o ServerIdentity) bool {
+	return id.Timeline == o.Timeline && id.Started.Equal(o.Started) && id.Reset.Equal(o.Reset)
 }
 
 // scanServerIdentity reads sqlServerIdentity's row.

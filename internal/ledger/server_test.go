@@ -195,3 +195,28 @@ func migratedServer(t *testing.T, opts ...ledger.Option) *pgxpool.Pool {
 	require.NoError(t, err)
 	return pool
 }
+
+// TestServerIdentity_SameLife: a life of a server is its start, timeline
+// and statistics' start, whatever address a session reached it at (a
+// pooler may reach one server at two); Same also tells the addresses apart.
+func TestServerIdentity_SameLife(t *testing.T) {
+	started := time.Date(2026, 12, 7, 10, 0, 0, 123456000, time.UTC)
+	life := ledger.ServerIdentity{Address: "10.0.0.1:5432", Started: started, Timeline: 3, Reset: started}
+	for _, tc := range []struct {
+		name           string
+		other          ledger.ServerIdentity
+		sameLife, same bool
+	}{
+		{"the same", life, true, true},
+		{"another address of it", ledger.ServerIdentity{Address: "[::1]:5432", Started: started, Timeline: 3, Reset: started}, true, false},
+		{"restarted", ledger.ServerIdentity{Address: life.Address, Started: started.Add(time.Microsecond), Timeline: 3, Reset: started}, false, false},
+		{"promoted (another timeline)", ledger.ServerIdentity{Address: life.Address, Started: started, Timeline: 4, Reset: started}, false, false},
+		{"recovered from a crash", ledger.ServerIdentity{Address: life.Address, Started: started, Timeline: 3, Reset: started.Add(time.Second)}, false, false},
+		{"in recovery", ledger.ServerIdentity{Address: life.Address, Started: started, Reset: started}, false, false},
+	} {
+		require.Equal(t, tc.sameLife, life.SameLife(tc.other), tc.name)
+		require.Equal(t, tc.same, life.Same(tc.other), tc.name)
+	}
+	require.Equal(t, "unknown", ledger.ServerIdentity{}.String())
+	require.Equal(t, "10.0.0.1:5432, timeline 3, started 2026-12-07T10:00:00Z, statistics since 2026-12-07T10:00:00Z", life.String())
+}

@@ -38,6 +38,10 @@ type PgBouncer struct {
 	cmd      *exec.Cmd
 	exited   chan struct{}
 	logPath  string
+	// databases is the [databases] section's line's name (Retarget).
+	databases string
+	cred      *syscall.Credential
+	paused    bool
 }
 
 var (
@@ -116,7 +120,7 @@ func StartPgBouncer(ctx context.Context, c *Cluster, opts ...BouncerOption) (_ *
 	if err != nil {
 		return nil, fmt.Errorf("creating pgbouncer directory: %w", err)
 	}
-	b := &PgBouncer{dir: dir, logPath: filepath.Join(dir, "pgbouncer.log")}
+	b := &PgBouncer{dir: dir, logPath: filepath.Join(dir, "pgbouncer.log"), cred: c.cred}
 	defer func() {
 		if err != nil {
 			_ = b.Stop()
@@ -156,6 +160,7 @@ unix_socket_dir =
 auth_type = %s
 auth_file = %s
 auth_user = %s
+admin_users = %s
 pool_mode = transaction
 ignore_startup_parameters = extra_float_digits
 max_client_conn = 2000
@@ -168,7 +173,7 @@ server_idle_timeout = 2
 logfile = %s
 log_connections = 0
 log_disconnections = 0
-%s`, databases, c.socketDir, c.port, b.port, cfg.authType, filepath.Join(dir, "userlist.txt"), superuser, b.logPath, userLine)
+%s`, databases, c.socketDir, c.port, b.port, cfg.authType, filepath.Join(dir, "userlist.txt"), superuser, superuser, b.logPath, userLine)
 	files := map[string]string{
 		"pgbouncer.ini": ini,
 		"userlist.txt":  users,
@@ -184,6 +189,7 @@ log_disconnections = 0
 			}
 		}
 	}
+	b.databases = databases
 	b.cmd = exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
 	// Its own log file has everything; stderr only says it started.
 	b.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -233,6 +239,76 @@ func (b *PgBouncer) logTail() string {
 		lines = lines[len(lines)-20:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// Pause holds its clients' next transactions (PAUSE, on its admin
+// console: it waits for those in flight, then closes its connections to
+// the server), as a failover manager's hook does before a failover, so
+// that no client sees an error of it; Retarget resumes them.
+func (b *PgBouncer) Pause(ctx context.Context) error {
+	if err := b.admin(ctx, "PAUSE"); err != nil {
+		return err
+	}
+	b.paused = true
+	return nil
+}
+
+// admin runs command on its admin console.
+func (b *PgBouncer) admin(ctx context.Context, command string) error {
+	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=pgbouncer sslmode=disable password='%s'", b.port, superuser, b.password)
+	conn, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("connecting to pgbouncer's admin console: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, command).ReadAll(); err != nil {
+		return fmt.Errorf("pgbouncer %s: %w", command, err)
+	}
+	return nil
+}
+
+// Retarget points it at cluster c instead, as an operator, or a virtual
+// address or DNS name moved by a failover manager, does after a failover:
+// its configuration rewritten and reloaded (RELOAD), its clients resumed
+// if paused (Pause). Its clients' connections stay open; their next
+// transactions reach c. It returns once a new connection through it
+// reaches c.
+func (b *PgBouncer) Retarget(ctx context.Context, c *Cluster) error {
+	ini := filepath.Join(b.dir, "pgbouncer.ini")
+	raw, err := os.ReadFile(ini)
+	if err != nil {
+		return fmt.Errorf("reading pgbouncer.ini: %w", err)
+	}
+	lines := strings.Split(string(raw), "\n")
+	prefix := b.databases + " = host="
+	i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, prefix) })
+	if i < 0 {
+		return errors.New("pgbouncer.ini has no line of its databases")
+	}
+	lines[i] = fmt.Sprintf("%s%s port=%d", prefix, c.socketDir, c.port)
+	if err := os.WriteFile(ini, []byte(strings.Join(lines, "\n")), 0o600); err != nil {
+		return fmt.Errorf("writing pgbouncer.ini: %w", err)
+	}
+	if b.cred != nil {
+		if err := os.Chown(ini, int(b.cred.Uid), int(b.cred.Gid)); err != nil {
+			return fmt.Errorf("handing %s to the server user: %w", ini, err)
+		}
+	}
+	if err := b.admin(ctx, "RELOAD"); err != nil {
+		return err
+	}
+	if b.paused {
+		if err := b.admin(ctx, "RESUME"); err != nil {
+			return err
+		}
+		b.paused = false
+	}
+	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=postgres sslmode=disable password='%s'", b.port, superuser, b.password)
+	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var port string
+		err := queryRow(ctx, dsn+" default_query_exec_mode=simple_protocol", "SELECT current_setting('port')", &port)
+		return err == nil && port == strconv.Itoa(c.port), nil
+	})
 }
 
 // Port is the loopback port it listens on.

@@ -192,7 +192,9 @@ type shardRun struct {
 	serverClaims, claimedOnServer bool
 	// server: the ledger's server as the pass began, before its first read
 	// of the ledger (zero: unknown), for the pass's proof (ledger.Counted).
-	server ledger.ServerIdentity
+	// provenOn: the server the last proof was read on (zero: unknown), whose
+	// standby awaitStandby waits for.
+	server, provenOn ledger.ServerIdentity
 }
 
 type carried struct {
@@ -403,7 +405,7 @@ func (s *shardRun) proveDurably(ctx context.Context, pass int) (bool, error) {
 		}
 		s.rep.Proven, s.rep.OnStandby = false, ""
 		s.log().Info("the ledger's database is another server now, or restarted (a failover?), and no standby was known to have the shard's proof before: proving the counts again on the server there is now",
-			"from", s.store.ServerChanges().From.String(), "to", s.store.ServerChanges().To.String())
+			"provenOn", s.provenOn.String(), "from", s.store.ServerChanges().From.String(), "to", s.store.ServerChanges().To.String())
 		// The lease's row may be lost with the server too: this process
 		// holds it, or takes it anew, before the shard writes again.
 		if err := s.takeLease(ctx); err != nil {
@@ -417,7 +419,9 @@ func (s *shardRun) proveDurably(ctx context.Context, pass int) (bool, error) {
 // (ledger.AwaitStandby, at most cfg.StandbyWait): until then a failover to
 // an asynchronous standby can lose the tail the proof read. It reports
 // whether the ledger's sessions reached another server since changes (the
-// pool's ServerChanges before the proof): the proof must then be made
+// pool's ServerChanges before the proof), or than the one the proof was
+// read on (provenOn: behind a pooler, whose own sessions reach a promoted
+// server, the pool's watch sees no failover): the proof must then be made
 // again. Otherwise it says what it found in the log and the report
 // (OnStandby), and never fails the shard. A server that does not answer
 // is asked again, from a new session, until the wait is over: the session
@@ -438,7 +442,7 @@ func (s *shardRun) awaitStandby(ctx context.Context, changes int) (serverChanged
 		if !said {
 			within = min(within, standbyWaitSaid)
 		}
-		st, err = s.store.AwaitStandby(ctx, within)
+		st, err = s.store.AwaitStandby(ctx, within, s.provenOn)
 		if errors.Is(err, ledger.ErrServerChanged) || s.store.ServerChanges().Changes != changes {
 			s.rep.WaitingForStandby = false
 			return true
@@ -550,6 +554,7 @@ func (s *shardRun) prove(ctx context.Context, pass int) (bool, error) {
 	}
 	s.rep.Completed, s.rep.AlreadyHandled, s.rep.Failed = p.Completed, p.AlreadyHandled, p.Failed
 	s.rep.Proven, s.rep.ProvenByKey = true, !p.Counted
+	s.provenOn = p.Server
 	how := "by its server's unchanged life (nothing committed or read since the pass began can be lost), the batch read again"
 	if !p.Counted {
 		how = "key by key"

@@ -473,11 +473,20 @@ func TestFailoverDuringTheStandbyWaitIsProvenAgain(t *testing.T) {
 	pgtest.DirectOnly(t, "its own pair of servers")
 	// held: the standby streams and its WAL is held (a network hiccup);
 	// cut: the standby is cut off (the primary then lists no walsender,
-	// only the standby's slot, as the soak saw after the primary's restart).
-	for _, cut := range []bool{false, true} {
-		t.Run(map[bool]string{false: "held", true: "cut"}[cut], func(t *testing.T) {
+	// only the standby's slot, as the soak saw after the primary's restart);
+	// pooled: held, the shards behind a PgBouncer (transaction mode) that is
+	// pointed at the promoted server after the failover, as an operator, or
+	// the virtual address or DNS name a failover manager moves, does: the
+	// shards' sessions with it stay open, so no new session of their pools
+	// reaches the promoted server and only the wait's own reads of the
+	// server tell it changed.
+	for _, tc := range []struct {
+		name        string
+		cut, pooled bool
+	}{{name: "held"}, {name: "cut", cut: true}, {name: "pooled", pooled: true}} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			failoverDuringTheStandbyWait(t, cut)
+			failoverDuringTheStandbyWait(t, tc.cut, tc.pooled)
 		})
 	}
 }
@@ -517,12 +526,21 @@ func failoverSetup(t *testing.T, items int, name string) (*pgtest.HAPair, string
 	return h, db, primary, plan
 }
 
-func failoverDuringTheStandbyWait(t *testing.T, cut bool) {
+func failoverDuringTheStandbyWait(t *testing.T, cut, pooled bool) {
 	const items = 6000
 	h, db, primary, plan := failoverSetup(t, items, "failover-wait")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	r := startFailoverRun(t, h.DSN(db), plan)
+	dsn := h.DSN(db)
+	var bouncer *pgtest.PgBouncer
+	if pooled {
+		var err error
+		bouncer, err = pgtest.StartPgBouncer(ctx, h.Primary())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = bouncer.Stop() })
+		dsn = fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=%s sslmode=disable", bouncer.Port(), db)
+	}
+	r := startFailoverRun(t, dsn, plan)
 	r.waitProcessed(t, 4*failoverChunk)
 	require.NoError(t, h.WaitReplayed(ctx), "the standby has the fixed batch, the shards' leases and their first chunks")
 	if cut {
@@ -538,8 +556,14 @@ func failoverDuringTheStandbyWait(t *testing.T, cut bool) {
 			WHERE query LIKE '%pg_stat_replication AS r%' AND pid <> pg_backend_pid()`) > 0
 	}, time.Minute, 5*time.Millisecond, "a shard waits for the standby to have its proof")
 	primary.Close()
+	if pooled {
+		require.NoError(t, bouncer.Pause(ctx))
+	}
 	require.NoError(t, h.CrashPrimary(ctx))
 	require.NoError(t, h.Promote(ctx))
+	if pooled {
+		require.NoError(t, bouncer.Retarget(ctx, h.Standby()))
+	}
 	assertSurvivorHoldsAll(t, h.Standby().DSN(db), plan, r.wait(t), items)
 }
 
