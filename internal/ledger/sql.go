@@ -1407,20 +1407,20 @@ const sqlWALPosition = `SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text`
 // cut off, or restarting: pg_auto_failover, Patroni and CloudNativePG keep
 // one per standby), those whose standby had flushed up to $1 before
 // (a physical slot's restart_lsn is its standby's flush position), a slot
-// whose WAL was removed (restart_lsn NULL) not counted. pg_replication_slots
-// is readable by any login.
-const sqlStandbysHave = `SELECT pg_catalog.count(*)::integer,
-    (pg_catalog.count(*) FILTER (WHERE r.flush_lsn OPERATOR(pg_catalog.>=) $1::pg_catalog.text::pg_catalog.pg_lsn))::integer,
-    (pg_catalog.count(*) FILTER (WHERE r.flush_lsn IS NULL))::integer,
-    (SELECT pg_catalog.count(*)::integer FROM pg_catalog.pg_replication_slots AS s
-        WHERE s.slot_type OPERATOR(pg_catalog.=) 'physical' AND NOT s.active AND NOT s.temporary AND s.restart_lsn IS NOT NULL),
-    (SELECT pg_catalog.count(*)::integer FROM pg_catalog.pg_replication_slots AS s
-        WHERE s.slot_type OPERATOR(pg_catalog.=) 'physical' AND NOT s.active AND NOT s.temporary
-          AND s.restart_lsn OPERATOR(pg_catalog.>=) $1::pg_catalog.text::pg_catalog.pg_lsn)
-FROM pg_catalog.pg_stat_replication AS r
-WHERE (r.state IS NULL OR r.state OPERATOR(pg_catalog.<>) 'backup')
-  AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a
-      WHERE a.pid OPERATOR(pg_catalog.=) r.pid AND a.datid IS NOT NULL)`
+// whose WAL was removed (restart_lsn NULL) not counted. Each view is read
+// once; pg_replication_slots is readable by any login.
+const sqlStandbysHave = `SELECT r.standbys, r.flushed, r.hidden, s.disconnected, s.flushed
+FROM (SELECT pg_catalog.count(*)::integer AS standbys,
+        (pg_catalog.count(*) FILTER (WHERE r.flush_lsn OPERATOR(pg_catalog.>=) $1::pg_catalog.text::pg_catalog.pg_lsn))::integer AS flushed,
+        (pg_catalog.count(*) FILTER (WHERE r.flush_lsn IS NULL))::integer AS hidden
+    FROM pg_catalog.pg_stat_replication AS r
+    WHERE (r.state IS NULL OR r.state OPERATOR(pg_catalog.<>) 'backup')
+      AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a
+          WHERE a.pid OPERATOR(pg_catalog.=) r.pid AND a.datid IS NOT NULL)) AS r,
+    (SELECT pg_catalog.count(*)::integer AS disconnected,
+        (pg_catalog.count(*) FILTER (WHERE s.restart_lsn OPERATOR(pg_catalog.>=) $1::pg_catalog.text::pg_catalog.pg_lsn))::integer AS flushed
+    FROM pg_catalog.pg_replication_slots AS s
+    WHERE s.slot_type OPERATOR(pg_catalog.=) 'physical' AND NOT s.active AND NOT s.temporary AND s.restart_lsn IS NOT NULL) AS s`
 
 // sqlDescribeQuery wraps the user's query to describe its columns without
 // running it.
