@@ -531,16 +531,8 @@ func failoverDuringTheStandbyWait(t *testing.T, cut, pooled bool) {
 	h, db, primary, plan := failoverSetup(t, items, "failover-wait")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dsn := h.DSN(db)
-	var bouncer *pgtest.PgBouncer
-	if pooled {
-		var err error
-		bouncer, err = pgtest.StartPgBouncer(ctx, h.Primary())
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = bouncer.Stop() })
-		dsn = fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=%s sslmode=disable", bouncer.Port(), db)
-	}
-	r := startFailoverRun(t, dsn, plan)
+	f := newFailover(ctx, t, h, db, pooled)
+	r := startFailoverRun(t, f.dsn, plan)
 	r.waitProcessed(t, 4*failoverChunk)
 	require.NoError(t, h.WaitReplayed(ctx), "the standby has the fixed batch, the shards' leases and their first chunks")
 	if cut {
@@ -556,15 +548,45 @@ func failoverDuringTheStandbyWait(t *testing.T, cut, pooled bool) {
 			WHERE query LIKE '%pg_stat_replication AS r%' AND pid <> pg_backend_pid()`) > 0
 	}, time.Minute, 5*time.Millisecond, "a shard waits for the standby to have its proof")
 	primary.Close()
-	if pooled {
-		require.NoError(t, bouncer.Pause(ctx))
-	}
-	require.NoError(t, h.CrashPrimary(ctx))
-	require.NoError(t, h.Promote(ctx))
-	if pooled {
-		require.NoError(t, bouncer.Retarget(ctx, h.Standby()))
-	}
+	f.crashFailover(ctx, t)
 	assertSurvivorHoldsAll(t, h.Standby().DSN(db), plan, r.wait(t), items)
+}
+
+// failover is a crash failover of an HA pair, which the run reaches
+// directly (the pair's DSN, naming both servers) or behind a PgBouncer in
+// transaction mode that a failover manager's hook pauses before it and
+// points at the promoted server after it: the run's sessions with the
+// pooler stay open, and see no error of the failover.
+type failover struct {
+	h       *pgtest.HAPair
+	bouncer *pgtest.PgBouncer // nil: directly
+	dsn     string            // database db's, as the run reaches it
+}
+
+func newFailover(ctx context.Context, t *testing.T, h *pgtest.HAPair, db string, pooled bool) *failover {
+	t.Helper()
+	f := &failover{h: h, dsn: h.DSN(db)}
+	if pooled {
+		b, err := pgtest.StartPgBouncer(ctx, h.Primary())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = b.Stop() })
+		f.bouncer, f.dsn = b, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=%s sslmode=disable", b.Port(), db)
+	}
+	return f
+}
+
+// crashFailover crashes the primary and promotes the standby (pausing the
+// pooler before, pointing it at the standby after).
+func (f *failover) crashFailover(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if f.bouncer != nil {
+		require.NoError(t, f.bouncer.Pause(ctx))
+	}
+	require.NoError(t, f.h.CrashPrimary(ctx))
+	require.NoError(t, f.h.Promote(ctx))
+	if f.bouncer != nil {
+		require.NoError(t, f.bouncer.Retarget(ctx, f.h.Standby()))
+	}
 }
 
 // TestFailoverThatLostTheLeaseTakesItAgain: a run that started within the
@@ -579,17 +601,30 @@ func failoverDuringTheStandbyWait(t *testing.T, cut, pooled bool) {
 func TestFailoverThatLostTheLeaseTakesItAgain(t *testing.T) {
 	t.Parallel()
 	pgtest.DirectOnly(t, "its own pair of servers")
+	// pooled: behind a PgBouncer paused, pointed at the promoted server and
+	// resumed by the failover (failover): no new session of the shards'
+	// pools reaches the promoted server, so only the server's life read
+	// again tells the lease's refusal from another process's take.
+	for _, pooled := range []bool{false, true} {
+		t.Run(map[bool]string{false: "direct", true: "pooled"}[pooled], func(t *testing.T) {
+			t.Parallel()
+			failoverThatLostTheLease(t, pooled)
+		})
+	}
+}
+
+func failoverThatLostTheLease(t *testing.T, pooled bool) {
 	const items = 6000
 	h, db, primary, plan := failoverSetup(t, items, "failover-lease")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	f := newFailover(ctx, t, h, db, pooled)
 	require.NoError(t, h.WaitReplayed(ctx), "the standby has the source table")
 	h.HoldWAL() // and nothing of the run
-	r := startFailoverRun(t, h.DSN(db), plan)
+	r := startFailoverRun(t, f.dsn, plan)
 	r.waitProcessed(t, 10*failoverChunk)
 	primary.Close()
-	require.NoError(t, h.CrashPrimary(ctx))
-	require.NoError(t, h.Promote(ctx))
+	f.crashFailover(ctx, t)
 	res := r.wait(t)
 
 	survivor := assertSurvivorHoldsAll(t, h.Standby().DSN(db), plan, res, items)
