@@ -214,7 +214,7 @@ func freePort() (int, error) {
 
 func (b *PgBouncer) waitReady(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=postgres sslmode=disable password='%s'", b.port, superuser, b.password)
+	dsn := b.superuserDSN("postgres")
 	return wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
 		conn, err := pgconn.Connect(ctx, dsn)
 		if err == nil {
@@ -253,10 +253,15 @@ func (b *PgBouncer) Pause(ctx context.Context) error {
 	return nil
 }
 
+// superuserDSN is the connection string of database dbname through it as
+// the cluster's superuser (the admin console's is "pgbouncer").
+func (b *PgBouncer) superuserDSN(dbname string) string {
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable password='%s'", b.port, superuser, dbname, b.password)
+}
+
 // admin runs command on its admin console.
 func (b *PgBouncer) admin(ctx context.Context, command string) error {
-	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=pgbouncer sslmode=disable password='%s'", b.port, superuser, b.password)
-	conn, err := pgconn.Connect(ctx, dsn)
+	conn, err := pgconn.Connect(ctx, b.superuserDSN("pgbouncer"))
 	if err != nil {
 		return fmt.Errorf("connecting to pgbouncer's admin console: %w", err)
 	}
@@ -303,10 +308,10 @@ func (b *PgBouncer) Retarget(ctx context.Context, c *Cluster) error {
 		}
 		b.paused = false
 	}
-	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=postgres sslmode=disable password='%s'", b.port, superuser, b.password)
+	dsn := b.superuserDSN("postgres") + " default_query_exec_mode=simple_protocol"
 	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		var port string
-		err := queryRow(ctx, dsn+" default_query_exec_mode=simple_protocol", "SELECT current_setting('port')", &port)
+		err := queryRow(ctx, dsn, "SELECT current_setting('port')", &port)
 		return err == nil && port == strconv.Itoa(c.port), nil
 	})
 }
