@@ -324,7 +324,7 @@ func TestAwaitStandbySeesAFailoverBehindAPooler(t *testing.T) {
 	b, err := pgtest.StartPgBouncer(ctx, h.Primary())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Stop() })
-	pool, err := ledger.Open(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=%s sslmode=disable", b.Port(), db), 2)
+	pool, err := ledger.Open(ctx, b.SuperuserDSN(db), 2)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	s := ledger.NewStore(pool)

@@ -214,7 +214,7 @@ func freePort() (int, error) {
 
 func (b *PgBouncer) waitReady(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	dsn := b.superuserDSN("postgres")
+	dsn := b.SuperuserDSN("postgres")
 	return wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
 		conn, err := pgconn.Connect(ctx, dsn)
 		if err == nil {
@@ -253,15 +253,15 @@ func (b *PgBouncer) Pause(ctx context.Context) error {
 	return nil
 }
 
-// superuserDSN is the connection string of database dbname through it as
+// SuperuserDSN is the connection string of database dbname through it as
 // the cluster's superuser (the admin console's is "pgbouncer").
-func (b *PgBouncer) superuserDSN(dbname string) string {
+func (b *PgBouncer) SuperuserDSN(dbname string) string {
 	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable password='%s'", b.port, superuser, dbname, b.password)
 }
 
 // admin runs command on its admin console.
 func (b *PgBouncer) admin(ctx context.Context, command string) error {
-	conn, err := pgconn.Connect(ctx, b.superuserDSN("pgbouncer"))
+	conn, err := pgconn.Connect(ctx, b.SuperuserDSN("pgbouncer"))
 	if err != nil {
 		return fmt.Errorf("connecting to pgbouncer's admin console: %w", err)
 	}
@@ -308,7 +308,7 @@ func (b *PgBouncer) Retarget(ctx context.Context, c *Cluster) error {
 		}
 		b.paused = false
 	}
-	dsn := b.superuserDSN("postgres") + " default_query_exec_mode=simple_protocol"
+	dsn := b.SuperuserDSN("postgres") + " default_query_exec_mode=simple_protocol"
 	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		var port string
 		err := queryRow(ctx, dsn, "SELECT current_setting('port')", &port)
