@@ -15,6 +15,7 @@ var (
 	SQLInsertFreshEffect       = sqlInsertFreshEffect
 	SQLCreateClaimed           = sqlCreateClaimed
 	SQLPinnedSearchPath        = sqlPinnedSearchPath
+	SQLMigrationBlockers       = sqlMigrationBlockers
 	SQLProveKeptShard          = sqlProveKeptShard
 	SQLShardOwnRows            = sqlShardOwnRows
 	SQLHeldOfShard             = sqlHeldOfShard

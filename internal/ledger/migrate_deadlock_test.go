@@ -2,9 +2,11 @@ package ledger_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
@@ -107,4 +109,91 @@ func TestMigrate_EarlierReleaseWaitingForTheLock(t *testing.T) {
 	n, err := ledger.Migrate(ctx, pool)
 	require.NoError(t, err)
 	require.Zero(t, n, "nothing left to apply")
+}
+
+// TestMigrationBlockersLeavesOutTheLooker: an index build CONCURRENTLY waits
+// for every snapshot older than it, one at a time, the transaction that looks
+// up what the build waits for included when it is open at that moment. That
+// transaction ends in milliseconds and is the looker's own: named, it made
+// `runledger migrate` say it waited for itself ("runledger migrate", open for
+// 0s). Here the build waits for a shard's snapshot and for the looker's, in
+// the order the server picks: while it waits for the looker's, the looker
+// names nothing; while it waits for the shard's, the shard is named.
+func TestMigrationBlockersLeavesOutTheLooker(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDatabase(t)
+	pool := pgtest.Pool(t, dsn)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := pool.Exec(ctx, `CREATE TABLE built (x int)`)
+	require.NoError(t, err)
+
+	const name, shardName = "runledger migrate (looker test)", "v0.1.0 worker (looker test)"
+	open := func(app string) (pgx.Tx, int32) {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		t.Cleanup(c.Release)
+		_, err = c.Exec(ctx, `SELECT pg_catalog.set_config('application_name', $1, false)`, app)
+		require.NoError(t, err)
+		var pid int32
+		require.NoError(t, c.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&pid))
+		tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
+		_, err = tx.Exec(ctx, `SELECT count(*) FROM built`)
+		require.NoError(t, err)
+		return tx, pid
+	}
+	looker, lookerPID := open(name)
+	shard, shardPID := open(shardName)
+	build, buildPID := open(name)
+	require.NoError(t, build.Rollback(ctx)) // the session only: CONCURRENTLY runs outside a transaction
+	built := make(chan error, 1)
+	go func() {
+		_, err := build.Conn().Exec(ctx, `CREATE INDEX CONCURRENTLY built_x ON built (x)`)
+		built <- err
+	}()
+	// waitsFor: the session the build waits for, once it waits for one of want.
+	waitsFor := func(want ...int32) int32 {
+		var pid int32
+		require.Eventually(t, func() bool {
+			pid = scalar[int32](t, pool, `SELECT coalesce((SELECT b FROM pg_catalog.pg_stat_activity,
+				pg_catalog.unnest(pg_catalog.pg_blocking_pids(pid)) AS b WHERE pid = $1 AND wait_event_type = 'Lock' LIMIT 1), 0)`, buildPID)
+			return slices.Contains(want, pid)
+		}, time.Minute, 20*time.Millisecond, "the build waits for a snapshot of %v", want)
+		return pid
+	}
+	lookerNames := func() {
+		t.Helper()
+		rows, err := looker.Query(ctx, ledger.SQLMigrationBlockers, name)
+		require.NoError(t, err)
+		named, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+			var pid int32
+			var app string
+			var secs float64
+			err := r.Scan(&pid, &app, &secs)
+			return app, err
+		})
+		require.NoError(t, err)
+		require.Empty(t, named, "the looker never names itself")
+		require.NoError(t, looker.Rollback(ctx))
+	}
+	shardNamed := func() {
+		t.Helper()
+		b, err := ledger.MigrationBlockers(ctx, pool, name)
+		require.NoError(t, err)
+		require.Len(t, b, 1)
+		require.Equal(t, shardName, b[0].ApplicationName, "the shard the build waits for is named")
+		require.NoError(t, shard.Rollback(ctx))
+	}
+	if waitsFor(lookerPID, shardPID) == lookerPID {
+		lookerNames()
+		waitsFor(shardPID)
+		shardNamed()
+	} else {
+		shardNamed()
+		waitsFor(lookerPID)
+		lookerNames()
+	}
+	require.NoError(t, <-built)
 }

@@ -749,14 +749,19 @@ ORDER BY l.pid`
 // sqlMigrationBlockers: the sessions that a migrator (a session named $1)
 // waiting for a lock waits for, longest-open transaction first. Another
 // login's transaction start is visible only to members of pg_read_all_stats
-// (then NULL: no age).
+// (then NULL: no age). The asking session is never one: an index build
+// CONCURRENTLY waits for every older snapshot, this statement's own too when
+// it is open then, and naming it would say the migrator waits for itself.
+// Only this database's migrator: a migration of another database on the
+// server waits for sessions of its own.
 const sqlMigrationBlockers = `
 SELECT DISTINCT b.pid, coalesce(b.application_name, ''),
        coalesce(extract(epoch FROM pg_catalog.clock_timestamp() - b.xact_start), -1)::float8 AS open_for
-FROM pg_stat_activity w
+FROM pg_catalog.pg_stat_activity w
 CROSS JOIN LATERAL pg_catalog.unnest(pg_catalog.pg_blocking_pids(w.pid)) AS k(pid)
-JOIN pg_stat_activity b ON b.pid = k.pid
+JOIN pg_catalog.pg_stat_activity b ON b.pid = k.pid
 WHERE w.application_name = $1 AND w.wait_event_type = 'Lock' AND w.pid <> pg_catalog.pg_backend_pid()
+  AND w.datname = pg_catalog.current_database() AND b.pid <> pg_catalog.pg_backend_pid()
 ORDER BY open_for DESC, b.pid`
 
 // A run's batch (migrations/00002_batch.sql): what a query source returned,
