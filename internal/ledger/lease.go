@@ -65,6 +65,18 @@ type ShardLease struct {
 	// last taken or renewed: a refusal from a server the pool reached since
 	// (refused) may be a failover's loss, not another holder.
 	renewedOn atomic.Int64
+	// life is the server's life the lease was last taken or checked on,
+	// read in that transaction: behind a pooler the pool's sessions outlive
+	// a failover, so its watch (renewedOn) may never see one, and a refusal
+	// is told from another holder's take by the life it comes from.
+	life atomic.Pointer[ServerIdentity]
+}
+
+// onLife records the server's life a transaction of the lease ran on.
+func (l *ShardLease) onLife(id ServerIdentity) {
+	if id.Known() {
+		l.life.Store(&id)
+	}
 }
 
 // Renewed records that a transaction of this process renewed the lease
@@ -125,6 +137,7 @@ func (l *ShardLease) Acquire(ctx context.Context, wait time.Duration, onBusy fun
 // waits (Acquire's onBusy) and tries again.
 func (l *ShardLease) try(ctx context.Context) (bool, error) {
 	var free, taken bool
+	var life ServerIdentity
 	b := l.store.begin(sqlBeginWrite)
 	b.Queue(sqlLeaseLockWait)
 	b.Queue(sqlPinnedSearchPath)
@@ -134,6 +147,7 @@ func (l *ShardLease) try(ctx context.Context) (bool, error) {
 		rows.Close()
 		return rows.Err()
 	})
+	b.Queue(sqlServerIdentity).QueryRow(func(r pgx.Row) (err error) { life, err = scanServerIdentity(r); return err })
 	b.Queue(sqlCommit)
 	bounded, cancel := l.store.answered(ctx)
 	err := noAnswer(ctx, bounded, l.store.pool.SendBatch(bounded, b).Close())
@@ -152,6 +166,7 @@ func (l *ShardLease) try(ctx context.Context) (bool, error) {
 	}
 	if taken {
 		l.Renewed()
+		l.onLife(life)
 	}
 	return taken, nil
 }
@@ -160,13 +175,21 @@ func (l *ShardLease) try(ctx context.Context) (bool, error) {
 // not this process's), whose transaction committed nothing. Another
 // process took the lease over (ErrShardBusy), unless the pool reached
 // another server, or another life of it, since this process last renewed
-// it: a failover may have lost the row with the commits just before it,
-// and the lease is then taken again where nobody else holds it
+// it, or the server answering now is another life than the one the lease
+// was last taken or checked on (behind a pooler, whose sessions outlive a
+// failover): a failover may have lost the row with the commits just before
+// it, and the lease is then taken again where nobody else holds it
 // (ErrLeaseTakenAgain: the caller tries its statement again). A lease
 // released or taken over on the same server is never taken back.
 func (l *ShardLease) refused(ctx context.Context) error {
 	if int64(l.store.ServerChanges().Changes) == l.renewedOn.Load() {
-		return ErrShardBusy
+		changed, err := l.lifeChanged(ctx)
+		if err != nil {
+			return err
+		}
+		if !changed {
+			return ErrShardBusy
+		}
 	}
 	taken, err := l.try(ctx)
 	switch {
@@ -178,12 +201,29 @@ func (l *ShardLease) refused(ctx context.Context) error {
 	return ErrLeaseTakenAgain
 }
 
+// lifeChanged says whether the server answering now is another life than
+// the one the lease was last taken or checked on (false when that is not
+// known).
+func (l *ShardLease) lifeChanged(ctx context.Context) (bool, error) {
+	was := l.life.Load()
+	if was == nil {
+		return false, nil
+	}
+	now, err := l.store.Server(ctx)
+	if err != nil {
+		return false, fmt.Errorf("telling a failover's loss of the lease of shard %d from another holder: %w", l.shard, err)
+	}
+	return !now.SameLife(*was), nil
+}
+
 // Check renews the lease now: ErrShardBusy if another process has taken it
 // over, or it is gone (refused: after a failover it is taken again).
 func (l *ShardLease) Check(ctx context.Context) error {
+	var life ServerIdentity
 	b := l.store.begin(sqlBeginWrite)
 	b.Queue(sqlPinnedSearchPath)
 	b.Queue(l.sqlHold())
+	b.Queue(sqlServerIdentity).QueryRow(func(r pgx.Row) (err error) { life, err = scanServerIdentity(r); return err })
 	b.Queue(sqlCommit)
 	bounded, cancel := l.store.answered(ctx)
 	err := noAnswer(ctx, bounded, l.store.pool.SendBatch(bounded, b).Close())
@@ -198,6 +238,7 @@ func (l *ShardLease) Check(ctx context.Context) error {
 		return fmt.Errorf("renewing the lease of shard %d: %w", l.shard, err)
 	}
 	l.Renewed()
+	l.onLife(life)
 	return nil
 }
 

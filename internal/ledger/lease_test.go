@@ -219,3 +219,55 @@ func TestShardLeaseThroughPgBouncer(t *testing.T) {
 	require.Zero(t, scalar[int](t, direct, `SELECT count(*)::int FROM runledger.shard_lease`))
 	require.Equal(t, 10, scalar[int](t, direct, `SELECT count(*)::int FROM runledger.ledger`))
 }
+
+// TestShardLeaseLostInAFailoverBehindAPooler: a lease taken within the
+// replication lag is lost with a crash failover. Behind a PgBouncer pointed
+// at the promoted server after it, the pool's sessions stay open: the
+// renewal's refusal comes on a session the pool's watch saw no other server
+// on (the pool opens a new one only after, the refused transaction's session
+// being dropped), so it must be told from another process's take by the
+// server's life: the lease nobody holds there is taken again; one another
+// process took over before the failover stays that process's. (The old
+// code stopped the shard as "being processed by another process".)
+func TestShardLeaseLostInAFailoverBehindAPooler(t *testing.T) {
+	t.Parallel()
+	pgtest.DirectOnly(t, "its own pair of servers and its own PgBouncer")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
+	db := h.NewDatabase(t)
+	b, err := pgtest.StartPgBouncer(ctx, h.Primary())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Stop() })
+	pool, err := ledger.Open(ctx, b.SuperuserDSN(db), 2)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s := ledger.NewStore(pool)
+	// Shard 1: taken by this process, then by another one (its holder
+	// changed, far from expiry), before the failover: the standby has it.
+	kept := s.ShardLease("uid-lost", 1)
+	require.NoError(t, kept.Acquire(ctx, 0, nil))
+	_, err = pool.Exec(ctx, `UPDATE runledger.shard_lease SET holder = 'another process', expires_at = now() + interval '1 hour'
+		WHERE run_uid = 'uid-lost' AND shard = 1`)
+	require.NoError(t, err)
+	require.NoError(t, h.WaitReplayed(ctx))
+	// Shard 0: taken within the lag, lost with the failover.
+	h.HoldWAL()
+	lost := s.ShardLease("uid-lost", 0)
+	require.NoError(t, lost.Acquire(ctx, 0, nil))
+
+	require.NoError(t, h.CrashPrimary(ctx))
+	require.NoError(t, h.Promote(ctx))
+	require.NoError(t, b.Retarget(ctx, h.Standby()))
+
+	// Shard 0 first: its refusal is the first thing of the pool to reach
+	// the promoted server, so only the server's life can tell it.
+	require.NoError(t, lost.Check(ctx), "the lease lost with the failover is taken again")
+	survivor := pgtest.Pool(t, h.Standby().DSN(db))
+	require.Equal(t, 1, scalar[int](t, survivor, `SELECT count(*)::int FROM runledger.shard_lease WHERE run_uid = 'uid-lost' AND shard = 0 AND expires_at > now()`),
+		"the survivor holds shard 0's lease again")
+	require.ErrorIs(t, kept.Check(ctx), ledger.ErrShardBusy, "a lease another process took over is never taken back")
+	require.Equal(t, "another process", scalar[string](t, survivor, `SELECT holder FROM runledger.shard_lease WHERE run_uid = 'uid-lost' AND shard = 1`))
+	lost.Release()
+	require.Zero(t, scalar[int](t, survivor, `SELECT count(*)::int FROM runledger.shard_lease WHERE run_uid = 'uid-lost' AND shard = 0`), "given back")
+}

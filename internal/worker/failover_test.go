@@ -602,11 +602,10 @@ func TestFailoverThatLostTheLeaseTakesItAgain(t *testing.T) {
 	t.Parallel()
 	pgtest.DirectOnly(t, "its own pair of servers")
 	// pooled: behind a PgBouncer paused, pointed at the promoted server and
-	// resumed by the failover (failover). The lease's refusal is told from
-	// another process's take by the pool's watch only: here the shards'
-	// pools open new sessions after the failover, which see it (a pooler
-	// whose sessions all outlived it would leave the shard stopped as busy:
-	// not covered).
+	// resumed by the failover (failover). Here the shards' pools open new
+	// sessions after the failover, which the pool's watch sees; a refusal
+	// on sessions that all outlived it is told by the server's life
+	// (TestShardLeaseLostInAFailoverBehindAPooler).
 	for _, pooled := range []bool{false, true} {
 		t.Run(map[bool]string{false: "direct", true: "pooled"}[pooled], func(t *testing.T) {
 			t.Parallel()
