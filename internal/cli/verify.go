@@ -308,13 +308,6 @@ func judge(run ledger.RunRecord, rep reported, p ledger.RunProof) judgement {
 		id, p.Completed, p.AlreadyHandled, p.Failed, p.Total, rep.from)}
 }
 
-func plural(n int64, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
-}
-
 // proofItemJSON is one key of runledger verify's JSON output.
 type proofItemJSON struct {
 	Verdict    string         `json:"verdict"`

@@ -13,6 +13,7 @@ import (
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/cli/exitcode"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/phrase"
 )
 
 // The state of a run runledger verify --since reports.
@@ -76,8 +77,8 @@ func (o *verifyOptions) recent(cmd *cobra.Command, args []string) error {
 	if ns == "" {
 		where = "every namespace"
 	}
-	summary := fmt.Sprintf("%d %s of %s fixed since %s: %d proven by the ledger, %d not (runledger verify RUN -n NS lists their items), %d not checked (%d inline items or a ConfigMap, whose batch the ledger does not keep: runledger verify RUN -f MANIFEST; %d pruned)",
-		len(out), plural(int64(len(out)), "run", "runs"), where, since.UTC().Format(time.RFC3339), tally[recentProven], tally[recentNotProven],
+	summary := fmt.Sprintf("%s of %s fixed since %s: %d proven by the ledger, %d not (runledger verify RUN -n NS lists their items), %d not checked (%d inline items or a ConfigMap, whose batch the ledger does not keep: runledger verify RUN -f MANIFEST; %d pruned)",
+		phrase.Count(int64(len(out)), "run", "runs"), where, since.UTC().Format(time.RFC3339), tally[recentProven], tally[recentNotProven],
 		tally[recentNotKept]+tally[recentPruned], tally[recentNotKept], tally[recentPruned])
 	if err := writeRecent(secrets.Writer(cmd.OutOrStdout()), o.output, out, tally[recentNotProven] == 0, summary); err != nil {
 		return err

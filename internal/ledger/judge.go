@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/runledger/runledger/api/v1alpha1"
+	"github.com/runledger/runledger/internal/phrase"
 )
 
 // Disagreements says, one phrase each, why p does not prove the counts a
@@ -16,10 +17,10 @@ import (
 func (p RunProof) Disagreements(reported v1alpha1.ItemCounts, compareTotal, comparePayloadChanged bool) []string {
 	var why []string
 	if p.Missing > 0 {
-		why = append(why, fmt.Sprintf("%d %s missing (no committed row, no row of the run, no failure record)", p.Missing, plural(p.Missing, "item", "items")))
+		why = append(why, phrase.Count(p.Missing, "item", "items")+" missing (no committed row, no row of the run, no failure record)")
 	}
 	if p.Mismatched > 0 {
-		why = append(why, fmt.Sprintf("%d %s mismatched", p.Mismatched, plural(p.Mismatched, "key", "keys")))
+		why = append(why, phrase.Count(p.Mismatched, "key", "keys")+" mismatched")
 	}
 	if p.Unmatched != p.BadRows {
 		why = append(why, fmt.Sprintf("its failure records under no key of the batch count %d failed, for %d rows of the batch that could not become items", p.Unmatched, p.BadRows))
@@ -40,13 +41,6 @@ func (p RunProof) Disagreements(reported v1alpha1.ItemCounts, compareTotal, comp
 		}
 	}
 	return why
-}
-
-func plural(n int64, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }
 
 // PayloadChangedKeys counts run's keys that another run's committed row

@@ -13,6 +13,7 @@ import (
 
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/phrase"
 )
 
 // This file is the worker's side of the contract with the controller
@@ -169,12 +170,7 @@ func ShardMessage(r Report, maxFailed int) string {
 }
 
 // Items renders a count of items: "1 item", "3 items".
-func Items(n int64) string {
-	if n == 1 {
-		return "1 item"
-	}
-	return fmt.Sprintf("%d items", n)
-}
+func Items(n int64) string { return phrase.Count(n, "item", "items") }
 
 // podPatchError is the error of a patch of env's pod: a pod that is gone,
 // or is another pod of the same name (a force-deleted pod's successor: the
