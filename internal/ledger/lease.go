@@ -70,7 +70,15 @@ type ShardLease struct {
 	// a failover, so its watch (renewedOn) may never see one, and a refusal
 	// is told from another holder's take by the life it comes from.
 	life atomic.Pointer[ServerIdentity]
+	// takenAgain, when set, is called each time refused takes the lease
+	// again (OnTakenAgain).
+	takenAgain func()
 }
+
+// OnTakenAgain has f called each time the lease, gone from the ledger's
+// server after a failover, is taken again (by a chunk, Check or Keep), so
+// that the caller can say so. Set it before the lease is used.
+func (l *ShardLease) OnTakenAgain(f func()) { l.takenAgain = f }
 
 // onLife records the server's life a transaction of the lease ran on.
 func (l *ShardLease) onLife(id ServerIdentity) {
@@ -197,6 +205,9 @@ func (l *ShardLease) refused(ctx context.Context) error {
 		return err
 	case !taken:
 		return ErrShardBusy
+	}
+	if l.takenAgain != nil {
+		l.takenAgain()
 	}
 	return ErrLeaseTakenAgain
 }

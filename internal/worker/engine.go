@@ -223,6 +223,7 @@ func (s *shardRun) run(ctx context.Context) {
 	// One process per shard: two would each count the other's rows as their
 	// own completed ones (see ErrShardBusy).
 	s.lease = s.store.ShardLease(s.cfg.Run.UID, s.cfg.Run.Shard)
+	s.lease.OnTakenAgain(func() { s.log().Info(ledger.ErrLeaseTakenAgain.Error()) })
 	defer s.lease.Release()
 	if err := s.takeLease(ctx); err != nil {
 		s.fail(ctx, fmt.Errorf("shard %d of run %s/%s: %w", s.cfg.Run.Shard, s.cfg.Run.Namespace, s.cfg.Run.Name, err))
