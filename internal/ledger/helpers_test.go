@@ -140,3 +140,20 @@ func workerRole(t *testing.T, owner *pgxpool.Pool) (*pgxpool.Pool, string) {
 	cfg := owner.Config().ConnConfig
 	return pgtest.Pool(t, fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, role, db)), role
 }
+
+// pooledHAPair is a primary and its asynchronous standby with a migrated
+// database db, a PgBouncer in front of the primary (a failover's hook
+// points it at the promoted server: Retarget), and a pool of 2 of the
+// database through it.
+func pooledHAPair(ctx context.Context, t *testing.T) (*pgtest.HAPair, string, *pgtest.PgBouncer, *pgxpool.Pool) {
+	t.Helper()
+	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
+	db := h.NewDatabase(t)
+	b, err := pgtest.StartPgBouncer(ctx, h.Primary())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Stop() })
+	pool, err := ledger.Open(ctx, b.SuperuserDSN(db), 2)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return h, db, b, pool
+}

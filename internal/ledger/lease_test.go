@@ -234,20 +234,13 @@ func TestShardLeaseLostInAFailoverBehindAPooler(t *testing.T) {
 	pgtest.DirectOnly(t, "its own pair of servers and its own PgBouncer")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	h := pgtest.NewHAPair(t, pgtest.HAOptions{})
-	db := h.NewDatabase(t)
-	b, err := pgtest.StartPgBouncer(ctx, h.Primary())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Stop() })
-	pool, err := ledger.Open(ctx, b.SuperuserDSN(db), 2)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	h, db, b, pool := pooledHAPair(ctx, t)
 	s := ledger.NewStore(pool)
 	// Shard 1: taken by this process, then by another one (its holder
 	// changed, far from expiry), before the failover: the standby has it.
 	kept := s.ShardLease("uid-lost", 1)
 	require.NoError(t, kept.Acquire(ctx, 0, nil))
-	_, err = pool.Exec(ctx, `UPDATE runledger.shard_lease SET holder = 'another process', expires_at = now() + interval '1 hour'
+	_, err := pool.Exec(ctx, `UPDATE runledger.shard_lease SET holder = 'another process', expires_at = now() + interval '1 hour'
 		WHERE run_uid = 'uid-lost' AND shard = 1`)
 	require.NoError(t, err)
 	require.NoError(t, h.WaitReplayed(ctx))
