@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -672,4 +673,45 @@ func TestScheduleStatusLostThenSuspended(t *testing.T) {
 	require.Equal(t, []string{f.runName(f.hour)}, f.runNames(t), "one run")
 	waitScheduleEvent(t, f, "RunExists", "Run "+f.runName(f.hour)+" ")
 	require.Empty(t, scheduleEvents(t, f.env, f.ns, f.name, "Missed"), "no tick announced as missed")
+}
+
+// TestScheduleRunNameTakenStalls: a tick whose run name is taken by a run
+// the schedule does not control stalls the schedule (Stalled and Ready
+// False, RunNameTaken, what to do): nothing is created or claimed, the tick
+// stays due, and once the name is free the tick's run is created.
+func TestScheduleRunNameTakenStalls(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newScheduleFixture(t, "taken", nil)
+	foreign := schedule.NewRun(f.get(t), occ(f.hour), f.hour, "test")
+	foreign.OwnerReferences = nil
+	require.NoError(t, f.env.Client.Create(ctx, foreign))
+	startScheduleManager(t, f.env, f.ns, "sched-taken", f.clock)
+	f.at(t, f.hour.Add(time.Second))
+	want := "run name " + f.runName(f.hour) + " (occurrence " + occ(f.hour) + ") is taken by a ProcessingRun this schedule does not control"
+	s := f.waitStatus(t, "stalled", func(st *v1alpha1.ProcessingScheduleStatus) error {
+		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionStalled)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonRunNameTaken {
+			return fmt.Errorf("stalled: %+v", c)
+		}
+		return nil
+	})
+	stalled := meta.FindStatusCondition(s.Status.Conditions, v1alpha1.ConditionStalled)
+	require.Contains(t, stalled.Message, want)
+	require.Contains(t, stalled.Message, "delete or rename it")
+	ready := meta.FindStatusCondition(s.Status.Conditions, v1alpha1.ConditionReady)
+	require.Equal(t, metav1.ConditionFalse, ready.Status)
+	require.Equal(t, ReasonRunNameTaken, ready.Reason)
+	require.Nil(t, s.Status.LastScheduleTime, "the tick stays due")
+	require.Equal(t, []string{foreign.Name}, f.runNames(t), "nothing created beside the foreign run (it has the schedule's labels)")
+	require.Nil(t, metav1.GetControllerOf(getRun(t, f.env, f.ns, foreign.Name)), "the foreign run is not claimed")
+
+	require.NoError(t, f.env.Client.Delete(ctx, foreign))
+	require.Eventually(t, func() bool {
+		return apierrors.IsNotFound(f.env.Client.Get(ctx, client.ObjectKeyFromObject(foreign), &v1alpha1.ProcessingRun{}))
+	}, time.Minute, 50*time.Millisecond, "the foreign run is gone")
+	f.poke(t)
+	f.waitStatus(t, "the tick, once the name is free", lastScheduled(f.hour))
+	require.Equal(t, []string{f.runName(f.hour)}, f.runNames(t))
+	require.Nil(t, meta.FindStatusCondition(f.get(t).Status.Conditions, v1alpha1.ConditionStalled), "no longer stalled")
 }
