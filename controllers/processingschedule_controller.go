@@ -24,6 +24,7 @@ import (
 	acv1alpha1 "github.com/runledger/runledger/api/applyconfiguration/api/v1alpha1"
 	"github.com/runledger/runledger/api/v1alpha1"
 	"github.com/runledger/runledger/internal/schedule"
+	"github.com/runledger/runledger/internal/schedule/manualrun"
 )
 
 // The schedule controller's permissions, on top of the run controller's
@@ -261,40 +262,35 @@ func (r *ScheduleReconciler) replaceRuns(ctx context.Context, s *schedScope) err
 // is not this occurrence's run stalls the schedule.
 func (r *ScheduleReconciler) createRuns(ctx context.Context, s *schedScope) error {
 	for _, t := range s.decision.Start {
-		run := schedule.NewRun(s.sched, t.Occurrence, t.Time, schedule.CreatedByController)
-		err := r.Client.Create(ctx, run, client.FieldOwner(v1alpha1.ControllerFieldManager))
+		run, created, err := manualrun.CreateOrFind(ctx, r.Client, s.sched, t.Occurrence, t.Time, schedule.CreatedByController,
+			client.FieldOwner(v1alpha1.ControllerFieldManager))
 		switch {
-		case err == nil:
+		case errors.Is(err, manualrun.ErrNameTaken):
+			s.stalled = &problem{reason: ReasonRunNameTaken, message: fmt.Sprintf(
+				"run name %s (occurrence %s) is taken by a ProcessingRun this schedule does not control, or of another occurrence: delete or rename it",
+				run.Name, t.Occurrence)}
+			// The tick stays due, and the ticks missed before it are
+			// counted when the pass that gets past it writes.
+			s.decision.Last, s.decision.Next = nil, nil
+			s.decision.MissedCount, s.decision.MissedBy, s.missed = 0, nil, nil
+			return nil
+		case err != nil:
+			return err
+		case created:
 			s.created = append(s.created, run.Name)
 			schedRunsCreated.WithLabelValues(s.sched.Namespace, s.sched.Name).Inc()
 			r.event(s.sched, run, corev1.EventTypeNormal, "RunCreated", "Create",
 				fmt.Sprintf("Created run %s for occurrence %s (scheduled %s)", run.Name, t.Occurrence, t.Time.UTC().Format(time.RFC3339)))
 			log.FromContext(ctx).Info("created scheduled run", "run", run.Name, "occurrence", t.Occurrence)
-		case apierrors.IsAlreadyExists(err):
-			existing := &v1alpha1.ProcessingRun{}
-			if gerr := r.Client.Get(ctx, client.ObjectKeyFromObject(run), existing); gerr != nil {
-				return fmt.Errorf("get run %s that already exists: %w", run.Name, gerr)
-			}
-			if !schedule.IsRunOf(existing, s.sched, t.Occurrence) {
-				s.stalled = &problem{reason: ReasonRunNameTaken, message: fmt.Sprintf(
-					"run name %s (occurrence %s) is taken by a ProcessingRun this schedule does not control, or of another occurrence: delete or rename it",
-					run.Name, t.Occurrence)}
-				// The tick stays due, and the ticks missed before it are
-				// counted when the pass that gets past it writes.
-				s.decision.Last, s.decision.Next = nil, nil
-				s.decision.MissedCount, s.decision.MissedBy, s.missed = 0, nil, nil
-				return nil
-			}
+		default: // the occurrence's run, there already
 			if st := r.liveStatus(ctx, s); st != nil && st.LastScheduleTime != nil && !st.LastScheduleTime.Time.Before(t.Time) {
 				// A pass behind the write of the pass that dealt with the
 				// tick (the run's own watch event started it): nothing new.
 				log.FromContext(ctx).V(1).Info("the tick's run exists and the tick was dealt with", "run", run.Name)
 			} else {
-				r.event(s.sched, existing, corev1.EventTypeNormal, "RunExists", "Create",
+				r.event(s.sched, run, corev1.EventTypeNormal, "RunExists", "Create",
 					fmt.Sprintf("Run %s of occurrence %s already exists: not started again", run.Name, t.Occurrence))
 			}
-		default:
-			return fmt.Errorf("create run %s: %w", run.Name, err)
 		}
 		s.lastRun = &v1alpha1.ScheduledRun{Name: run.Name, Occurrence: t.Occurrence}
 	}
@@ -327,35 +323,29 @@ func (r *ScheduleReconciler) triggerRun(ctx context.Context, s *schedScope) erro
 		s.trigger = tr
 		return nil
 	}
-	run := schedule.NewRun(s.sched, occ, time.Time{}, schedule.CreatedByTrigger)
-	err := r.Client.Create(ctx, run, client.FieldOwner(v1alpha1.ControllerFieldManager))
+	run, created, err := manualrun.CreateOrFind(ctx, r.Client, s.sched, occ, time.Time{}, schedule.CreatedByTrigger,
+		client.FieldOwner(v1alpha1.ControllerFieldManager))
 	switch {
-	case err == nil:
+	case errors.Is(err, manualrun.ErrNameTaken):
+		refuse(fmt.Sprintf("annotation %s: run name %s (occurrence %s) is taken by a ProcessingRun this schedule does not control, or of another occurrence: no run started",
+			v1alpha1.AnnotationTrigger, run.Name, occ))
+	case apierrors.IsInvalid(err):
+		refuse(fmt.Sprintf("annotation %s: the run of occurrence %s is invalid: %v", v1alpha1.AnnotationTrigger, occ, errors.Unwrap(err)))
+	case err != nil:
+		return fmt.Errorf("the trigger annotation: %w", err)
+	case created:
 		tr.Result, tr.Run, s.triggered = v1alpha1.TriggerCreated, run.Name, run.Name
 		schedRunsCreated.WithLabelValues(s.sched.Namespace, s.sched.Name).Inc()
 		r.event(s.sched, run, corev1.EventTypeNormal, "RunCreated", "Trigger",
 			fmt.Sprintf("Created run %s for occurrence %s (annotation %s)", run.Name, occ, v1alpha1.AnnotationTrigger))
 		log.FromContext(ctx).Info("created triggered run", "run", run.Name, "occurrence", occ)
-	case apierrors.IsAlreadyExists(err):
-		existing := &v1alpha1.ProcessingRun{}
-		if gerr := r.Client.Get(ctx, client.ObjectKeyFromObject(run), existing); gerr != nil {
-			return fmt.Errorf("get run %s that already exists: %w", run.Name, gerr)
-		}
-		if !schedule.IsRunOf(existing, s.sched, occ) {
-			refuse(fmt.Sprintf("annotation %s: run name %s (occurrence %s) is taken by a ProcessingRun this schedule does not control, or of another occurrence: no run started",
-				v1alpha1.AnnotationTrigger, run.Name, occ))
-			break
-		}
+	default: // the occurrence's run, there already
 		if st := r.liveStatus(ctx, s); st != nil && st.Trigger != nil && st.Trigger.Occurrence == recorded {
 			return nil // a pass behind the write of the pass that dealt with it
 		}
 		tr.Result, tr.Run = v1alpha1.TriggerExists, run.Name
-		r.event(s.sched, existing, corev1.EventTypeNormal, "RunExists", "Trigger",
+		r.event(s.sched, run, corev1.EventTypeNormal, "RunExists", "Trigger",
 			fmt.Sprintf("Run %s of occurrence %s already exists: not started again (annotation %s)", run.Name, occ, v1alpha1.AnnotationTrigger))
-	case apierrors.IsInvalid(err):
-		refuse(fmt.Sprintf("annotation %s: the run of occurrence %s is invalid: %v", v1alpha1.AnnotationTrigger, occ, err))
-	default:
-		return fmt.Errorf("create run %s for the trigger annotation: %w", run.Name, err)
 	}
 	s.trigger = tr
 	return nil
