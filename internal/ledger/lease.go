@@ -220,7 +220,10 @@ func (l *ShardLease) lifeChanged(ctx context.Context) (bool, error) {
 	if was == nil {
 		return false, nil
 	}
-	now, err := l.store.Server(ctx)
+	bounded, cancel := l.store.answered(ctx)
+	now, err := l.store.Server(bounded)
+	err = noAnswer(ctx, bounded, err)
+	cancel()
 	if err != nil {
 		return false, fmt.Errorf("telling a failover's loss of the lease of shard %d from another holder: %w", l.shard, err)
 	}
