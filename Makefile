@@ -172,7 +172,7 @@ release: ## make release VERSION=vX.Y.Z IMG=REGISTRY/REPOSITORY [INSECURE=1]: fr
 RELEASE_CHECK_TIMEOUT ?= 60m
 
 .PHONY: release-check
-release-check: ## make release twice, from two clean clones of HEAD (tagged v0.0.0-check there; the second with an empty Go build cache), against a throwaway registry on loopback: the two SHA256SUMS must match byte for byte (hack/tools/release; CI runs it, about 15 CPU-minutes).
+release-check: ## make release twice, from two clean clones of HEAD (tagged v0.0.0-check there; the second with an empty Go build cache, or the shared one with RUNLEDGER_RELEASE_CHECK_CACHE=shared, as CI runs it), against a throwaway registry on loopback: the two SHA256SUMS must match byte for byte (hack/tools/release; 25 to 35 minutes on 2 cores, most of it the second clone's cold compile).
 	cd $(ROOT)/hack/tools/release && RUNLEDGER_RELEASE_CHECK=$(ROOT) GOWORK=off go test $(GO_TEST_FLAGS) -timeout $(RELEASE_CHECK_TIMEOUT) -run '^TestReleaseReproducible$$' -v ./...
 
 ##@ Test
