@@ -112,10 +112,27 @@ func Location(ctx context.Context) string {
 	return s
 }
 
-// Text is the text of the element sel selects, trimmed.
+// Text is the text of the element sel selects, trimmed, once it is there,
+// within StepTimeout. It is read in one step in the page: a node the
+// driver looked up first may be gone when its text is asked for (a late
+// DOM event of the page before a navigation: "No node with given id
+// found"), where the page's own lookup finds the element it shows.
 func Text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
-	return strings.TrimSpace(Get(t, ctx, chromedp.Text(chromedp.CSS(sel))))
+	read := chromedp.Evaluate[*string](fmt.Sprintf(`(e => e === null ? null : e.innerText)(document.querySelector(%q))`, sel))
+	deadline := time.Now().Add(StepTimeout)
+	for {
+		step, cancel := context.WithTimeout(ctx, StepTimeout)
+		text, err := chromedp.Run(step, read)
+		cancel()
+		if err == nil && text != nil {
+			return strings.TrimSpace(*text)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			require.Failf(t, "no text", "%s on %s (%v)", sel, Location(ctx), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // Count is how many elements sel selects.
