@@ -46,7 +46,11 @@ func Browser(t *testing.T, timeout time.Duration) context.Context {
 	if path == "" {
 		t.Fatal("needs Chromium: apt-get install -y chromium (Debian's; .ci/run installs it)")
 	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.WindowSize(1280, 860))
+	// Its own temporary files (the singleton socket's directory, left when
+	// the browser is killed) go to the test's temporary directory, not /tmp.
+	tmp := t.TempDir()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.WindowSize(1280, 860),
+		chromedp.Env("TMPDIR="+tmp))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
