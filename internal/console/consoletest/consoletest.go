@@ -19,6 +19,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/runledger/runledger/internal/cli"
 	"github.com/runledger/runledger/internal/testtier"
@@ -124,19 +125,14 @@ func Location(ctx context.Context) string {
 func Text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
 	read := chromedp.Evaluate[*string](fmt.Sprintf(`(e => e === null ? null : e.innerText)(document.querySelector(%q))`, sel))
-	deadline := time.Now().Add(StepTimeout)
-	for {
-		step, cancel := context.WithTimeout(ctx, StepTimeout)
-		text, err := chromedp.Run(step, read)
-		cancel()
-		if err == nil && text != nil {
-			return strings.TrimSpace(*text)
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			require.Failf(t, "no text", "%s on %s (%v)", sel, Location(ctx), err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var text *string
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, StepTimeout, true, func(ctx context.Context) (bool, error) {
+		text, last = chromedp.Run(ctx, read)
+		return last == nil && text != nil, nil
+	})
+	require.NoError(t, err, "no %s on %s (%v)", sel, Location(ctx), last)
+	return strings.TrimSpace(*text)
 }
 
 // Count is how many elements sel selects.
