@@ -80,6 +80,11 @@ type ShardLease struct {
 // that the caller can say so. Set it before the lease is used.
 func (l *ShardLease) OnTakenAgain(f func()) { l.takenAgain = f }
 
+// queueServerIdentity reads, in b's transaction, the server's life into id.
+func queueServerIdentity(b *pgx.Batch, id *ServerIdentity) {
+	b.Queue(sqlServerIdentity).QueryRow(func(r pgx.Row) (err error) { *id, err = scanServerIdentity(r); return err })
+}
+
 // onLife records the server's life a transaction of the lease ran on.
 func (l *ShardLease) onLife(id ServerIdentity) {
 	if id.Known() {
@@ -155,7 +160,7 @@ func (l *ShardLease) try(ctx context.Context) (bool, error) {
 		rows.Close()
 		return rows.Err()
 	})
-	b.Queue(sqlServerIdentity).QueryRow(func(r pgx.Row) (err error) { life, err = scanServerIdentity(r); return err })
+	queueServerIdentity(b, &life)
 	b.Queue(sqlCommit)
 	bounded, cancel := l.store.answered(ctx)
 	err := noAnswer(ctx, bounded, l.store.pool.SendBatch(bounded, b).Close())
@@ -237,7 +242,7 @@ func (l *ShardLease) Check(ctx context.Context) error {
 	b := l.store.begin(sqlBeginWrite)
 	b.Queue(sqlPinnedSearchPath)
 	b.Queue(l.sqlHold())
-	b.Queue(sqlServerIdentity).QueryRow(func(r pgx.Row) (err error) { life, err = scanServerIdentity(r); return err })
+	queueServerIdentity(b, &life)
 	b.Queue(sqlCommit)
 	bounded, cancel := l.store.answered(ctx)
 	err := noAnswer(ctx, bounded, l.store.pool.SendBatch(bounded, b).Close())
