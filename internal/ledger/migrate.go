@@ -156,7 +156,13 @@ func migrateOnce(ctx context.Context, w lockWait) (int, error) {
 // ensureSchema creates the schema if it is missing, under the migration lock,
 // and gives the connection back: goose looks for its version table in the
 // schema before it takes any lock (Provider.Up calls HasPending first).
+// It looks first without the lock: a schema that exists stays, and the
+// shards of a run, starting together, each waited a poll of the lock
+// (migrationLockPoll) for the others' look.
 func ensureSchema(ctx context.Context, w lockWait) (err error) {
+	if exists, err := schemaExists(ctx, w.pool); err != nil || exists {
+		return err
+	}
 	l, err := takeMigrationLock(ctx, w, nil)
 	if err != nil {
 		return err
@@ -166,19 +172,26 @@ func ensureSchema(ctx context.Context, w lockWait) (err error) {
 			err = errors.Join(err, uerr)
 		}
 	}()
-	// Look first: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on
-	// the database even when the schema exists, and a least-privilege worker
-	// role must be able to run Migrate when there is nothing to do.
-	var exists bool
-	if err := l.db.QueryRow(ctx, sqlSchemaExists, pgx.QueryExecModeSimpleProtocol, Schema).Scan(&exists); err != nil {
-		return fmt.Errorf("looking up schema %s: %w", Schema, err)
+	exists, err := schemaExists(ctx, l.db)
+	if err != nil || exists {
+		return err
 	}
-	if !exists {
-		if _, err := l.db.Exec(ctx, sqlCreateSchema); err != nil {
-			return fmt.Errorf("creating schema %s: %w", Schema, err)
-		}
+	if _, err := l.db.Exec(ctx, sqlCreateSchema); err != nil {
+		return fmt.Errorf("creating schema %s: %w", Schema, err)
 	}
 	return nil
+}
+
+// schemaExists looks the schema up. Looking first matters: CREATE SCHEMA
+// IF NOT EXISTS checks the CREATE privilege on the database even when the
+// schema exists, and a least-privilege worker role must be able to run
+// Migrate when there is nothing to do.
+func schemaExists(ctx context.Context, db dbtx) (bool, error) {
+	var exists bool
+	if err := db.QueryRow(ctx, sqlSchemaExists, pgx.QueryExecModeSimpleProtocol, Schema).Scan(&exists); err != nil {
+		return false, fmt.Errorf("looking up schema %s: %w", Schema, err)
+	}
+	return exists, nil
 }
 
 // migrationLock serialises migrators (migrationLockKey). Straight to
