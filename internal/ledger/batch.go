@@ -267,7 +267,7 @@ func (s *Store) fixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 		}
 		conn.Release()
 	}()
-	h, err := materialise(ctx, conn.Conn(), run, q, BehindPooler(s.pool), userSearchPath(s.pool))
+	h, err := materialise(ctx, conn.Conn(), run, q, BehindPooler(s.pool), userSearchPath(s.pool), s.batchWriter)
 	if err == nil && h == nil {
 		err = pinnedTx(ctx, conn, sqlBeginPinned, func(tx pgx.Tx) (err error) {
 			h, err = batchHeader(ctx, tx, run.UID)
@@ -283,12 +283,19 @@ func (s *Store) fixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 	return h, nil
 }
 
-// materialise writes run's batch from q in one transaction, under the
-// batch's lock, unless another materialiser wrote it first: it then returns
-// that header (nil when it wrote the batch itself). pooled: conn reaches
-// PostgreSQL through a transaction pooler, whose server connection outlives
-// this session.
-func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, pooled bool, userPath string) (*BatchHeader, error) {
+// materialise writes run's batch from q, under the batch's lock, unless
+// another materialiser wrote it first: it then returns that header (nil
+// when it wrote the batch itself). pooled: conn reaches PostgreSQL through
+// a transaction pooler, whose server connection outlives this session.
+//
+// The query runs on conn. Its rows are copied into the batch by a session
+// of writer's (copyQueryBatch), in a transaction of its own, while the
+// query runs, where writer gives one: straight to PostgreSQL, the shard
+// function Go's. Otherwise (a pooler, whose server connections the
+// shards waiting for the batch's lock may all hold; the server's
+// connection limit reached) one statement on conn runs the query and
+// writes the batch (sqlFixQueryBatch), on one server process.
+func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, pooled bool, userPath string, writer func(context.Context) (*pgx.Conn, error)) (*BatchHeader, error) {
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginPinned})
 	if err != nil {
 		return nil, fmt.Errorf("beginning the batch's transaction: %w", err)
@@ -318,6 +325,17 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, poo
 	if _, err := tx.Exec(ctx, sqlUserPath(userPath)); err != nil {
 		return nil, fmt.Errorf("preparing the batch's query: %w", err)
 	}
+	var w *pgx.Conn
+	if !pooled && q.ShardOf == nil {
+		if w, err = writer(ctx); err != nil && !IsTooManyConnections(err) {
+			return nil, fmt.Errorf("opening a session to copy the batch of run %s: %w", run.UID, err)
+		}
+	}
+	if w != nil {
+		defer closeConn(ctx, w)
+		_, err := copyQueryBatch(ctx, tx, w, run, q, func() error { return afterBatchQuery(ctx, tx, bounds, before, pooled) })
+		return nil, err // tx commits nothing: rolled back, the lock released after w's commit
+	}
 	var items int64
 	bounded, cancel := answerBy(ctx, q.Timeout, q.NetworkTimeout)
 	err = tx.QueryRow(bounded, sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.shardOf()), run.UID, run.Namespace, run.Name, q.Shards, nilIfEmpty(q.Digest)).Scan(&items)
@@ -326,30 +344,8 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, poo
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBatchQuery, err)
 	}
-	if _, err := tx.Exec(ctx, sqlAfterBatchQuery(bounds)); err != nil {
-		return nil, fmt.Errorf("resetting the session after the batch's query: %w", err)
-	}
-	after, err := tableWrites(ctx, tx)
-	if err != nil {
+	if err := afterBatchQuery(ctx, tx, bounds, before, pooled); err != nil {
 		return nil, err
-	}
-	if w := foreignWrite(before, after); w != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBatchQuery, w)
-	}
-	var held, prepared string
-	if err := tx.QueryRow(ctx, sqlHoldCursors).Scan(&held, &prepared); err != nil {
-		return nil, fmt.Errorf("reading the session's cursors and prepared statements: %w", err)
-	}
-	if held != "" {
-		return nil, fmt.Errorf("%w: it declared the cursor(s) %s WITH HOLD, which PostgreSQL would run to the end at COMMIT, after the write check", ErrBatchQuery, held)
-	}
-	if prepared != "" { // FixQueryBatch closes the session: PREPARE is not undone by a rollback
-		if pooled { // closing it leaves the server connection: they go by name
-			if err := deallocateFromSQL(ctx, tx.Conn().PgConn()); err != nil {
-				return nil, err
-			}
-		}
-		return nil, fmt.Errorf("%w: it PREPAREd the statement(s) %s, which would outlive its transaction on the session", ErrBatchQuery, prepared)
 	}
 	if items > 0 {
 		if _, err := tx.Exec(ctx, sqlSetBatchItems, run.UID, items); err != nil {
@@ -363,6 +359,38 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, poo
 		return nil, fmt.Errorf("writing the batch of run %s: %w", run.UID, err)
 	}
 	return nil, nil
+}
+
+// afterBatchQuery resets the query's session after the query and checks
+// what the query left: its writes (before: tableWrites before it), cursors
+// WITH HOLD, prepared statements.
+func afterBatchQuery(ctx context.Context, tx pgx.Tx, bounds string, before map[int64]ForeignWriteError, pooled bool) error {
+	if _, err := tx.Exec(ctx, sqlAfterBatchQuery(bounds)); err != nil {
+		return fmt.Errorf("resetting the session after the batch's query: %w", err)
+	}
+	after, err := tableWrites(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if w := foreignWrite(before, after); w != nil {
+		return fmt.Errorf("%w: %w", ErrBatchQuery, w)
+	}
+	var held, prepared string
+	if err := tx.QueryRow(ctx, sqlHoldCursors).Scan(&held, &prepared); err != nil {
+		return fmt.Errorf("reading the session's cursors and prepared statements: %w", err)
+	}
+	if held != "" {
+		return fmt.Errorf("%w: it declared the cursor(s) %s WITH HOLD, which PostgreSQL would run to the end at COMMIT, after the write check", ErrBatchQuery, held)
+	}
+	if prepared != "" { // FixQueryBatch closes the session: PREPARE is not undone by a rollback
+		if pooled { // closing it leaves the server connection: they go by name
+			if err := deallocateFromSQL(ctx, tx.Conn().PgConn()); err != nil {
+				return err
+			}
+		}
+		return fmt.Errorf("%w: it PREPAREd the statement(s) %s, which would outlive its transaction on the session", ErrBatchQuery, prepared)
+	}
+	return nil
 }
 
 // tableWrites reads sqlBatchWrites: rows written per table, by relid.

@@ -26,6 +26,7 @@ var (
 	SQLPreload                 = sqlPreload
 	SQLSupersede               = sqlSupersede
 	SQLFixQueryBatch           = sqlFixQueryBatch
+	SQLBatchQueryRows          = sqlBatchQueryRows
 	SQLSortShard               = sqlSortShard
 	SQLFetchSortedProbe        = sqlFetchSortedProbe
 	SQLFetchSortedPlain        = sqlFetchSortedPlain
@@ -73,4 +74,11 @@ func PoolerProbes() int {
 func (s *Store) OpenSortedBatchForTest(ctx context.Context, h *BatchHeader, runUID string, shard int, heldPayloads bool) (*BatchReader, error) {
 	r := &BatchReader{store: s, batch: h, runUID: runUID, shard: shard, heldPayloads: heldPayloads}
 	return r, r.sort(ctx)
+}
+
+// StatementShardOf is the shard function a query's batch has by default, as
+// SQL: a BatchQuery given it (BatchQuery.ShardOf) is fixed by one statement,
+// not copied, with the same shards.
+func StatementShardOf(n int) func(entity, occurrence string) string {
+	return func(e, o string) string { return sqlShardOf(e, o, n) }
 }

@@ -31,14 +31,21 @@ const shardSeed uint64 = 0x52554e4c45444752
 //
 // One caveat, documented: hash_bytes_extended reads words in the server's
 // byte order, so on a big-endian PostgreSQL server (s390x) the SQL value
-// differs from Go's. A run is never affected (a query source is sharded by
-// its database alone, inline and JSON Lines batches by Go alone), but the
-// golden values below hold for little-endian servers (x86-64, arm64).
+// differs from Go's. A run is never affected (a batch is sharded once, where
+// it is fixed: a query's by Go as its rows are copied, or by the database
+// where one statement fixes it; inline, JSON Lines and object batches by
+// Go), but the golden values below hold for little-endian servers (x86-64,
+// arm64).
 func ShardOf(k Key, n int) int {
+	return shardOfBytes([]byte(k.Entity), []byte(k.Occurrence), n)
+}
+
+// shardOfBytes is ShardOf over the key parts' bytes.
+func shardOfBytes(entity, occurrence []byte, n int) int {
 	if n <= 1 {
 		return 0
 	}
-	h := hashBytesExtended([]byte(k.Entity), hashBytesExtended([]byte(k.Occurrence), shardSeed))
+	h := hashBytesExtended(entity, hashBytesExtended(occurrence, shardSeed))
 	return int((h & math.MaxInt64) % uint64(n))
 }
 

@@ -1218,6 +1218,33 @@ INSERT INTO ` + Schema + `.batch_run (run_uid, run_namespace, run_name, source, 
 VALUES ($1, $2, $3, 'object', $4, 0, $5)
 RETURNING id`
 
+// sqlInsertQueryBatch writes the header of a query's batch copied from the
+// query's session (copyQueryBatch), before its items. $1 run uid,
+// $2 namespace, $3 name, $4 shards, $5 the query's digest (NULL: none).
+const sqlInsertQueryBatch = `
+INSERT INTO ` + Schema + `.batch_run (run_uid, run_namespace, run_name, source, shards, items, digest)
+VALUES ($1, $2, $3, 'query', $4, 0, $5)
+RETURNING id`
+
+// sqlCopyBatch copies a batch's blocks, in COPY's binary format, as
+// copyPacker writes them.
+const sqlCopyBatch = `COPY ` + Schema + `.batch (batch_id, shard, block, seqs, entities, occurrences, payloads) FROM STDIN (FORMAT binary)`
+
+// sqlBatchQueryRows is the user's query as copyQueryBatch reads it: each
+// row's key parts and payload as text (NULL where the query gave NULL), in
+// the query's order, which numbers the items. Run under the user's
+// search_path, like sqlBatchRows, every name of ours qualified.
+func sqlBatchQueryRows(query string, hasPayload bool) string {
+	payload := "NULL::pg_catalog.text"
+	if hasPayload {
+		payload = "q.payload::pg_catalog.text"
+	}
+	return `SELECT q.entity::pg_catalog.text, q.occurrence::pg_catalog.text, ` + payload + `
+FROM (
+` + query + `
+) AS q`
+}
+
 // sqlSetObjectBatch records the item count and the objects read ($3, a
 // JSON array) of the object batch just copied.
 const sqlSetObjectBatch = `UPDATE ` + Schema + `.batch_run SET items = $2, objects = $3::pg_catalog.jsonb WHERE run_uid = $1`

@@ -66,8 +66,9 @@ func TestUserPathStatementsNameOnlyTheCatalog(t *testing.T) {
 		for _, shards := range []int{1, 4} {
 			q := BatchQuery{SQL: userQueryMarker, HasPayload: hasPayload, Shards: shards}
 			for name, sql := range map[string]string{
-				"sqlFixQueryBatch": sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.shardOf()),
-				"sqlBatchRows":     sqlBatchRows(q.SQL, q.HasPayload, q.Shards, q.shardOf()),
+				"sqlFixQueryBatch":  sqlFixQueryBatch(q.SQL, q.HasPayload, q.Shards, q.shardOf()),
+				"sqlBatchRows":      sqlBatchRows(q.SQL, q.HasPayload, q.Shards, q.shardOf()),
+				"sqlBatchQueryRows": sqlBatchQueryRows(q.SQL, q.HasPayload),
 			} {
 				require.Contains(t, sql, userQueryMarker)
 				ours := strings.Replace(sql, userQueryMarker, " ", 1)

@@ -1,0 +1,148 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runledger/runledger/internal/ledger"
+)
+
+// batchItem is one item of a fixed batch as its blocks hold it.
+type batchItem struct {
+	Seq                int64
+	Shard              int
+	Entity, Occurrence *string
+	Payload            *string
+}
+
+// batchItems reads every item of run uid's batch, by seq, and checks that
+// each block holds one shard's items in ascending seqs.
+func batchItems(t *testing.T, pool *pgxpool.Pool, uid string) []batchItem {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+SELECT u.s, b.shard, u.e, u.o, u.p, b.seqs = ARRAY(SELECT x FROM unnest(b.seqs) AS x ORDER BY x)
+FROM runledger.batch AS b, unnest(b.seqs, b.entities, b.occurrences, b.payloads) AS u(s, e, o, p)
+WHERE b.batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = $1)
+ORDER BY u.s`, uid)
+	require.NoError(t, err)
+	var out []batchItem
+	for rows.Next() {
+		var it batchItem
+		var ascending bool
+		require.NoError(t, rows.Scan(&it.Seq, &it.Shard, &it.Entity, &it.Occurrence, &it.Payload, &ascending))
+		require.True(t, ascending, "seq %d: its block's seqs ascend", it.Seq)
+		out = append(out, it)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// randomText is a key part or payload text of up to n bytes: ASCII,
+// Latin-1, CJK and emoji, spaces, empty.
+func randomText(r *rand.Rand, n int) string {
+	alphabet := []string{"a", "Z", "0", " ", "-", "é", "ß", "中", "😀", "\t", "'", `"`, `\`}
+	var b strings.Builder
+	for b.Len() < n {
+		b.WriteString(alphabet[r.IntN(len(alphabet))])
+	}
+	return b.String()
+}
+
+// TestQueryBatchCopiedAsOneStatementWritesIt: a query's batch copied from
+// the query's session (the default, straight to PostgreSQL) holds exactly
+// the items, seqs and shards that one statement fixing it on the server
+// gives (the way behind a pooler), over random rows: NULL key parts (shard
+// 0), empty and non-ASCII text, NULL and large payloads (an item over
+// 16 KiB is a block of its own, a window of blocks closes at 4 MiB), any
+// shard count. So Go's shard function is the server's, byte for byte.
+func TestQueryBatchCopiedAsOneStatementWritesIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	s := ledger.NewStore(pool)
+	mustExec(t, pool, `CREATE TABLE src (id int PRIMARY KEY, entity text, occurrence text, payload jsonb)`)
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 1))
+	for round := range 4 {
+		mustExec(t, pool, `TRUNCATE src`)
+		n := 1 + r.IntN(9000)
+		ids := make([]int32, n)
+		entities, occurrences, payloads := make([]*string, n), make([]*string, n), make([]*string, n)
+		for i := range n {
+			ids[i] = int32(i)
+			e, o := randomText(r, r.IntN(12)), randomText(r, r.IntN(12))
+			entities[i], occurrences[i] = &e, &o
+			switch r.IntN(50) {
+			case 0:
+				entities[i] = nil
+			case 1:
+				occurrences[i] = nil
+			}
+			var p string
+			switch k := r.IntN(40); {
+			case k == 0:
+				continue // no payload
+			case k == 1:
+				p = fmt.Sprintf(`{"big": %q}`, randomText(r, 17<<10)) // a block of its own
+			case k < 6:
+				p = fmt.Sprintf(`{"wide": %q}`, randomText(r, 12<<10)) // fills a 4 MiB window early
+			default:
+				p = fmt.Sprintf(`{"i": %d, "s": %q}`, i, randomText(r, 8))
+			}
+			payloads[i] = &p
+		}
+		_, err := pool.Exec(ctx, `INSERT INTO src SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::jsonb[])`, ids, entities, occurrences, payloads)
+		require.NoError(t, err)
+		shards := 1 + r.IntN(7)
+		q := ledger.BatchQuery{SQL: `SELECT entity, occurrence, payload FROM src ORDER BY id`, HasPayload: true, Shards: shards}
+		copied, statement := runNamed(fmt.Sprintf("copied-%d", round)), runNamed(fmt.Sprintf("statement-%d", round))
+		hc, err := s.FixQueryBatch(ctx, copied, q)
+		require.NoError(t, err)
+		q.ShardOf = ledger.StatementShardOf(shards)
+		hs, err := s.FixQueryBatch(ctx, statement, q)
+		require.NoError(t, err)
+
+		require.EqualValues(t, n, hc.Items, "seed %d round %d: the copied header's count", seed, round)
+		require.Equal(t, hs.Items, hc.Items)
+		require.Equal(t, ledger.BatchSourceQuery, hc.Source)
+		got, want := batchItems(t, pool, copied.UID), batchItems(t, pool, statement.UID)
+		require.Len(t, got, n)
+		for i := range want {
+			require.Equal(t, want[i], got[i], "seed %d round %d (%d shards): item %d", seed, round, shards, i)
+		}
+		for shard := range shards {
+			a, err := s.BatchShardSize(ctx, hc, shard)
+			require.NoError(t, err)
+			b, err := s.BatchShardSize(ctx, hs, shard)
+			require.NoError(t, err)
+			require.Equal(t, b, a, "shard %d's size", shard)
+		}
+	}
+}
+
+// TestQueryBatchWithoutASecondConnection: a login at its connection limit
+// cannot open the session that copies the batch; the batch is fixed by one
+// statement instead, the same items.
+func TestQueryBatchWithoutASecondConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	owner := newPool(t)
+	mustExec(t, owner, batchSource)
+	_, role := workerRole(t, owner)
+	mustExec(t, owner, `GRANT SELECT ON src TO `+role+`; ALTER ROLE `+role+` CONNECTION LIMIT 1`)
+	cfg := owner.Config().ConnConfig
+	pool, err := ledger.Open(ctx, fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, role, cfg.Database), 1)
+	require.NoError(t, err)
+	defer pool.Close()
+	q := ledger.BatchQuery{SQL: `SELECT entity, occurrence, payload FROM src`, HasPayload: true, Shards: 3}
+	h, err := ledger.NewStore(pool).FixQueryBatch(ctx, runNamed("one-connection"), q)
+	require.NoError(t, err)
+	require.EqualValues(t, 1000, h.Items)
+	require.EqualValues(t, 1000, scalar[int64](t, owner, `SELECT count(DISTINCT seq) FROM runledger.batch, unnest(seqs) AS seq WHERE batch_id = $1`, h.ID))
+}
