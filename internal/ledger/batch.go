@@ -91,6 +91,14 @@ type BatchQuery struct {
 	// NetworkTimeout, with Timeout, bounds the wait for the query's answer
 	// on the client, as ChunkOptions.NetworkTimeout does the effect's.
 	NetworkTimeout time.Duration
+	// Copy lets a second connection of the Store's pool copy the query's
+	// rows into the batch while the query runs on the first: the fix on two
+	// server processes, not one (docs/insert-path.md). The caller holds no
+	// connection of the pool meanwhile and needs none until the fix returns
+	// (a worker fixes its batch before it takes its shard's lease, whose
+	// renewals need one). Where the pool has no second connection free, or
+	// behind a pooler, one statement fixes the batch as without it.
+	Copy bool
 }
 
 func (q BatchQuery) shardOf() func(entity, occurrence string) string {
@@ -288,14 +296,12 @@ func (s *Store) fixQueryBatch(ctx context.Context, run Run, q BatchQuery) (*Batc
 // when it wrote the batch itself). pooled: conn reaches PostgreSQL through
 // a transaction pooler, whose server connection outlives this session.
 //
-// The query runs on conn. Its rows are copied into the batch by a session
-// of writer's (copyQueryBatch), in a transaction of its own, while the
-// query runs, where writer gives one: straight to PostgreSQL, the shard
-// function Go's. Otherwise (a pooler, whose server connections the
-// shards waiting for the batch's lock may all hold; the server's
-// connection limit reached) one statement on conn runs the query and
-// writes the batch (sqlFixQueryBatch), on one server process.
-func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, pooled bool, userPath string, writer func(context.Context) (*pgx.Conn, error)) (*BatchHeader, error) {
+// The query runs on conn. Where writer gives a second session
+// (Store.batchWriter), that session copies the query's rows into the batch
+// while the query runs, in a transaction of its own (copyQueryBatch), the
+// shards by Go's shard function; otherwise one statement on conn runs the
+// query and writes the batch (sqlFixQueryBatch), on one server process.
+func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, pooled bool, userPath string, writer func(context.Context, BatchQuery) *pgxpool.Conn) (*BatchHeader, error) {
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginPinned})
 	if err != nil {
 		return nil, fmt.Errorf("beginning the batch's transaction: %w", err)
@@ -325,15 +331,12 @@ func materialise(ctx context.Context, conn *pgx.Conn, run Run, q BatchQuery, poo
 	if _, err := tx.Exec(ctx, sqlUserPath(userPath)); err != nil {
 		return nil, fmt.Errorf("preparing the batch's query: %w", err)
 	}
-	var w *pgx.Conn
-	if !pooled && q.ShardOf == nil {
-		if w, err = writer(ctx); err != nil && !IsTooManyConnections(err) {
-			return nil, fmt.Errorf("opening a session to copy the batch of run %s: %w", run.UID, err)
+	if w := writer(ctx, q); w != nil {
+		defer w.Release()
+		_, err := copyQueryBatch(ctx, tx, w.Conn(), run, q, func() error { return afterBatchQuery(ctx, tx, bounds, before, pooled) })
+		if err != nil {
+			_ = w.Conn().Close(context.WithoutCancel(ctx)) // the copy may have ended mid-way: not back to the pool
 		}
-	}
-	if w != nil {
-		defer closeConn(ctx, w)
-		_, err := copyQueryBatch(ctx, tx, w, run, q, func() error { return afterBatchQuery(ctx, tx, bounds, before, pooled) })
 		return nil, err // tx commits nothing: rolled back, the lock released after w's commit
 	}
 	var items int64

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // copyQueryBatch writes run's batch from q on two sessions: the query's,
@@ -251,35 +253,26 @@ func appendCopyArray(out []byte, elemType uint32, n int, hasNull bool, elems []b
 	return append(out, elems...)
 }
 
-// batchWriter opens the session that copies a query's batch: the pool's
-// settings and hooks, outside the pool, so that the pool's second
-// connection stays free for the shard's lease while the query holds the
-// first (v1alpha1.MaxConnectionsOf counts this one too).
-func (s *Store) batchWriter(ctx context.Context) (*pgx.Conn, error) {
-	cfg := s.pool.Config()
-	if cfg.BeforeConnect != nil {
-		if err := cfg.BeforeConnect(ctx, cfg.ConnConfig); err != nil {
-			return nil, err
-		}
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.AfterConnect != nil {
-		if err := cfg.AfterConnect(ctx, conn); err != nil {
-			closeConn(ctx, conn)
-			return nil, err
-		}
-	}
-	return conn, nil
-}
+// copySessionWait bounds the wait for the pool's connection that copies
+// a query's batch (BatchQuery.Copy): none free by then, one statement
+// fixes the batch on the query's session.
+const copySessionWait = 2 * time.Second
 
-// closeConn closes a session batchWriter opened, waiting for its server
-// process to exit (closeAwaitingExit): a connection the shard opens next
-// is then never one too many.
-func closeConn(ctx context.Context, conn *pgx.Conn) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backendExitWait)
+// batchWriter is the session that copies a query's batch (copyQueryBatch),
+// or nil where one statement fixes it: q did not ask for the copy
+// (BatchQuery.Copy), a shard function of the caller's (the server's SQL
+// only), a pooler (the shards waiting for the batch's lock may hold all of
+// its server connections in their transactions), a pool of one, or no
+// connection free within copySessionWait.
+func (s *Store) batchWriter(ctx context.Context, q BatchQuery) *pgxpool.Conn {
+	if !q.Copy || q.ShardOf != nil || BehindPooler(s.pool) || s.pool.Config().MaxConns < 2 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, copySessionWait)
 	defer cancel()
-	closeAwaitingExit(ctx, conn.PgConn())
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil
+	}
+	return conn
 }

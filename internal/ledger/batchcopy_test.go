@@ -100,7 +100,7 @@ func TestQueryBatchCopiedAsOneStatementWritesIt(t *testing.T) {
 		_, err := pool.Exec(ctx, `INSERT INTO src SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::jsonb[])`, ids, entities, occurrences, payloads)
 		require.NoError(t, err)
 		shards := 1 + r.IntN(7)
-		q := ledger.BatchQuery{SQL: `SELECT entity, occurrence, payload FROM src ORDER BY id`, HasPayload: true, Shards: shards}
+		q := ledger.BatchQuery{SQL: `SELECT entity, occurrence, payload FROM src ORDER BY id`, HasPayload: true, Shards: shards, Copy: true}
 		copied, statement := runNamed(fmt.Sprintf("copied-%d", round)), runNamed(fmt.Sprintf("statement-%d", round))
 		hc, err := s.FixQueryBatch(ctx, copied, q)
 		require.NoError(t, err)
@@ -126,23 +126,51 @@ func TestQueryBatchCopiedAsOneStatementWritesIt(t *testing.T) {
 	}
 }
 
-// TestQueryBatchWithoutASecondConnection: a login at its connection limit
-// cannot open the session that copies the batch; the batch is fixed by one
-// statement instead, the same items.
-func TestQueryBatchWithoutASecondConnection(t *testing.T) {
+// blockOf4000 is the block of item 4000 of run uid's batch: 0 where the
+// batch was copied (a window of blocks holds items 1-4000), 2 where one
+// statement fixed it (a window holds seqs 0-3999 by seq / 4000).
+func blockOf4000(t *testing.T, pool *pgxpool.Pool, uid string) int64 {
+	t.Helper()
+	return scalar[int64](t, pool, `SELECT block FROM runledger.batch WHERE batch_id = (SELECT id FROM runledger.batch_run WHERE run_uid = $1) AND 4000 = ANY (seqs)`, uid)
+}
+
+// TestQueryBatchCopyWithoutASecondConnection: where the pool has no second
+// connection to copy the batch with (a pool of one; the other connection
+// busy past copySessionWait), one statement fixes it on the query's
+// session, the same items.
+func TestQueryBatchCopyWithoutASecondConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	owner := newPool(t)
-	mustExec(t, owner, batchSource)
-	_, role := workerRole(t, owner)
-	mustExec(t, owner, `GRANT SELECT ON src TO `+role+`; ALTER ROLE `+role+` CONNECTION LIMIT 1`)
-	cfg := owner.Config().ConnConfig
-	pool, err := ledger.Open(ctx, fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, role, cfg.Database), 1)
-	require.NoError(t, err)
-	defer pool.Close()
-	q := ledger.BatchQuery{SQL: `SELECT entity, occurrence, payload FROM src`, HasPayload: true, Shards: 3}
-	h, err := ledger.NewStore(pool).FixQueryBatch(ctx, runNamed("one-connection"), q)
-	require.NoError(t, err)
-	require.EqualValues(t, 1000, h.Items)
-	require.EqualValues(t, 1000, scalar[int64](t, owner, `SELECT count(DISTINCT seq) FROM runledger.batch, unnest(seqs) AS seq WHERE batch_id = $1`, h.ID))
+	mustExec(t, owner, `CREATE TABLE src (entity text, occurrence text, payload jsonb);
+INSERT INTO src SELECT 'e' || i, 'o', jsonb_build_object('i', i) FROM generate_series(1, 5000) i`)
+	q := ledger.BatchQuery{SQL: `SELECT entity, occurrence, payload FROM src`, HasPayload: true, Shards: 3, Copy: true}
+	for _, tc := range []struct {
+		name  string
+		conns int32
+		busy  bool
+		block int64
+	}{
+		{"copied", 2, false, 0},
+		{"a pool of one", 1, false, 2},
+		{"the second connection busy", 2, true, 2},
+	} {
+		pool, err := ledger.Open(ctx, owner.Config().ConnString(), tc.conns, ledger.KeepSearchPath())
+		require.NoError(t, err)
+		var held *pgxpool.Conn
+		if tc.busy {
+			held, err = pool.Acquire(ctx)
+			require.NoError(t, err)
+		}
+		run := runNamed(strings.ReplaceAll(tc.name, " ", "-"))
+		h, err := ledger.NewStore(pool).FixQueryBatch(ctx, run, q)
+		if held != nil {
+			held.Release()
+		}
+		pool.Close()
+		require.NoError(t, err, tc.name)
+		require.EqualValues(t, 5000, h.Items, tc.name)
+		require.EqualValues(t, 5000, scalar[int64](t, owner, `SELECT count(DISTINCT seq) FROM runledger.batch, unnest(seqs) AS seq WHERE batch_id = $1`, h.ID), tc.name)
+		require.Equal(t, tc.block, blockOf4000(t, owner, run.UID), "%s: the block of item 4000 says who wrote the batch", tc.name)
+	}
 }

@@ -224,6 +224,9 @@ func (s *shardRun) run(ctx context.Context) {
 	// own completed ones (see ErrShardBusy).
 	s.lease = s.store.ShardLease(s.cfg.Run.UID, s.cfg.Run.Shard)
 	s.lease.OnTakenAgain(func() { s.log().Info(ledger.ErrLeaseTakenAgain.Error()) })
+	if !s.fixBeforeLease(ctx) {
+		return
+	}
 	defer s.lease.Release()
 	if err := s.takeLease(ctx); err != nil {
 		s.fail(ctx, fmt.Errorf("shard %d of run %s/%s: %w", s.cfg.Run.Shard, s.cfg.Run.Namespace, s.cfg.Run.Name, err))
@@ -272,6 +275,43 @@ func (s *shardRun) takeLease(ctx context.Context) error {
 	return err
 }
 
+// streamOptions are the options of the shard's stream; copyBatch lets a
+// query's batch be fixed on two of the shard's connections
+// (ledger.BatchQuery.Copy).
+func (s *shardRun) streamOptions(copyBatch bool) streamOptions {
+	return streamOptions{
+		run:          s.cfg.Run,
+		heldPayloads: s.cfg.OnExisting == ledger.Supersede || s.cfg.FailOnPayloadChange,
+		fetchSize:    s.cfg.ChunkSize,
+		retry:        s.cfg.Retry,
+		limits:       s.cfg.Limits,
+		timeouts:     s.cfg.Timeouts,
+		log:          s.log(),
+		retried:      s.retried,
+		copyBatch:    copyBatch,
+	}
+}
+
+// fixBeforeLease fixes a query's batch before the shard takes its lease,
+// where the fix may use both of the shard's connections, the query's and
+// the one that copies its rows (docs/insert-path.md): the lease's renewals
+// need the second only once it is taken. A batch already fixed (another
+// shard's, an earlier attempt's) is only looked up; a query that fails
+// fails the shard as its pass would.
+func (s *shardRun) fixBeforeLease(ctx context.Context) bool {
+	q, ok := s.cfg.Source.(*QuerySource)
+	if !ok || q.fromRun != nil {
+		return true
+	}
+	st, err := q.open(ctx, s.store, s.cfg.Run.Shard, s.cfg.Shards, s.streamOptions(true))
+	if err != nil {
+		s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
+		return false
+	}
+	st.close()
+	return true
+}
+
 // runPass reads the shard's batch once, chunk by chunk, and reports whether
 // every item got its outcome (the counts still to be proven); a shard that
 // stopped (interrupted, too many failures, an error) says why in its report.
@@ -288,16 +328,7 @@ func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) boo
 		s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, err))
 		return false
 	}
-	st, err := s.cfg.Source.open(ctx, s.store, s.cfg.Run.Shard, s.cfg.Shards, streamOptions{
-		run:          s.cfg.Run,
-		heldPayloads: s.cfg.OnExisting == ledger.Supersede || s.cfg.FailOnPayloadChange,
-		fetchSize:    s.cfg.ChunkSize,
-		retry:        s.cfg.Retry,
-		limits:       s.cfg.Limits,
-		timeouts:     s.cfg.Timeouts,
-		log:          s.log(),
-		retried:      s.retried,
-	})
+	st, err := s.cfg.Source.open(ctx, s.store, s.cfg.Run.Shard, s.cfg.Shards, s.streamOptions(false))
 	if err != nil {
 		s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
 		return false

@@ -186,7 +186,9 @@ func (q *QuerySource) open(ctx context.Context, store *ledger.Store, shard, shar
 	var h *ledger.BatchHeader
 	err := s.opt.retry.Do(ctx, "fixing the batch", onRetry, func(int) error {
 		var err error
-		if h, err = store.FixQueryBatch(ctx, opt.run, q.batchQuery(shards, opt.timeouts)); err != nil {
+		bq := q.batchQuery(shards, opt.timeouts)
+		bq.Copy = opt.copyBatch
+		if h, err = store.FixQueryBatch(ctx, opt.run, bq); err != nil {
 			return err
 		}
 		if bad := batchMismatch(opt.run, h, ledger.BatchSourceQuery, shards, queryDigest(q.sql)); bad != nil {

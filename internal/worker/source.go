@@ -39,6 +39,9 @@ type streamOptions struct {
 	// retried, if set, is told about each retryable error of the stream's
 	// own reads.
 	retried func(error)
+	// copyBatch: the caller holds none of the store's connections and
+	// needs none until open returns (ledger.BatchQuery.Copy).
+	copyBatch bool
 }
 
 // entry is one declared item as a stream yields it.
