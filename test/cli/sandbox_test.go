@@ -68,8 +68,10 @@ func TestRunEffectThatDeallocatesStillReports(t *testing.T) {
 
 // TestRunSaysWhoHoldsTheMigrationLock: a run that starts while a session
 // holds the ledger's migration lock (another migrator, or user code that
-// took its key) waits for it and says, every 10 s, which session holds it,
-// then runs once it is free. On the old code it waited without a word.
+// took its key) and has migrations to apply waits for it and says, every
+// 10 s, which session holds it, then runs once it is free. On the old code
+// it waited without a word. A run on a ledger with nothing to apply takes
+// no lock and does not wait.
 func TestRunSaysWhoHoldsTheMigrationLock(t *testing.T) {
 	t.Parallel()
 	pgtest.DirectOnly(t, "holds a session-level advisory lock on a session of its own")
@@ -83,8 +85,16 @@ func TestRunSaysWhoHoldsTheMigrationLock(t *testing.T) {
 		_, _ = conn.Exec(context.Background(), `SELECT pg_advisory_unlock(4547329604037615713)`)
 	})
 	defer released.Stop()
+
+	upToDate := writeFile(t, "up-to-date.yaml", manifest("up-to-date", inlineItems([2]string{"acct-0", "2024-06"})))
+	r := runCLI(t, "", "run", "-f", upToDate, "--dsn", d.dsn, "--output", "json")
+	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
+	require.NotContains(t, r.stderr, "waiting for the ledger's migration lock", "nothing to apply: no lock taken")
+	require.Equal(t, counts{Total: 1, Completed: 1}, r.summary(t).counts())
+
+	d.exec(t, `DROP SCHEMA runledger CASCADE`) // every migration to apply again
 	run := writeFile(t, "run.yaml", manifest("waits", inlineItems([2]string{"acct-1", "2024-06"})))
-	r := runCLI(t, "", "run", "-f", run, "--dsn", d.dsn, "--output", "json")
+	r = runCLI(t, "", "run", "-f", run, "--dsn", d.dsn, "--output", "json")
 	require.Equal(t, 0, r.code, "stderr:\n%s", r.stderr)
 	require.Contains(t, r.stderr, "waiting for the ledger's migration lock")
 	require.Contains(t, r.stderr, fmt.Sprintf("pid %d", pid))
