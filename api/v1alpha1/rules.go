@@ -117,7 +117,9 @@ const (
 	// one worker process opens per shard it runs at once, each taken per
 	// transaction (none holds a session): one for the statement in flight (a
 	// chunk, fixing or sorting the batch, which may take minutes) and one
-	// for renewing the shard's lease and publishing its progress meanwhile.
+	// for renewing the shard's lease and publishing its progress meanwhile;
+	// fixing a query's batch, before the lease is taken, uses both (the
+	// query, the copy of its rows).
 	// A worker pod runs one shard: a run's connection budget counts this
 	// many per live pod.
 	ConnectionsPerWorker = 2
