@@ -67,7 +67,12 @@ func copyQueryRows(ctx context.Context, tx, wtx pgx.Tx, batchID int64, q BatchQu
 		_ = pw.CloseWithError(err) // nil: the copy's end
 		readErr <- err
 	}()
-	_, err := wtx.Conn().PgConn().CopyFrom(ctx, pr, sqlCopyBatch)
+	// Bounded like the query it copies: a copy whose server stops answering
+	// ends no later than the query would.
+	bounded, cancelCopy := answerBy(ctx, q.Timeout, q.NetworkTimeout)
+	_, err := wtx.Conn().PgConn().CopyFrom(bounded, pr, sqlCopyBatch)
+	err = noAnswer(ctx, bounded, err)
+	cancelCopy()
 	_ = pr.CloseWithError(errCopyEnded) // the reader stops at its next write
 	cancel()
 	rerr := <-readErr

@@ -40,14 +40,15 @@ END $$;
 GRANT SELECT ON src TO PUBLIC`)
 	for _, p := range []*pgxpool.Pool{worker, owner} {
 		s := ledger.NewStore(p)
-		q := batchQuery()
-		q.SQL = `SELECT entity, occurrence, payload FROM src WHERE hide() = 1`
-		_, err := s.FixQueryBatch(context.Background(), runNamed("hider"), q)
-		require.ErrorIs(t, err, ledger.ErrBatchQuery)
-		var w *ledger.ForeignWriteError
-		require.ErrorAs(t, err, &w)
-		require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'invented'`), "nothing forged")
-		require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.batch_run`), "no batch")
+		for _, q := range bothWays(batchQuery()) {
+			q.SQL = `SELECT entity, occurrence, payload FROM src WHERE hide() = 1`
+			_, err := s.FixQueryBatch(context.Background(), runNamed("hider"), q)
+			require.ErrorIs(t, err, ledger.ErrBatchQuery, "copied: %v", q.Copy)
+			var w *ledger.ForeignWriteError
+			require.ErrorAs(t, err, &w)
+			require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.ledger WHERE run_uid = 'invented'`), "nothing forged")
+			require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.batch_run`), "no batch")
+		}
 	}
 	later := commit(t, ledger.NewStore(worker), runNamed("honest"), items("later", 0, 4), ledger.ChunkOptions{})
 	require.Equal(t, tally{completed: 4}, count(later), "the later keys are completed by the run that processes them")
@@ -231,11 +232,16 @@ INSERT INTO typed VALUES (0.3, '2024-06-01', '1 day 2 hours'), (0.1::float8 + 0.
 	odd := poolWith(t, owner, map[string]string{"options": "'-c extra_float_digits=0 -c DateStyle=SQL,DMY -c IntervalStyle=sql_standard'"})
 	require.Equal(t, "0.3", scalar[string](t, odd, `SELECT (0.1::float8 + 0.2::float8)::text`), "the session prints floats rounded")
 	s := ledger.NewStore(odd)
-	for _, tt := range []struct{ uid, sql string }{
-		{"floats", `SELECT f AS entity, 'o' AS occurrence FROM typed`},
-		{"dates", `SELECT d AS entity, i AS occurrence FROM typed LIMIT 1`},
+	for _, tt := range []struct {
+		uid, sql string
+		copied   bool
+	}{
+		{"floats", `SELECT f AS entity, 'o' AS occurrence FROM typed`, false},
+		{"dates", `SELECT d AS entity, i AS occurrence FROM typed LIMIT 1`, false},
+		{"floats-copied", `SELECT f AS entity, 'o' AS occurrence FROM typed`, true},
+		{"dates-copied", `SELECT d AS entity, i AS occurrence FROM typed LIMIT 1`, true},
 	} {
-		q := ledger.BatchQuery{SQL: tt.sql, Shards: 1}
+		q := ledger.BatchQuery{SQL: tt.sql, Shards: 1, Copy: tt.copied}
 		_, err := s.FixQueryBatch(context.Background(), runNamed(tt.uid), q)
 		require.NoError(t, err, tt.uid)
 	}
@@ -247,8 +253,10 @@ INSERT INTO typed VALUES (0.3, '2024-06-01', '1 day 2 hours'), (0.1::float8 + 0.
 		require.NoError(t, err)
 		return out
 	}
-	require.Equal(t, []string{"0.3/o", "0.30000000000000004/o"}, keys("floats"), "two values, two keys")
-	require.Equal(t, []string{"2024-06-01/1 day 02:00:00"}, keys("dates"), "the text of a session with the server's defaults")
+	for _, suffix := range []string{"", "-copied"} {
+		require.Equal(t, []string{"0.3/o", "0.30000000000000004/o"}, keys("floats"+suffix), "two values, two keys")
+		require.Equal(t, []string{"2024-06-01/1 day 02:00:00"}, keys("dates"+suffix), "the text of a session with the server's defaults")
+	}
 }
 
 // TestSandbox_CommitTimeTriggerLeavesNoSettings: a trigger an effect left
@@ -374,14 +382,30 @@ BEGIN
     END IF;
     RETURN 1;
 END $f$`)
-	one := poolWith(t, owner, map[string]string{"pool_max_conns": "1"})
-	q := batchQuery()
-	q.SQL = `SELECT entity, occurrence, payload FROM src WHERE prep() = 1`
-	_, err := ledger.NewStore(one).FixQueryBatch(context.Background(), runNamed("prep"), q)
-	require.ErrorIs(t, err, ledger.ErrBatchQuery)
-	require.ErrorContains(t, err, "PREPARE")
-	require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.batch_run`), "no batch")
-	require.Zero(t, scalar[int64](t, one, `SELECT count(*) FROM pg_prepared_statements WHERE from_sql`), "the session went")
+	for _, q := range bothWays(batchQuery()) {
+		conns := "1"
+		if q.Copy {
+			conns = "2" // the query's session and the copy's
+		}
+		one := poolWith(t, owner, map[string]string{"pool_max_conns": conns})
+		q.SQL = `SELECT entity, occurrence, payload FROM src WHERE prep() = 1`
+		_, err := ledger.NewStore(one).FixQueryBatch(context.Background(), runNamed("prep"), q)
+		require.ErrorIs(t, err, ledger.ErrBatchQuery, "copied: %v", q.Copy)
+		require.ErrorContains(t, err, "PREPARE")
+		require.Zero(t, scalar[int64](t, owner, `SELECT count(*) FROM runledger.batch_run`), "no batch")
+		if !q.Copy {
+			require.Zero(t, scalar[int64](t, one, `SELECT count(*) FROM pg_prepared_statements WHERE from_sql`), "the session went")
+		}
+	}
+}
+
+// bothWays is q as one statement fixes it and as it is copied from the
+// query's session (its shards then Go's, the default's: q's own shard
+// function is the server's only).
+func bothWays(q ledger.BatchQuery) []ledger.BatchQuery {
+	copied := q
+	copied.ShardOf, copied.Copy = nil, true
+	return []ledger.BatchQuery{q, copied}
 }
 
 // TestSandbox_EffectLeavesNothingOnTheSession: what an effect keeps on its
