@@ -55,30 +55,41 @@ func copyQueryBatch(ctx context.Context, tx pgx.Tx, w *pgx.Conn, run Run, q Batc
 	return items, nil
 }
 
-// copyQueryRows streams the query's rows from tx into one COPY on wtx.
+// copyQueryRows streams the query's rows from tx into one COPY on wtx,
+// bounded like the query: a copy whose server stops answering ends no
+// later than the query would.
 func copyQueryRows(ctx context.Context, tx, wtx pgx.Tx, batchID int64, q BatchQuery) (int64, error) {
+	bounded, cancel := answerBy(ctx, q.Timeout, q.NetworkTimeout)
+	defer cancel()
+	items, err := copyPacked(bounded, wtx, batchID, q.Shards, func(ctx context.Context, p *copyPacker) error { return p.read(ctx, tx, q) })
+	return items, noAnswer(ctx, bounded, err)
+}
+
+// copyPacked runs fill, which packs a batch's items, beside one COPY on
+// wtx that takes the blocks as they fill (memory: one window of blocks,
+// whatever the batch's size), and returns the items copied. fill's own
+// error comes first, as it is, unless it only saw the copy end.
+func copyPacked(ctx context.Context, wtx pgx.Tx, batchID int64, shards int, fill func(context.Context, *copyPacker) error) (int64, error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pr, pw := io.Pipe()
-	p := &copyPacker{batchID: batchID, shards: max(q.Shards, 1), w: pw}
-	readErr := make(chan error, 1)
+	p := &copyPacker{batchID: batchID, shards: max(shards, 1), w: pw}
+	fillErr := make(chan error, 1)
 	go func() {
-		err := p.read(rctx, tx, q)
+		p.start()
+		err := fill(rctx, p)
+		if err == nil {
+			err = p.end()
+		}
 		_ = pw.CloseWithError(err) // nil: the copy's end
-		readErr <- err
+		fillErr <- err
 	}()
-	// Bounded like the query it copies: a copy whose server stops answering
-	// ends no later than the query would.
-	bounded, cancelCopy := answerBy(ctx, q.Timeout, q.NetworkTimeout)
-	_, err := wtx.Conn().PgConn().CopyFrom(bounded, pr, sqlCopyBatch)
-	err = noAnswer(ctx, bounded, err)
-	cancelCopy()
-	_ = pr.CloseWithError(errCopyEnded) // the reader stops at its next write
+	_, err := wtx.Conn().PgConn().CopyFrom(ctx, pr, sqlCopyBatch)
+	_ = pr.CloseWithError(errCopyEnded) // fill stops at its next write
 	cancel()
-	rerr := <-readErr
-	// The query's own error first, unless it only saw the copy end.
-	if rerr != nil && !errors.Is(rerr, errCopyEnded) && (err == nil || !errors.Is(rerr, context.Canceled)) {
-		return 0, rerr
+	ferr := <-fillErr
+	if ferr != nil && !errors.Is(ferr, errCopyEnded) && (err == nil || !errors.Is(ferr, context.Canceled)) {
+		return 0, ferr
 	}
 	if err != nil {
 		return 0, fmt.Errorf("copying the batch into %s.batch: %w", Schema, err)
@@ -86,10 +97,10 @@ func copyQueryRows(ctx context.Context, tx, wtx pgx.Tx, batchID int64, q BatchQu
 	return p.items, nil
 }
 
-// errCopyEnded tells the query's reader that the copy it feeds has ended.
+// errCopyEnded tells the filler of a copy that the copy has ended.
 var errCopyEnded = errors.New("the batch's copy ended")
 
-// read runs the query on tx and packs its rows, ending the copy's data.
+// read runs the query on tx and packs its rows.
 func (p *copyPacker) read(ctx context.Context, tx pgx.Tx, q BatchQuery) error {
 	bounded, cancel := answerBy(ctx, q.Timeout, q.NetworkTimeout)
 	defer cancel()
@@ -98,7 +109,6 @@ func (p *copyPacker) read(ctx context.Context, tx pgx.Tx, q BatchQuery) error {
 		return fmt.Errorf("%w: %w", ErrBatchQuery, noAnswer(ctx, bounded, err))
 	}
 	defer rows.Close()
-	p.start()
 	for rows.Next() {
 		raw := rows.RawValues()
 		if err := p.add(raw[0], raw[1], raw[2]); err != nil {
@@ -109,17 +119,23 @@ func (p *copyPacker) read(ctx context.Context, tx pgx.Tx, q BatchQuery) error {
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrBatchQuery, noAnswer(ctx, bounded, err))
 	}
-	return p.end()
+	return nil
 }
 
-// copyPacker packs a query's rows into the batch's blocks as blockPacker
-// does (each shard's items among a window of batchBlockSeqs consecutive
-// items, or batchWindowBytes of text, make one block numbered 2*window; an
-// item of more than batchItemBytes is a block of its own, 2*seq+1; a NULL
-// key part goes to shard 0, as sqlBatchRows puts it), written in COPY's
-// binary format straight from the rows' bytes: nothing per item on the
-// heap, which made a copy through pgx's encoding as slow as the one
-// statement it replaces.
+// addItem packs an item of a batch read outside the database (an object
+// source's): its key parts are never NULL, an empty one included.
+func (p *copyPacker) addItem(it Item) error {
+	return p.add(append([]byte{}, it.Entity...), append([]byte{}, it.Occurrence...), it.Payload)
+}
+
+// copyPacker packs a batch's items into its blocks, as sqlBatchRows does
+// on the server (each shard's items among a window of batchBlockSeqs
+// consecutive items, or batchWindowBytes of text, make one block numbered
+// 2*window; an item of more than batchItemBytes is a block of its own,
+// 2*seq+1; a NULL key part goes to shard 0), written in COPY's binary
+// format straight from the items' bytes: nothing per item on the heap,
+// which made a copy through pgx's encoding of the arrays as slow as the
+// one statement it replaces.
 type copyPacker struct {
 	batchID int64
 	shards  int

@@ -3,9 +3,7 @@ package ledger
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -99,147 +97,25 @@ func (s *Store) copyObjectBatch(ctx context.Context, run Run, b ObjectBatch) err
 }
 
 // copyBlocks runs b.Read beside one COPY into runledger.batch that takes
-// the blocks it packs as they fill; it returns the items copied and the
-// objects read.
+// the blocks it packs as they fill (copyPacked); it returns the items
+// copied and the objects read.
 func copyBlocks(ctx context.Context, tx pgx.Tx, batchID int64, b ObjectBatch) (int64, []BatchObject, error) {
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	src := &blockSource{rows: make(chan []any, 4)}
-	p := &blockPacker{batchID: batchID, shards: max(b.Shards, 1), out: src.rows, ctx: rctx}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer close(src.rows)
-		src.objects, src.readErr = b.Read(rctx, p.add)
-		if src.readErr == nil {
-			src.readErr = p.flush()
+	var objects []BatchObject
+	items, err := copyPacked(ctx, tx, batchID, b.Shards, func(ctx context.Context, p *copyPacker) error {
+		var err error
+		if objects, err = b.Read(ctx, p.addItem); err != nil {
+			return fmt.Errorf("reading the batch: %w", err)
 		}
-	}()
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{Schema, "batch"},
-		[]string{"batch_id", "shard", "block", "seqs", "entities", "occurrences", "payloads"}, src)
-	cancel()
-	for range src.rows { // the reader stops at rctx's end; drain what it sent meanwhile
-	}
-	wg.Wait()
-	// The reader's own error first, unless it only saw the copy end.
-	if src.readErr != nil && (err == nil || !errors.Is(src.readErr, context.Canceled)) {
-		return 0, nil, fmt.Errorf("reading the batch: %w", src.readErr)
-	}
+		return nil
+	})
 	if err != nil {
-		return 0, nil, fmt.Errorf("copying the batch into %s.batch: %w", Schema, err)
+		return 0, nil, err
 	}
-	return p.items, src.objects, nil
-}
-
-// blockSource is the COPY's pgx.CopyFromSource: the rows the packer sends.
-type blockSource struct {
-	rows    chan []any
-	cur     []any
-	objects []BatchObject
-	readErr error // set before rows is closed
-}
-
-func (s *blockSource) Next() bool {
-	row, ok := <-s.rows
-	s.cur = row
-	return ok
-}
-
-func (s *blockSource) Values() ([]any, error) { return s.cur, nil }
-
-// Err is read once rows is closed (Next returned false).
-func (s *blockSource) Err() error { return s.readErr }
-
-// blockPacker packs items as sqlBatchRows does: each shard's items among a
-// window of consecutive seqs make one block, numbered 2*window; an item of
-// more than batchItemBytes is a block of its own, numbered 2*seq+1. A
-// window closes at batchBlockSeqs items or batchWindowBytes of text,
-// whichever comes first, so that memory is bounded by bytes too.
-type blockPacker struct {
-	batchID int64
-	shards  int
-	out     chan<- []any
-	ctx     context.Context
-
-	items    int64 // seq of the last item
-	window   int64
-	inWindow int // items of the window
-	bytes    int // and their text
-	open     map[int]*packedBlock
-}
-
-type packedBlock struct {
-	seqs                  []int64
-	entities, occurrences []string
-	payloads              []*string
+	return items, objects, nil
 }
 
 // batchWindowBytes bounds the text of one window of blocks in memory.
 const batchWindowBytes = 4 << 20
-
-func (p *blockPacker) add(it Item) error {
-	p.items++
-	shard := ShardOf(it.Key, p.shards)
-	size := len(it.Entity) + len(it.Occurrence) + len(it.Payload)
-	one := &packedBlock{}
-	if size > batchItemBytes {
-		one.append(p.items, it)
-		return p.send(shard, 2*p.items+1, one)
-	}
-	if p.open == nil {
-		p.open = map[int]*packedBlock{}
-	}
-	blk := p.open[shard]
-	if blk == nil {
-		blk = &packedBlock{}
-		p.open[shard] = blk
-	}
-	blk.append(p.items, it)
-	p.inWindow++
-	p.bytes += size
-	if p.bytes >= batchWindowBytes || p.inWindow >= batchBlockSeqs {
-		return p.flush()
-	}
-	return nil
-}
-
-func (b *packedBlock) append(seq int64, it Item) {
-	b.seqs = append(b.seqs, seq)
-	b.entities = append(b.entities, it.Entity)
-	b.occurrences = append(b.occurrences, it.Occurrence)
-	var payload *string
-	if it.Payload != nil {
-		s := string(it.Payload)
-		payload = &s
-	}
-	b.payloads = append(b.payloads, payload)
-}
-
-// flush sends the window's blocks, in shard order, and opens the next.
-func (p *blockPacker) flush() error {
-	for shard := range p.shards {
-		if blk := p.open[shard]; blk != nil {
-			if err := p.send(shard, 2*p.window, blk); err != nil {
-				return err
-			}
-		}
-	}
-	p.window++
-	p.inWindow, p.bytes = 0, 0
-	clear(p.open)
-	return nil
-}
-
-func (p *blockPacker) send(shard int, block int64, b *packedBlock) error {
-	row := []any{p.batchID, int32(shard), block, b.seqs, b.entities, b.occurrences, b.payloads}
-	select {
-	case p.out <- row:
-		return nil
-	case <-p.ctx.Done():
-		return fmt.Errorf("copying the batch: %w", context.Cause(p.ctx))
-	}
-}
 
 // BatchObjects returns the objects run's batch was read from, in the order
 // read (none for a batch of another source).
