@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runledger/runledger/internal/ledger"
+	"github.com/runledger/runledger/internal/pgtest"
 )
 
 // batchItem is one item of a fixed batch as its blocks hold it.
@@ -136,8 +137,8 @@ func blockOf4000(t *testing.T, pool *pgxpool.Pool, uid string) int64 {
 
 // TestQueryBatchCopyWithoutASecondConnection: where the pool has no second
 // connection to copy the batch with (a pool of one; the other connection
-// busy past copySessionWait), one statement fixes it on the query's
-// session, the same items.
+// busy past copySessionWait), or behind a pooler, one statement fixes it
+// on the query's session, the same items.
 func TestQueryBatchCopyWithoutASecondConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -155,6 +156,9 @@ INSERT INTO src SELECT 'e' || i, 'o', jsonb_build_object('i', i) FROM generate_s
 		{"a pool of one", 1, false, 2},
 		{"the second connection busy", 2, true, 2},
 	} {
+		if pgtest.ThroughPooler() {
+			tc.block = 2 // behind a pooler one statement fixes every batch
+		}
 		pool, err := ledger.Open(ctx, owner.Config().ConnString(), tc.conns, ledger.KeepSearchPath())
 		require.NoError(t, err)
 		var held *pgxpool.Conn
