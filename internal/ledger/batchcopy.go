@@ -100,13 +100,12 @@ func copyPacked(ctx context.Context, wtx pgx.Tx, batchID int64, shards int, fill
 // errCopyEnded tells the filler of a copy that the copy has ended.
 var errCopyEnded = errors.New("the batch's copy ended")
 
-// read runs the query on tx and packs its rows.
+// read runs the query on tx and packs its rows; ctx is bounded like the
+// query (copyQueryRows), which marks an answer that never came.
 func (p *copyPacker) read(ctx context.Context, tx pgx.Tx, q BatchQuery) error {
-	bounded, cancel := answerBy(ctx, q.Timeout, q.NetworkTimeout)
-	defer cancel()
-	rows, err := tx.Query(bounded, sqlBatchQueryRows(q.SQL, q.HasPayload))
+	rows, err := tx.Query(ctx, sqlBatchQueryRows(q.SQL, q.HasPayload))
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrBatchQuery, noAnswer(ctx, bounded, err))
+		return fmt.Errorf("%w: %w", ErrBatchQuery, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -117,7 +116,7 @@ func (p *copyPacker) read(ctx context.Context, tx pgx.Tx, q BatchQuery) error {
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("%w: %w", ErrBatchQuery, noAnswer(ctx, bounded, err))
+		return fmt.Errorf("%w: %w", ErrBatchQuery, err)
 	}
 	return nil
 }
