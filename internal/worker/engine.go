@@ -181,7 +181,9 @@ type shardRun struct {
 	// of it that start the next chunk.
 	carry carried
 	st    stream
-	lease *ledger.ShardLease
+	// opened: the stream fixBeforeLease opened, for the first pass.
+	opened stream
+	lease  *ledger.ShardLease
 	// serversBefore: the store's ServerChanges when the shard started.
 	serversBefore int
 	// batchLost: the pass stopped because the batch went (errBatchLost).
@@ -227,6 +229,11 @@ func (s *shardRun) run(ctx context.Context) {
 	if !s.fixBeforeLease(ctx) {
 		return
 	}
+	defer func() {
+		if s.opened != nil { // the lease was never taken
+			s.opened.close()
+		}
+	}()
 	defer s.lease.Release()
 	if err := s.takeLease(ctx); err != nil {
 		s.fail(ctx, fmt.Errorf("shard %d of run %s/%s: %w", s.cfg.Run.Shard, s.cfg.Run.Namespace, s.cfg.Run.Name, err))
@@ -297,7 +304,9 @@ func (s *shardRun) streamOptions(copyBatch bool) streamOptions {
 // the one that copies its rows (docs/insert-path.md): the lease's renewals
 // need the second only once it is taken. A batch already fixed (another
 // shard's, an earlier attempt's) is only looked up; a query that fails
-// fails the shard as its pass would.
+// fails the shard as its pass would. The first pass reads the stream
+// opened here (s.opened): a fixed batch does not change, and every fetch
+// checks its header again.
 func (s *shardRun) fixBeforeLease(ctx context.Context) bool {
 	q, ok := s.cfg.Source.(*QuerySource)
 	if !ok || q.fromRun != nil {
@@ -308,7 +317,7 @@ func (s *shardRun) fixBeforeLease(ctx context.Context) bool {
 		s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
 		return false
 	}
-	st.close()
+	s.opened = st
 	return true
 }
 
@@ -328,7 +337,7 @@ func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) boo
 		s.fail(ctx, fmt.Errorf("shard %d: %w", s.cfg.Run.Shard, err))
 		return false
 	}
-	st, err := s.cfg.Source.open(ctx, s.store, s.cfg.Run.Shard, s.cfg.Shards, s.streamOptions(false))
+	st, err := s.openStream(ctx)
 	if err != nil {
 		s.fail(ctx, fmt.Errorf("reading %s: %w", s.cfg.Source.describe(), err))
 		return false
@@ -385,6 +394,16 @@ func (s *shardRun) runPass(ctx context.Context, lost *atomic.Pointer[error]) boo
 		s.rep.WaitingForConnection = false
 		s.progress()
 	}
+}
+
+// openStream is the pass's stream of the shard's batch: the one
+// fixBeforeLease opened, for the first pass, else the source opened now.
+func (s *shardRun) openStream(ctx context.Context) (stream, error) {
+	if st := s.opened; st != nil {
+		s.opened = nil
+		return st, nil
+	}
+	return s.cfg.Source.open(ctx, s.store, s.cfg.Run.Shard, s.cfg.Shards, s.streamOptions(false))
 }
 
 // readServer reads which server, and which life of it, the ledger's

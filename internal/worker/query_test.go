@@ -339,3 +339,18 @@ func verboseLog() (logr.Logger, func() string) {
 		return strings.Join(logged, "\n")
 	}
 }
+
+// TestQueryBatchOpenedOnce: a shard fixes (or finds) its query's batch
+// before it takes its lease, and its first pass reads that stream: the
+// batch is looked up, and "batch fixed" logged, once per shard, not again
+// under the lease.
+func TestQueryBatchOpenedOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mustExec(t, f.pool, `CREATE TABLE src AS SELECT 'acct' AS entity, 'o' || lpad(i::text, 4, '0') AS occurrence FROM generate_series(0, 999) i`)
+	src := worker.NewQuerySource(`SELECT entity, occurrence FROM src`)
+	log, logged := verboseLog()
+	_, sum := runShards(t, f, worker.ShardConfig{Run: run("uid-opened-once"), Shards: 2, Source: src, ChunkSize: 100, Log: log})
+	require.Equal(t, v1alpha1.ItemCounts{Total: 1000, Completed: 1000}, sum)
+	require.Equal(t, 2, strings.Count(logged(), `"msg"="batch fixed"`), "one \"batch fixed\" per shard:\n%s", logged())
+}
