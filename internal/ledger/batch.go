@@ -762,11 +762,6 @@ func (r *BatchReader) ClaimFresh(ctx context.Context, run Run, pos int64, n, max
 	args = append(args, run.Namespace, run.Name, run.UID, run.Shard, run.Attempt, maxKey, maxPayload)
 	var out FreshRange
 	_, err := r.store.inTx(ctx, opts, func(tx pgx.Tx) ([]Result, error) {
-		if effect {
-			if _, err := tx.Exec(ctx, sqlClearClaimed); err != nil {
-				return nil, fmt.Errorf("clearing table claimed: %w", err)
-			}
-		}
 		var inserted, found int64
 		var entity, occurrence pgtype.Text
 		if err := tx.QueryRow(ctx, q, args...).Scan(&inserted, &found, &entity, &occurrence); err != nil {

@@ -223,6 +223,11 @@ func isolate(ctx context.Context, tx pgx.Tx, run Run, items []Item, copies []*st
 			if err != nil {
 				return fmt.Errorf("creating savepoint: %w", err)
 			}
+			if opts.Effect != "" { // what an earlier part claimed (and its effect saw) stays until COMMIT
+				if _, err := sp.Exec(ctx, sqlClearClaimed); err != nil {
+					return errors.Join(fmt.Errorf("clearing table claimed: %w", err), sp.Rollback(ctx))
+				}
+			}
 			res, err := claim(ctx, sp, run, part, copiesIn(copies, lo, hi), opts, arbitrate)
 			if err == nil {
 				if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
@@ -318,11 +323,6 @@ func claim(ctx context.Context, tx pgx.Tx, run Run, items []Item, copies []*stri
 	if opts.OnExisting == Supersede {
 		c.supersededRow = make([]int64, len(items))
 		c.generation = make([]int64, len(items))
-	}
-	if opts.Effect != "" {
-		if _, err := tx.Exec(ctx, sqlClearClaimed); err != nil {
-			return nil, fmt.Errorf("clearing table claimed: %w", err)
-		}
 	}
 	for round := 0; ; round++ {
 		if err := c.round(ctx, mode); err != nil {

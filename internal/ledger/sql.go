@@ -497,8 +497,10 @@ func sqlBeginChunk(b chunkBegin) string {
 // the worker's login: the effect role may only read it (sqlGrantClaimed),
 // never give it a trigger, rule, policy or column. It is created in every
 // effect chunk's BEGIN (a no-op once it exists) and lives as long as the
-// session; ON COMMIT DELETE ROWS empties it at every commit, sqlClearClaimed
-// between the sub-chunks of one transaction.
+// session; ON COMMIT DELETE ROWS empties it at every commit (what a rolled
+// back transaction put there goes with it), so every transaction starts
+// with it empty; sqlClearClaimed empties it between the parts of one
+// transaction (isolate).
 //
 // Behind a transaction pooler the next transaction may run on another
 // server connection: each effect chunk's transaction has a "claimed" of its
